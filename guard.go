@@ -1,0 +1,373 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Config configures a Guard. The zero value of every field but Store works.
+type Config struct {
+	// Store holds the records. Required.
+	Store Store
+	// Lease is how long a claim lives without a heartbeat. Defaults to 30s.
+	Lease time.Duration
+	// Retention is how long a completed record (and its result) is replayed.
+	// Defaults to 24h.
+	Retention time.Duration
+	// FailureRetention is how long a definite failure is replayed. Defaults
+	// to Retention.
+	FailureRetention time.Duration
+	// MaxAttempts poisons a key after this many acquisitions (first run,
+	// re-runs after a release, takeovers). Defaults to 0: no limit.
+	MaxAttempts int
+	// HeartbeatInterval is how often a running work extends its lease.
+	// Defaults to Lease/3; a negative value disables heartbeats.
+	HeartbeatInterval time.Duration
+	// CompactKeys stores SHA-256/128 of the key instead of the raw key
+	// (see CompactKey). Defaults to false.
+	CompactKeys bool
+	// CacheSize enables an in-process cache of up to this many completed or
+	// failed records in front of the store. Defaults to 0: no cache. A cached
+	// record is replayed without a round trip for up to CacheTTL even if it
+	// is deleted from the store meanwhile.
+	CacheSize int
+	// CacheTTL bounds how long a cached record is served. Defaults to 1m.
+	CacheTTL time.Duration
+	// Classify maps the work's error to a Disposition. Defaults to
+	// DefaultClassify.
+	Classify func(error) Disposition
+	// Clock tells the guard's time (cache expiry, event durations). Defaults
+	// to the wall clock. Leases use the store's clock.
+	Clock Clock
+	// Observer, if set, receives one Event per phase, synchronously: keep it
+	// fast (update metrics, write a log line).
+	Observer func(Event)
+}
+
+// Event reports one phase of a guarded call to Config.Observer.
+type Event struct {
+	// Phase is "acquire", "settle" or "heartbeat".
+	Phase string
+	// Key is the storage key.
+	Key string
+	// Outcome is set on "acquire".
+	Outcome Outcome
+	// Cached is true when the acquire was answered by the in-process cache.
+	Cached bool
+	// Disposition is set on "settle".
+	Disposition Disposition
+	// Fence of the owner, when there is one.
+	Fence uint64
+	// Duration of the store operation.
+	Duration time.Duration
+	// Err is the store's error, if any.
+	Err error
+}
+
+// Guard runs work at most once per key (per retention window): the four
+// phases of the Idempotent Receiver around a function. It is safe for
+// concurrent use.
+type Guard struct {
+	cfg   Config
+	cache *cache
+}
+
+// NewGuard validates cfg, applies the defaults and returns a Guard. Errors
+// name the offending field.
+func NewGuard(cfg Config) (*Guard, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("idem: Config.Store is required")
+	}
+	if cfg.Lease == 0 {
+		cfg.Lease = 30 * time.Second
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = 24 * time.Hour
+	}
+	if cfg.FailureRetention == 0 {
+		cfg.FailureRetention = cfg.Retention
+	}
+	var lim Limits
+	if err := lim.CheckLease(cfg.Lease); err != nil {
+		return nil, fmt.Errorf("idem: Config.Lease: %w", err)
+	}
+	if err := lim.CheckRetention(cfg.Retention); err != nil {
+		return nil, fmt.Errorf("idem: Config.Retention: %w", err)
+	}
+	if err := lim.CheckRetention(cfg.FailureRetention); err != nil {
+		return nil, fmt.Errorf("idem: Config.FailureRetention: %w", err)
+	}
+	if cfg.MaxAttempts < 0 {
+		return nil, fmt.Errorf("idem: Config.MaxAttempts is %d: must be 0 (no limit) or positive", cfg.MaxAttempts)
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = cfg.Lease / 3
+	}
+	if cfg.HeartbeatInterval >= cfg.Lease {
+		return nil, fmt.Errorf("idem: Config.HeartbeatInterval %v must be shorter than Config.Lease %v", cfg.HeartbeatInterval, cfg.Lease)
+	}
+	if cfg.CacheSize < 0 {
+		return nil, fmt.Errorf("idem: Config.CacheSize is %d: must not be negative", cfg.CacheSize)
+	}
+	if cfg.CacheTTL == 0 {
+		cfg.CacheTTL = time.Minute
+	}
+	if cfg.Classify == nil {
+		cfg.Classify = DefaultClassify
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = SystemClock{}
+	}
+	g := &Guard{cfg: cfg}
+	if cfg.CacheSize > 0 {
+		g.cache = newCache(cfg.CacheSize, cfg.CacheTTL)
+	}
+	return g, nil
+}
+
+// Store returns the guard's store.
+func (g *Guard) Store() Store { return g.cfg.Store }
+
+// StorageKey returns the string the guard's store indexes for k.
+func (g *Guard) StorageKey(k Key) string { return k.Storage(g.cfg.CompactKeys) }
+
+// RunOptions are per-call options; nil means none.
+type RunOptions struct {
+	// Fingerprint of the request (see Fingerprint). Same key with another
+	// fingerprint is a Mismatch, never a replay.
+	Fingerprint string
+}
+
+// Work is the guarded function. fence is the owner's fencing token: a
+// business write can be conditioned on it (WHERE fence < $fence) so that a
+// zombie owner's late write loses.
+type Work func(ctx context.Context, fence uint64) ([]byte, error)
+
+// Result is what Run did.
+type Result struct {
+	// Outcome of the acquisition.
+	Outcome Outcome
+	// Fence held while the work ran (when Outcome.Owns()).
+	Fence uint64
+	// Value is the work's result (when it ran and succeeded) or the stored
+	// result (Replayed).
+	Value []byte
+	// Failed is true when Value is a stored definite failure (Replayed), or
+	// the work just failed definitely.
+	Failed bool
+	// Disposition applied after the work ran.
+	Disposition Disposition
+	// Record is the record the acquisition found or left (zero for a cache hit
+	// other than Key, State, Fingerprint, Result).
+	Record Record
+	// Cached is true when the answer came from the in-process cache.
+	Cached bool
+}
+
+// Run executes the four phases for key: it validates the key, interrogates
+// and claims it in the store, runs work only when it holds the claim
+// (Outcome Acquired or TakenOver), heartbeats while work runs, and settles the
+// record according to Config.Classify.
+//
+// A duplicate is reported in Result.Outcome with a nil error: InProgress,
+// Replayed (Value holds the stored result), Mismatch or Poisoned. The error is
+// non-nil for invalid input, a store failure (no work runs without a claim:
+// the guard fails closed), or the work's own error, which Run returns
+// unchanged after settling. If the work succeeded but the record could not be
+// settled, Run returns the value with an error saying so.
+//
+// If work panics, the record is held (the effect may have happened) and the
+// panic continues.
+func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (Result, error) {
+	if err := key.Validate(); err != nil {
+		return Result{}, err
+	}
+	var fp string
+	if opts != nil {
+		fp = opts.Fingerprint
+	}
+	skey := key.Storage(g.cfg.CompactKeys)
+
+	if g.cache != nil {
+		if rec, ok := g.cache.get(skey, g.cfg.Clock.Now()); ok {
+			res := Result{Outcome: Replayed, Value: rec.Result, Failed: rec.State == StateFailed, Record: rec, Cached: true}
+			if rec.Fingerprint != fp {
+				res = Result{Outcome: Mismatch, Record: rec, Cached: true}
+			}
+			g.observe(Event{Phase: "acquire", Key: skey, Outcome: res.Outcome, Cached: true})
+			return res, nil
+		}
+	}
+
+	start := g.cfg.Clock.Now()
+	acq, err := g.cfg.Store.Acquire(ctx, AcquireRequest{
+		Key:         skey,
+		Fingerprint: fp,
+		Lease:       g.cfg.Lease,
+		Retention:   g.cfg.Retention,
+		MaxAttempts: g.cfg.MaxAttempts,
+	})
+	g.observe(Event{Phase: "acquire", Key: skey, Outcome: acq.Outcome, Fence: acq.Fence, Duration: g.since(start), Err: err})
+	if err != nil {
+		return Result{}, fmt.Errorf("idem: acquire %s: %w", key, err)
+	}
+	res := Result{Outcome: acq.Outcome, Fence: acq.Fence, Record: acq.Record}
+	switch acq.Outcome {
+	case Acquired, TakenOver:
+	case Replayed:
+		res.Value = acq.Record.Result
+		res.Failed = acq.Record.State == StateFailed
+		if g.cache != nil {
+			g.cache.put(acq.Record, g.cfg.Clock.Now())
+		}
+		return res, nil
+	default:
+		return res, nil
+	}
+
+	value, workErr := g.runOwned(ctx, skey, acq.Fence, work)
+	disp := g.cfg.Classify(workErr)
+	res.Disposition = disp
+	res.Value = value
+	settleErr := g.settle(ctx, skey, acq.Fence, disp, value, workErr, &res)
+	if workErr != nil {
+		if settleErr != nil {
+			return res, errors.Join(workErr, settleErr)
+		}
+		return res, workErr
+	}
+	return res, settleErr
+}
+
+// runOwned runs work under heartbeats; a panic holds the record and
+// continues.
+func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, work Work) (value []byte, err error) {
+	if g.cfg.HeartbeatInterval <= 0 {
+		defer g.holdOnPanic(skey, fence)
+		return work(ctx, fence)
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	hb := &heartbeat{g: g, ctx: wctx, cancel: cancel, key: skey, fence: fence}
+	hb.start()
+	defer func() {
+		hb.stop()
+		cancel(nil)
+	}()
+	defer g.holdOnPanic(skey, fence)
+	return work(wctx, fence)
+}
+
+func (g *Guard) holdOnPanic(skey string, fence uint64) {
+	if p := recover(); p != nil {
+		g.observe(Event{Phase: "settle", Key: skey, Disposition: Hold, Fence: fence, Err: fmt.Errorf("idem: work panicked: %v", p)})
+		panic(p)
+	}
+}
+
+func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disposition, value []byte, workErr error, res *Result) error {
+	sctx := context.WithoutCancel(ctx)
+	start := g.cfg.Clock.Now()
+	var err error
+	switch disp {
+	case Complete:
+		err = g.cfg.Store.Complete(sctx, skey, fence, value, g.cfg.Retention)
+	case Fail:
+		msg := []byte("failed")
+		if workErr != nil {
+			msg = []byte(workErr.Error())
+		}
+		res.Failed = true
+		res.Value = msg
+		err = g.cfg.Store.Fail(sctx, skey, fence, msg, g.cfg.FailureRetention)
+	case Release:
+		err = g.cfg.Store.Release(sctx, skey, fence)
+	case Hold:
+	default:
+		err = fmt.Errorf("idem: Classify returned unknown disposition %d", disp)
+	}
+	g.observe(Event{Phase: "settle", Key: skey, Disposition: disp, Fence: fence, Duration: g.since(start), Err: err})
+	if err != nil {
+		return fmt.Errorf("idem: settle (%s) %s: %w", disp, DisplayKey(skey), err)
+	}
+	if g.cache != nil && (disp == Complete || disp == Fail) {
+		st := StateCompleted
+		if disp == Fail {
+			st = StateFailed
+		}
+		now := g.cfg.Clock.Now()
+		ret := g.cfg.Retention
+		if disp == Fail {
+			ret = g.cfg.FailureRetention
+		}
+		g.cache.put(Record{Key: skey, State: st, Fence: fence, Fingerprint: res.Record.Fingerprint, Result: res.Value, ExpiresAt: now.Add(ret)}, now)
+	}
+	return nil
+}
+
+func (g *Guard) observe(e Event) {
+	if g.cfg.Observer != nil {
+		g.cfg.Observer(e)
+	}
+}
+
+func (g *Guard) since(t time.Time) time.Duration {
+	if g.cfg.Observer == nil {
+		return 0
+	}
+	return g.cfg.Clock.Now().Sub(t)
+}
+
+// Forget removes key from the in-process cache (if any) and the store.
+func (g *Guard) Forget(ctx context.Context, key Key) error {
+	skey := key.Storage(g.cfg.CompactKeys)
+	if g.cache != nil {
+		g.cache.remove(skey)
+	}
+	return g.cfg.Store.Delete(ctx, skey)
+}
+
+// heartbeat extends the lease every HeartbeatInterval while the work runs.
+// When the store says the fence is stale, the lease is lost: the work's
+// context is cancelled with ErrStaleFence as its cause.
+type heartbeat struct {
+	g      *Guard
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	key    string
+	fence  uint64
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+}
+
+func (h *heartbeat) start() {
+	h.mu.Lock()
+	h.timer = time.AfterFunc(h.g.cfg.HeartbeatInterval, h.beat)
+	h.mu.Unlock()
+}
+
+func (h *heartbeat) beat() {
+	start := h.g.cfg.Clock.Now()
+	err := h.g.cfg.Store.Heartbeat(h.ctx, h.key, h.fence, h.g.cfg.Lease)
+	h.g.observe(Event{Phase: "heartbeat", Key: h.key, Fence: h.fence, Duration: h.g.since(start), Err: err})
+	if errors.Is(err, ErrStaleFence) {
+		h.cancel(ErrStaleFence)
+		return
+	}
+	h.mu.Lock()
+	if !h.stopped {
+		h.timer.Reset(h.g.cfg.HeartbeatInterval)
+	}
+	h.mu.Unlock()
+}
+
+func (h *heartbeat) stop() {
+	h.mu.Lock()
+	h.stopped = true
+	h.timer.Stop()
+	h.mu.Unlock()
+}

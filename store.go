@@ -1,0 +1,161 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Store is the contract every backend implements and store/storetest proves.
+//
+// Every method is one atomic operation against the backend — a single SQL
+// statement, one Lua script, one critical section — so there is no
+// read-then-write race between processes sharing the store. Times (lease,
+// retention) are taken from the store's clock.
+//
+// Heartbeat, Complete, Fail and Release succeed only with the record's current
+// fence while it is in flight; otherwise they return ErrStaleFence and change
+// nothing. That is what stops a zombie owner, waking after its lease was taken
+// over, from overwriting the new owner's result.
+type Store interface {
+	// Acquire interrogates and, where the key is free, claims it:
+	//   absent, released or past retention → Acquired (fence grows);
+	//   in flight, lease live                → InProgress;
+	//   in flight, lease expired             → TakenOver, strictly larger fence;
+	//   completed or failed                  → Replayed, with the record;
+	//   another fingerprint                  → Mismatch, nothing changes;
+	//   attempts reached MaxAttempts         → Poisoned (the record becomes poisoned).
+	Acquire(ctx context.Context, req AcquireRequest) (Acquisition, error)
+	// Heartbeat extends the lease to now+lease.
+	Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error
+	// Complete stores result and keeps the record for retention.
+	Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error
+	// Fail stores a definite failure, replayed to duplicates for retention.
+	Fail(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error
+	// Release gives the lease back; the next acquire runs the work again.
+	Release(ctx context.Context, key string, fence uint64) error
+	// Get returns the record, or ErrNotFound.
+	Get(ctx context.Context, key string) (Record, error)
+	// Delete forgets the key whatever its state. Deleting an absent key is
+	// not an error.
+	Delete(ctx context.Context, key string) error
+	// Sweep deletes up to limit records past their retention and returns how
+	// many it deleted. It never deletes a record under a live lease.
+	Sweep(ctx context.Context, limit int) (int, error)
+	// Close releases the store's resources.
+	Close() error
+}
+
+// Lister is implemented by stores that can enumerate their records, in
+// storage-key order, for operators (idem keys ls, purge).
+type Lister interface {
+	// List returns up to limit live records whose storage key is greater
+	// than after.
+	List(ctx context.Context, after string, limit int) ([]Record, error)
+}
+
+// Migrator is implemented by stores with a schema to create or upgrade.
+// Migrate is idempotent.
+type Migrator interface {
+	Migrate(ctx context.Context) error
+}
+
+// Limits bound what a store accepts. The zero value means the defaults.
+type Limits struct {
+	// MaxResultBytes bounds a stored result. Defaults to 1 MiB.
+	MaxResultBytes int
+	// MaxLease bounds a lease (and a heartbeat extension). Defaults to 1h.
+	MaxLease time.Duration
+	// MaxRetention bounds a retention. Defaults to 90 days.
+	MaxRetention time.Duration
+}
+
+// Default limits.
+const (
+	DefaultMaxResultBytes = 1 << 20
+	DefaultMaxLease       = time.Hour
+	DefaultMaxRetention   = 90 * 24 * time.Hour
+)
+
+// WithDefaults returns l with every zero field set to its default.
+func (l Limits) WithDefaults() Limits {
+	if l.MaxResultBytes <= 0 {
+		l.MaxResultBytes = DefaultMaxResultBytes
+	}
+	if l.MaxLease <= 0 {
+		l.MaxLease = DefaultMaxLease
+	}
+	if l.MaxRetention <= 0 {
+		l.MaxRetention = DefaultMaxRetention
+	}
+	return l
+}
+
+// CheckAcquire validates an acquire request against l (with defaults).
+func (l Limits) CheckAcquire(req AcquireRequest) error {
+	if err := ValidateStorageKey(req.Key); err != nil {
+		return err
+	}
+	if len(req.Fingerprint) > MaxFingerprintBytes {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidFingerprint, len(req.Fingerprint), MaxFingerprintBytes)
+	}
+	if err := l.CheckLease(req.Lease); err != nil {
+		return err
+	}
+	if err := l.CheckRetention(req.Retention); err != nil {
+		return err
+	}
+	if req.MaxAttempts < 0 {
+		return fmt.Errorf("idem: invalid MaxAttempts %d: must be 0 (no limit) or positive", req.MaxAttempts)
+	}
+	return nil
+}
+
+// CheckLease validates a lease duration: positive, at least a millisecond
+// (the stores' resolution), at most MaxLease.
+func (l Limits) CheckLease(d time.Duration) error {
+	l = l.WithDefaults()
+	if d < time.Millisecond {
+		return fmt.Errorf("%w: %v, must be at least 1ms", ErrInvalidLease, d)
+	}
+	if d > l.MaxLease {
+		return fmt.Errorf("%w: %v, the limit is %v", ErrInvalidLease, d, l.MaxLease)
+	}
+	return nil
+}
+
+// CheckRetention validates a retention: at least a millisecond, at most
+// MaxRetention.
+func (l Limits) CheckRetention(d time.Duration) error {
+	l = l.WithDefaults()
+	if d < time.Millisecond {
+		return fmt.Errorf("%w: %v, must be at least 1ms", ErrInvalidRetention, d)
+	}
+	if d > l.MaxRetention {
+		return fmt.Errorf("%w: %v, the limit is %v", ErrInvalidRetention, d, l.MaxRetention)
+	}
+	return nil
+}
+
+// CheckSettle validates the arguments of Complete or Fail.
+func (l Limits) CheckSettle(key string, result []byte, retention time.Duration) error {
+	if err := ValidateStorageKey(key); err != nil {
+		return err
+	}
+	l = l.WithDefaults()
+	if len(result) > l.MaxResultBytes {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrResultTooLarge, len(result), l.MaxResultBytes)
+	}
+	return l.CheckRetention(retention)
+}
+
+// Clock tells the time. Inject one to control time in tests.
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the wall clock.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }

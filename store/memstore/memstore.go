@@ -1,0 +1,365 @@
+// Package memstore is an in-process idem.Store: a sharded map with TTL
+// sweeping. It is for tests and single-process services; its records die with
+// the process.
+package memstore
+
+import (
+	"context"
+	"hash/maphash"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+var (
+	_ idem.Store  = (*Store)(nil)
+	_ idem.Lister = (*Store)(nil)
+)
+
+// Config configures a Store. The zero value works.
+type Config struct {
+	// Shards is the number of independently locked shards, rounded up to a
+	// power of two. Defaults to 64.
+	Shards int
+	// SweepInterval is how often a background goroutine deletes expired
+	// records. Defaults to 1m; a negative value disables the sweeper (call
+	// Sweep yourself).
+	SweepInterval time.Duration
+	// Clock tells the store's time. Defaults to the wall clock.
+	Clock idem.Clock
+	// Limits bound what the store accepts. Defaults to idem's defaults.
+	Limits idem.Limits
+}
+
+// Store is an in-memory idem.Store. Every method is one critical section on
+// the key's shard, so transitions are atomic.
+type Store struct {
+	shards []shard
+	mask   uint64
+	seed   maphash.Seed
+	clock  idem.Clock
+	limits idem.Limits
+
+	stop     chan struct{}
+	done     chan struct{}
+	closeOne sync.Once
+}
+
+type shard struct {
+	mu sync.Mutex
+	m  map[string]*entry
+	_  [40]byte // keep shards on separate cache lines
+}
+
+type entry struct {
+	state       idem.State
+	fence       uint64
+	fingerprint string
+	attempts    int
+	result      []byte
+	leaseUntil  time.Time
+	expiresAt   time.Time
+	updatedAt   time.Time
+}
+
+// New returns a store; Close stops its sweeper.
+func New(cfg Config) *Store {
+	n := cfg.Shards
+	if n <= 0 {
+		n = 64
+	}
+	size := 1
+	for size < n {
+		size <<= 1
+	}
+	s := &Store{
+		shards: make([]shard, size),
+		mask:   uint64(size - 1),
+		seed:   maphash.MakeSeed(),
+		clock:  cfg.Clock,
+		limits: cfg.Limits.WithDefaults(),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	if s.clock == nil {
+		s.clock = idem.SystemClock{}
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*entry)
+	}
+	interval := cfg.SweepInterval
+	if interval == 0 {
+		interval = time.Minute
+	}
+	if interval > 0 {
+		go s.sweepLoop(interval)
+	} else {
+		close(s.done)
+	}
+	return s
+}
+
+func (s *Store) shard(key string) *shard {
+	return &s.shards[maphash.String(s.seed, key)&s.mask]
+}
+
+func (s *Store) sweepLoop(interval time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			_, _ = s.Sweep(context.Background(), 0)
+		}
+	}
+}
+
+func (e *entry) record(key string) idem.Record {
+	r := idem.Record{
+		Key: key, State: e.state, Fence: e.fence, Fingerprint: e.fingerprint,
+		Attempts: e.attempts, Result: e.result, ExpiresAt: e.expiresAt, UpdatedAt: e.updatedAt,
+	}
+	if e.state == idem.StateInFlight {
+		r.LeaseUntil = e.leaseUntil
+	}
+	return r
+}
+
+// Acquire implements idem.Store.
+func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Acquisition{}, err
+	}
+	if err := s.limits.CheckAcquire(req); err != nil {
+		return idem.Acquisition{}, err
+	}
+	now := s.clock.Now()
+	leaseUntil := now.Add(req.Lease)
+	expiresAt := now.Add(max(req.Retention, req.Lease))
+
+	sh := s.shard(req.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[req.Key]
+	if !ok || !now.Before(e.expiresAt) {
+		var fence uint64 = 1
+		if ok {
+			fence = e.fence + 1 // an expired record still keeps fences growing
+			*e = entry{}
+		} else {
+			e = &entry{}
+			sh.m[req.Key] = e
+		}
+		*e = entry{state: idem.StateInFlight, fence: fence, fingerprint: req.Fingerprint, attempts: 1,
+			leaseUntil: leaseUntil, expiresAt: expiresAt, updatedAt: now}
+		return idem.Acquisition{Outcome: idem.Acquired, Fence: fence, Record: e.record(req.Key)}, nil
+	}
+	if e.fingerprint != req.Fingerprint {
+		return idem.Acquisition{Outcome: idem.Mismatch, Record: e.record(req.Key)}, nil
+	}
+	switch e.state {
+	case idem.StateCompleted, idem.StateFailed:
+		return idem.Acquisition{Outcome: idem.Replayed, Record: e.record(req.Key)}, nil
+	case idem.StatePoisoned:
+		return idem.Acquisition{Outcome: idem.Poisoned, Record: e.record(req.Key)}, nil
+	case idem.StateInFlight:
+		if now.Before(e.leaseUntil) {
+			return idem.Acquisition{Outcome: idem.InProgress, Record: e.record(req.Key)}, nil
+		}
+	}
+	// In flight with an expired lease, or released: run again, unless the
+	// attempt limit is reached.
+	if req.MaxAttempts > 0 && e.attempts >= req.MaxAttempts {
+		e.state = idem.StatePoisoned
+		e.expiresAt = expiresAt
+		e.updatedAt = now
+		return idem.Acquisition{Outcome: idem.Poisoned, Record: e.record(req.Key)}, nil
+	}
+	outcome := idem.Acquired
+	if e.state == idem.StateInFlight {
+		outcome = idem.TakenOver
+	}
+	e.state = idem.StateInFlight
+	e.fence++
+	e.attempts++
+	e.leaseUntil = leaseUntil
+	if expiresAt.After(e.expiresAt) {
+		e.expiresAt = expiresAt
+	}
+	e.updatedAt = now
+	return idem.Acquisition{Outcome: outcome, Fence: e.fence, Record: e.record(req.Key)}, nil
+}
+
+// owned runs fn on the record if it is in flight under fence.
+func (s *Store) owned(ctx context.Context, key string, fence uint64, fn func(e *entry, now time.Time)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return err
+	}
+	now := s.clock.Now()
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[key]
+	if !ok || e.state != idem.StateInFlight || e.fence != fence {
+		return idem.ErrStaleFence
+	}
+	fn(e, now)
+	return nil
+}
+
+// Heartbeat implements idem.Store.
+func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
+	if err := s.limits.CheckLease(lease); err != nil {
+		return err
+	}
+	return s.owned(ctx, key, fence, func(e *entry, now time.Time) {
+		e.leaseUntil = now.Add(lease)
+		if e.leaseUntil.After(e.expiresAt) {
+			e.expiresAt = e.leaseUntil
+		}
+		e.updatedAt = now
+	})
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
+	return s.settle(ctx, key, fence, idem.StateCompleted, result, retention)
+}
+
+// Fail implements idem.Store.
+func (s *Store) Fail(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
+	return s.settle(ctx, key, fence, idem.StateFailed, result, retention)
+}
+
+func (s *Store) settle(ctx context.Context, key string, fence uint64, st idem.State, result []byte, retention time.Duration) error {
+	if err := s.limits.CheckSettle(key, result, retention); err != nil {
+		return err
+	}
+	var kept []byte
+	if len(result) > 0 {
+		kept = append([]byte(nil), result...)
+	}
+	return s.owned(ctx, key, fence, func(e *entry, now time.Time) {
+		e.state = st
+		e.result = kept
+		e.leaseUntil = time.Time{}
+		e.expiresAt = now.Add(retention)
+		e.updatedAt = now
+	})
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
+	return s.owned(ctx, key, fence, func(e *entry, now time.Time) {
+		e.state = idem.StateReleased
+		e.leaseUntil = time.Time{}
+		e.updatedAt = now
+	})
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, err
+	}
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return idem.Record{}, err
+	}
+	now := s.clock.Now()
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[key]
+	if !ok || !now.Before(e.expiresAt) {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	return e.record(key), nil
+}
+
+// Delete implements idem.Store.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	delete(sh.m, key)
+	sh.mu.Unlock()
+	return nil
+}
+
+// Sweep implements idem.Store. A limit of zero or less means no limit.
+func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+	now := s.clock.Now()
+	n := 0
+	for i := range s.shards {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if limit > 0 && n >= limit {
+				break
+			}
+			// expiresAt is never before leaseUntil, so a live lease survives.
+			if !now.Before(e.expiresAt) {
+				delete(sh.m, k)
+				n++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return n, nil
+}
+
+// List implements idem.Lister. It copies and sorts every key: for operators,
+// not for hot paths.
+func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	now := s.clock.Now()
+	var out []idem.Record
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if k > after && now.Before(e.expiresAt) {
+				out = append(out, e.record(k))
+			}
+		}
+		sh.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// Len returns the number of records held, expired or not.
+func (s *Store) Len() int {
+	n := 0
+	for i := range s.shards {
+		s.shards[i].mu.Lock()
+		n += len(s.shards[i].m)
+		s.shards[i].mu.Unlock()
+	}
+	return n
+}
+
+// Close stops the sweeper. The records stay readable.
+func (s *Store) Close() error {
+	s.closeOne.Do(func() { close(s.stop) })
+	<-s.done
+	return nil
+}

@@ -1,0 +1,88 @@
+package storetest
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// Bench runs the shared benchmarks on a store from newStore:
+//
+//   - Lifecycle: acquire a fresh key and complete it (two transitions);
+//   - Replay: acquire a completed key (one transition, the duplicate path);
+//   - HotKey: every goroutine acquires the same in-flight key (contention).
+//
+// Each runs with b.RunParallel, so -cpu sets the concurrency.
+func Bench(b *testing.B, newStore NewStore) {
+	b.Run("Lifecycle", func(b *testing.B) {
+		s := newStore(b)
+		var seq atomic.Uint64
+		result := []byte(`{"ok":true}`)
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			buf := make([]byte, 0, 32)
+			for pb.Next() {
+				buf = strconv.AppendUint(append(buf[:0], "life-"...), seq.Add(1), 10)
+				key := string(buf)
+				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+				if err != nil || a.Outcome != idem.Acquired {
+					b.Fatalf("acquire: %v %v", a.Outcome, err)
+				}
+				if err := s.Complete(ctx, key, a.Fence, result, time.Hour); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	})
+	b.Run("Replay", func(b *testing.B) {
+		s := newStore(b)
+		ctx := context.Background()
+		const keys = 1024
+		names := make([]string, keys)
+		for i := range names {
+			names[i] = "replay-" + strconv.Itoa(i)
+			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: names[i], Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Complete(ctx, names[i], a.Fence, []byte(`{"ok":true}`), time.Hour); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var seq atomic.Uint64
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				k := names[seq.Add(1)%keys]
+				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+				if err != nil || a.Outcome != idem.Replayed {
+					b.Fatalf("replay: %v %v", a.Outcome, err)
+				}
+			}
+		})
+	})
+	b.Run("HotKey", func(b *testing.B) {
+		s := newStore(b)
+		ctx := context.Background()
+		if _, err := s.Acquire(ctx, idem.AcquireRequest{Key: "hot", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "hot", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour})
+				if err != nil || a.Outcome != idem.InProgress {
+					b.Fatalf("hot key: %v %v", a.Outcome, err)
+				}
+			}
+		})
+	})
+}

@@ -1,0 +1,12 @@
+// Package storetest is the conformance suite of idem.Store. Every backend's
+// tests call Run with a constructor; a change of semantics lands here first.
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, storetest.Capabilities{Persistent: true}, func(t testing.TB) idem.Store {
+//			return openIsolatedStore(t) // cleaned up with t.Cleanup
+//		})
+//	}
+//
+// Bench runs the shared benchmarks; MultiProcess and CrashTakeover re-execute
+// the test binary to prove the contract across real processes.
+package storetest

@@ -1,0 +1,592 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// Capabilities declare what a backend can do; the suite runs the cases that
+// apply.
+type Capabilities struct {
+	// Persistent: records survive the process (used by MultiProcess users;
+	// informative here).
+	Persistent bool
+	// ListsRecords: the store implements idem.Lister.
+	ListsRecords bool
+}
+
+// NewStore returns a fresh, isolated store for one case and registers its
+// cleanup on t.
+type NewStore func(t testing.TB) idem.Store
+
+// Timing of the lease cases. Generous margins, because the suite runs under
+// -race on a loaded two-core machine.
+const (
+	shortLease = 300 * time.Millisecond
+	longLease  = time.Minute
+	retention  = time.Hour
+)
+
+func req(key string) idem.AcquireRequest {
+	return idem.AcquireRequest{Key: key, Fingerprint: "fp", Lease: longLease, Retention: retention}
+}
+
+// Run runs every conformance case as a subtest of t.
+func Run(t *testing.T, caps Capabilities, newStore NewStore) {
+	cases := []struct {
+		name string
+		fn   func(t *testing.T, s idem.Store)
+	}{
+		{"AcquireAbsent", testAcquireAbsent},
+		{"ConcurrentAcquireOneWins", testConcurrentAcquire},
+		{"InProgressWhileLeaseLives", testInProgress},
+		{"TakeoverAfterLeaseExpiry", testTakeover},
+		{"ConcurrentTakeoverOneWins", testConcurrentTakeover},
+		{"StaleFenceRefused", testStaleFence},
+		{"ReplayCompleted", testReplayCompleted},
+		{"ReplayFailed", testReplayFailed},
+		{"ReleaseThenReacquire", testRelease},
+		{"FingerprintMismatch", testMismatch},
+		{"HeartbeatExtendsLease", testHeartbeat},
+		{"RetentionExpiryForgets", testRetention},
+		{"SweepKeepsLiveLeases", testSweep},
+		{"PoisonAfterAttemptLimit", testPoison},
+		{"BoundsRefused", testBounds},
+		{"CancelledContextReturnsPromptly", testCancelled},
+		{"GetAndDelete", testGetDelete},
+		{"ScopesAreSeparate", testScopes},
+		{"CompactKeys", testCompact},
+		{"GuardRunsOnce", testGuardRunsOnce},
+	}
+	if caps.ListsRecords {
+		cases = append(cases, struct {
+			name string
+			fn   func(t *testing.T, s idem.Store)
+		}{"List", testList})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.fn(t, newStore(t))
+		})
+	}
+}
+
+func mustAcquire(t *testing.T, s idem.Store, r idem.AcquireRequest, want idem.Outcome) idem.Acquisition {
+	t.Helper()
+	a, err := s.Acquire(context.Background(), r)
+	if err != nil {
+		t.Fatalf("Acquire(%q): %v", r.Key, err)
+	}
+	if a.Outcome != want {
+		t.Fatalf("Acquire(%q) = %v, want %v (record %+v)", r.Key, a.Outcome, want, a.Record)
+	}
+	return a
+}
+
+func testAcquireAbsent(t *testing.T, s idem.Store) {
+	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	if a.Fence == 0 {
+		t.Fatal("fence is 0")
+	}
+	if a.Record.State != idem.StateInFlight || a.Record.Attempts != 1 || a.Record.Fingerprint != "fp" {
+		t.Fatalf("record after acquire = %+v", a.Record)
+	}
+	if !a.Record.LeaseUntil.After(time.Now().Add(longLease / 2)) {
+		t.Fatalf("lease until %v, want about now+%v", a.Record.LeaseUntil, longLease)
+	}
+}
+
+func testConcurrentAcquire(t *testing.T, s idem.Store) {
+	const n = 64
+	var owners, inProgress atomic.Int32
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			a, err := s.Acquire(context.Background(), req("hot"))
+			if err != nil {
+				errs <- err
+				return
+			}
+			switch a.Outcome {
+			case idem.Acquired:
+				owners.Add(1)
+			case idem.InProgress:
+				inProgress.Add(1)
+			default:
+				errs <- fmt.Errorf("unexpected outcome %v", a.Outcome)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if owners.Load() != 1 || inProgress.Load() != n-1 {
+		t.Fatalf("owners=%d in-progress=%d, want 1 and %d", owners.Load(), inProgress.Load(), n-1)
+	}
+}
+
+func testInProgress(t *testing.T, s idem.Store) {
+	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	b := mustAcquire(t, s, req("k"), idem.InProgress)
+	if b.Record.Fence != a.Fence {
+		t.Fatalf("in-progress record fence %d, want %d", b.Record.Fence, a.Fence)
+	}
+	if b.Record.Attempts != 1 {
+		t.Fatalf("an in-progress answer counted an attempt: %d", b.Record.Attempts)
+	}
+}
+
+func expireLease(t *testing.T, s idem.Store) idem.Acquisition {
+	t.Helper()
+	r := req("k")
+	r.Lease = shortLease
+	a := mustAcquire(t, s, r, idem.Acquired)
+	time.Sleep(shortLease + 100*time.Millisecond)
+	return a
+}
+
+func testTakeover(t *testing.T, s idem.Store) {
+	a := expireLease(t, s)
+	b := mustAcquire(t, s, req("k"), idem.TakenOver)
+	if b.Fence <= a.Fence {
+		t.Fatalf("takeover fence %d not larger than %d", b.Fence, a.Fence)
+	}
+	if b.Record.Attempts != 2 {
+		t.Fatalf("attempts after takeover = %d, want 2", b.Record.Attempts)
+	}
+	mustAcquire(t, s, req("k"), idem.InProgress)
+}
+
+func testConcurrentTakeover(t *testing.T, s idem.Store) {
+	expireLease(t, s)
+	const n = 32
+	var owners atomic.Int32
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a, err := s.Acquire(context.Background(), req("k"))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if a.Outcome.Owns() {
+				owners.Add(1)
+			} else if a.Outcome != idem.InProgress {
+				t.Errorf("outcome %v", a.Outcome)
+			}
+		}()
+	}
+	wg.Wait()
+	if owners.Load() != 1 {
+		t.Fatalf("%d goroutines took over an expired lease, want 1", owners.Load())
+	}
+}
+
+func testStaleFence(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	old := expireLease(t, s)
+	cur := mustAcquire(t, s, req("k"), idem.TakenOver)
+	checks := map[string]error{
+		"Heartbeat": s.Heartbeat(ctx, "k", old.Fence, longLease),
+		"Complete":  s.Complete(ctx, "k", old.Fence, []byte("zombie"), retention),
+		"Fail":      s.Fail(ctx, "k", old.Fence, []byte("zombie"), retention),
+		"Release":   s.Release(ctx, "k", old.Fence),
+	}
+	for op, err := range checks {
+		if !errors.Is(err, idem.ErrStaleFence) {
+			t.Errorf("%s with stale fence: err = %v, want ErrStaleFence", op, err)
+		}
+	}
+	rec, err := s.Get(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != idem.StateInFlight || rec.Fence != cur.Fence {
+		t.Fatalf("stale calls changed the record: %+v", rec)
+	}
+	if err := s.Complete(ctx, "k", cur.Fence, []byte("winner"), retention); err != nil {
+		t.Fatalf("current owner's Complete: %v", err)
+	}
+	// After settling, even the winner's fence is no longer in flight.
+	if err := s.Complete(ctx, "k", cur.Fence, []byte("again"), retention); !errors.Is(err, idem.ErrStaleFence) {
+		t.Fatalf("second Complete: err = %v, want ErrStaleFence", err)
+	}
+	if err := s.Heartbeat(ctx, "absent", 1, longLease); !errors.Is(err, idem.ErrStaleFence) {
+		t.Fatalf("Heartbeat on absent key: err = %v, want ErrStaleFence", err)
+	}
+	rep := mustAcquire(t, s, req("k"), idem.Replayed)
+	if string(rep.Record.Result) != "winner" {
+		t.Fatalf("replayed %q, want winner", rep.Record.Result)
+	}
+}
+
+func testReplayCompleted(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	result := []byte(`{"booking":"B-1"}` + "\x00\xff")
+	if err := s.Complete(ctx, "k", a.Fence, result, retention); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		r := mustAcquire(t, s, req("k"), idem.Replayed)
+		if !bytes.Equal(r.Record.Result, result) || r.Record.State != idem.StateCompleted {
+			t.Fatalf("replayed %+v", r.Record)
+		}
+		if r.Record.Attempts != 1 {
+			t.Fatalf("replay counted an attempt: %d", r.Record.Attempts)
+		}
+	}
+	// An empty result is stored and replayed as empty.
+	b := mustAcquire(t, s, req("empty"), idem.Acquired)
+	if err := s.Complete(ctx, "empty", b.Fence, nil, retention); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustAcquire(t, s, req("empty"), idem.Replayed); len(r.Record.Result) != 0 {
+		t.Fatalf("empty result replayed as %q", r.Record.Result)
+	}
+}
+
+func testReplayFailed(t *testing.T, s idem.Store) {
+	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	if err := s.Fail(context.Background(), "k", a.Fence, []byte("card declined"), retention); err != nil {
+		t.Fatal(err)
+	}
+	r := mustAcquire(t, s, req("k"), idem.Replayed)
+	if r.Record.State != idem.StateFailed || string(r.Record.Result) != "card declined" {
+		t.Fatalf("replayed %+v", r.Record)
+	}
+}
+
+func testRelease(t *testing.T, s idem.Store) {
+	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	if err := s.Release(context.Background(), "k", a.Fence); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(context.Background(), "k")
+	if err != nil || rec.State != idem.StateReleased {
+		t.Fatalf("after release: %+v, %v", rec, err)
+	}
+	b := mustAcquire(t, s, req("k"), idem.Acquired)
+	if b.Fence <= a.Fence || b.Record.Attempts != 2 {
+		t.Fatalf("re-acquire after release: fence %d (was %d), attempts %d", b.Fence, a.Fence, b.Record.Attempts)
+	}
+	if err := s.Release(context.Background(), "k", a.Fence); !errors.Is(err, idem.ErrStaleFence) {
+		t.Fatalf("release with the old fence: %v", err)
+	}
+}
+
+func testMismatch(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	other := req("k")
+	other.Fingerprint = "other"
+	mustAcquire(t, s, other, idem.Mismatch)
+	if err := s.Complete(ctx, "k", a.Fence, []byte("ok"), retention); err != nil {
+		t.Fatal(err)
+	}
+	m := mustAcquire(t, s, other, idem.Mismatch)
+	if m.Record.Fingerprint != "fp" {
+		t.Fatalf("mismatch changed the stored fingerprint: %+v", m.Record)
+	}
+	if r := mustAcquire(t, s, req("k"), idem.Replayed); string(r.Record.Result) != "ok" {
+		t.Fatalf("replay after mismatch: %q", r.Record.Result)
+	}
+}
+
+func testHeartbeat(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	r := req("k")
+	r.Lease = shortLease
+	a := mustAcquire(t, s, r, idem.Acquired)
+	time.Sleep(shortLease / 2)
+	if err := s.Heartbeat(ctx, "k", a.Fence, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(shortLease)
+	// Past the original lease, before the extended one.
+	mustAcquire(t, s, r, idem.InProgress)
+	rec, err := s.Get(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rec.LeaseUntil.After(time.Now().Add(time.Second)) {
+		t.Fatalf("lease until %v, want about 3s after the heartbeat", rec.LeaseUntil)
+	}
+}
+
+func testRetention(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	if err := s.Complete(ctx, "k", a.Fence, []byte("r"), 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, s, req("k"), idem.Replayed)
+	time.Sleep(400 * time.Millisecond)
+	if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get after retention: %v, want ErrNotFound", err)
+	}
+	b := mustAcquire(t, s, req("k"), idem.Acquired)
+	if b.Record.Attempts != 1 || len(b.Record.Result) != 0 {
+		t.Fatalf("a key past retention is new again: %+v", b.Record)
+	}
+}
+
+func testSweep(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	for i := range 5 {
+		k := fmt.Sprintf("done-%d", i)
+		a := mustAcquire(t, s, req(k), idem.Acquired)
+		if err := s.Complete(ctx, k, a.Fence, nil, 100*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A live lease whose retention is shorter than its lease.
+	live := req("live")
+	live.Retention = 50 * time.Millisecond
+	mustAcquire(t, s, live, idem.Acquired)
+	mustAcquire(t, s, req("kept"), idem.Acquired)
+	time.Sleep(300 * time.Millisecond)
+	total := 0
+	for {
+		n, err := s.Sweep(ctx, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 2 {
+			t.Fatalf("Sweep(limit 2) deleted %d", n)
+		}
+		if n == 0 {
+			break
+		}
+		total += n
+	}
+	if total != 5 {
+		t.Fatalf("swept %d records, want 5", total)
+	}
+	for _, k := range []string{"live", "kept"} {
+		if _, err := s.Get(ctx, k); err != nil {
+			t.Fatalf("Sweep deleted %s: %v", k, err)
+		}
+	}
+	mustAcquire(t, s, live, idem.InProgress)
+}
+
+func testPoison(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	r := req("k")
+	r.MaxAttempts = 3
+	for i := 1; i <= 3; i++ {
+		a := mustAcquire(t, s, r, idem.Acquired)
+		if a.Record.Attempts != i {
+			t.Fatalf("attempt %d: record says %d", i, a.Record.Attempts)
+		}
+		if err := s.Release(ctx, "k", a.Fence); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustAcquire(t, s, r, idem.Poisoned)
+	mustAcquire(t, s, r, idem.Poisoned)
+	rec, err := s.Get(ctx, "k")
+	if err != nil || rec.State != idem.StatePoisoned || rec.Attempts != 3 {
+		t.Fatalf("poisoned record: %+v, %v", rec, err)
+	}
+	// A takeover counts as an attempt too.
+	r2 := req("z")
+	r2.MaxAttempts = 1
+	r2.Lease = shortLease
+	mustAcquire(t, s, r2, idem.Acquired)
+	time.Sleep(shortLease + 100*time.Millisecond)
+	mustAcquire(t, s, r2, idem.Poisoned)
+}
+
+func testBounds(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	big := strings.Repeat("k", 10<<10)
+	okReq := req("ok")
+	a := mustAcquire(t, s, okReq, idem.Acquired)
+	huge := make([]byte, 100<<20)
+	tests := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"empty key", first(s.Acquire(ctx, idem.AcquireRequest{Key: "", Lease: time.Second, Retention: time.Hour})), idem.ErrInvalidKey},
+		{"10KB key", first(s.Acquire(ctx, idem.AcquireRequest{Key: big, Lease: time.Second, Retention: time.Hour})), idem.ErrInvalidKey},
+		{"negative lease", first(s.Acquire(ctx, idem.AcquireRequest{Key: "n", Lease: -time.Second, Retention: time.Hour})), idem.ErrInvalidLease},
+		{"zero lease", first(s.Acquire(ctx, idem.AcquireRequest{Key: "n", Retention: time.Hour})), idem.ErrInvalidLease},
+		{"lease over the limit", first(s.Acquire(ctx, idem.AcquireRequest{Key: "n", Lease: 1000 * time.Hour, Retention: time.Hour})), idem.ErrInvalidLease},
+		{"zero retention", first(s.Acquire(ctx, idem.AcquireRequest{Key: "n", Lease: time.Second})), idem.ErrInvalidRetention},
+		{"long fingerprint", first(s.Acquire(ctx, idem.AcquireRequest{Key: "n", Fingerprint: big, Lease: time.Second, Retention: time.Hour})), idem.ErrInvalidFingerprint},
+		{"100MB result", s.Complete(ctx, "ok", a.Fence, huge, retention), idem.ErrResultTooLarge},
+		{"100MB failure", s.Fail(ctx, "ok", a.Fence, huge, retention), idem.ErrResultTooLarge},
+		{"negative heartbeat", s.Heartbeat(ctx, "ok", a.Fence, -time.Second), idem.ErrInvalidLease},
+		{"negative retention", s.Complete(ctx, "ok", a.Fence, nil, -time.Second), idem.ErrInvalidRetention},
+		{"10KB key complete", s.Complete(ctx, big, 1, nil, retention), idem.ErrInvalidKey},
+	}
+	for _, tt := range tests {
+		if !errors.Is(tt.err, tt.want) {
+			t.Errorf("%s: err = %v, want %v", tt.name, tt.err, tt.want)
+		}
+	}
+	for _, k := range []string{"n", big[:idem.MaxStorageKeyBytes]} {
+		if _, err := s.Get(ctx, k); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("refused input stored something under %.10q: %v", k, err)
+		}
+	}
+	rec, err := s.Get(ctx, "ok")
+	if err != nil || rec.State != idem.StateInFlight || len(rec.Result) != 0 {
+		t.Fatalf("refused settle changed the record: %+v, %v", rec, err)
+	}
+	// The largest key is accepted.
+	mustAcquire(t, s, req(big[:idem.MaxStorageKeyBytes]), idem.Acquired)
+}
+
+func first[T any](_ T, err error) error { return err }
+
+func testCancelled(t *testing.T, s idem.Store) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start := time.Now()
+	_, err := s.Acquire(ctx, req("k"))
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire with a cancelled context: %v, want context.Canceled", err)
+	}
+	if err := s.Complete(ctx, "k", 1, nil, retention); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Complete with a cancelled context: %v", err)
+	}
+	if _, err := s.Get(ctx, "k"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Get with a cancelled context: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("cancelled calls took %v", d)
+	}
+	if _, err := s.Get(context.Background(), "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("a cancelled Acquire stored the key: %v", err)
+	}
+}
+
+func testGetDelete(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get absent: %v", err)
+	}
+	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	if err := s.Complete(ctx, "k", a.Fence, []byte("v"), retention); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Key != "k" || rec.State != idem.StateCompleted || string(rec.Result) != "v" || rec.Fence != a.Fence ||
+		rec.Fingerprint != "fp" || !rec.LeaseUntil.IsZero() || rec.ExpiresAt.Before(time.Now().Add(retention/2)) {
+		t.Fatalf("Get = %+v", rec)
+	}
+	if err := s.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "k"); err != nil {
+		t.Fatalf("Delete absent: %v", err)
+	}
+	if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get after Delete: %v", err)
+	}
+	mustAcquire(t, s, req("k"), idem.Acquired)
+}
+
+func testScopes(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	ka := idem.Key{Scope: "tenant-a", ID: "order-1"}.Storage(false)
+	kb := idem.Key{Scope: "tenant-b", ID: "order-1"}.Storage(false)
+	a := mustAcquire(t, s, req(ka), idem.Acquired)
+	if err := s.Complete(ctx, ka, a.Fence, []byte("a's secret"), retention); err != nil {
+		t.Fatal(err)
+	}
+	b := mustAcquire(t, s, req(kb), idem.Acquired)
+	if len(b.Record.Result) != 0 {
+		t.Fatalf("tenant b sees %q", b.Record.Result)
+	}
+}
+
+func testCompact(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	k := idem.Key{Scope: "payments", ID: strings.Repeat("x", idem.MaxIDBytes)}
+	ck := k.Storage(true)
+	a := mustAcquire(t, s, req(ck), idem.Acquired)
+	if err := s.Complete(ctx, ck, a.Fence, []byte("v"), retention); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustAcquire(t, s, req(k.Storage(true)), idem.Replayed); string(r.Record.Result) != "v" {
+		t.Fatalf("compact replay %q", r.Record.Result)
+	}
+	mustAcquire(t, s, req(k.Storage(false)), idem.Acquired)
+}
+
+func testGuardRunsOnce(t *testing.T, s idem.Store) {
+	g, err := idem.NewGuard(idem.Config{Store: s, Lease: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				v, err := idem.Do(context.Background(), g, idem.Key{Scope: "s", ID: "once"}, func(ctx context.Context) (int, error) {
+					runs.Add(1)
+					time.Sleep(20 * time.Millisecond)
+					return 42, nil
+				})
+				if errors.Is(err, idem.ErrInProgress) {
+					time.Sleep(5 * time.Millisecond)
+					continue
+				}
+				if err != nil || v != 42 {
+					t.Errorf("Do = %d, %v", v, err)
+				}
+				return
+			}
+		}()
+	}
+	wg.Wait()
+	if runs.Load() != 1 {
+		t.Fatalf("work ran %d times, want 1", runs.Load())
+	}
+}
+
+func testList(t *testing.T, s idem.Store) {
+	l := s.(idem.Lister)
+	ctx := context.Background()
+	for _, k := range []string{"c", "a", "b", "d"} {
+		mustAcquire(t, s, req(k), idem.Acquired)
+	}
+	recs, err := l.List(ctx, "a", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 || recs[0].Key != "b" || recs[1].Key != "c" {
+		t.Fatalf("List(after a, 2) = %+v", recs)
+	}
+}
