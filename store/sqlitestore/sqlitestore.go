@@ -1,0 +1,399 @@
+// Package sqlitestore is the embedded default idem.Store: a SQLite file
+// (pure Go, modernc.org/sqlite, no cgo) in WAL mode, safe for several
+// goroutines and several processes on the same file.
+//
+// Every transition is one SQL statement: Acquire is a single
+// INSERT … ON CONFLICT DO UPDATE … RETURNING whose CASE expressions decide the
+// outcome from the row as it was, so there is no read-then-write race even
+// between processes. Times are Unix milliseconds from the store's clock.
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+
+	"github.com/idemgo/idem"
+)
+
+var (
+	_ idem.Store    = (*Store)(nil)
+	_ idem.Lister   = (*Store)(nil)
+	_ idem.Migrator = (*Store)(nil)
+)
+
+// Config configures a Store. Only Path is required.
+type Config struct {
+	// Path of the database file; created if missing.
+	Path string
+	// Synchronous is SQLite's synchronous setting: "NORMAL" (the default; in
+	// WAL mode a power loss may lose the last commits but never corrupts) or
+	// "FULL" (every commit is durable).
+	Synchronous string
+	// BusyTimeout is how long a statement waits for another process's write
+	// lock. Defaults to 5s.
+	BusyTimeout time.Duration
+	// MaxConns bounds the connections of this process. Defaults to 1: SQLite
+	// has one writer at a time, and one connection queues writers in process
+	// instead of in SQLite's busy handler.
+	MaxConns int
+	// SkipMigrate leaves the schema alone at Open (run Migrate yourself).
+	SkipMigrate bool
+	// Clock tells the store's time. Defaults to the wall clock.
+	Clock idem.Clock
+	// Limits bound what the store accepts. Defaults to idem's defaults.
+	Limits idem.Limits
+}
+
+// Store is a SQLite idem.Store.
+type Store struct {
+	db     *sql.DB
+	clock  idem.Clock
+	limits idem.Limits
+
+	acquire, heartbeat, settle, release, get, del, sweep, list *sql.Stmt
+}
+
+// Open opens (and by default migrates) the database at cfg.Path.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	if cfg.Path == "" {
+		return nil, errors.New("idem/sqlitestore: Config.Path is required")
+	}
+	if strings.ContainsAny(cfg.Path, "?#") {
+		return nil, fmt.Errorf("idem/sqlitestore: Config.Path %q must not contain '?' or '#'", cfg.Path)
+	}
+	sync := strings.ToUpper(cfg.Synchronous)
+	switch sync {
+	case "":
+		sync = "NORMAL"
+	case "NORMAL", "FULL":
+	default:
+		return nil, fmt.Errorf("idem/sqlitestore: Config.Synchronous is %q, want NORMAL or FULL", cfg.Synchronous)
+	}
+	if cfg.BusyTimeout == 0 {
+		cfg.BusyTimeout = 5 * time.Second
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 1
+	}
+	dsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=synchronous(%s)&_pragma=foreign_keys(on)&_txlock=immediate",
+		cfg.Path, cfg.BusyTimeout.Milliseconds(), sync)
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("idem/sqlitestore: open %s: %w", cfg.Path, err)
+	}
+	db.SetMaxOpenConns(cfg.MaxConns)
+	db.SetMaxIdleConns(cfg.MaxConns)
+	db.SetConnMaxIdleTime(0)
+	db.SetConnMaxLifetime(0)
+	s := &Store{db: db, clock: cfg.Clock, limits: cfg.Limits.WithDefaults()}
+	if s.clock == nil {
+		s.clock = idem.SystemClock{}
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("idem/sqlitestore: open %s: %w", cfg.Path, err)
+	}
+	if !cfg.SkipMigrate {
+		if err := s.Migrate(ctx); err != nil {
+			db.Close()
+			return nil, err
+		}
+	}
+	if err := s.prepare(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// DB returns the underlying database, for the transactional inbox and
+// operators.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// migrations are applied in order, each in its own transaction; the index+1
+// is the schema version recorded in idem_schema.
+var migrations = []string{
+	`CREATE TABLE idem_records (
+		k           TEXT    PRIMARY KEY,
+		state       INTEGER NOT NULL,
+		fence       INTEGER NOT NULL,
+		fp          TEXT    NOT NULL DEFAULT '',
+		attempts    INTEGER NOT NULL,
+		result      BLOB,
+		lease_until INTEGER NOT NULL, -- Unix ms
+		expires_at  INTEGER NOT NULL, -- Unix ms; never before lease_until
+		updated_at  INTEGER NOT NULL, -- Unix ms
+		outcome     INTEGER NOT NULL  -- the outcome of the last Acquire
+	);
+	CREATE INDEX idem_records_expires_at ON idem_records (expires_at);`,
+}
+
+// Migrate creates or upgrades the schema. It is idempotent and safe to run
+// from several processes at once.
+func (s *Store) Migrate(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil) // BEGIN IMMEDIATE (see _txlock): one migrator at a time
+	if err != nil {
+		return fmt.Errorf("idem/sqlitestore: migrate: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS idem_schema (version INTEGER NOT NULL)`); err != nil {
+		return fmt.Errorf("idem/sqlitestore: migrate: %w", err)
+	}
+	var version int
+	err = tx.QueryRowContext(ctx, `SELECT version FROM idem_schema`).Scan(&version)
+	if errors.Is(err, sql.ErrNoRows) {
+		_, err = tx.ExecContext(ctx, `INSERT INTO idem_schema (version) VALUES (0)`)
+	}
+	if err != nil {
+		return fmt.Errorf("idem/sqlitestore: migrate: %w", err)
+	}
+	if version > len(migrations) {
+		return fmt.Errorf("idem/sqlitestore: schema version %d is newer than this build knows (%d)", version, len(migrations))
+	}
+	for v := version; v < len(migrations); v++ {
+		if _, err := tx.ExecContext(ctx, migrations[v]); err != nil {
+			return fmt.Errorf("idem/sqlitestore: migration %d: %w", v+1, err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE idem_schema SET version = ?`, len(migrations)); err != nil {
+		return fmt.Errorf("idem/sqlitestore: migrate: %w", err)
+	}
+	return tx.Commit()
+}
+
+// The acquire statement. Parameters: ?1 key, ?2 fingerprint, ?3 now (ms),
+// ?4 lease (ms), ?5 unsettled retention (ms, at least the lease), ?6 max
+// attempts (0 = none). In DO UPDATE, bare column names are the row as it was.
+const (
+	condExpired  = `(expires_at <= ?3)`
+	condMismatch = `(fp <> ?2)`
+	condLive     = `(state = 1 AND lease_until > ?3)`
+	condSettled  = `(state IN (2, 3, 4))`
+	condLimit    = `(?6 > 0 AND attempts >= ?6)`
+	condTake     = `(` + condExpired + ` OR NOT (` + condMismatch + ` OR ` + condLive + ` OR ` + condSettled + ` OR ` + condLimit + `))`
+	condPoison   = `(NOT ` + condExpired + ` AND NOT ` + condMismatch + ` AND NOT ` + condLive + ` AND NOT ` + condSettled + ` AND ` + condLimit + `)`
+	recordCols   = `k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at`
+)
+
+var acquireSQL = `INSERT INTO idem_records (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
+VALUES (?1, 1, 1, ?2, 1, NULL, ?3 + ?4, ?3 + ?5, ?3, 1)
+ON CONFLICT (k) DO UPDATE SET
+	outcome = CASE WHEN ` + condExpired + ` THEN 1 WHEN ` + condMismatch + ` THEN 5 WHEN ` + condLive + ` THEN 3
+		WHEN state IN (2, 3) THEN 4 WHEN state = 4 THEN 6 WHEN ` + condLimit + ` THEN 6
+		WHEN state = 1 THEN 2 ELSE 1 END,
+	state = CASE WHEN ` + condTake + ` THEN 1 WHEN ` + condPoison + ` THEN 4 ELSE state END,
+	fence = CASE WHEN ` + condTake + ` THEN fence + 1 ELSE fence END,
+	fp = CASE WHEN ` + condExpired + ` THEN ?2 ELSE fp END,
+	attempts = CASE WHEN ` + condExpired + ` THEN 1 WHEN ` + condTake + ` THEN attempts + 1 ELSE attempts END,
+	result = CASE WHEN ` + condExpired + ` THEN NULL ELSE result END,
+	lease_until = CASE WHEN ` + condTake + ` THEN ?3 + ?4 ELSE lease_until END,
+	expires_at = CASE WHEN ` + condExpired + ` THEN ?3 + ?5
+		WHEN ` + condTake + ` OR ` + condPoison + ` THEN max(expires_at, ?3 + ?5) ELSE expires_at END,
+	updated_at = CASE WHEN ` + condTake + ` OR ` + condPoison + ` THEN ?3 ELSE updated_at END
+RETURNING outcome, ` + recordCols
+
+func (s *Store) prepare(ctx context.Context) error {
+	stmts := []struct {
+		dst **sql.Stmt
+		sql string
+	}{
+		{&s.acquire, acquireSQL},
+		// ?1 key, ?2 fence, ?3 now, ?4 lease ms
+		{&s.heartbeat, `UPDATE idem_records SET lease_until = ?3 + ?4, expires_at = max(expires_at, ?3 + ?4), updated_at = ?3
+			WHERE k = ?1 AND fence = ?2 AND state = 1`},
+		// ?1 key, ?2 fence, ?3 now, ?4 retention ms, ?5 state, ?6 result
+		{&s.settle, `UPDATE idem_records SET state = ?5, result = ?6, lease_until = 0, expires_at = ?3 + ?4, updated_at = ?3
+			WHERE k = ?1 AND fence = ?2 AND state = 1`},
+		{&s.release, `UPDATE idem_records SET state = 5, lease_until = 0, updated_at = ?3
+			WHERE k = ?1 AND fence = ?2 AND state = 1`},
+		{&s.get, `SELECT ` + recordCols + ` FROM idem_records WHERE k = ?1 AND expires_at > ?2`},
+		{&s.del, `DELETE FROM idem_records WHERE k = ?1`},
+		{&s.sweep, `DELETE FROM idem_records WHERE k IN (SELECT k FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)`},
+		{&s.list, `SELECT ` + recordCols + ` FROM idem_records WHERE k > ?1 AND expires_at > ?2 ORDER BY k LIMIT ?3`},
+	}
+	for _, st := range stmts {
+		p, err := s.db.PrepareContext(ctx, st.sql)
+		if err != nil {
+			return fmt.Errorf("idem/sqlitestore: prepare: %w", err)
+		}
+		*st.dst = p
+	}
+	return nil
+}
+
+func (s *Store) nowMs() int64 { return s.clock.Now().UnixMilli() }
+
+func ms(t int64) time.Time {
+	if t == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(t)
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanRecord(sc scanner, extra ...any) (idem.Record, error) {
+	var r idem.Record
+	var state int
+	var lease, exp, upd int64
+	dest := append(extra, &r.Key, &state, &r.Fence, &r.Fingerprint, &r.Attempts, &r.Result, &lease, &exp, &upd)
+	if err := sc.Scan(dest...); err != nil {
+		return idem.Record{}, err
+	}
+	r.State = idem.State(state)
+	if r.State == idem.StateInFlight {
+		r.LeaseUntil = ms(lease)
+	}
+	r.ExpiresAt, r.UpdatedAt = ms(exp), ms(upd)
+	return r, nil
+}
+
+// wrap maps driver errors to idem's: context errors pass through; anything
+// else means the store could not do its job.
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if errors.Is(err, sql.ErrConnDone) || strings.Contains(err.Error(), "database is closed") {
+		return fmt.Errorf("%w: sqlite %s: %v", idem.ErrClosed, op, err)
+	}
+	return fmt.Errorf("%w: sqlite %s: %v", idem.ErrStoreUnavailable, op, err)
+}
+
+// Acquire implements idem.Store with one statement.
+func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	if err := s.limits.CheckAcquire(req); err != nil {
+		return idem.Acquisition{}, err
+	}
+	now := s.nowMs()
+	var outcome int
+	rec, err := scanRecord(s.acquire.QueryRowContext(ctx, req.Key, req.Fingerprint, now,
+		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts), &outcome)
+	if err != nil {
+		return idem.Acquisition{}, wrap("acquire", err)
+	}
+	a := idem.Acquisition{Outcome: idem.Outcome(outcome), Record: rec}
+	if a.Outcome.Owns() {
+		a.Fence = rec.Fence
+	}
+	return a, nil
+}
+
+func (s *Store) owned(ctx context.Context, op string, st *sql.Stmt, args ...any) error {
+	res, err := st.ExecContext(ctx, args...)
+	if err != nil {
+		return wrap(op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return wrap(op, err)
+	}
+	if n == 0 {
+		return idem.ErrStaleFence
+	}
+	return nil
+}
+
+// Heartbeat implements idem.Store.
+func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return err
+	}
+	if err := s.limits.CheckLease(lease); err != nil {
+		return err
+	}
+	return s.owned(ctx, "heartbeat", s.heartbeat, key, int64(fence), s.nowMs(), lease.Milliseconds())
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
+	return s.settleAs(ctx, "complete", key, fence, idem.StateCompleted, result, retention)
+}
+
+// Fail implements idem.Store.
+func (s *Store) Fail(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
+	return s.settleAs(ctx, "fail", key, fence, idem.StateFailed, result, retention)
+}
+
+func (s *Store) settleAs(ctx context.Context, op, key string, fence uint64, st idem.State, result []byte, retention time.Duration) error {
+	if err := s.limits.CheckSettle(key, result, retention); err != nil {
+		return err
+	}
+	if result == nil {
+		result = []byte{}
+	}
+	return s.owned(ctx, op, s.settle, key, int64(fence), s.nowMs(), retention.Milliseconds(), int(st), result)
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return err
+	}
+	return s.owned(ctx, "release", s.release, key, int64(fence), s.nowMs())
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return idem.Record{}, err
+	}
+	rec, err := scanRecord(s.get.QueryRowContext(ctx, key, s.nowMs()))
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	return rec, wrap("get", err)
+}
+
+// Delete implements idem.Store.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	_, err := s.del.ExecContext(ctx, key)
+	return wrap("delete", err)
+}
+
+// Sweep implements idem.Store: one DELETE of up to limit expired records (no
+// limit when limit <= 0).
+func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		limit = -1
+	}
+	res, err := s.sweep.ExecContext(ctx, s.nowMs(), limit)
+	if err != nil {
+		return 0, wrap("sweep", err)
+	}
+	n, err := res.RowsAffected()
+	return int(n), wrap("sweep", err)
+}
+
+// List implements idem.Lister.
+func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Record, error) {
+	if limit <= 0 {
+		limit = -1
+	}
+	rows, err := s.list.QueryContext(ctx, after, s.nowMs(), limit)
+	if err != nil {
+		return nil, wrap("list", err)
+	}
+	defer rows.Close()
+	var out []idem.Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, wrap("list", err)
+		}
+		out = append(out, r)
+	}
+	return out, wrap("list", rows.Err())
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }

@@ -1,0 +1,43 @@
+package sqlitestore_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store/sqlitestore"
+	"github.com/idemgo/idem/store/storetest"
+)
+
+func openAt(t testing.TB, path string) idem.Store {
+	s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func newStore(t testing.TB) idem.Store {
+	return openAt(t, filepath.Join(t.TempDir(), "idem.db"))
+}
+
+func TestConformance(t *testing.T) {
+	if storetest.IsChild() {
+		t.Skip("child process")
+	}
+	storetest.Run(t, storetest.Capabilities{Persistent: true, ListsRecords: true}, newStore)
+}
+
+func TestMultiProcess(t *testing.T) {
+	storetest.MultiProcess(t, "TestMultiProcess", filepath.Join(t.TempDir(), "shared.db"), 4, 200, openAt)
+}
+
+func TestCrashTakeover(t *testing.T) {
+	storetest.CrashTakeover(t, "TestCrashTakeover", filepath.Join(t.TempDir(), "crash.db"), openAt)
+}
+
+func BenchmarkStore(b *testing.B) {
+	storetest.Bench(b, newStore)
+}
