@@ -24,9 +24,6 @@ func newStore(t testing.TB) idem.Store {
 }
 
 func TestConformance(t *testing.T) {
-	if storetest.IsChild() {
-		t.Skip("child process")
-	}
 	storetest.Run(t, storetest.Capabilities{Persistent: true, ListsRecords: true}, newStore)
 }
 

@@ -27,10 +27,6 @@ const (
 // path, a schema name, a key prefix).
 type OpenAt func(t testing.TB, location string) idem.Store
 
-// IsChild reports whether this test binary was started by MultiProcess or
-// CrashTakeover; backends' tests need not call it.
-func IsChild() bool { return os.Getenv(envMode) != "" }
-
 func childCommand(t *testing.T, testName, mode, location, log string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^"+testName+"$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), envMode+"="+mode, envLocation+"="+location, envLog+"="+log)
@@ -47,9 +43,6 @@ func MultiProcess(t *testing.T, testName, location string, procs, keys int, open
 	if os.Getenv(envMode) == "hammer" {
 		hammer(t, open(t, os.Getenv(envLocation)), keys, os.Getenv(envLog))
 		return
-	}
-	if os.Getenv(envMode) != "" {
-		t.Skip("a child of another storetest mode")
 	}
 	log := t.TempDir() + "/executions.log"
 	open(t, location) // creates the schema before the children race for it
@@ -139,9 +132,6 @@ func CrashTakeover(t *testing.T, testName, location string, open OpenAt) {
 		fmt.Printf("ACQUIRED %d\n", a.Fence)
 		time.Sleep(time.Minute) // killed here, mid-work
 		os.Exit(3)
-	}
-	if os.Getenv(envMode) != "" {
-		t.Skip("a child of another storetest mode")
 	}
 	s := open(t, location)
 	cmd := childCommand(t, testName, "crash", location, "")

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// run executes the idem command with args and returns its stdout.
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := newRootCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestDemo(t *testing.T) {
+	var out bytes.Buffer
+	ok, err := runDemo(context.Background(), &out, filepath.Join(t.TempDir(), "demo.db"))
+	if err != nil || !ok {
+		t.Fatalf("demo: ok=%v err=%v\n%s", ok, err, out.String())
+	}
+	for _, want := range []string{"lost answer", "crash", "20 duplicates", "zombie", "refused", "every invariant held"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q", want)
+		}
+	}
+}
+
+func TestBenchJSON(t *testing.T) {
+	for _, store := range []string{"memory:", "sqlite:" + filepath.Join(t.TempDir(), "b.db")} {
+		out, err := run(t, "bench", "--store", store, "--duration", "300ms", "--concurrency", "4", "--keys", "50", "--json", "--quiet")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		var rep map[string]any
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &rep); err != nil {
+			t.Fatalf("last line is not JSON: %q", lines[len(lines)-1])
+		}
+		for _, k := range []string{"ops_per_sec", "p50_us", "p99_us"} {
+			if v, ok := rep[k].(float64); !ok || v <= 0 {
+				t.Errorf("%s: %s = %v", store, k, rep[k])
+			}
+		}
+	}
+}
+
+func TestKeysCommands(t *testing.T) {
+	store := "sqlite:" + filepath.Join(t.TempDir(), "k.db")
+	if _, err := run(t, "migrate", "--store", store); err != nil {
+		t.Fatal(err)
+	}
+	// Fill the store through bench's replay keys.
+	if _, err := run(t, "bench", "--store", store, "--duration", "100ms", "--concurrency", "2", "--keys", "30", "--mode", "replay", "--quiet"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, "keys", "ls", "--store", store, "--json", "--limit", "5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 5 {
+		t.Fatalf("ls --limit 5 printed %d lines:\n%s", len(lines), out)
+	}
+	var rec struct{ Scope, ID, State string }
+	if err := json.Unmarshal([]byte(lines[0]), &rec); err != nil || rec.State != "completed" || rec.ID == "" {
+		t.Fatalf("ls --json line %q: %+v %v", lines[0], rec, err)
+	}
+	out, err = run(t, "keys", "get", "--store", store, "--scope", rec.Scope, rec.ID)
+	if err != nil || !strings.Contains(out, "completed") {
+		t.Fatalf("get: %v\n%s", err, out)
+	}
+	if _, err := run(t, "keys", "rm", "--store", store, "--scope", rec.Scope, rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, "keys", "get", "--store", store, "--scope", rec.Scope, rec.ID); err == nil || !strings.Contains(err.Error(), "no record") {
+		t.Fatalf("get after rm: %v", err)
+	}
+	if _, err := run(t, "keys", "purge", "--store", store); err == nil {
+		t.Fatal("purge without --expired or --all ran")
+	}
+	out, err = run(t, "keys", "purge", "--store", store, "--all", "--quiet")
+	if err != nil || !strings.Contains(out, "purged 29 records") {
+		t.Fatalf("purge --all: %v %q", err, out)
+	}
+	if out, _ := run(t, "keys", "ls", "--store", store, "--json"); strings.TrimSpace(out) != "" {
+		t.Fatalf("records left after purge: %s", out)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	store := "sqlite:" + filepath.Join(t.TempDir(), "bad.db")
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"keys", "ls", "--store", "mysql://x"}, "unknown store URL scheme"},
+		{[]string{"keys", "ls", "--store", "idem.db"}, "no scheme"},
+		{[]string{"keys", "get", "--store", store, ""}, "empty id"},
+		{[]string{"keys", "get", "--store", store, strings.Repeat("k", 10<<10)}, "the limit is 255"},
+		{[]string{"keys", "ls", "--store", store, "--state", "weird"}, "unknown state"},
+		{[]string{"bench", "--store", "memory:", "--concurrency", "0"}, "must be positive"},
+	}
+	for _, tt := range tests {
+		_, err := run(t, tt.args...)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("idem %s: err = %v, want it to mention %q", strings.Join(tt.args, " ")[:min(60, len(strings.Join(tt.args, " ")))], err, tt.want)
+		}
+	}
+}

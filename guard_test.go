@@ -1,0 +1,302 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store/memstore"
+)
+
+const goldenCompact = "Hx7HSuvJh2Lxx775NEpvog"
+
+func newGuard(t *testing.T, cfg idem.Config) (*idem.Guard, *memstore.Store) {
+	t.Helper()
+	s := memstore.New(memstore.Config{})
+	t.Cleanup(func() { s.Close() })
+	cfg.Store = s
+	g, err := idem.NewGuard(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g, s
+}
+
+var key = idem.Key{Scope: "test", ID: "k1"}
+
+func TestNewGuardValidates(t *testing.T) {
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	tests := []struct {
+		name string
+		cfg  idem.Config
+		want string
+	}{
+		{"no store", idem.Config{}, "Config.Store"},
+		{"negative lease", idem.Config{Store: s, Lease: -time.Second}, "Config.Lease"},
+		{"huge retention", idem.Config{Store: s, Retention: 1000 * 24 * time.Hour}, "Config.Retention"},
+		{"negative attempts", idem.Config{Store: s, MaxAttempts: -1}, "Config.MaxAttempts"},
+		{"heartbeat too slow", idem.Config{Store: s, Lease: time.Second, HeartbeatInterval: 2 * time.Second}, "Config.HeartbeatInterval"},
+		{"negative cache", idem.Config{Store: s, CacheSize: -1}, "Config.CacheSize"},
+	}
+	for _, tt := range tests {
+		_, err := idem.NewGuard(tt.cfg)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: err = %v, want it to name %s", tt.name, err, tt.want)
+		}
+	}
+}
+
+
+func TestPolicyPerOutcome(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name      string
+		err       error
+		wantState idem.State
+		rerun     bool // the next delivery runs the work again
+	}{
+		{"success completes", nil, idem.StateCompleted, false},
+		{"permanent failure is stored", idem.Permanent(errors.New("card declined")), idem.StateFailed, false},
+		{"transient failure releases", errors.New("connection reset"), idem.StateReleased, true},
+		{"ambiguous failure holds", idem.Ambiguous(errors.New("timeout after send")), idem.StateInFlight, false},
+		{"deadline exceeded holds", context.DeadlineExceeded, idem.StateInFlight, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g, s := newGuard(t, idem.Config{})
+			res, err := g.Run(ctx, key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+				return []byte("v"), tt.err
+			})
+			if !errors.Is(err, tt.err) {
+				t.Fatalf("Run error = %v, want the work's %v", err, tt.err)
+			}
+			rec, gerr := s.Get(ctx, g.StorageKey(key))
+			if gerr != nil || rec.State != tt.wantState {
+				t.Fatalf("record %+v, %v; want state %v", rec, gerr, tt.wantState)
+			}
+			ran := false
+			res, err = g.Run(ctx, key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+				ran = true
+				return nil, nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ran != tt.rerun {
+				t.Fatalf("second delivery ran=%v (outcome %v), want %v", ran, res.Outcome, tt.rerun)
+			}
+		})
+	}
+}
+
+func TestDoTyped(t *testing.T) {
+	g, _ := newGuard(t, idem.Config{})
+	ctx := context.Background()
+	type booking struct{ ID string }
+	runs := 0
+	book := func(ctx context.Context) (booking, error) {
+		runs++
+		if f, ok := idem.FenceFrom(ctx); !ok || f == 0 {
+			t.Errorf("no fence in the work's context")
+		}
+		return booking{ID: "B-1"}, nil
+	}
+	for range 3 {
+		b, err := idem.Do(ctx, g, key, book)
+		if err != nil || b.ID != "B-1" {
+			t.Fatalf("Do = %+v, %v", b, err)
+		}
+	}
+	if runs != 1 {
+		t.Fatalf("ran %d times", runs)
+	}
+	// A definite failure is replayed as an error.
+	k2 := idem.Key{Scope: "test", ID: "declined"}
+	_, err := idem.Do(ctx, g, k2, func(ctx context.Context) (int, error) { return 0, idem.Permanent(errors.New("card declined")) })
+	if err == nil || err.Error() != "card declined" {
+		t.Fatalf("first run error %v", err)
+	}
+	_, err = idem.Do(ctx, g, k2, func(ctx context.Context) (int, error) { t.Fatal("ran again"); return 0, nil })
+	var rf *idem.ReplayedFailure
+	if !errors.As(err, &rf) || rf.Message != "card declined" {
+		t.Fatalf("replayed failure: %v", err)
+	}
+	// Mismatch.
+	_, err = idem.DoWith(ctx, g, key, &idem.RunOptions{Fingerprint: "other"}, book)
+	if !errors.Is(err, idem.ErrFingerprintMismatch) {
+		t.Fatalf("mismatch: %v", err)
+	}
+	// Bad key: a clear error, nothing runs.
+	_, err = idem.Do(ctx, g, idem.Key{}, book)
+	if !errors.Is(err, idem.ErrInvalidKey) {
+		t.Fatalf("empty key: %v", err)
+	}
+}
+
+func TestInProgressAndPoison(t *testing.T) {
+	g, _ := newGuard(t, idem.Config{MaxAttempts: 2})
+	ctx := context.Background()
+	release := make(chan struct{})
+	started := make(chan struct{})
+	go func() {
+		_, _ = idem.Do(ctx, g, key, func(ctx context.Context) (int, error) {
+			close(started)
+			<-release
+			return 0, errors.New("transient")
+		})
+	}()
+	<-started
+	if _, err := idem.Do(ctx, g, key, func(ctx context.Context) (int, error) { return 1, nil }); !errors.Is(err, idem.ErrInProgress) {
+		t.Fatalf("duplicate while in flight: %v", err)
+	}
+	close(release)
+	// Wait for the release, then fail transiently once more: 2 attempts.
+	for {
+		_, err := idem.Do(ctx, g, key, func(ctx context.Context) (int, error) { return 0, errors.New("transient") })
+		if errors.Is(err, idem.ErrInProgress) {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		break
+	}
+	_, err := idem.Do(ctx, g, key, func(ctx context.Context) (int, error) { t.Fatal("ran a poisoned key"); return 0, nil })
+	if !errors.Is(err, idem.ErrPoisoned) {
+		t.Fatalf("third attempt: %v, want ErrPoisoned", err)
+	}
+}
+
+func TestHeartbeatKeepsLease(t *testing.T) {
+	g, s := newGuard(t, idem.Config{Lease: 200 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond})
+	ctx := context.Background()
+	_, err := g.Run(ctx, key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+		time.Sleep(600 * time.Millisecond) // three leases long
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Second, Retention: time.Hour})
+		if err != nil || a.Outcome != idem.InProgress {
+			t.Errorf("while heartbeating, a duplicate got %v, %v", a.Outcome, err)
+		}
+		return nil, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLostLeaseCancelsWork(t *testing.T) {
+	g, s := newGuard(t, idem.Config{Lease: 100 * time.Millisecond, HeartbeatInterval: 30 * time.Millisecond})
+	ctx := context.Background()
+	_, err := g.Run(ctx, key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+		// Someone deletes the record (an operator's idem keys rm): the
+		// next heartbeat finds the fence stale and cancels this work.
+		if err := s.Delete(ctx, g.StorageKey(key)); err != nil {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			if !errors.Is(context.Cause(ctx), idem.ErrStaleFence) {
+				t.Errorf("cause = %v", context.Cause(ctx))
+			}
+			return nil, ctx.Err()
+		case <-time.After(5 * time.Second):
+			t.Error("work not cancelled after losing its lease")
+			return nil, nil
+		}
+	})
+	if err == nil {
+		t.Fatal("want the cancellation error")
+	}
+}
+
+func TestPanicHolds(t *testing.T) {
+	g, s := newGuard(t, idem.Config{})
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("panic swallowed")
+			}
+		}()
+		_, _ = g.Run(context.Background(), key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+			panic("boom")
+		})
+	}()
+	rec, err := s.Get(context.Background(), g.StorageKey(key))
+	if err != nil || rec.State != idem.StateInFlight {
+		t.Fatalf("after a panic: %+v, %v (want held in flight)", rec, err)
+	}
+}
+
+// failingStore refuses every call, as an unreachable server does.
+type failingStore struct{ idem.Store }
+
+func (failingStore) Acquire(context.Context, idem.AcquireRequest) (idem.Acquisition, error) {
+	return idem.Acquisition{}, idem.ErrStoreUnavailable
+}
+
+func TestFailsClosed(t *testing.T) {
+	g, err := idem.NewGuard(idem.Config{Store: failingStore{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	_, err = idem.Do(context.Background(), g, key, func(ctx context.Context) (int, error) { ran = true; return 1, nil })
+	if ran || !errors.Is(err, idem.ErrStoreUnavailable) {
+		t.Fatalf("ran=%v err=%v: the work must not run without a claim", ran, err)
+	}
+}
+
+func TestCacheAndObserver(t *testing.T) {
+	var mu sync.Mutex
+	var events []idem.Event
+	g, s := newGuard(t, idem.Config{CacheSize: 10, Observer: func(e idem.Event) {
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	}})
+	ctx := context.Background()
+	var runs atomic.Int32
+	fp := &idem.RunOptions{Fingerprint: "a"}
+	for range 3 {
+		if _, err := g.Run(ctx, key, fp, func(ctx context.Context, fence uint64) ([]byte, error) {
+			runs.Add(1)
+			return []byte("v"), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Delete from the store: the cache still replays (documented), but a
+	// different fingerprint is still a mismatch.
+	_ = s.Delete(ctx, g.StorageKey(key))
+	res, err := g.Run(ctx, key, fp, nil)
+	if err != nil || !res.Cached || res.Outcome != idem.Replayed || string(res.Value) != "v" {
+		t.Fatalf("cached replay: %+v, %v", res, err)
+	}
+	res, err = g.Run(ctx, key, &idem.RunOptions{Fingerprint: "b"}, nil)
+	if err != nil || res.Outcome != idem.Mismatch {
+		t.Fatalf("cached mismatch: %+v, %v", res, err)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("runs %d", runs.Load())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var acquires, settles, cached int
+	for _, e := range events {
+		switch e.Phase {
+		case "acquire":
+			acquires++
+			if e.Cached {
+				cached++
+			}
+		case "settle":
+			settles++
+		}
+	}
+	if acquires != 5 || settles != 1 || cached != 4 {
+		t.Fatalf("events: %d acquires (%d cached), %d settles; want 5 (4), 1", acquires, cached, settles)
+	}
+}

@@ -1,0 +1,34 @@
+// Package testenv decides what a test does when the service it needs is not
+// answering: skip with a message naming the service, or — when
+// IDEM_TEST_REQUIRE=1, as CI sets it — fail. Green-but-nothing-ran is a
+// defect.
+package testenv
+
+import (
+	"os"
+	"testing"
+)
+
+// Required reports whether unreachable services fail tests.
+func Required() bool { return os.Getenv("IDEM_TEST_REQUIRE") == "1" }
+
+// URL returns the value of the environment variable env, or def.
+func URL(env, def string) string {
+	if v := os.Getenv(env); v != "" {
+		return v
+	}
+	return def
+}
+
+// Need skips or fails t when err (the result of probing service at addr) is
+// not nil.
+func Need(t testing.TB, service, addr string, err error) {
+	t.Helper()
+	if err == nil {
+		return
+	}
+	if Required() {
+		t.Fatalf("%s at %s is unreachable and IDEM_TEST_REQUIRE=1: %v", service, addr, err)
+	}
+	t.Skipf("%s at %s is unreachable (%v); start it or set its URL — with IDEM_TEST_REQUIRE=1 this fails", service, addr, err)
+}

@@ -1,0 +1,126 @@
+// Package storeurl parses store URLs and opens the store they name. It is
+// shared by the idem command and by programs that take a store URL from their
+// configuration.
+//
+//	memory:                          in process, gone at exit
+//	sqlite:PATH[?synchronous=FULL]   embedded file (the default: sqlite:idem.db)
+//	postgres://… , postgresql://…    PostgreSQL (pgx connection string)
+//	redis://… , rediss://…           Redis (go-redis URL)
+package storeurl
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store/memstore"
+	"github.com/idemgo/idem/store/sqlitestore"
+)
+
+// Default is the store used when none is named.
+const Default = "sqlite:idem.db"
+
+// Kind names a backend.
+type Kind string
+
+// The backends a URL can name.
+const (
+	Memory   Kind = "memory"
+	SQLite   Kind = "sqlite"
+	Postgres Kind = "postgres"
+	Redis    Kind = "redis"
+)
+
+// Spec is a parsed store URL.
+type Spec struct {
+	Kind Kind
+	// Path is the SQLite file.
+	Path string
+	// Query holds the options after '?'.
+	Query url.Values
+	// Raw is the URL as given (for postgres and redis, handed to the client).
+	Raw string
+}
+
+// Parse parses a store URL. Errors say what was expected.
+func Parse(raw string) (Spec, error) {
+	scheme, rest, ok := strings.Cut(raw, ":")
+	if !ok || scheme == "" {
+		return Spec{}, fmt.Errorf("idem: store URL %q has no scheme: want memory:, sqlite:PATH, postgres://… or redis://…", raw)
+	}
+	switch strings.ToLower(scheme) {
+	case "memory":
+		if rest != "" {
+			return Spec{}, fmt.Errorf("idem: store URL %q: memory: takes nothing after the colon", raw)
+		}
+		return Spec{Kind: Memory, Raw: raw}, nil
+	case "sqlite", "sqlite3":
+		rest = strings.TrimPrefix(rest, "//")
+		path, query, _ := strings.Cut(rest, "?")
+		if path == "" {
+			return Spec{}, fmt.Errorf("idem: store URL %q: sqlite: needs a file path, as in sqlite:idem.db", raw)
+		}
+		if strings.ContainsRune(path, '#') {
+			return Spec{}, fmt.Errorf("idem: store URL %q: the sqlite path must not contain '#'", raw)
+		}
+		q, err := url.ParseQuery(query)
+		if err != nil {
+			return Spec{}, fmt.Errorf("idem: store URL %q: bad options: %v", raw, err)
+		}
+		for k := range q {
+			if k != "synchronous" {
+				return Spec{}, fmt.Errorf("idem: store URL %q: unknown sqlite option %q (known: synchronous)", raw, k)
+			}
+		}
+		return Spec{Kind: SQLite, Path: path, Query: q, Raw: raw}, nil
+	case "postgres", "postgresql", "redis", "rediss":
+		u, err := url.Parse(raw)
+		if err != nil {
+			return Spec{}, fmt.Errorf("idem: store URL %q: %v", raw, err)
+		}
+		if !strings.HasPrefix(rest, "//") || u.Host == "" {
+			return Spec{}, fmt.Errorf("idem: store URL %q: want %s://HOST[:PORT]/…", raw, scheme)
+		}
+		kind := Postgres
+		if strings.HasPrefix(strings.ToLower(scheme), "redis") {
+			kind = Redis
+		}
+		return Spec{Kind: kind, Query: u.Query(), Raw: raw}, nil
+	}
+	return Spec{}, fmt.Errorf("idem: unknown store URL scheme %q in %q: want memory:, sqlite:PATH, postgres://… or redis://…", scheme, raw)
+}
+
+// Options tune the opened store.
+type Options struct {
+	// Limits bound what the store accepts.
+	Limits idem.Limits
+}
+
+// Open parses raw and opens the store it names. The caller closes it.
+func Open(ctx context.Context, raw string, opts *Options) (idem.Store, error) {
+	spec, err := Parse(raw)
+	if err != nil {
+		return nil, err
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	switch spec.Kind {
+	case Memory:
+		return memstore.New(memstore.Config{Limits: o.Limits}), nil
+	case SQLite:
+		return sqlitestore.Open(ctx, sqlitestore.Config{Path: spec.Path, Synchronous: spec.Query.Get("synchronous"), Limits: o.Limits})
+	}
+	opener, ok := openers[spec.Kind]
+	if !ok {
+		return nil, fmt.Errorf("idem: store URL %q: the %s store is not built into this program", raw, spec.Kind)
+	}
+	return opener(ctx, spec, o)
+}
+
+// openers holds the backends with a server, registered by their own files so
+// each is one place to read.
+var openers = map[Kind]func(context.Context, Spec, Options) (idem.Store, error){}

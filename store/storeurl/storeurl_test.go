@@ -1,0 +1,86 @@
+package storeurl
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    Kind
+		path    string
+		wantErr string
+	}{
+		{in: "memory:", want: Memory},
+		{in: "sqlite:idem.db", want: SQLite, path: "idem.db"},
+		{in: "sqlite:///tmp/x.db?synchronous=FULL", want: SQLite, path: "/tmp/x.db"},
+		{in: "postgres://postgres@127.0.0.1:5432/test", want: Postgres},
+		{in: "postgresql://u@h/db?sslmode=disable", want: Postgres},
+		{in: "redis://127.0.0.1:6379/0", want: Redis},
+		{in: "rediss://h:6380", want: Redis},
+		{in: "", wantErr: "no scheme"},
+		{in: "idem.db", wantErr: "no scheme"},
+		{in: "mysql://root@h/db", wantErr: "unknown store URL scheme"},
+		{in: "memory:x", wantErr: "nothing after"},
+		{in: "sqlite:", wantErr: "needs a file path"},
+		{in: "sqlite:a.db?journal=off", wantErr: "unknown sqlite option"},
+		{in: "postgres:nohost", wantErr: "want postgres://"},
+		{in: "redis://", wantErr: "want redis://"},
+	}
+	for _, tt := range tests {
+		spec, err := Parse(tt.in)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("Parse(%q) error = %v, want it to mention %q", tt.in, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || spec.Kind != tt.want || spec.Path != tt.path {
+			t.Errorf("Parse(%q) = %+v, %v; want kind %s path %q", tt.in, spec, err, tt.want, tt.path)
+		}
+	}
+}
+
+func TestOpen(t *testing.T) {
+	ctx := context.Background()
+	for _, u := range []string{"memory:", "sqlite:" + filepath.Join(t.TempDir(), "a.db"), "sqlite:" + filepath.Join(t.TempDir(), "b.db") + "?synchronous=FULL"} {
+		s, err := Open(ctx, u, nil)
+		if err != nil {
+			t.Fatalf("Open(%q): %v", u, err)
+		}
+		s.Close()
+	}
+	if _, err := Open(ctx, "sqlite:"+filepath.Join(t.TempDir(), "c.db")+"?synchronous=OFF", nil); err == nil {
+		t.Fatal("synchronous=OFF accepted")
+	}
+	if _, err := Open(ctx, "ftp://x", nil); err == nil {
+		t.Fatal("unknown scheme accepted")
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{"memory:", "sqlite:idem.db", "sqlite:a?synchronous=FULL", "postgres://u@h:5432/db", "redis://h/0", "rediss://", ":", "sqlite:%zz?%"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		spec, err := Parse(s)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "idem: ") {
+				t.Fatalf("error without the idem prefix: %v", err)
+			}
+			return
+		}
+		switch spec.Kind {
+		case Memory, Postgres, Redis:
+		case SQLite:
+			if spec.Path == "" {
+				t.Fatalf("sqlite spec without a path from %q", s)
+			}
+		default:
+			t.Fatalf("unknown kind %q from %q", spec.Kind, s)
+		}
+	})
+}
