@@ -52,7 +52,6 @@ func TestNewGuardValidates(t *testing.T) {
 	}
 }
 
-
 func TestPolicyPerOutcome(t *testing.T) {
 	ctx := context.Background()
 	tests := []struct {

@@ -54,7 +54,7 @@ func ParseState(s string) (State, error) {
 // Record is what a store holds for one key.
 type Record struct {
 	// Key is the storage key (see Key.Storage).
-	Key string
+	Key   string
 	State State
 	// Fence is the fencing token of the latest acquisition; it only grows
 	// while the record exists.
