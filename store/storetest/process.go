@@ -27,6 +27,10 @@ const (
 // path, a schema name, a key prefix).
 type OpenAt func(t testing.TB, location string) idem.Store
 
+// IsChild reports whether this test binary was started by MultiProcess or
+// CrashTakeover. A child must not drop the shared store at its cleanup.
+func IsChild() bool { return os.Getenv(envMode) != "" }
+
 func childCommand(t *testing.T, testName, mode, location, log string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^"+testName+"$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), envMode+"="+mode, envLocation+"="+location, envLog+"="+log)

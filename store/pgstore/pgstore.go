@@ -1,0 +1,355 @@
+// Package pgstore is the PostgreSQL idem.Store, on pgx v5: a durable store
+// shared by any number of processes, and the one to use where the inbox and
+// outbox live in the business database.
+//
+// Every transition is one SQL statement — Acquire is a single
+// INSERT … ON CONFLICT DO UPDATE … RETURNING whose CASE expressions decide the
+// outcome from the row as it was under the row lock — and every time comes
+// from the database clock (now()), so the processes' clocks do not matter.
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgo/idem"
+)
+
+var (
+	_ idem.Store    = (*Store)(nil)
+	_ idem.Lister   = (*Store)(nil)
+	_ idem.Migrator = (*Store)(nil)
+)
+
+// Config configures a Store opened by Open.
+type Config struct {
+	// ConnString is a pgx connection string (postgres://… or key=value),
+	// including pool settings such as pool_max_conns. Required.
+	ConnString string
+	// Schema holds the tables. Defaults to the connection's search_path.
+	Schema string
+	// PgBouncer makes every statement work behind PgBouncer in transaction
+	// mode: no named prepared statements (pgx QueryExecModeExec). Costs a
+	// little speed. Defaults to false.
+	PgBouncer bool
+	// SkipMigrate leaves the schema alone at Open (run Migrate yourself).
+	SkipMigrate bool
+	// Limits bound what the store accepts.
+	Limits idem.Limits
+}
+
+// Store is a PostgreSQL idem.Store.
+type Store struct {
+	pool   *pgxpool.Pool
+	owned  bool
+	table  string
+	schema string
+	limits idem.Limits
+	sql    statements
+}
+
+type statements struct {
+	acquire, heartbeat, settle, release, get, del, sweep, list string
+}
+
+// Open connects a new pool from cfg (and migrates unless SkipMigrate). Close
+// closes the pool.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	if cfg.ConnString == "" {
+		return nil, errors.New("idem/pgstore: Config.ConnString is required")
+	}
+	pc, err := pgxpool.ParseConfig(cfg.ConnString)
+	if err != nil {
+		return nil, fmt.Errorf("idem/pgstore: Config.ConnString: %w", err)
+	}
+	if cfg.PgBouncer {
+		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("idem/pgstore: %w", err)
+	}
+	s := New(pool, cfg.Schema, cfg.Limits)
+	s.owned = true
+	if !cfg.SkipMigrate {
+		if err := s.Migrate(ctx); err != nil {
+			pool.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// New returns a store on an existing pool; Close leaves the pool open. For
+// PgBouncer in transaction mode, configure the pool with
+// DefaultQueryExecMode = pgx.QueryExecModeExec. Run Migrate once before use.
+func New(pool *pgxpool.Pool, schema string, limits idem.Limits) *Store {
+	table := pgx.Identifier{"idem_records"}
+	if schema != "" {
+		table = pgx.Identifier{schema, "idem_records"}
+	}
+	s := &Store{pool: pool, table: table.Sanitize(), schema: schema, limits: limits.WithDefaults()}
+	s.sql = buildSQL(s.table)
+	return s
+}
+
+// Pool returns the store's pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Table returns the quoted, schema-qualified name of the records table.
+func (s *Store) Table() string { return s.table }
+
+const recordCols = `k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at`
+
+func buildSQL(table string) statements {
+	const (
+		expired  = `(r.expires_at <= now())`
+		mismatch = `(r.fp <> EXCLUDED.fp)`
+		live     = `(r.state = 1 AND r.lease_until > now())`
+		settled  = `(r.state IN (2, 3, 4))`
+		limit    = `($5::int > 0 AND r.attempts >= $5::int)`
+		take     = `(` + expired + ` OR NOT (` + mismatch + ` OR ` + live + ` OR ` + settled + ` OR ` + limit + `))`
+		poison   = `(NOT ` + expired + ` AND NOT ` + mismatch + ` AND NOT ` + live + ` AND NOT ` + settled + ` AND ` + limit + `)`
+		leaseEnd = `(now() + $3::float8 * interval '1 millisecond')`
+		keepEnd  = `(now() + $4::float8 * interval '1 millisecond')`
+	)
+	return statements{
+		// $1 key, $2 fingerprint, $3 lease ms, $4 unsettled retention ms, $5 max attempts
+		acquire: `INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
+VALUES ($1, 1, 1, $2, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1)
+ON CONFLICT (k) DO UPDATE SET
+	outcome = CASE WHEN ` + expired + ` THEN 1 WHEN ` + mismatch + ` THEN 5 WHEN ` + live + ` THEN 3
+		WHEN r.state IN (2, 3) THEN 4 WHEN r.state = 4 THEN 6 WHEN ` + limit + ` THEN 6
+		WHEN r.state = 1 THEN 2 ELSE 1 END,
+	state = CASE WHEN ` + take + ` THEN 1 WHEN ` + poison + ` THEN 4 ELSE r.state END,
+	fence = CASE WHEN ` + take + ` THEN r.fence + 1 ELSE r.fence END,
+	fp = CASE WHEN ` + expired + ` THEN EXCLUDED.fp ELSE r.fp END,
+	attempts = CASE WHEN ` + expired + ` THEN 1 WHEN ` + take + ` THEN r.attempts + 1 ELSE r.attempts END,
+	result = CASE WHEN ` + expired + ` THEN NULL ELSE r.result END,
+	lease_until = CASE WHEN ` + take + ` THEN ` + leaseEnd + ` ELSE r.lease_until END,
+	expires_at = CASE WHEN ` + expired + ` THEN ` + keepEnd + `
+		WHEN ` + take + ` OR ` + poison + ` THEN greatest(r.expires_at, ` + keepEnd + `) ELSE r.expires_at END,
+	updated_at = CASE WHEN ` + take + ` OR ` + poison + ` THEN now() ELSE r.updated_at END
+RETURNING outcome, ` + recordCols,
+		// $1 key, $2 fence, $3 lease ms
+		heartbeat: `UPDATE ` + table + ` SET lease_until = now() + $3::float8 * interval '1 millisecond',
+	expires_at = greatest(expires_at, now() + $3::float8 * interval '1 millisecond'), updated_at = now()
+WHERE k = $1 AND fence = $2 AND state = 1`,
+		// $1 key, $2 fence, $3 retention ms, $4 state, $5 result
+		settle: `UPDATE ` + table + ` SET state = $4, result = $5, lease_until = now(),
+	expires_at = now() + $3::float8 * interval '1 millisecond', updated_at = now()
+WHERE k = $1 AND fence = $2 AND state = 1`,
+		release: `UPDATE ` + table + ` SET state = 5, lease_until = now(), updated_at = now()
+WHERE k = $1 AND fence = $2 AND state = 1`,
+		get:   `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k = $1 AND expires_at > now()`,
+		del:   `DELETE FROM ` + table + ` WHERE k = $1`,
+		sweep: `DELETE FROM ` + table + ` WHERE k IN (SELECT k FROM ` + table + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+		list:  `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k > $1 AND expires_at > now() ORDER BY k LIMIT $2`,
+	}
+}
+
+// Migrate creates or upgrades the schema in one transaction, under an
+// advisory lock so concurrent migrators wait for each other. Idempotent.
+func (s *Store) Migrate(ctx context.Context) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return wrap("migrate", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idem_migrate'))`); err != nil {
+		return wrap("migrate", err)
+	}
+	if s.schema != "" {
+		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{s.schema}.Sanitize()); err != nil {
+			return wrap("migrate", err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+s.table+` (
+		k           text        PRIMARY KEY,
+		state       smallint    NOT NULL,
+		fence       bigint      NOT NULL,
+		fp          text        NOT NULL DEFAULT '',
+		attempts    integer     NOT NULL,
+		result      bytea,
+		lease_until timestamptz NOT NULL,
+		expires_at  timestamptz NOT NULL, -- never before lease_until
+		updated_at  timestamptz NOT NULL,
+		outcome     smallint    NOT NULL  -- the outcome of the last acquire
+	)`); err != nil {
+		return wrap("migrate", err)
+	}
+	idx := pgx.Identifier{"idem_records_expires_at"}.Sanitize()
+	if _, err := tx.Exec(ctx, `CREATE INDEX IF NOT EXISTS `+idx+` ON `+s.table+` (expires_at)`); err != nil {
+		return wrap("migrate", err)
+	}
+	return wrap("migrate", tx.Commit(ctx))
+}
+
+// wrap maps pgx errors to idem's: context errors pass through; a failure to
+// reach the server (or any other failure) is ErrStoreUnavailable.
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return fmt.Errorf("%w: postgres %s: %s (SQLSTATE %s)", idem.ErrStoreUnavailable, op, pgErr.Message, pgErr.Code)
+	}
+	return fmt.Errorf("%w: postgres %s: %v", idem.ErrStoreUnavailable, op, err)
+}
+
+func scanRecord(row pgx.Row, extra ...any) (idem.Record, error) {
+	var r idem.Record
+	var state int16
+	var fence int64
+	var attempts int32
+	var lease, exp, upd time.Time
+	dest := append(extra, &r.Key, &state, &fence, &r.Fingerprint, &attempts, &r.Result, &lease, &exp, &upd)
+	if err := row.Scan(dest...); err != nil {
+		return idem.Record{}, err
+	}
+	r.State, r.Fence, r.Attempts = idem.State(state), uint64(fence), int(attempts)
+	if r.State == idem.StateInFlight {
+		r.LeaseUntil = lease
+	}
+	r.ExpiresAt, r.UpdatedAt = exp, upd
+	return r, nil
+}
+
+// Acquire implements idem.Store with one statement.
+func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	if err := s.limits.CheckAcquire(req); err != nil {
+		return idem.Acquisition{}, err
+	}
+	var outcome int16
+	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.acquire, req.Key, req.Fingerprint,
+		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts), &outcome)
+	if err != nil {
+		return idem.Acquisition{}, wrap("acquire", err)
+	}
+	a := idem.Acquisition{Outcome: idem.Outcome(outcome), Record: rec}
+	if a.Outcome.Owns() {
+		a.Fence = rec.Fence
+	}
+	return a, nil
+}
+
+func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
+	tag, err := s.pool.Exec(ctx, sql, args...)
+	if err != nil {
+		return wrap(op, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrStaleFence
+	}
+	return nil
+}
+
+// Heartbeat implements idem.Store.
+func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return err
+	}
+	if err := s.limits.CheckLease(lease); err != nil {
+		return err
+	}
+	return s.exec(ctx, "heartbeat", s.sql.heartbeat, key, int64(fence), lease.Milliseconds())
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
+	return s.settle(ctx, "complete", key, fence, idem.StateCompleted, result, retention)
+}
+
+// Fail implements idem.Store.
+func (s *Store) Fail(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
+	return s.settle(ctx, "fail", key, fence, idem.StateFailed, result, retention)
+}
+
+func (s *Store) settle(ctx context.Context, op, key string, fence uint64, st idem.State, result []byte, retention time.Duration) error {
+	if err := s.limits.CheckSettle(key, result, retention); err != nil {
+		return err
+	}
+	if result == nil {
+		result = []byte{}
+	}
+	return s.exec(ctx, op, s.sql.settle, key, int64(fence), retention.Milliseconds(), int16(st), result)
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return err
+	}
+	return s.exec(ctx, "release", s.sql.release, key, int64(fence))
+}
+
+// Get implements idem.Store.
+func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return idem.Record{}, err
+	}
+	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.get, key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	return rec, wrap("get", err)
+}
+
+// Delete implements idem.Store.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	_, err := s.pool.Exec(ctx, s.sql.del, key)
+	return wrap("delete", err)
+}
+
+// Sweep implements idem.Store: one DELETE of up to limit expired records
+// (1000 when limit <= 0), oldest first, skipping rows another sweeper holds.
+// expires_at is never before lease_until, so a live lease is never deleted.
+func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	tag, err := s.pool.Exec(ctx, s.sql.sweep, limit)
+	if err != nil {
+		return 0, wrap("sweep", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// List implements idem.Lister.
+func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Record, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	rows, err := s.pool.Query(ctx, s.sql.list, after, limit)
+	if err != nil {
+		return nil, wrap("list", err)
+	}
+	defer rows.Close()
+	var out []idem.Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, wrap("list", err)
+		}
+		out = append(out, r)
+	}
+	return out, wrap("list", rows.Err())
+}
+
+// Close closes the pool if Open created it.
+func (s *Store) Close() error {
+	if s.owned {
+		s.pool.Close()
+	}
+	return nil
+}

@@ -1,0 +1,39 @@
+package storeurl
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store/pgstore"
+)
+
+// PostgreSQL URLs are pgx connection strings (pool_max_conns and the other
+// pgxpool settings work) plus idem's own options, removed before the URL is
+// handed to pgx:
+//
+//	idem_schema=NAME     the schema holding idem's tables (default: search_path)
+//	idem_pgbouncer=1     no named prepared statements (PgBouncer transaction mode)
+func init() {
+	openers[Postgres] = func(ctx context.Context, spec Spec, o Options) (idem.Store, error) {
+		u, err := url.Parse(spec.Raw)
+		if err != nil {
+			return nil, fmt.Errorf("idem: store URL: %v", err)
+		}
+		q := u.Query()
+		cfg := pgstore.Config{Schema: q.Get("idem_schema"), Limits: o.Limits}
+		switch q.Get("idem_pgbouncer") {
+		case "", "0", "false":
+		case "1", "true":
+			cfg.PgBouncer = true
+		default:
+			return nil, fmt.Errorf("idem: store URL: idem_pgbouncer is %q, want 1 or 0", q.Get("idem_pgbouncer"))
+		}
+		q.Del("idem_schema")
+		q.Del("idem_pgbouncer")
+		u.RawQuery = q.Encode()
+		cfg.ConnString = u.String()
+		return pgstore.Open(ctx, cfg)
+	}
+}
