@@ -1,0 +1,39 @@
+-- idem acquire: KEYS[1] the record; ARGV fingerprint, lease ms, unsettled
+-- retention ms (>= lease), max attempts (0 = none).
+-- Fields: s state, f fence, p fingerprint, a attempts, l lease until (ms),
+-- e expires at (ms), u updated at (ms), r result.
+-- Returns {outcome, state, fence, fingerprint, attempts, lease, expires, updated, result}.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local fp, lease, keep, maxa = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local r = redis.call('HMGET', KEYS[1], 's', 'f', 'p', 'a', 'l', 'e', 'u', 'r')
+local st = tonumber(r[1])
+if not st or tonumber(r[6]) <= now then
+  local fence = 1
+  if st then
+    fence = tonumber(r[2]) + 1
+    redis.call('HDEL', KEYS[1], 'r')
+  end
+  redis.call('HSET', KEYS[1], 's', 1, 'f', fence, 'p', fp, 'a', 1, 'l', now + lease, 'e', now + keep, 'u', now)
+  redis.call('PEXPIREAT', KEYS[1], now + keep)
+  return {1, 1, fence, fp, 1, now + lease, now + keep, now, false}
+end
+local fence, attempts, lu, exp, upd = tonumber(r[2]), tonumber(r[4]), tonumber(r[5]), tonumber(r[6]), tonumber(r[7])
+local function answer(outcome) return {outcome, st, fence, r[3], attempts, lu, exp, upd, r[8]} end
+if r[3] ~= fp then return answer(5) end
+if st == 1 and lu > now then return answer(3) end
+if st == 2 or st == 3 then return answer(4) end
+if st == 4 then return answer(6) end
+if exp < now + keep then exp = now + keep end
+if maxa > 0 and attempts >= maxa then
+  redis.call('HSET', KEYS[1], 's', 4, 'e', exp, 'u', now)
+  redis.call('PEXPIREAT', KEYS[1], exp)
+  st, upd = 4, now
+  return answer(6)
+end
+local outcome = 1
+if st == 1 then outcome = 2 end
+fence, attempts, lu, upd, st = fence + 1, attempts + 1, now + lease, now, 1
+redis.call('HSET', KEYS[1], 's', 1, 'f', fence, 'a', attempts, 'l', lu, 'e', exp, 'u', now)
+redis.call('PEXPIREAT', KEYS[1], exp)
+return answer(outcome)

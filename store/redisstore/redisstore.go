@@ -1,0 +1,322 @@
+// Package redisstore is the Redis idem.Store, on go-redis v9: a hot shared
+// store whose records expire by themselves.
+//
+// It takes a redis.UniversalClient, so a single node, Sentinel and Cluster
+// all work. Each record is one hash whose name carries a hash tag
+// ({storage key}), so everything a record needs sits in one Cluster slot.
+// Each transition is one Lua script (EVALSHA, falling back to EVAL when the
+// server does not have it cached), times come from the server (TIME), and
+// every key gets a TTL (PEXPIREAT at the record's expiry): no key lives
+// forever, and Sweep has nothing to do.
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem"
+)
+
+var (
+	_ idem.Store  = (*Store)(nil)
+	_ idem.Lister = (*Store)(nil)
+)
+
+//go:embed acquire.lua
+var acquireLua string
+
+//go:embed owned.lua
+var ownedLua string
+
+var (
+	acquireScript = redis.NewScript(acquireLua)
+	ownedScript   = redis.NewScript(ownedLua)
+)
+
+// AcquireScript and OwnedScript are the Lua sources, for operators and
+// benchmarks (redis-benchmark can run them with EVALSHA).
+func AcquireScript() string { return acquireLua }
+
+// OwnedScript is the Lua source of heartbeat, complete, fail and release.
+func OwnedScript() string { return ownedLua }
+
+// Config configures a Store.
+type Config struct {
+	// Client is the Redis client (redis.NewClient, NewClusterClient,
+	// NewFailoverClient, NewUniversalClient). Required.
+	Client redis.UniversalClient
+	// Prefix starts every key name. Defaults to "idem:".
+	Prefix string
+	// Limits bound what the store accepts.
+	Limits idem.Limits
+	// CloseClient makes Close close Client too. Defaults to false.
+	CloseClient bool
+}
+
+// Store is a Redis idem.Store.
+type Store struct {
+	c      redis.UniversalClient
+	prefix string
+	limits idem.Limits
+	close  bool
+}
+
+// New returns a store on cfg.Client.
+func New(cfg Config) (*Store, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("idem/redisstore: Config.Client is required")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "idem:"
+	}
+	return &Store{c: cfg.Client, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient}, nil
+}
+
+// Client returns the store's client.
+func (s *Store) Client() redis.UniversalClient { return s.c }
+
+// KeyName returns the Redis key of a storage key: prefix + "{" + key + "}".
+func (s *Store) KeyName(key string) string {
+	return s.prefix + "{" + key + "}"
+}
+
+func (s *Store) storageKey(name string) string {
+	return strings.TrimSuffix(strings.TrimPrefix(name, s.prefix+"{"), "}")
+}
+
+// wrap maps go-redis errors to idem's: context errors pass through; anything
+// else (connection refused, timeouts, LOADING, CLUSTERDOWN …) is
+// ErrStoreUnavailable.
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if errors.Is(err, redis.ErrClosed) {
+		return fmt.Errorf("%w: redis %s: %v", idem.ErrClosed, op, err)
+	}
+	return fmt.Errorf("%w: redis %s: %v", idem.ErrStoreUnavailable, op, err)
+}
+
+func toInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	return 0
+}
+
+func toStr(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+func msTime(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// Acquire implements idem.Store with one script.
+func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	if err := s.limits.CheckAcquire(req); err != nil {
+		return idem.Acquisition{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return idem.Acquisition{}, err
+	}
+	v, err := acquireScript.Run(ctx, s.c, []string{s.KeyName(req.Key)}, req.Fingerprint,
+		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts).Slice()
+	if err != nil {
+		return idem.Acquisition{}, wrap("acquire", err)
+	}
+	if len(v) < 8 {
+		return idem.Acquisition{}, fmt.Errorf("%w: redis acquire: unexpected reply %v", idem.ErrStoreUnavailable, v)
+	}
+	rec := idem.Record{
+		Key: req.Key, State: idem.State(toInt(v[1])), Fence: uint64(toInt(v[2])), Fingerprint: toStr(v[3]),
+		Attempts: int(toInt(v[4])), ExpiresAt: msTime(toInt(v[6])), UpdatedAt: msTime(toInt(v[7])),
+	}
+	if rec.State == idem.StateInFlight {
+		rec.LeaseUntil = msTime(toInt(v[5]))
+	}
+	if len(v) > 8 {
+		if r, ok := v[8].(string); ok {
+			rec.Result = []byte(r)
+		}
+	}
+	a := idem.Acquisition{Outcome: idem.Outcome(toInt(v[0])), Record: rec}
+	if a.Outcome.Owns() {
+		a.Fence = rec.Fence
+	}
+	return a, nil
+}
+
+func (s *Store) owned(ctx context.Context, op, code string, key string, fence uint64, ms int64, result []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	n, err := ownedScript.Run(ctx, s.c, []string{s.KeyName(key)}, code, fence, ms, result).Int()
+	if err != nil {
+		return wrap(op, err)
+	}
+	if n == 0 {
+		return idem.ErrStaleFence
+	}
+	return nil
+}
+
+// Heartbeat implements idem.Store.
+func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return err
+	}
+	if err := s.limits.CheckLease(lease); err != nil {
+		return err
+	}
+	return s.owned(ctx, "heartbeat", "h", key, fence, lease.Milliseconds(), nil)
+}
+
+// Complete implements idem.Store.
+func (s *Store) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
+	if err := s.limits.CheckSettle(key, result, retention); err != nil {
+		return err
+	}
+	return s.owned(ctx, "complete", "c", key, fence, retention.Milliseconds(), result)
+}
+
+// Fail implements idem.Store.
+func (s *Store) Fail(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
+	if err := s.limits.CheckSettle(key, result, retention); err != nil {
+		return err
+	}
+	return s.owned(ctx, "fail", "f", key, fence, retention.Milliseconds(), result)
+}
+
+// Release implements idem.Store.
+func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return err
+	}
+	return s.owned(ctx, "release", "x", key, fence, 0, nil)
+}
+
+var fields = []string{"s", "f", "p", "a", "l", "e", "u", "r"}
+
+func (s *Store) parseFields(key string, v []any) (idem.Record, bool) {
+	if len(v) != len(fields) || v[0] == nil {
+		return idem.Record{}, false
+	}
+	rec := idem.Record{
+		Key: key, State: idem.State(toInt(v[0])), Fence: uint64(toInt(v[1])), Fingerprint: toStr(v[2]),
+		Attempts: int(toInt(v[3])), ExpiresAt: msTime(toInt(v[5])), UpdatedAt: msTime(toInt(v[6])),
+	}
+	if rec.State == idem.StateInFlight {
+		rec.LeaseUntil = msTime(toInt(v[4]))
+	}
+	if r, ok := v[7].(string); ok {
+		rec.Result = []byte(r)
+	}
+	return rec, true
+}
+
+// Get implements idem.Store (one HMGET; an expired record is gone by TTL).
+func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return idem.Record{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, err
+	}
+	v, err := s.c.HMGet(ctx, s.KeyName(key), fields...).Result()
+	if err != nil {
+		return idem.Record{}, wrap("get", err)
+	}
+	rec, ok := s.parseFields(key, v)
+	if !ok {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	return rec, nil
+}
+
+// Delete implements idem.Store.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	return wrap("delete", s.c.Del(ctx, s.KeyName(key)).Err())
+}
+
+// Sweep implements idem.Store. Redis expires every record by its TTL, so
+// there is nothing to sweep: it returns 0.
+func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+	return 0, ctx.Err()
+}
+
+// List implements idem.Lister with SCAN over the prefix (on every master of
+// a Cluster). It reads the whole key space of the prefix: for operators.
+func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Record, error) {
+	var names []string
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		it := c.Scan(ctx, 0, escapeGlob(s.prefix)+"{*", 1000).Iterator()
+		for it.Next(ctx) {
+			names = append(names, it.Val())
+		}
+		return it.Err()
+	}
+	var err error
+	if cc, ok := s.c.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, s.c)
+	}
+	if err != nil {
+		return nil, wrap("list", err)
+	}
+	keys := names[:0]
+	for _, n := range names {
+		if k := s.storageKey(n); k > after {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var out []idem.Record
+	for _, k := range keys {
+		if limit > 0 && len(out) >= limit {
+			break
+		}
+		rec, err := s.Get(ctx, k)
+		if errors.Is(err, idem.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
+func escapeGlob(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)
+	return r.Replace(s)
+}
+
+// Close closes the client if Config.CloseClient was set.
+func (s *Store) Close() error {
+	if s.close {
+		return s.c.Close()
+	}
+	return nil
+}

@@ -1,0 +1,58 @@
+package storeurl
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store/redisstore"
+)
+
+// Redis URLs are go-redis URLs (redis:// or rediss:// for TLS; pool_size and
+// the other go-redis options work) plus idem's own options, removed before
+// the URL is handed to go-redis:
+//
+//	idem_prefix=P      key prefix (default "idem:")
+//	idem_cluster=1     Redis Cluster: the URL is a go-redis cluster URL (addr=… for more seeds)
+func init() {
+	openers[Redis] = func(ctx context.Context, spec Spec, o Options) (idem.Store, error) {
+		u, err := url.Parse(spec.Raw)
+		if err != nil {
+			return nil, fmt.Errorf("idem: store URL: %v", err)
+		}
+		q := u.Query()
+		prefix := q.Get("idem_prefix")
+		cluster := q.Get("idem_cluster")
+		q.Del("idem_prefix")
+		q.Del("idem_cluster")
+		u.RawQuery = q.Encode()
+		var c redis.UniversalClient
+		switch cluster {
+		case "", "0", "false":
+			opt, err := redis.ParseURL(u.String())
+			if err != nil {
+				return nil, fmt.Errorf("idem: store URL: %v", err)
+			}
+			c = redis.NewClient(opt)
+		case "1", "true":
+			opt, err := redis.ParseClusterURL(u.String())
+			if err != nil {
+				return nil, fmt.Errorf("idem: store URL: %v", err)
+			}
+			c = redis.NewClusterClient(opt)
+		default:
+			return nil, fmt.Errorf("idem: store URL: idem_cluster is %q, want 1 or 0", cluster)
+		}
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := c.Ping(pctx).Err(); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("%w: redis at %s: %v", idem.ErrStoreUnavailable, u.Host, err)
+		}
+		return redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true})
+	}
+}
