@@ -54,6 +54,16 @@ type Lister interface {
 	List(ctx context.Context, after string, limit int) ([]Record, error)
 }
 
+// Archiver is implemented by stores that can hold a settled record written
+// by another tier (see store/tieredstore): the cold store of a tiered pair.
+type Archiver interface {
+	// Archive stores rec — completed or failed — for retention, in one
+	// atomic operation. A live settled record already held for rec.Key is
+	// kept (the first result wins); anything else under the key is
+	// replaced.
+	Archive(ctx context.Context, rec Record, retention time.Duration) error
+}
+
 // Migrator is implemented by stores with a schema to create or upgrade.
 // Migrate is idempotent.
 type Migrator interface {

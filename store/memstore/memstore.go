@@ -5,6 +5,7 @@ package memstore
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"sort"
 	"sync"
@@ -14,8 +15,9 @@ import (
 )
 
 var (
-	_ idem.Store  = (*Store)(nil)
-	_ idem.Lister = (*Store)(nil)
+	_ idem.Store    = (*Store)(nil)
+	_ idem.Lister   = (*Store)(nil)
+	_ idem.Archiver = (*Store)(nil)
 )
 
 // Config configures a Store. The zero value works.
@@ -263,6 +265,38 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 		e.leaseUntil = time.Time{}
 		e.updatedAt = now
 	})
+}
+
+// Archive implements idem.Archiver.
+func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if rec.State != idem.StateCompleted && rec.State != idem.StateFailed {
+		return fmt.Errorf("idem: Archive takes a completed or failed record, not %v", rec.State)
+	}
+	if len(rec.Fingerprint) > idem.MaxFingerprintBytes {
+		return idem.ErrInvalidFingerprint
+	}
+	if err := s.limits.CheckSettle(rec.Key, rec.Result, retention); err != nil {
+		return err
+	}
+	now := s.clock.Now()
+	kept := append([]byte(nil), rec.Result...)
+	sh := s.shard(rec.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[rec.Key]
+	if ok && (e.state == idem.StateCompleted || e.state == idem.StateFailed) && now.Before(e.expiresAt) {
+		return nil
+	}
+	fence := rec.Fence
+	if ok && e.fence > fence {
+		fence = e.fence
+	}
+	sh.m[rec.Key] = &entry{state: rec.State, fence: fence, fingerprint: rec.Fingerprint, attempts: rec.Attempts,
+		result: kept, expiresAt: now.Add(retention), updatedAt: now}
+	return nil
 }
 
 // Get implements idem.Store.

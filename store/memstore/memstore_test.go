@@ -15,7 +15,7 @@ func newStore(t testing.TB) idem.Store {
 }
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, storetest.Capabilities{ListsRecords: true}, newStore)
+	storetest.Run(t, storetest.Capabilities{ListsRecords: true, Archives: true}, newStore)
 }
 
 func BenchmarkStore(b *testing.B) {

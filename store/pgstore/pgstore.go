@@ -25,6 +25,7 @@ var (
 	_ idem.Store    = (*Store)(nil)
 	_ idem.Lister   = (*Store)(nil)
 	_ idem.Migrator = (*Store)(nil)
+	_ idem.Archiver = (*Store)(nil)
 )
 
 // Config configures a Store opened by Open.
@@ -55,7 +56,7 @@ type Store struct {
 }
 
 type statements struct {
-	acquire, heartbeat, settle, release, get, del, sweep, list string
+	acquire, heartbeat, settle, release, get, del, sweep, list, archive string
 }
 
 // Open connects a new pool from cfg (and migrates unless SkipMigrate). Close
@@ -151,6 +152,13 @@ WHERE k = $1 AND fence = $2 AND state = 1`,
 		del:   `DELETE FROM ` + table + ` WHERE k = $1`,
 		sweep: `DELETE FROM ` + table + ` WHERE k IN (SELECT k FROM ` + table + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
 		list:  `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k > $1 AND expires_at > now() ORDER BY k LIMIT $2`,
+		// $1 key, $2 state, $3 fence, $4 fp, $5 attempts, $6 result, $7 retention ms
+		archive: `INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
+VALUES ($1, $2, $3, $4, $5, $6, now(), now() + $7::float8 * interval '1 millisecond', now(), 4)
+ON CONFLICT (k) DO UPDATE SET state = EXCLUDED.state, fence = greatest(r.fence, EXCLUDED.fence), fp = EXCLUDED.fp,
+	attempts = EXCLUDED.attempts, result = EXCLUDED.result, lease_until = now(),
+	expires_at = EXCLUDED.expires_at, updated_at = now()
+WHERE NOT (r.state IN (2, 3) AND r.expires_at > now())`,
 	}
 }
 
@@ -344,6 +352,25 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 		out = append(out, r)
 	}
 	return out, wrap("list", rows.Err())
+}
+
+// Archive implements idem.Archiver with one statement.
+func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
+	if rec.State != idem.StateCompleted && rec.State != idem.StateFailed {
+		return fmt.Errorf("idem: Archive takes a completed or failed record, not %v", rec.State)
+	}
+	if len(rec.Fingerprint) > idem.MaxFingerprintBytes {
+		return idem.ErrInvalidFingerprint
+	}
+	if err := s.limits.CheckSettle(rec.Key, rec.Result, retention); err != nil {
+		return err
+	}
+	result := rec.Result
+	if result == nil {
+		result = []byte{}
+	}
+	_, err := s.pool.Exec(ctx, s.sql.archive, rec.Key, int16(rec.State), int64(rec.Fence), rec.Fingerprint, int32(rec.Attempts), result, retention.Milliseconds())
+	return wrap("archive", err)
 }
 
 // Close closes the pool if Open created it.

@@ -2,73 +2,24 @@ package redisstore_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
-	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/storetest"
 )
 
-var redisURL = testenv.URL("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+func openAt(t testing.TB, prefix string) idem.Store { return testenv.OpenRedis(t, prefix) }
 
-func client(t testing.TB) *redis.Client {
-	t.Helper()
-	opt, err := redis.ParseURL(redisURL)
-	if err != nil {
-		t.Fatalf("IDEM_TEST_REDIS_URL: %v", err)
-	}
-	c := redis.NewClient(opt)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	err = c.Ping(ctx).Err()
-	if err != nil {
-		c.Close()
-	}
-	testenv.Need(t, "Redis", redisURL, err)
-	return c
-}
-
-func randomPrefix() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return "idemtest:" + hex.EncodeToString(b[:]) + ":"
-}
-
-// openAt opens the store under a key prefix; the test that is not a child
-// deletes the prefix's keys at cleanup.
-func openAt(t testing.TB, prefix string) idem.Store {
-	c := client(t)
-	s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, CloseClient: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if !storetest.IsChild() {
-			ctx := context.Background()
-			it := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-			for it.Next(ctx) {
-				c.Del(ctx, it.Val())
-			}
-		}
-		s.Close()
-	})
-	return s
-}
-
-func newStore(t testing.TB) idem.Store { return openAt(t, randomPrefix()) }
+func newStore(t testing.TB) idem.Store { return openAt(t, testenv.RandomName("idemtest:")+":") }
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Capabilities{ListsRecords: true, SelfExpiring: true}, newStore)
 }
 
 func TestEveryKeyHasTTL(t *testing.T) {
-	s := newStore(t).(*redisstore.Store)
+	s := testenv.OpenRedis(t, testenv.RandomName("idemtest:")+":")
 	ctx := context.Background()
 	for _, k := range []string{"inflight", "done", "released"} {
 		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
@@ -98,13 +49,13 @@ func TestEveryKeyHasTTL(t *testing.T) {
 }
 
 func TestMultiProcess(t *testing.T) {
-	client(t).Close()
-	storetest.MultiProcess(t, "TestMultiProcess", randomPrefix(), 4, 200, openAt)
+	testenv.RedisClient(t).Close()
+	storetest.MultiProcess(t, "TestMultiProcess", testenv.RandomName("idemtest:")+":", 4, 200, openAt)
 }
 
 func TestCrashTakeover(t *testing.T) {
-	client(t).Close()
-	storetest.CrashTakeover(t, "TestCrashTakeover", randomPrefix(), openAt)
+	testenv.RedisClient(t).Close()
+	storetest.CrashTakeover(t, "TestCrashTakeover", testenv.RandomName("idemtest:")+":", openAt)
 }
 
 func BenchmarkStore(b *testing.B) {

@@ -25,6 +25,7 @@ var (
 	_ idem.Store    = (*Store)(nil)
 	_ idem.Lister   = (*Store)(nil)
 	_ idem.Migrator = (*Store)(nil)
+	_ idem.Archiver = (*Store)(nil)
 )
 
 // Config configures a Store. Only Path is required.
@@ -56,7 +57,7 @@ type Store struct {
 	clock  idem.Clock
 	limits idem.Limits
 
-	acquire, heartbeat, settle, release, get, del, sweep, list *sql.Stmt
+	acquire, heartbeat, settle, release, get, del, sweep, list, archive *sql.Stmt
 }
 
 // Open opens (and by default migrates) the database at cfg.Path.
@@ -216,6 +217,13 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.del, `DELETE FROM idem_records WHERE k = ?1`},
 		{&s.sweep, `DELETE FROM idem_records WHERE k IN (SELECT k FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)`},
 		{&s.list, `SELECT ` + recordCols + ` FROM idem_records WHERE k > ?1 AND expires_at > ?2 ORDER BY k LIMIT ?3`},
+		// ?1 key, ?2 state, ?3 fence, ?4 fp, ?5 attempts, ?6 result, ?7 now, ?8 retention ms
+		{&s.archive, `INSERT INTO idem_records (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
+			VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7 + ?8, ?7, 4)
+			ON CONFLICT (k) DO UPDATE SET state = excluded.state, fence = max(fence, excluded.fence), fp = excluded.fp,
+				attempts = excluded.attempts, result = excluded.result, lease_until = 0,
+				expires_at = excluded.expires_at, updated_at = excluded.updated_at
+			WHERE NOT (state IN (2, 3) AND expires_at > ?7)`},
 	}
 	for _, st := range stmts {
 		p, err := s.db.PrepareContext(ctx, st.sql)
@@ -393,6 +401,29 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 		out = append(out, r)
 	}
 	return out, wrap("list", rows.Err())
+}
+
+// Archive implements idem.Archiver with one statement.
+func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
+	if err := checkArchive(s.limits, rec, retention); err != nil {
+		return err
+	}
+	result := rec.Result
+	if result == nil {
+		result = []byte{}
+	}
+	_, err := s.archive.ExecContext(ctx, rec.Key, int(rec.State), int64(rec.Fence), rec.Fingerprint, rec.Attempts, result, s.nowMs(), retention.Milliseconds())
+	return wrap("archive", err)
+}
+
+func checkArchive(l idem.Limits, rec idem.Record, retention time.Duration) error {
+	if rec.State != idem.StateCompleted && rec.State != idem.StateFailed {
+		return fmt.Errorf("idem: Archive takes a completed or failed record, not %v", rec.State)
+	}
+	if len(rec.Fingerprint) > idem.MaxFingerprintBytes {
+		return idem.ErrInvalidFingerprint
+	}
+	return l.CheckSettle(rec.Key, rec.Result, retention)
 }
 
 // Close closes the database.

@@ -24,7 +24,7 @@ func newStore(t testing.TB) idem.Store {
 }
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, storetest.Capabilities{Persistent: true, ListsRecords: true}, newStore)
+	storetest.Run(t, storetest.Capabilities{Persistent: true, ListsRecords: true, Archives: true}, newStore)
 }
 
 func TestMultiProcess(t *testing.T) {

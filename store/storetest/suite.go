@@ -26,6 +26,8 @@ type Capabilities struct {
 	// TTLs), so Sweep finds nothing to delete; the sweep case then checks
 	// that expired records are gone and live leases kept.
 	SelfExpiring bool
+	// Archives: the store implements idem.Archiver.
+	Archives bool
 }
 
 // NewStore returns a fresh, isolated store for one case and registers its
@@ -76,6 +78,12 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 			name string
 			fn   func(t *testing.T, s idem.Store)
 		}{"List", testList})
+	}
+	if caps.Archives {
+		cases = append(cases, struct {
+			name string
+			fn   func(t *testing.T, s idem.Store)
+		}{"Archive", testArchive})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -597,5 +605,38 @@ func testList(t *testing.T, s idem.Store) {
 	}
 	if len(recs) != 2 || recs[0].Key != "b" || recs[1].Key != "c" {
 		t.Fatalf("List(after a, 2) = %+v", recs)
+	}
+}
+
+func testArchive(t *testing.T, s idem.Store) {
+	a := s.(idem.Archiver)
+	ctx := context.Background()
+	rec := idem.Record{Key: "arch", State: idem.StateCompleted, Fence: 7, Fingerprint: "fp", Attempts: 1, Result: []byte("first")}
+	if err := a.Archive(ctx, rec, retention); err != nil {
+		t.Fatal(err)
+	}
+	second := rec
+	second.Result = []byte("second")
+	if err := a.Archive(ctx, second, retention); err != nil {
+		t.Fatal(err)
+	}
+	r := mustAcquire(t, s, req("arch"), idem.Replayed)
+	if string(r.Record.Result) != "first" {
+		t.Fatalf("archive over a settled record replaced it: %q", r.Record.Result)
+	}
+	// Over an in-flight record, the archived result wins.
+	mustAcquire(t, s, req("busy"), idem.Acquired)
+	busy := rec
+	busy.Key, busy.State, busy.Result = "busy", idem.StateFailed, []byte("declined")
+	if err := a.Archive(ctx, busy, retention); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustAcquire(t, s, req("busy"), idem.Replayed); r.Record.State != idem.StateFailed || string(r.Record.Result) != "declined" {
+		t.Fatalf("archived failure: %+v", r.Record)
+	}
+	bad := rec
+	bad.State = idem.StateInFlight
+	if err := a.Archive(ctx, bad, retention); err == nil {
+		t.Fatal("archived an in-flight record")
 	}
 }

@@ -1,0 +1,103 @@
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/store/pgstore"
+	"github.com/idemgo/idem/store/redisstore"
+)
+
+// The services' URLs, from the environment or the local defaults.
+var (
+	PostgresURL = URL("IDEM_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	RedisURL    = URL("IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+)
+
+// childEnv marks a process started by storetest.MultiProcess or
+// CrashTakeover; a child leaves the shared schema or prefix in place.
+func isChild() bool { return URL("IDEM_STORETEST_MODE", "") != "" }
+
+// RandomName returns prefix followed by 12 random hex digits.
+func RandomName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// ProbePostgres skips or fails t when PostgreSQL does not answer.
+func ProbePostgres(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, PostgresURL)
+	if err == nil {
+		err = conn.Ping(ctx)
+		conn.Close(ctx)
+	}
+	Need(t, "PostgreSQL", PostgresURL, err)
+}
+
+// OpenPostgres opens a pgstore in schema (created); unless this process is
+// a storetest child, the schema is dropped at cleanup.
+func OpenPostgres(t testing.TB, schema string, cfg pgstore.Config) *pgstore.Store {
+	t.Helper()
+	ProbePostgres(t)
+	cfg.ConnString, cfg.Schema = PostgresURL, schema
+	s, err := pgstore.Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !isChild() {
+			_, _ = s.Pool().Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		}
+		s.Close()
+	})
+	return s
+}
+
+// RedisClient returns a client for RedisURL, or skips or fails t.
+func RedisClient(t testing.TB) *redis.Client {
+	t.Helper()
+	opt, err := redis.ParseURL(RedisURL)
+	if err != nil {
+		t.Fatalf("IDEM_TEST_REDIS_URL: %v", err)
+	}
+	c := redis.NewClient(opt)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		c.Close()
+		Need(t, "Redis", RedisURL, err)
+	}
+	return c
+}
+
+// OpenRedis opens a redisstore under prefix; unless this process is a
+// storetest child, the prefix's keys are deleted at cleanup.
+func OpenRedis(t testing.TB, prefix string) *redisstore.Store {
+	t.Helper()
+	c := RedisClient(t)
+	s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, CloseClient: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !isChild() {
+			ctx := context.Background()
+			it := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+			for it.Next(ctx) {
+				c.Del(ctx, it.Val())
+			}
+		}
+		s.Close()
+	})
+	return s
+}

@@ -1,0 +1,90 @@
+package tieredstore_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store/memstore"
+	"github.com/idemgo/idem/store/pgstore"
+	"github.com/idemgo/idem/store/sqlitestore"
+	"github.com/idemgo/idem/store/storetest"
+	"github.com/idemgo/idem/store/tieredstore"
+)
+
+func newTiered(t testing.TB, hotRetention time.Duration) *tieredstore.Store {
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	cold, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "cold.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: hotRetention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestConformanceMemoryOverSQLite(t *testing.T) {
+	storetest.Run(t, storetest.Capabilities{Persistent: true}, func(t testing.TB) idem.Store { return newTiered(t, 0) })
+}
+
+func TestColdCatchesDuplicateAfterHotTTL(t *testing.T) {
+	s := newTiered(t, 200*time.Millisecond)
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-1", Fingerprint: "fp", Lease: time.Minute, Retention: 72 * time.Hour}
+	a, err := s.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	if err := s.Complete(ctx, "PAY-1", a.Fence, []byte("booked"), 72*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // the hot tier forgets
+	for i := range 2 {                 // the first answer re-warms the hot tier
+		r, err := s.Acquire(ctx, req)
+		if err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
+			t.Fatalf("duplicate %d after the hot TTL: %v %q %v", i, r.Outcome, r.Record.Result, err)
+		}
+	}
+	other := req
+	other.Key = "PAY-2"
+	b, err := s.Acquire(ctx, other)
+	if err != nil || b.Outcome != idem.Acquired {
+		t.Fatal(b.Outcome, err)
+	}
+	if err := s.Complete(ctx, "PAY-2", b.Fence, []byte("x"), 72*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	other.Fingerprint = "different"
+	if m, err := s.Acquire(ctx, other); err != nil || m.Outcome != idem.Mismatch {
+		t.Fatalf("mismatch against the cold tier: %v %v", m.Outcome, err)
+	}
+	other.Fingerprint = "fp"
+	if r, err := s.Acquire(ctx, other); err != nil || r.Outcome != idem.Replayed {
+		t.Fatalf("after a mismatch the right payload replays: %v %v", r.Outcome, err)
+	}
+}
+
+func TestNeedsArchiver(t *testing.T) {
+	if _, err := tieredstore.New(tieredstore.Config{Hot: memstore.New(memstore.Config{}), Cold: struct{ idem.Store }{}}); err == nil {
+		t.Fatal("a cold tier that cannot archive was accepted")
+	}
+}
+
+func TestConformanceRedisOverPostgres(t *testing.T) {
+	storetest.Run(t, storetest.Capabilities{Persistent: true}, func(t testing.TB) idem.Store {
+		hot := testenv.OpenRedis(t, testenv.RandomName("idemtest:")+":")
+		cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
+		s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s // the tiers close at their own cleanup
+	})
+}
