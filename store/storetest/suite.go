@@ -72,6 +72,7 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 		{"ScopesAreSeparate", testScopes},
 		{"CompactKeys", testCompact},
 		{"GuardRunsOnce", testGuardRunsOnce},
+		{"GuardCacheAndCompactKeys", testGuardCacheCompact},
 	}
 	if caps.ListsRecords {
 		cases = append(cases, struct {
@@ -638,5 +639,45 @@ func testArchive(t *testing.T, s idem.Store) {
 	bad.State = idem.StateInFlight
 	if err := a.Archive(ctx, bad, retention); err == nil {
 		t.Fatal("archived an in-flight record")
+	}
+}
+
+func testGuardCacheCompact(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	g, err := idem.NewGuard(idem.Config{Store: s, CompactKeys: true, CacheSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := idem.Key{Scope: "tenant-a", ID: strings.Repeat("order-", 40)}
+	runs := 0
+	work := func(ctx context.Context, fence uint64) ([]byte, error) { runs++; return []byte("v"), nil }
+	opts := &idem.RunOptions{Fingerprint: "fp"}
+	first, err := g.Run(ctx, key, opts, work)
+	if err != nil || first.Outcome != idem.Acquired || first.Cached {
+		t.Fatalf("first run: %+v %v", first, err)
+	}
+	// The store holds the compact key only.
+	rec, err := s.Get(ctx, idem.CompactKey(key))
+	if err != nil || rec.State != idem.StateCompleted {
+		t.Fatalf("compact record: %+v %v", rec, err)
+	}
+	if _, err := s.Get(ctx, key.Storage(false)); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("raw key stored too: %v", err)
+	}
+	second, err := g.Run(ctx, key, opts, work)
+	if err != nil || second.Outcome != idem.Replayed || !second.Cached || string(second.Value) != "v" {
+		t.Fatalf("cached replay: %+v %v", second, err)
+	}
+	// A guard without a cache gets the replay from the store.
+	g2, _ := idem.NewGuard(idem.Config{Store: s, CompactKeys: true})
+	third, err := g2.Run(ctx, key, opts, work)
+	if err != nil || third.Outcome != idem.Replayed || third.Cached {
+		t.Fatalf("store replay: %+v %v", third, err)
+	}
+	if mm, err := g.Run(ctx, key, &idem.RunOptions{Fingerprint: "other"}, work); err != nil || mm.Outcome != idem.Mismatch {
+		t.Fatalf("cached mismatch: %+v %v", mm, err)
+	}
+	if runs != 1 {
+		t.Fatalf("work ran %d times", runs)
 	}
 }
