@@ -106,6 +106,20 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // Table returns the quoted, schema-qualified name of the records table.
 func (s *Store) Table() string { return s.table }
 
+// Statements returns the acquire and settle statements for the records table
+// of schema ("" for the search_path), for review and for benchmarking them with
+// the server's own tools. Acquire takes $1 key, $2 fingerprint, $3 lease ms,
+// $4 retention ms, $5 max attempts; settle takes $1 key, $2 fence, $3
+// retention ms, $4 state, $5 result.
+func Statements(schema string) (acquire, settle string) {
+	table := pgx.Identifier{"idem_records"}
+	if schema != "" {
+		table = pgx.Identifier{schema, "idem_records"}
+	}
+	st := buildSQL(table.Sanitize())
+	return st.acquire, st.settle
+}
+
 const recordCols = `k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at`
 
 func buildSQL(table string) statements {

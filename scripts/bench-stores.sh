@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Measures, in one run, idem's store transitions against each server next to
+# the server's own benchmark tool doing the same round trips at the same
+# concurrency, and prints the ratios.
+#
+#   Redis:      idem bench --mode lifecycle   vs  redis-benchmark EVALSHA of the same two scripts
+#   PostgreSQL: idem bench --mode lifecycle   vs  pgbench -f of the same two statements
+#
+# Usage: scripts/bench-stores.sh [SECONDS] [CONCURRENCY]   (defaults: 10 32)
+# Needs redis-benchmark, redis-cli, pgbench, psql and python3; the servers on
+# 127.0.0.1 (IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL to override).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+conc=${2:-32}
+redis_url=${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}
+pg_url=${IDEM_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+go build -o "$tmp/idem" ./cmd/idem
+go run ./scripts/benchscripts pgbench idem_bench >"$tmp/lifecycle.sql"
+go run ./scripts/benchscripts redis-acquire >"$tmp/acquire.lua"
+go run ./scripts/benchscripts redis-owned >"$tmp/owned.lua"
+ncpu=$(nproc)
+echo "== $secs s per run, $conc concurrent workers, $ncpu cores"
+
+rps() { tr '\r' '\n' | sed -nE 's/.*: ([0-9.]+) requests per second.*/\1/p' | tail -1; }
+json_field() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["'"$1"'"])'; }
+
+# --- Redis -----------------------------------------------------------------
+redis-cli -u "$redis_url" --scan --pattern 'idembench:*' | xargs -r -n 500 redis-cli -u "$redis_url" DEL >/dev/null
+idem_redis=$("$tmp/idem" bench --store "$redis_url?pool_size=$conc&idem_prefix=idembench:" --mode lifecycle \
+	--concurrency "$conc" --duration "${secs}s" --quiet --json | json_field ops_per_sec)
+acq_sha=$(redis-cli -u "$redis_url" SCRIPT LOAD "$(cat "$tmp/acquire.lua")")
+own_sha=$(redis-cli -u "$redis_url" SCRIPT LOAD "$(cat "$tmp/owned.lua")")
+n=$((secs * 30000))
+# Acquire of fresh keys (a keyspace far larger than the requests), then
+# complete with fence 1 over a keyspace the acquire run filled.
+rb_acq=$(redis-benchmark -u "$redis_url" -c "$conc" -n "$n" -r "$n" -q \
+	EVALSHA "$acq_sha" 1 "idembench:{rb:__rand_int__}" bench 60000 3600000 0 | rps)
+rb_cmp=$(redis-benchmark -u "$redis_url" -c "$conc" -n "$n" -r "$n" -q \
+	EVALSHA "$own_sha" 1 "idembench:{rb:__rand_int__}" c 1 3600000 '{"status":"ok"}' | rps)
+redis-cli -u "$redis_url" --scan --pattern 'idembench:*' | xargs -r -n 500 redis-cli -u "$redis_url" DEL >/dev/null
+
+# --- PostgreSQL --------------------------------------------------------------
+"$tmp/idem" migrate --store "$pg_url&idem_schema=idem_bench" >/dev/null
+psql "$pg_url" -qc 'TRUNCATE idem_bench.idem_records'
+idem_pg=$("$tmp/idem" bench --store "$pg_url&pool_max_conns=$conc&idem_schema=idem_bench" --mode lifecycle \
+	--concurrency "$conc" --duration "${secs}s" --quiet --json | json_field ops_per_sec)
+psql "$pg_url" -qc 'TRUNCATE idem_bench.idem_records'
+pgb=$(pgbench "$pg_url" -n -M prepared -c "$conc" -j "$ncpu" -T "$secs" -f "$tmp/lifecycle.sql" 2>&1 |
+	awk '/^tps = / {print $3; exit}')
+psql "$pg_url" -qc 'SET client_min_messages = warning; DROP SCHEMA idem_bench CASCADE'
+
+python3 - "$idem_redis" "$rb_acq" "$rb_cmp" "$idem_pg" "$pgb" <<'PY'
+import sys
+idem_redis, rb_acq, rb_cmp, idem_pg, pgb = map(float, sys.argv[1:])
+rb_life = 1 / (1 / rb_acq + 1 / rb_cmp)   # one acquire and one complete per lifecycle
+print(f"Redis      idem bench lifecycle {idem_redis:10.0f}/s | redis-benchmark acquire {rb_acq:.0f}/s, complete {rb_cmp:.0f}/s"
+      f" → lifecycle {rb_life:.0f}/s | ratio {idem_redis / rb_life:.2f} (target ≥ 0.60)")
+print(f"PostgreSQL idem bench lifecycle {idem_pg:10.0f}/s | pgbench same two statements {pgb:.0f}/s"
+      f" | ratio {idem_pg / pgb:.2f} (target ≥ 0.50)")
+PY

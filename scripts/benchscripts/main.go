@@ -1,0 +1,49 @@
+// Command benchscripts writes the server-side twins of idem's store
+// transitions, so scripts/bench-stores.sh can run exactly the same round
+// trips with pgbench and redis-benchmark:
+//
+//	benchscripts pgbench SCHEMA > lifecycle.sql   # pgbench -f: acquire then complete
+//	benchscripts redis-acquire > acquire.lua      # the Lua scripts of redisstore
+//	benchscripts redis-owned > owned.lua
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/idemgo/idem/store/pgstore"
+	"github.com/idemgo/idem/store/redisstore"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: benchscripts pgbench SCHEMA | redis-acquire | redis-owned")
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "pgbench":
+		if len(os.Args) != 3 {
+			fmt.Fprintln(os.Stderr, "usage: benchscripts pgbench SCHEMA")
+			os.Exit(2)
+		}
+		acquire, settle := pgstore.Statements(os.Args[2])
+		key := `('pgb-' || :n)`
+		acquire = strings.NewReplacer("$1", key, "$2", "'bench'", "$3", "60000", "$4", "3600000", "$5", "0").Replace(acquire)
+		settle = strings.NewReplacer("$1", key, "$2", ":fence", "$3", "3600000", "$4", "2", "$5", `convert_to('{"status":"ok"}', 'UTF8')`).Replace(settle)
+		fmt.Printf("\\set n random(1, 1000000000000)\n%s \\gset\n%s;\n", oneLine(acquire), oneLine(settle))
+	case "redis-acquire":
+		fmt.Print(redisstore.AcquireScript())
+	case "redis-owned":
+		fmt.Print(redisstore.OwnedScript())
+	default:
+		fmt.Fprintf(os.Stderr, "benchscripts: unknown script %q\n", os.Args[1])
+		os.Exit(2)
+	}
+}
+
+// oneLine joins a statement's lines: pgbench reads one command per line
+// unless the line ends with a backslash.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
