@@ -159,6 +159,18 @@ func (l Limits) CheckSettle(key string, result []byte, retention time.Duration) 
 	return l.CheckRetention(retention)
 }
 
+// CheckArchive validates the arguments of Archiver.Archive: a completed or
+// failed record that fits the limits.
+func (l Limits) CheckArchive(rec Record, retention time.Duration) error {
+	if rec.State != StateCompleted && rec.State != StateFailed {
+		return fmt.Errorf("idem: Archive takes a completed or failed record, not %v", rec.State)
+	}
+	if len(rec.Fingerprint) > MaxFingerprintBytes {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidFingerprint, len(rec.Fingerprint), MaxFingerprintBytes)
+	}
+	return l.CheckSettle(rec.Key, rec.Result, retention)
+}
+
 // Clock tells the time. Inject one to control time in tests.
 type Clock interface {
 	Now() time.Time

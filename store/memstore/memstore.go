@@ -5,7 +5,6 @@ package memstore
 
 import (
 	"context"
-	"fmt"
 	"hash/maphash"
 	"sort"
 	"sync"
@@ -272,13 +271,7 @@ func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Dur
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if rec.State != idem.StateCompleted && rec.State != idem.StateFailed {
-		return fmt.Errorf("idem: Archive takes a completed or failed record, not %v", rec.State)
-	}
-	if len(rec.Fingerprint) > idem.MaxFingerprintBytes {
-		return idem.ErrInvalidFingerprint
-	}
-	if err := s.limits.CheckSettle(rec.Key, rec.Result, retention); err != nil {
+	if err := s.limits.CheckArchive(rec, retention); err != nil {
 		return err
 	}
 	now := s.clock.Now()

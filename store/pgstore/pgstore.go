@@ -370,13 +370,7 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 
 // Archive implements idem.Archiver with one statement.
 func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
-	if rec.State != idem.StateCompleted && rec.State != idem.StateFailed {
-		return fmt.Errorf("idem: Archive takes a completed or failed record, not %v", rec.State)
-	}
-	if len(rec.Fingerprint) > idem.MaxFingerprintBytes {
-		return idem.ErrInvalidFingerprint
-	}
-	if err := s.limits.CheckSettle(rec.Key, rec.Result, retention); err != nil {
+	if err := s.limits.CheckArchive(rec, retention); err != nil {
 		return err
 	}
 	result := rec.Result

@@ -405,7 +405,7 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 
 // Archive implements idem.Archiver with one statement.
 func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
-	if err := checkArchive(s.limits, rec, retention); err != nil {
+	if err := s.limits.CheckArchive(rec, retention); err != nil {
 		return err
 	}
 	result := rec.Result
@@ -414,16 +414,6 @@ func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Dur
 	}
 	_, err := s.archive.ExecContext(ctx, rec.Key, int(rec.State), int64(rec.Fence), rec.Fingerprint, rec.Attempts, result, s.nowMs(), retention.Milliseconds())
 	return wrap("archive", err)
-}
-
-func checkArchive(l idem.Limits, rec idem.Record, retention time.Duration) error {
-	if rec.State != idem.StateCompleted && rec.State != idem.StateFailed {
-		return fmt.Errorf("idem: Archive takes a completed or failed record, not %v", rec.State)
-	}
-	if len(rec.Fingerprint) > idem.MaxFingerprintBytes {
-		return idem.ErrInvalidFingerprint
-	}
-	return l.CheckSettle(rec.Key, rec.Result, retention)
 }
 
 // Close closes the database.
