@@ -66,12 +66,13 @@ last line is one JSON object.`,
 
 // phaseResult is one phase's figures.
 type phaseResult struct {
-	Ops       int64   `json:"ops"`
-	Errors    int64   `json:"errors"`
-	Seconds   float64 `json:"seconds"`
-	OpsPerSec float64 `json:"ops_per_sec"`
-	P50us     float64 `json:"p50_us"`
-	P99us     float64 `json:"p99_us"`
+	FirstError string  `json:"first_error,omitempty"`
+	Ops        int64   `json:"ops"`
+	Errors     int64   `json:"errors"`
+	Seconds    float64 `json:"seconds"`
+	OpsPerSec  float64 `json:"ops_per_sec"`
+	P50us      float64 `json:"p50_us"`
+	P99us      float64 `json:"p99_us"`
 }
 
 type benchReport struct {
@@ -118,6 +119,7 @@ func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benc
 		rep.Lifecycle = r
 		fmt.Fprintf(out, "lifecycle (acquire+complete)  %10.0f ops/s  p50 %7.0fµs  p99 %7.0fµs  (%d ops, %d errors, %d workers)\n",
 			r.OpsPerSec, r.P50us, r.P99us, r.Ops, r.Errors, o.concurrency)
+		printFirstError(out, r)
 	}
 	if o.mode != "lifecycle" {
 		// The replay keys: completed once, then acquired again and again.
@@ -149,6 +151,7 @@ func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benc
 		rep.Replay = r
 		fmt.Fprintf(out, "replay (acquire of a done key) %10.0f ops/s  p50 %7.0fµs  p99 %7.0fµs  (%d ops, %d errors, %d workers)\n",
 			r.OpsPerSec, r.P50us, r.P99us, r.Ops, r.Errors, o.concurrency)
+		printFirstError(out, r)
 	}
 	head := rep.Lifecycle
 	if head == nil {
@@ -159,6 +162,12 @@ func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benc
 		return json.NewEncoder(out).Encode(rep)
 	}
 	return nil
+}
+
+func printFirstError(out io.Writer, r *phaseResult) {
+	if r.FirstError != "" {
+		fmt.Fprintf(out, "  first error: %s\n", r.FirstError)
+	}
 }
 
 func parallel(ctx context.Context, workers, n int, fn func(ctx context.Context, i int) error) error {
@@ -253,8 +262,13 @@ loop:
 		}
 		return nil, fmt.Errorf("%s: no operation completed in %v", name, o.duration)
 	}
+	var first string
+	if e, ok := firstErr.Load().(error); ok {
+		first = e.Error()
+	}
 	return &phaseResult{
-		Ops: n, Errors: errCount.Load(), Seconds: elapsed.Seconds(),
+		FirstError: first,
+		Ops:        n, Errors: errCount.Load(), Seconds: elapsed.Seconds(),
 		OpsPerSec: float64(n) / elapsed.Seconds(),
 		P50us:     all.quantile(0.50).Seconds() * 1e6,
 		P99us:     all.quantile(0.99).Seconds() * 1e6,
