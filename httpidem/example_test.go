@@ -1,0 +1,46 @@
+package httpidem_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/store/memstore"
+)
+
+func ExampleNew() {
+	store := memstore.New(memstore.Config{})
+	defer store.Close()
+	mw, err := httpidem.New(httpidem.Config{Store: store})
+	if err != nil {
+		panic(err)
+	}
+	charges := 0
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		charges++
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "charge ch_%d\n", charges)
+	})
+	srv := httptest.NewServer(mw(api))
+	defer srv.Close()
+
+	for range 2 { // the client retries after a timeout, with the same key
+		req, _ := http.NewRequest("POST", srv.URL+"/charges", strings.NewReader("amount=2500"))
+		req.Header.Set("Idempotency-Key", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Printf("%d replayed=%q %s", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), body)
+	}
+	fmt.Println("charges:", charges)
+	// Output:
+	// 201 replayed="" charge ch_1
+	// 201 replayed="true" charge ch_1
+	// charges: 1
+}

@@ -1,0 +1,81 @@
+package httpidem
+
+import (
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParseKey(t *testing.T) {
+	tests := []struct {
+		in, want string
+		wantErr  bool
+	}{
+		{in: `"abc"`, want: "abc"},
+		{in: `abc`, want: "abc"},
+		{in: ` "8e03978e-40d5-43e8-bc93-6894a57f9324" `, want: "8e03978e-40d5-43e8-bc93-6894a57f9324"},
+		{in: `8e03978e-40d5-43e8-bc93-6894a57f9324`, want: "8e03978e-40d5-43e8-bc93-6894a57f9324"},
+		{in: `"with space"`, want: "with space"},
+		{in: `"q\"uote\\d"`, want: `q"uote\d`},
+		{in: `ORD-20260514-0001:retry/1`, want: "ORD-20260514-0001:retry/1"},
+		{in: ``, wantErr: true},
+		{in: `""`, wantErr: true},
+		{in: `"abc`, wantErr: true},
+		{in: `"a\b"`, wantErr: true},
+		{in: `"abc";x=1`, wantErr: true},
+		{in: `"a", "b"`, wantErr: true},
+		{in: `a b`, wantErr: true},
+		{in: `a,b`, wantErr: true},
+		{in: "\"caf\xc3\xa9\"", wantErr: true},
+		{in: `"` + strings.Repeat("k", 255) + `"`, want: strings.Repeat("k", 255)},
+		{in: `"` + strings.Repeat("k", 256) + `"`, wantErr: true},
+		{in: strings.Repeat("k", 256), wantErr: true},
+	}
+	for _, tt := range tests {
+		got, err := ParseKey(tt.in, 255)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("ParseKey(%.30q) = %q, %v; want %q, err %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func FuzzParseKey(f *testing.F) {
+	for _, s := range []string{`"abc"`, `abc`, `"a\"b"`, `""`, `"x";p`, "\x00", `"\`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		k, err := ParseKey(v, 255)
+		if err != nil {
+			return
+		}
+		if k == "" || len(k) > 255 {
+			t.Fatalf("ParseKey(%q) accepted %q", v, k)
+		}
+		// What a sender formats, the receiver parses back to the same key.
+		back, err := ParseKey(FormatKey(k), 255)
+		if err != nil || back != k {
+			t.Fatalf("FormatKey(%q) = %s does not parse back: %q %v", k, FormatKey(k), back, err)
+		}
+	})
+}
+
+func TestStoredRoundTrip(t *testing.T) {
+	h := http.Header{"Content-Type": {"application/json"}, "Set-Cookie": {"a=1", "b=2"}}
+	b := encodeResponse(201, h, []byte(`{"id":1}`))
+	st, h2, body, err := decodeResponse(b)
+	if err != nil || st != 201 || !reflect.DeepEqual(h, h2) || string(body) != `{"id":1}` {
+		t.Fatalf("round trip: %d %v %q %v", st, h2, body, err)
+	}
+}
+
+func FuzzDecodeResponse(f *testing.F) {
+	f.Add(encodeResponse(200, http.Header{"A": {"b"}}, []byte("body")))
+	f.Add([]byte{1, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st, h, _, err := decodeResponse(b)
+		if err == nil && (st < 100 || st > 999 || h == nil) {
+			t.Fatalf("accepted status %d", st)
+		}
+	})
+}

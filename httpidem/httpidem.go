@@ -1,0 +1,421 @@
+package httpidem
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// Response headers set by the middleware.
+const (
+	// ReplayedHeader is "true" on a response replayed from the store.
+	ReplayedHeader = "Idempotent-Replayed"
+	// ExpiresHeader, on every response that was stored (and every replay),
+	// is the HTTP-date until which the key is remembered: a retry before it
+	// gets the same response; after it, the key is new again.
+	ExpiresHeader = "Idempotency-Key-Expires"
+)
+
+// OversizedBody says what to do with a request body over MaxBodyBytes.
+type OversizedBody uint8
+
+const (
+	// RejectOversized answers 413 without running the handler.
+	RejectOversized OversizedBody = iota
+	// PassOversized runs the handler without idempotency.
+	PassOversized
+)
+
+// Config configures the middleware. Store is required; every other field
+// has a documented default.
+type Config struct {
+	// Store holds the keys and the stored responses. Required.
+	Store idem.Store
+	// Methods the middleware applies to; others pass through untouched.
+	// Defaults to POST and PATCH.
+	Methods []string
+	// RequireKey answers 400 to a request of those methods without an
+	// Idempotency-Key. Defaults to false: such requests pass through.
+	RequireKey bool
+	// MaxKeyBytes bounds the key. Defaults to 255 (the most idem allows).
+	MaxKeyBytes int
+	// Principal names the caller; keys are scoped by method, path and
+	// principal, so no principal can receive another's stored response.
+	// Defaults to a hash of the Authorization header ("anonymous" without
+	// one).
+	Principal func(*http.Request) string
+	// Fingerprint hashes what must be identical for a replay. Same key with
+	// another fingerprint is answered 422 and never executed. Defaults to a
+	// hash of the method, the path with query, and the body.
+	Fingerprint func(r *http.Request, body []byte) string
+	// MaxBodyBytes bounds the request body read for the fingerprint.
+	// Defaults to 1 MiB.
+	MaxBodyBytes int64
+	// Oversized says what happens to a larger body. Defaults to
+	// RejectOversized (413).
+	Oversized OversizedBody
+	// MaxResponseBytes bounds a stored response body; a larger response is
+	// sent but not stored, and its key is released. Defaults to 1 MiB minus
+	// room for the headers.
+	MaxResponseBytes int
+	// Policy maps the handler's status to what happens to the key. Defaults
+	// to DefaultPolicy.
+	Policy func(status int) idem.Disposition
+	// Lease is how long a request may run before a retry may take it over
+	// (heartbeats extend it while the handler runs). Defaults to 1m.
+	Lease time.Duration
+	// Retention is how long responses are replayed. Defaults to 24h.
+	Retention time.Duration
+	// MaxAttempts poisons a key after this many executions (re-runs after
+	// 5xx count). Defaults to 0: no limit.
+	MaxAttempts int
+	// CompactKeys stores SHA-256/128 of the keys. Defaults to false.
+	CompactKeys bool
+	// ProblemTypeBase prefixes the "type" of every problem+json answer; point
+	// it at your own docs. Defaults to DefaultProblemTypeBase.
+	ProblemTypeBase string
+	// Observer, if set, is called once per request the middleware handled.
+	Observer func(Event)
+	// StoreObserver, if set, receives the guard's events (store latency,
+	// takeovers).
+	StoreObserver func(idem.Event)
+}
+
+// DefaultProblemTypeBase documents each problem type at an anchor.
+const DefaultProblemTypeBase = "https://github.com/idemgo/idem/blob/main/httpidem/PROBLEMS.md#"
+
+// Event reports what the middleware did with one request.
+type Event struct {
+	// Outcome is executed, replayed, conflict (in flight), mismatch,
+	// rejected (bad key or body), unavailable (store failure) or bypassed
+	// (no key, or an oversized body passed through).
+	Outcome string
+	// Status is the status sent to the client.
+	Status int
+	// TakenOver is true when the execution took over a dead owner's lease.
+	TakenOver bool
+	// Err is the reason for rejected and unavailable.
+	Err error
+}
+
+// DefaultPolicy stores and replays 2xx, 3xx and 4xx responses except 408,
+// 409, 425 and 429 (the client may succeed on retry); it releases the key on
+// those and on 5xx so the retry runs again — except 504, the gateway timeout,
+// where the upstream may have done the work: the key is held until the lease
+// expires.
+func DefaultPolicy(status int) idem.Disposition {
+	switch {
+	case status == http.StatusGatewayTimeout:
+		return idem.Hold
+	case status >= 500:
+		return idem.Release
+	case status == 408 || status == 409 || status == 425 || status == 429:
+		return idem.Release
+	}
+	return idem.Complete
+}
+
+type middleware struct {
+	cfg     Config
+	guard   *idem.Guard
+	methods map[string]bool
+}
+
+// New validates cfg and returns the middleware.
+func New(cfg Config) (func(http.Handler) http.Handler, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("idem/httpidem: Config.Store is required")
+	}
+	if len(cfg.Methods) == 0 {
+		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	if cfg.MaxKeyBytes == 0 {
+		cfg.MaxKeyBytes = idem.MaxIDBytes
+	}
+	if cfg.MaxKeyBytes < 1 || cfg.MaxKeyBytes > idem.MaxIDBytes {
+		return nil, fmt.Errorf("idem/httpidem: Config.MaxKeyBytes is %d, want 1 to %d", cfg.MaxKeyBytes, idem.MaxIDBytes)
+	}
+	if cfg.Principal == nil {
+		cfg.Principal = AuthorizationPrincipal
+	}
+	if cfg.Fingerprint == nil {
+		cfg.Fingerprint = DefaultFingerprint
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	if cfg.MaxBodyBytes < 0 {
+		return nil, errors.New("idem/httpidem: Config.MaxBodyBytes must not be negative")
+	}
+	if cfg.MaxResponseBytes == 0 {
+		cfg.MaxResponseBytes = idem.DefaultMaxResultBytes - 64<<10
+	}
+	if cfg.MaxResponseBytes < 0 {
+		return nil, errors.New("idem/httpidem: Config.MaxResponseBytes must not be negative")
+	}
+	if cfg.Policy == nil {
+		cfg.Policy = DefaultPolicy
+	}
+	if cfg.Lease == 0 {
+		cfg.Lease = time.Minute
+	}
+	if cfg.ProblemTypeBase == "" {
+		cfg.ProblemTypeBase = DefaultProblemTypeBase
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = 24 * time.Hour
+	}
+	g, err := idem.NewGuard(idem.Config{
+		Store: cfg.Store, Lease: cfg.Lease, Retention: cfg.Retention, MaxAttempts: cfg.MaxAttempts,
+		CompactKeys: cfg.CompactKeys, Observer: cfg.StoreObserver, Classify: classify,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idem/httpidem: %w", err)
+	}
+	m := &middleware{cfg: cfg, guard: g, methods: map[string]bool{}}
+	for _, meth := range cfg.Methods {
+		m.methods[strings.ToUpper(meth)] = true
+	}
+	return m.wrap, nil
+}
+
+// AuthorizationPrincipal is the default Principal: a hash of the
+// Authorization header, or "anonymous" without one. The credential itself is
+// never stored.
+func AuthorizationPrincipal(r *http.Request) string {
+	a := r.Header.Get("Authorization")
+	if a == "" {
+		return "anonymous"
+	}
+	sum := sha256.Sum256([]byte(a))
+	return "auth:" + hex.EncodeToString(sum[:12])
+}
+
+// DefaultFingerprint hashes the method, the path with its query, and the
+// body.
+func DefaultFingerprint(r *http.Request, body []byte) string {
+	return idem.Fingerprint([]byte(r.Method), []byte(r.URL.RequestURI()), body)
+}
+
+// dispositionError carries the policy's decision out of the guarded work.
+type dispositionError struct {
+	d      idem.Disposition
+	reason string
+}
+
+func (e *dispositionError) Error() string { return e.reason }
+
+func classify(err error) idem.Disposition {
+	var de *dispositionError
+	if errors.As(err, &de) {
+		return de.d
+	}
+	return idem.DefaultClassify(err)
+}
+
+func (m *middleware) scope(r *http.Request) string {
+	s := r.Method + " " + r.URL.EscapedPath() + " " + m.cfg.Principal(r)
+	if len(s) > idem.MaxScopeBytes || strings.ContainsFunc(s, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
+		sum := sha256.Sum256([]byte(s))
+		s = "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return s
+}
+
+func (m *middleware) observe(e Event) {
+	if m.cfg.Observer != nil {
+		m.cfg.Observer(e)
+	}
+}
+
+func (m *middleware) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !m.methods[r.Method] {
+			next.ServeHTTP(w, r)
+			return
+		}
+		values := r.Header.Values(HeaderName)
+		switch {
+		case len(values) == 0 && !m.cfg.RequireKey:
+			m.observe(Event{Outcome: "bypassed"})
+			next.ServeHTTP(w, r)
+			return
+		case len(values) == 0:
+			m.problem(w, http.StatusBadRequest, "missing-key", "Idempotency-Key required",
+				"This endpoint requires an Idempotency-Key header.", nil)
+			return
+		case len(values) > 1:
+			m.problem(w, http.StatusBadRequest, "malformed-key", "Malformed Idempotency-Key",
+				"The request has more than one Idempotency-Key header.", nil)
+			return
+		}
+		id, err := ParseKey(values[0], m.cfg.MaxKeyBytes)
+		if err != nil {
+			m.problem(w, http.StatusBadRequest, "malformed-key", "Malformed Idempotency-Key", err.Error()+".", err)
+			return
+		}
+		body, tooBig, err := readBody(r, m.cfg.MaxBodyBytes)
+		if err != nil {
+			m.problem(w, http.StatusBadRequest, "unreadable-body", "Unreadable request body", err.Error(), err)
+			return
+		}
+		if tooBig {
+			if m.cfg.Oversized == PassOversized {
+				m.observe(Event{Outcome: "bypassed"})
+				next.ServeHTTP(w, r)
+				return
+			}
+			m.problem(w, http.StatusRequestEntityTooLarge, "body-too-large", "Request body too large",
+				fmt.Sprintf("Requests with an Idempotency-Key may carry at most %d bytes.", m.cfg.MaxBodyBytes), nil)
+			return
+		}
+		m.serve(w, r, next, idem.Key{Scope: m.scope(r), ID: id}, body)
+	})
+}
+
+// readBody reads up to limit bytes. When the body is larger it reports
+// tooBig and leaves r.Body able to replay everything (for PassOversized).
+func readBody(r *http.Request, limit int64) (body []byte, tooBig bool, err error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, false, nil
+	}
+	body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, false, fmt.Errorf("reading the body: %v", err)
+	}
+	if int64(len(body)) > limit {
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
+		return nil, true, nil
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, false, nil
+}
+
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, key idem.Key, body []byte) {
+	fp := m.cfg.Fingerprint(r, body)
+	var rec *recorder
+	work := func(ctx context.Context, fence uint64) ([]byte, error) {
+		rec = &recorder{ResponseWriter: w, limit: m.cfg.MaxResponseBytes}
+		rec.onHeader = func(status int, h http.Header) {
+			if m.cfg.Policy(status) == idem.Complete {
+				h.Set(ExpiresHeader, time.Now().Add(m.cfg.Retention).UTC().Format(http.TimeFormat))
+			}
+		}
+		next.ServeHTTP(rec, r.WithContext(ctx))
+		if !rec.wroteFinal {
+			rec.WriteHeader(http.StatusOK)
+		}
+		d := m.cfg.Policy(rec.status)
+		if d == idem.Complete && rec.overflow {
+			return nil, &dispositionError{idem.Release, "response too large to store"}
+		}
+		if d == idem.Complete {
+			return encodeResponse(rec.status, storable(rec.header), rec.body.Bytes()), nil
+		}
+		if d == idem.Hold {
+			return nil, idem.Ambiguous(&dispositionError{idem.Hold, "status " + strconv.Itoa(rec.status)})
+		}
+		return nil, &dispositionError{d, "status " + strconv.Itoa(rec.status)}
+	}
+	res, err := m.guard.Run(r.Context(), key, &idem.RunOptions{Fingerprint: fp}, work)
+	if res.Outcome.Owns() {
+		// The handler ran and answered; err is the policy's reason or a
+		// failure to settle, which the observer hears about.
+		var de *dispositionError
+		if errors.As(err, &de) {
+			err = nil
+		}
+		m.observe(Event{Outcome: "executed", Status: rec.status, TakenOver: res.Outcome == idem.TakenOver, Err: err})
+		return
+	}
+	if err != nil {
+		if errors.Is(err, idem.ErrInvalidKey) {
+			m.problem(w, http.StatusBadRequest, "malformed-key", "Malformed Idempotency-Key", err.Error(), err)
+			return
+		}
+		m.problem(w, http.StatusServiceUnavailable, "store-unavailable", "Idempotency store unavailable",
+			"The request was not executed: its key could not be claimed. Retry later with the same key.", err)
+		return
+	}
+	switch res.Outcome {
+	case idem.Replayed:
+		m.replay(w, res)
+	case idem.InProgress:
+		w.Header().Set("Retry-After", "1")
+		m.problemOutcome(w, http.StatusConflict, "conflict", "Request in progress",
+			"A request with this Idempotency-Key is being processed. Retry later with the same key.")
+	case idem.Mismatch:
+		m.problemOutcome(w, http.StatusUnprocessableEntity, "mismatch", "Idempotency-Key reused",
+			"This Idempotency-Key was used with a different request. Use a new key for a new request.")
+	case idem.Poisoned:
+		m.problemOutcome(w, http.StatusConflict, "poisoned", "Too many attempts",
+			"Requests with this Idempotency-Key failed too many times; it is not executed again. Use a new key.")
+	}
+}
+
+func (m *middleware) replay(w http.ResponseWriter, res idem.Result) {
+	status, h, body, err := decodeResponse(res.Value)
+	if err != nil {
+		m.problem(w, http.StatusInternalServerError, "corrupt-record", "Stored response unreadable", err.Error(), err)
+		return
+	}
+	dst := w.Header()
+	for k, vs := range h {
+		dst[k] = vs
+	}
+	dst.Set(ReplayedHeader, "true")
+	if !res.Record.ExpiresAt.IsZero() {
+		dst.Set(ExpiresHeader, res.Record.ExpiresAt.UTC().Format(http.TimeFormat))
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+	m.observe(Event{Outcome: "replayed", Status: status})
+}
+
+var outcomeOf = map[int]string{http.StatusConflict: "conflict", http.StatusUnprocessableEntity: "mismatch"}
+
+func (m *middleware) problemOutcome(w http.ResponseWriter, status int, slug, title, detail string) {
+	writeProblem(w, m.cfg.ProblemTypeBase, status, slug, title, detail)
+	m.observe(Event{Outcome: outcomeOf[status], Status: status})
+}
+
+func (m *middleware) problem(w http.ResponseWriter, status int, slug, title, detail string, err error) {
+	writeProblem(w, m.cfg.ProblemTypeBase, status, slug, title, detail)
+	outcome := "rejected"
+	if status >= 500 {
+		outcome = "unavailable"
+	}
+	if err == nil {
+		err = errors.New(detail)
+	}
+	m.observe(Event{Outcome: outcome, Status: status, Err: err})
+}
+
+// hopByHop are never stored: they describe one connection, not the response.
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Date", ReplayedHeader}
+
+func storable(h http.Header) http.Header {
+	for _, f := range h.Values("Connection") {
+		for _, name := range strings.Split(f, ",") {
+			h.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, name := range hopByHop {
+		h.Del(name)
+	}
+	return h
+}
