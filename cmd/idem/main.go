@@ -40,7 +40,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newDemoCmd(), newKeysCmd(), newMigrateCmd(), newBenchCmd())
+	root.AddCommand(newDemoCmd(), newServeCmd(), newKeysCmd(), newMigrateCmd(), newBenchCmd())
 	return root
 }
 

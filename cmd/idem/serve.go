@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/httpidem"
+)
+
+type serveOpts struct {
+	listen, upstream, store, admin string
+	lease, retention, timeout      time.Duration
+	requireKey                     bool
+	maxBody                        int64
+	problemBase                    string
+}
+
+func newServeCmd() *cobra.Command {
+	var o serveOpts
+	cmd := &cobra.Command{
+		Use:   "serve --upstream URL",
+		Short: "Run an HTTP gateway that enforces Idempotency-Key in front of any HTTP service",
+		Long: `Reverse-proxies every request to --upstream. POST and PATCH requests with an
+Idempotency-Key run once: duplicates get the stored response (Idempotent-Replayed: true),
+409 while the first is in flight, 422 when the key comes with another request, 400 for a
+bad key. The store keeps completed responses and live leases across restarts and kill -9.
+The key is forwarded upstream unchanged.`,
+		Args: cobra.NoArgs,
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
+	f.StringVar(&o.upstream, "upstream", "", "base URL of the service behind the gateway (required)")
+	f.StringVar(&o.store, "store", "sqlite:idem.db", "store URL")
+	f.StringVar(&o.admin, "admin", "", "address for /metrics (Prometheus) and /healthz; empty: none")
+	f.DurationVar(&o.lease, "lease", time.Minute, "how long a request may run before a retry may take it over (heartbeats extend it)")
+	f.DurationVar(&o.retention, "retention", 24*time.Hour, "how long responses are replayed")
+	f.DurationVar(&o.timeout, "upstream-timeout", 30*time.Second, "wait this long for the upstream's response headers; then 504 and the key is held until its lease expires")
+	f.BoolVar(&o.requireKey, "require-key", false, "answer 400 to POST and PATCH without an Idempotency-Key")
+	f.Int64Var(&o.maxBody, "max-body", 1<<20, "largest request body accepted with a key (413 above)")
+	f.StringVar(&o.problemBase, "problem-type-base", httpidem.DefaultProblemTypeBase, "prefix of the type links in problem+json answers")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), o) }
+	return cmd
+}
+
+// gatewayMetrics are the Prometheus series of idem serve.
+type gatewayMetrics struct {
+	requests  *prometheus.CounterVec
+	storeTime *prometheus.HistogramVec
+	storeErrs *prometheus.CounterVec
+	takeovers prometheus.Counter
+	registry  *prometheus.Registry
+}
+
+func newGatewayMetrics() *gatewayMetrics {
+	m := &gatewayMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_http_requests_total",
+			Help: "Requests with an Idempotency-Key by outcome: executed, replayed, conflict, mismatch, rejected, unavailable, bypassed.",
+		}, []string{"outcome"}),
+		storeTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_store_operation_seconds",
+			Help:    "Latency of store operations by operation (acquire, settle, heartbeat).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}, []string{"op"}),
+		storeErrs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_store_errors_total",
+			Help: "Store operations that failed, by operation.",
+		}, []string{"op"}),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idem_lease_takeovers_total",
+			Help: "Requests that took over the expired lease of a dead or stalled owner.",
+		}),
+		registry: prometheus.NewRegistry(),
+	}
+	m.registry.MustRegister(m.requests, m.storeTime, m.storeErrs, m.takeovers,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	for _, o := range []string{"executed", "replayed", "conflict", "mismatch", "rejected", "unavailable", "bypassed"} {
+		m.requests.WithLabelValues(o)
+	}
+	return m
+}
+
+func (m *gatewayMetrics) request(e httpidem.Event) {
+	m.requests.WithLabelValues(e.Outcome).Inc()
+	if e.TakenOver {
+		m.takeovers.Inc()
+	}
+}
+
+func (m *gatewayMetrics) store(e idem.Event) {
+	if e.Cached {
+		return
+	}
+	m.storeTime.WithLabelValues(e.Phase).Observe(e.Duration.Seconds())
+	if e.Err != nil && !errors.Is(e.Err, idem.ErrStaleFence) {
+		m.storeErrs.WithLabelValues(e.Phase).Inc()
+	}
+}
+
+func newProxy(upstream *url.URL, timeout time.Duration, logger *log.Logger) *httputil.ReverseProxy {
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.ResponseHeaderTimeout = timeout
+	transport.MaxIdleConnsPerHost = 256
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(upstream)
+			pr.SetXForwarded()
+		},
+		Transport: transport,
+		ErrorLog:  logger,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			status := http.StatusBadGateway
+			var ne net.Error
+			if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+				status = http.StatusGatewayTimeout // the upstream may have done the work: held
+			}
+			logger.Printf("upstream %s %s: %v", r.Method, r.URL.Path, err)
+			w.WriteHeader(status)
+		},
+	}
+}
+
+func runServe(ctx context.Context, o serveOpts) error {
+	if o.upstream == "" {
+		return errors.New("--upstream is required")
+	}
+	up, err := url.Parse(o.upstream)
+	if err != nil || (up.Scheme != "http" && up.Scheme != "https") || up.Host == "" {
+		return fmt.Errorf("--upstream %q: want http://HOST[:PORT][/PATH] or https://…", o.upstream)
+	}
+	store, err := openStore(ctx, o.store)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	logger := log.New(os.Stderr, "idem serve: ", log.LstdFlags)
+	metrics := newGatewayMetrics()
+	mw, err := httpidem.New(httpidem.Config{
+		Store: store, Lease: o.lease, Retention: o.retention, RequireKey: o.requireKey,
+		MaxBodyBytes: o.maxBody, ProblemTypeBase: o.problemBase,
+		Observer: metrics.request, StoreObserver: metrics.store,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mw(newProxy(up, o.timeout, logger)), ReadHeaderTimeout: 10 * time.Second, ErrorLog: logger}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
+	var adminSrv *http.Server
+	if o.admin != "" {
+		aln, err := net.Listen("tcp", o.admin)
+		if err != nil {
+			srv.Close()
+			return err
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(metrics.registry, promhttp.HandlerOpts{}))
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+			hctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			defer cancel()
+			if _, err := store.Get(hctx, idem.Key{Scope: "idem", ID: "healthz"}.Storage(false)); err != nil && !errors.Is(err, idem.ErrNotFound) {
+				http.Error(w, "store: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		})
+		adminSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- adminSrv.Serve(aln) }()
+		logger.Printf("admin on http://%s (/metrics, /healthz)", aln.Addr())
+	}
+	logger.Printf("listening on http://%s → %s (store %s)", ln.Addr(), up, o.store)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	logger.Printf("shutting down: finishing requests in flight")
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	if adminSrv != nil {
+		_ = adminSrv.Shutdown(sctx)
+	}
+	return err
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestMain lets the tests run this test binary as the idem command in a
+// real process (IDEM_TEST_MAIN=1), so the gateway can be killed with SIGKILL.
+func TestMain(m *testing.M) {
+	if os.Getenv("IDEM_TEST_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// gateway is an idem serve process.
+type gateway struct {
+	cmd         *exec.Cmd
+	addr, admin string
+}
+
+func startGateway(t *testing.T, args ...string) *gateway {
+	t.Helper()
+	g := &gateway{addr: freeAddr(t), admin: freeAddr(t)}
+	g.cmd = exec.Command(os.Args[0], append([]string{"serve", "--listen", g.addr, "--admin", g.admin}, args...)...)
+	g.cmd.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
+	g.cmd.Stderr = os.Stderr
+	if err := g.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.cmd.Process.Kill(); _ = g.cmd.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + g.admin + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return g
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway not healthy: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (g *gateway) kill9(t *testing.T) {
+	t.Helper()
+	if err := g.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = g.cmd.Wait()
+}
+
+func (g *gateway) post(t *testing.T, key, body string) (int, http.Header, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", "http://"+g.addr+"/payments", strings.NewReader(body))
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+func (g *gateway) metrics(t *testing.T) string {
+	resp, err := http.Get("http://" + g.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// upstream counts executions and can be made slow.
+type upstream struct {
+	runs  atomic.Int32
+	keys  atomic.Value
+	delay time.Duration
+	block chan struct{} // the first execution waits for it
+	got   chan struct{}
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := u.runs.Add(1)
+	u.keys.Store(r.Header.Get("Idempotency-Key"))
+	if u.got != nil {
+		u.got <- struct{}{}
+	}
+	if u.block != nil && n == 1 {
+		<-u.block // only the first execution hangs
+	}
+	time.Sleep(u.delay)
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, "payment %d", n)
+}
+
+func TestGatewayReplaysAcrossKill9(t *testing.T) {
+	up := &upstream{}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	store := "sqlite:" + filepath.Join(t.TempDir(), "gw.db")
+	g := startGateway(t, "--upstream", srv.URL, "--store", store)
+	st, _, body := g.post(t, `"pay-1"`, "amount=10")
+	if st != 201 || body != "payment 1" || up.keys.Load() != `"pay-1"` {
+		t.Fatalf("first: %d %q, upstream saw key %v", st, body, up.keys.Load())
+	}
+	g.kill9(t)
+	g = startGateway(t, "--upstream", srv.URL, "--store", store)
+	st, h, body := g.post(t, `"pay-1"`, "amount=10")
+	if st != 201 || body != "payment 1" || h.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after kill -9: %d %q %v", st, body, h)
+	}
+	if st, _, _ := g.post(t, `"pay-1"`, "amount=99"); st != 422 {
+		t.Fatalf("other payload: %d", st)
+	}
+	if up.runs.Load() != 1 {
+		t.Fatalf("upstream ran %d times", up.runs.Load())
+	}
+	m := g.metrics(t)
+	for _, want := range []string{`idem_http_requests_total{outcome="replayed"} 1`, `idem_http_requests_total{outcome="mismatch"} 1`, `idem_store_operation_seconds_bucket{op="acquire"`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+func TestGatewayKill9MidRequestHoldsLease(t *testing.T) {
+	up := &upstream{block: make(chan struct{}), got: make(chan struct{}, 4)}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	defer close(up.block)
+	store := "sqlite:" + filepath.Join(t.TempDir(), "gw.db")
+	g := startGateway(t, "--upstream", srv.URL, "--store", store, "--lease", "1s")
+	go func() {
+		req, _ := http.NewRequest("POST", "http://"+g.addr+"/payments", strings.NewReader("x"))
+		req.Header.Set("Idempotency-Key", `"pay-2"`)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-up.got // the upstream is working on it
+	g.kill9(t)
+	g = startGateway(t, "--upstream", srv.URL, "--store", store, "--lease", "1s", "--upstream-timeout", "5s")
+	if st, _, _ := g.post(t, `"pay-2"`, "x"); st != 409 {
+		t.Fatalf("retry while the dead gateway's lease lives: %d, want 409", st)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	done := make(chan int)
+	go func() { st, _, _ := g.post(t, `"pay-2"`, "x"); done <- st }()
+	<-up.got
+	if st := <-done; st != 201 {
+		t.Fatalf("retry after the lease expired: %d", st)
+	}
+	if !strings.Contains(g.metrics(t), "idem_lease_takeovers_total 1") {
+		t.Error("the takeover is not counted")
+	}
+}
+
+func TestGatewaySIGTERMFinishesInFlight(t *testing.T) {
+	up := &upstream{delay: 500 * time.Millisecond}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	g := startGateway(t, "--upstream", srv.URL, "--store", "sqlite:"+filepath.Join(t.TempDir(), "gw.db"))
+	done := make(chan int)
+	go func() { st, _, _ := g.post(t, `"slow"`, ""); done <- st }()
+	time.Sleep(150 * time.Millisecond)
+	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if st := <-done; st != 201 {
+		t.Fatalf("request in flight at SIGTERM: %d", st)
+	}
+	if err := g.cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+}
+
+func TestGatewayUpstreamTimeoutHolds(t *testing.T) {
+	up := &upstream{delay: time.Second}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	g := startGateway(t, "--upstream", srv.URL, "--store", "sqlite:"+filepath.Join(t.TempDir(), "gw.db"),
+		"--upstream-timeout", "200ms", "--lease", "10s")
+	if st, _, _ := g.post(t, `"t"`, ""); st != 504 {
+		t.Fatalf("timeout: %d, want 504", st)
+	}
+	if st, _, _ := g.post(t, `"t"`, ""); st != 409 {
+		t.Fatalf("retry after an upstream timeout: %d, want 409 (held: the upstream may have done it)", st)
+	}
+}
+
+func TestServeBadFlags(t *testing.T) {
+	for _, args := range [][]string{{"serve"}, {"serve", "--upstream", "ftp://x"}, {"serve", "--upstream", "http://x", "--store", "nope"}} {
+		if _, err := run(t, args...); err == nil {
+			t.Errorf("idem %v: no error", args)
+		}
+	}
+}
