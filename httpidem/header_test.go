@@ -79,3 +79,15 @@ func FuzzDecodeResponse(f *testing.F) {
 		}
 	})
 }
+
+func TestStorableDropsHopByHop(t *testing.T) {
+	h := http.Header{
+		"Connection": {"keep-alive, X-Conn-Secret"}, "Keep-Alive": {"timeout=5"}, "X-Conn-Secret": {"s"},
+		"Transfer-Encoding": {"chunked"}, "Date": {"now"}, "Content-Type": {"text/plain"}, "X-Request-Id": {"1"},
+	}
+	got := storable(h)
+	want := http.Header{"Content-Type": {"text/plain"}, "X-Request-Id": {"1"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("stored headers %v, want %v", got, want)
+	}
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Measures, in one run with wrk: a bare httputil.ReverseProxy in front of a
+# trivial upstream, and idem serve in front of the same upstream on the
+# execute path (a fresh Idempotency-Key per request) and the replay path
+# (100 keys, repeated), with the memory and the Redis store; prints the ratios.
+#
+# Usage: scripts/bench-http.sh [SECONDS] [CONNECTIONS]   (defaults: 10 64)
+# Needs wrk (Debian package wrk) and Redis on 127.0.0.1:6379 (IDEM_TEST_REDIS_URL).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+conns=${2:-64}
+redis_url=${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+
+go build -o "$tmp/idem" ./cmd/idem
+go build -o "$tmp/httpbench" ./scripts/httpbench
+
+cat >"$tmp/fresh.lua" <<'LUA'
+local threads = 0
+function setup(thread) threads = threads + 1; thread:set("tid", threads) end
+function init(args) n = 0; prefix = tostring(tid) .. "-" .. tostring(os.time()) .. "-" end
+function request()
+  n = n + 1
+  return wrk.format("POST", "/payments", {["Idempotency-Key"] = '"' .. prefix .. n .. '"'}, "amount=2500")
+end
+LUA
+cat >"$tmp/replay.lua" <<'LUA'
+local threads = 0
+function setup(thread) threads = threads + 1; thread:set("tid", threads) end
+function init(args) n = 0 end
+function request()
+  n = n + 1
+  return wrk.format("POST", "/payments", {["Idempotency-Key"] = '"replay-' .. (n % 100) .. '"'}, "amount=2500")
+end
+LUA
+cat >"$tmp/bare.lua" <<'LUA'
+function request() return wrk.format("POST", "/payments", nil, "amount=2500") end
+LUA
+
+start() { "$@" >"$tmp/log.$$" 2>&1 & pids+=($!); }
+wait_port() { for _ in $(seq 1 100); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
+rps() { wrk -t2 -c"$conns" -d"${secs}s" -s "$1" "$2" | awk '/Requests\/sec/ {print $2}'; }
+
+start "$tmp/httpbench" upstream 127.0.0.1:18081; wait_port 18081
+start "$tmp/httpbench" proxy 127.0.0.1:18082 http://127.0.0.1:18081; wait_port 18082
+start "$tmp/idem" serve --listen 127.0.0.1:18083 --upstream http://127.0.0.1:18081 --store memory:; wait_port 18083
+redis-cli -u "$redis_url" --scan --pattern 'idemhttp:*' | xargs -r -n 500 redis-cli -u "$redis_url" DEL >/dev/null
+start "$tmp/idem" serve --listen 127.0.0.1:18084 --upstream http://127.0.0.1:18081 --store "$redis_url?pool_size=$conns&idem_prefix=idemhttp:"; wait_port 18084
+
+echo "== wrk -t2 -c$conns -d${secs}s, $(nproc) cores (wrk, proxies and upstream share them)"
+bare=$(rps "$tmp/bare.lua" http://127.0.0.1:18082)
+mem_exec=$(rps "$tmp/fresh.lua" http://127.0.0.1:18083)
+mem_replay=$(rps "$tmp/replay.lua" http://127.0.0.1:18083)
+redis_exec=$(rps "$tmp/fresh.lua" http://127.0.0.1:18084)
+redis_replay=$(rps "$tmp/replay.lua" http://127.0.0.1:18084)
+redis-cli -u "$redis_url" --scan --pattern 'idemhttp:*' | xargs -r -n 500 redis-cli -u "$redis_url" DEL >/dev/null
+
+python3 - "$bare" "$mem_exec" "$mem_replay" "$redis_exec" "$redis_replay" <<'PY'
+import sys
+bare, me, mr, re_, rr = map(float, sys.argv[1:])
+print(f"bare httputil.ReverseProxy          {bare:9.0f} req/s")
+print(f"idem serve memory:, execute path    {me:9.0f} req/s  {me/bare:.2f}x bare (target ≥ 0.60)")
+print(f"idem serve memory:, replay path     {mr:9.0f} req/s  {mr/bare:.2f}x bare (target ≥ 1.00)")
+print(f"idem serve redis://, execute path   {re_:9.0f} req/s  {re_/bare:.2f}x bare")
+print(f"idem serve redis://, replay path    {rr:9.0f} req/s  {rr/bare:.2f}x bare")
+PY
