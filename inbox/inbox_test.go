@@ -1,0 +1,249 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite"
+
+	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// backend runs the inbox against one database through one driver.
+type backend struct {
+	ib *inbox.Inbox
+	// process runs ev; fn adds one row to the business table in the same
+	// transaction.
+	process func(ctx context.Context, ev inbox.Event, fail error) (inbox.Outcome, error)
+	rows    func(ctx context.Context) int
+	db      inbox.Tx
+}
+
+func pgSchema(t *testing.T) (*pgxpool.Pool, string) {
+	testenv.ProbePostgres(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := testenv.RandomName("idemtest_")
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+schema+`; CREATE TABLE `+schema+`.credits (id bigserial PRIMARY KEY, ref text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`)
+		pool.Close()
+	})
+	return pool, schema
+}
+
+func newPgx(t *testing.T) backend {
+	pool, schema := pgSchema(t)
+	ib, err := inbox.New(inbox.Config{Dialect: inbox.Postgres, Table: schema + ".processed_events", VersionTable: schema + ".entity_versions"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ib.Migrate(context.Background(), inbox.PgxTx(pool)); err != nil {
+		t.Fatal(err)
+	}
+	return backend{ib: ib, db: inbox.PgxTx(pool),
+		process: func(ctx context.Context, ev inbox.Event, fail error) (inbox.Outcome, error) {
+			return ib.ProcessPgx(ctx, pool, ev, func(ctx context.Context, tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.credits (ref) VALUES ($1)`, ev.CorrelationID); err != nil {
+					return err
+				}
+				return fail
+			})
+		},
+		rows: func(ctx context.Context) (n int) {
+			_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.credits`).Scan(&n)
+			return n
+		},
+	}
+}
+
+func sqlBackend(t *testing.T, db *sql.DB, d inbox.Dialect, prefix string) backend {
+	ib, err := inbox.New(inbox.Config{Dialect: d, Table: prefix + "processed_events", VersionTable: prefix + "entity_versions"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ib.Migrate(context.Background(), inbox.SQLTx(db)); err != nil {
+		t.Fatal(err)
+	}
+	return backend{ib: ib, db: inbox.SQLTx(db),
+		process: func(ctx context.Context, ev inbox.Event, fail error) (inbox.Outcome, error) {
+			return ib.ProcessSQL(ctx, db, ev, func(ctx context.Context, tx *sql.Tx) error {
+				if _, err := tx.ExecContext(ctx, `INSERT INTO `+prefix+`credits (ref) VALUES ($1)`, ev.CorrelationID); err != nil {
+					return err
+				}
+				return fail
+			})
+		},
+		rows: func(ctx context.Context) (n int) {
+			_ = db.QueryRowContext(ctx, `SELECT count(*) FROM `+prefix+`credits`).Scan(&n)
+			return n
+		},
+	}
+}
+
+func newSQLPostgres(t *testing.T) backend {
+	_, schema := pgSchema(t)
+	db, err := sql.Open("pgx", testenv.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return sqlBackend(t, db, inbox.Postgres, schema+".")
+}
+
+func newSQLite(t *testing.T) backend {
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if _, err := db.Exec(`CREATE TABLE credits (id INTEGER PRIMARY KEY, ref TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return sqlBackend(t, db, inbox.SQLite, "")
+}
+
+var backends = map[string]func(t *testing.T) backend{
+	"pgx":             newPgx,
+	"database-sql-pg": newSQLPostgres,
+	"sqlite":          newSQLite,
+}
+
+func TestInbox(t *testing.T) {
+	for name, open := range backends {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := open(t)
+			ctx := context.Background()
+			t.Run("ConcurrentDuplicatesCommitOnce", func(t *testing.T) {
+				ev := inbox.Event{Consumer: "credits", CorrelationID: "PAY-1", Type: "credit"}
+				var wg sync.WaitGroup
+				counts := make(chan inbox.Outcome, 20)
+				for range 20 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						out, err := b.process(ctx, ev, nil)
+						if err != nil {
+							t.Error(err)
+						}
+						counts <- out
+					}()
+				}
+				wg.Wait()
+				close(counts)
+				var processed, dup int
+				for o := range counts {
+					switch o {
+					case inbox.Processed:
+						processed++
+					case inbox.Duplicate:
+						dup++
+					}
+				}
+				if processed != 1 || dup != 19 || b.rows(ctx) != 1 {
+					t.Fatalf("processed %d, duplicate %d, rows %d; want 1, 19, 1", processed, dup, b.rows(ctx))
+				}
+			})
+			t.Run("FailureRollsBackTheKey", func(t *testing.T) {
+				ev := inbox.Event{Consumer: "credits", CorrelationID: "PAY-2"}
+				before := b.rows(ctx)
+				boom := errors.New("ledger down")
+				if _, err := b.process(ctx, ev, boom); !errors.Is(err, boom) {
+					t.Fatalf("err = %v", err)
+				}
+				if b.rows(ctx) != before {
+					t.Fatal("the failed business change committed")
+				}
+				if out, err := b.process(ctx, ev, nil); err != nil || out != inbox.Processed {
+					t.Fatalf("redelivery after a failure: %v %v (must run again)", out, err)
+				}
+			})
+			t.Run("ConsumersAreSeparate", func(t *testing.T) {
+				for _, c := range []string{"a", "b"} {
+					if out, err := b.process(ctx, inbox.Event{Consumer: c, CorrelationID: "PAY-3"}, nil); err != nil || out != inbox.Processed {
+						t.Fatalf("consumer %s: %v %v", c, out, err)
+					}
+				}
+			})
+			t.Run("VersionGuard", func(t *testing.T) {
+				before := b.rows(ctx)
+				var got []inbox.Outcome
+				for i, v := range []int64{1, 3, 2, 3, 4} {
+					out, err := b.process(ctx, inbox.Event{Consumer: "prices", CorrelationID: fmt.Sprint("upd-", i), Entity: "sku-9", Version: v}, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = append(got, out)
+				}
+				want := []inbox.Outcome{inbox.Processed, inbox.Processed, inbox.Stale, inbox.Stale, inbox.Processed}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("outcomes %v, want %v", got, want)
+				}
+				if b.rows(ctx)-before != 3 {
+					t.Fatalf("stale updates changed data: %d rows added, want 3", b.rows(ctx)-before)
+				}
+				// A stale update is marked handled: its redelivery is a duplicate.
+				if out, _ := b.process(ctx, inbox.Event{Consumer: "prices", CorrelationID: "upd-2", Entity: "sku-9", Version: 2}, nil); out != inbox.Duplicate {
+					t.Fatalf("redelivered stale update: %v", out)
+				}
+				// Standalone, outside a transaction.
+				if ok, err := b.ib.ApplyVersionTx(ctx, b.db, "sku-9", 4); err != nil || ok {
+					t.Fatalf("standalone stale: %v %v", ok, err)
+				}
+				if ok, err := b.ib.ApplyVersionTx(ctx, b.db, "sku-9", 5); err != nil || !ok {
+					t.Fatalf("standalone fresh: %v %v", ok, err)
+				}
+			})
+			t.Run("Sweep", func(t *testing.T) {
+				time.Sleep(20 * time.Millisecond)
+				total := 0
+				for {
+					n, err := b.ib.Sweep(ctx, b.db, 10*time.Millisecond, 3)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if n == 0 {
+						break
+					}
+					total += n
+				}
+				if total < 8 {
+					t.Fatalf("swept %d keys", total)
+				}
+				if out, _ := b.process(ctx, inbox.Event{Consumer: "credits", CorrelationID: "PAY-1"}, nil); out != inbox.Processed {
+					t.Fatalf("a swept key is new again: %v", out)
+				}
+			})
+		})
+	}
+}
+
+func TestBadEvents(t *testing.T) {
+	if _, err := inbox.New(inbox.Config{Dialect: inbox.Postgres, Table: "x; DROP TABLE y"}); err == nil {
+		t.Fatal("an injected table name was accepted")
+	}
+	if _, err := inbox.New(inbox.Config{}); err == nil {
+		t.Fatal("no dialect accepted")
+	}
+	b := newSQLite(t)
+	if _, err := b.process(context.Background(), inbox.Event{Consumer: "c"}, nil); err == nil {
+		t.Fatal("an event without a correlation id was accepted")
+	}
+}
