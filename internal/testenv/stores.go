@@ -101,3 +101,9 @@ func OpenRedis(t testing.TB, prefix string) *redisstore.Store {
 	})
 	return s
 }
+
+// NATSURL and AMQPURL are the brokers' URLs.
+var (
+	NATSURL = URL("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222")
+	AMQPURL = URL("IDEM_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+)

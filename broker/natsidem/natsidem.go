@@ -1,0 +1,182 @@
+// Package natsidem makes NATS JetStream consumers idempotent: a thin layer
+// that runs each message through an idem.Guard (store-based) or the
+// transactional inbox, and tells JetStream what happened:
+//
+//	duplicate of a done message   → Ack
+//	in progress elsewhere         → NakWithDelay (Policy.InProgressDelay)
+//	transient failure             → NakWithDelay (exponential backoff with jitter)
+//	poisoned, or key reused       → Term, after republishing to DeadLetterSubject if set
+//	long work                     → InProgress every ProgressInterval, so AckWait does not expire
+package natsidem
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/broker"
+	"github.com/idemgo/idem/inbox"
+)
+
+// ReasonHeader carries why a message was dead-lettered.
+const ReasonHeader = "Idem-Reason"
+
+// Config configures a handler.
+type Config struct {
+	// Scope names the consumer; keys are scoped by it. Required.
+	Scope string
+	// Key extracts the producer's id (broker.JSONKey, broker.HeaderKey…).
+	// Required.
+	Key broker.KeyFunc
+	// Policy maps outcomes to acks, naks and terms.
+	Policy broker.Policy
+	// DeadLetterSubject, if set, receives a copy of every terminated
+	// message (with the Idem-Reason header) before it is terminated;
+	// JetStream must be set too.
+	DeadLetterSubject string
+	JetStream         jetstream.JetStream
+	// ProgressInterval is how often a running message is reported in
+	// progress. Defaults to 10s (keep it under the consumer's AckWait);
+	// negative disables.
+	ProgressInterval time.Duration
+	// Context is the parent of every handler's context. Defaults to
+	// context.Background().
+	Context context.Context
+	// OnDecision, if set, hears every decision (for logs and metrics).
+	OnDecision func(msg jetstream.Msg, d broker.Decision)
+}
+
+func (c *Config) validate() error {
+	if c.Scope == "" || c.Key == nil {
+		return errors.New("idem/natsidem: Config.Scope and Config.Key are required")
+	}
+	if c.DeadLetterSubject != "" && c.JetStream == nil {
+		return errors.New("idem/natsidem: Config.DeadLetterSubject needs Config.JetStream")
+	}
+	if c.ProgressInterval == 0 {
+		c.ProgressInterval = 10 * time.Second
+	}
+	if c.Context == nil {
+		c.Context = context.Background()
+	}
+	return nil
+}
+
+type message struct{ m jetstream.Msg }
+
+func (m message) Header(name string) string { return m.m.Headers().Get(name) }
+func (m message) Body() []byte              { return m.m.Data() }
+
+func attempt(m jetstream.Msg) int {
+	if md, err := m.Metadata(); err == nil && md.NumDelivered > 0 {
+		return int(md.NumDelivered)
+	}
+	return 1
+}
+
+// GuardHandler returns a handler that runs work at most once per key through
+// g. The fence is handed to work.
+func GuardHandler(g *idem.Guard, cfg Config, work func(ctx context.Context, msg jetstream.Msg, fence uint64) ([]byte, error)) (jetstream.MessageHandler, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return func(msg jetstream.Msg) {
+		id, err := cfg.Key(message{msg})
+		if err != nil {
+			cfg.apply(msg, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
+			return
+		}
+		stop := cfg.progress(msg)
+		res, err := g.Run(cfg.Context, idem.Key{Scope: cfg.Scope, ID: id}, &idem.RunOptions{Fingerprint: idem.Fingerprint(msg.Data())},
+			func(ctx context.Context, fence uint64) ([]byte, error) { return work(ctx, msg, fence) })
+		stop()
+		cfg.apply(msg, cfg.Policy.FromGuard(res, err, attempt(msg)))
+	}, nil
+}
+
+// InboxHandler returns a handler for the transactional inbox: process runs
+// the business change and inbox.ClaimTx (or Process…) in one transaction,
+// keyed by the id the Key function extracted.
+func InboxHandler(cfg Config, process func(ctx context.Context, msg jetstream.Msg, id string) (inbox.Outcome, error)) (jetstream.MessageHandler, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return func(msg jetstream.Msg) {
+		id, err := cfg.Key(message{msg})
+		if err != nil {
+			cfg.apply(msg, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
+			return
+		}
+		stop := cfg.progress(msg)
+		out, err := process(cfg.Context, msg, id)
+		stop()
+		cfg.apply(msg, cfg.Policy.FromInbox(out, err, attempt(msg)))
+	}, nil
+}
+
+// progress reports the message in progress until the returned stop is
+// called.
+func (c *Config) progress(msg jetstream.Msg) (stop func()) {
+	if c.ProgressInterval < 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(c.ProgressInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+func (c *Config) apply(msg jetstream.Msg, d broker.Decision) {
+	if c.OnDecision != nil {
+		c.OnDecision(msg, d)
+	}
+	switch d.Verdict {
+	case broker.Ack:
+		_ = msg.Ack()
+	case broker.Retry:
+		_ = msg.NakWithDelay(d.Delay)
+	case broker.DeadLetter:
+		if c.DeadLetterSubject != "" {
+			dl := nats.NewMsg(c.DeadLetterSubject)
+			dl.Data = msg.Data()
+			for k, v := range msg.Headers() {
+				dl.Header[k] = v
+			}
+			// The copy is deduplicated on its own id, not the original's.
+			if id := msg.Headers().Get(nats.MsgIdHdr); id != "" {
+				dl.Header.Set(nats.MsgIdHdr, "dead-letter:"+id)
+			}
+			dl.Header.Set(ReasonHeader, d.Reason)
+			dl.Header.Set("Idem-Original-Subject", msg.Subject())
+			if _, err := c.JetStream.PublishMsg(c.Context, dl); err != nil {
+				// Not dead-lettered: leave it to redelivery rather than lose it.
+				_ = msg.NakWithDelay(c.Policy.Backoff(attempt(msg)))
+				return
+			}
+		}
+		_ = msg.TermWithReason(truncate(d.Reason))
+	}
+}
+
+func truncate(s string) string {
+	if len(s) > 200 {
+		return s[:200]
+	}
+	return s
+}

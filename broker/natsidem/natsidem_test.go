@@ -1,0 +1,177 @@
+package natsidem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/broker"
+	"github.com/idemgo/idem/broker/natsidem"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store/memstore"
+)
+
+// stream creates a stream and a durable consumer with unique names.
+func stream(t *testing.T) (jetstream.JetStream, jetstream.Consumer, string) {
+	t.Helper()
+	nc, err := nats.Connect(testenv.NATSURL, nats.Timeout(3*time.Second))
+	testenv.Need(t, "NATS", testenv.NATSURL, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	name := testenv.RandomName("IDEMTEST_")
+	subject := name + ".in"
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	cons, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
+		Durable: "worker", FilterSubject: subject, AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, cons, name
+}
+
+func publish(t *testing.T, js jetstream.JetStream, subject, brokerID, body string) {
+	t.Helper()
+	m := nats.NewMsg(subject)
+	m.Data = []byte(body)
+	m.Header.Set(nats.MsgIdHdr, brokerID) // a different broker id for every copy
+	if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDuplicatesAckedOnce(t *testing.T) {
+	js, cons, name := stream(t)
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	g, _ := idem.NewGuard(idem.Config{Store: s})
+	var runs atomic.Int32
+	decisions := make(chan broker.Decision, 100)
+	h, err := natsidem.GuardHandler(g, natsidem.Config{Scope: "credits", Key: broker.JSONKey("correlation_id"),
+		OnDecision: func(_ jetstream.Msg, d broker.Decision) { decisions <- d }},
+		func(ctx context.Context, msg jetstream.Msg, fence uint64) ([]byte, error) {
+			runs.Add(1)
+			return nil, nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := cons.Consume(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	for i := range 10 {
+		publish(t, js, name+".in", fmt.Sprint("broker-", i), `{"correlation_id":"PAY-1","amount_cents":100}`)
+	}
+	for range 10 {
+		if d := <-decisions; d.Verdict != broker.Ack {
+			t.Fatalf("decision %v", d)
+		}
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("work ran %d times for 10 copies", runs.Load())
+	}
+	info, _ := cons.Info(context.Background())
+	if info.NumAckPending != 0 || info.NumPending != 0 {
+		t.Fatalf("left unacked: %d pending, %d ack pending", info.NumPending, info.NumAckPending)
+	}
+}
+
+func TestTransientFailureRedeliveredAndPoisonDeadLettered(t *testing.T) {
+	js, cons, name := stream(t)
+	ctx := context.Background()
+	dlq, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{Durable: "dlq", FilterSubject: name + ".dead", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	g, _ := idem.NewGuard(idem.Config{Store: s, MaxAttempts: 3})
+	var mu sync.Mutex
+	runs := map[string]int{}
+	h, err := natsidem.GuardHandler(g, natsidem.Config{
+		Scope: "credits", Key: broker.JSONKey("correlation_id"),
+		Policy:            broker.Policy{BackoffMin: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond},
+		DeadLetterSubject: name + ".dead", JetStream: js,
+		OnDecision: func(m jetstream.Msg, d broker.Decision) { t.Logf("%s → %v %v %s", m.Data(), d.Verdict, d.Delay, d.Reason) },
+	}, func(ctx context.Context, msg jetstream.Msg, fence uint64) ([]byte, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		id := string(msg.Data())
+		runs[id]++
+		if id == `{"correlation_id":"flaky"}` && runs[id] < 2 {
+			return nil, errors.New("ledger timeout") // transient: released, redelivered
+		}
+		if id == `{"correlation_id":"broken"}` {
+			return nil, errors.New("always fails")
+		}
+		return nil, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := cons.Consume(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	publish(t, js, name+".in", "a", `{"correlation_id":"flaky"}`)
+	publish(t, js, name+".in", "b", `{"correlation_id":"broken"}`)
+	m, err := dlq.Next(jetstream.FetchMaxWait(15 * time.Second))
+	if err != nil {
+		t.Fatalf("nothing dead-lettered: %v", err)
+	}
+	if string(m.Data()) != `{"correlation_id":"broken"}` || m.Headers().Get(natsidem.ReasonHeader) == "" {
+		t.Fatalf("dead letter %q %v", m.Data(), m.Headers())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if runs[`{"correlation_id":"flaky"}`] != 2 || runs[`{"correlation_id":"broken"}`] != 3 {
+		t.Fatalf("runs %v: the flaky message must run twice (retried after a failure), the broken one 3 times", runs)
+	}
+}
+
+func TestInProgressNaksWithDelay(t *testing.T) {
+	js, cons, name := stream(t)
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	g, _ := idem.NewGuard(idem.Config{Store: s})
+	// Another consumer holds the key.
+	if _, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: g.StorageKey(idem.Key{Scope: "credits", ID: "busy"}),
+		Fingerprint: idem.Fingerprint([]byte(`{"correlation_id":"busy"}`)), Lease: time.Minute, Retention: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	decisions := make(chan broker.Decision, 10)
+	h, _ := natsidem.GuardHandler(g, natsidem.Config{Scope: "credits", Key: broker.JSONKey("correlation_id"),
+		Policy:     broker.Policy{InProgressDelay: 300 * time.Millisecond},
+		OnDecision: func(_ jetstream.Msg, d broker.Decision) { decisions <- d }},
+		func(ctx context.Context, msg jetstream.Msg, fence uint64) ([]byte, error) { return nil, nil })
+	cc, _ := cons.Consume(h)
+	defer cc.Stop()
+	publish(t, js, name+".in", "x", `{"correlation_id":"busy"}`)
+	first := <-decisions
+	start := time.Now()
+	second := <-decisions
+	if first.Verdict != broker.Retry || first.Delay != 300*time.Millisecond || second.Verdict != broker.Retry {
+		t.Fatalf("decisions %v, %v", first, second)
+	}
+	if gap := time.Since(start); gap < 250*time.Millisecond {
+		t.Fatalf("redelivered after %v, want the in-progress delay of 300ms", gap)
+	}
+}
