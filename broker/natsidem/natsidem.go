@@ -144,11 +144,18 @@ func (c *Config) progress(msg jetstream.Msg) (stop func()) {
 
 func (c *Config) apply(msg jetstream.Msg, d broker.Decision) {
 	if c.OnDecision != nil {
-		c.OnDecision(msg, d)
+		defer c.OnDecision(msg, d)
 	}
 	switch d.Verdict {
 	case broker.Ack:
-		_ = msg.Ack()
+		// Wait for the server to confirm: an ack lost on the way would
+		// only cause a redelivery (a duplicate, acked then), but a confirmed
+		// ack makes the consumer's progress observable.
+		ctx, cancel := context.WithTimeout(c.Context, 5*time.Second)
+		defer cancel()
+		if err := msg.DoubleAck(ctx); err != nil {
+			_ = msg.Ack()
+		}
 	case broker.Retry:
 		_ = msg.NakWithDelay(d.Delay)
 	case broker.DeadLetter:
