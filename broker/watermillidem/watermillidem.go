@@ -1,0 +1,74 @@
+// Package watermillidem is a Watermill handler middleware that runs every
+// message through an idem.Guard, so any Watermill Pub/Sub (Kafka, SQS, Google
+// Pub/Sub, AMQP, SQL, GoChannel…) gets idempotent consumers.
+//
+// Unlike Watermill's own Deduplicator, which remembers a message as soon as it
+// arrives, it never drops a redelivery after a failed attempt: a handler
+// error releases the key (unless the error is idem.Permanent or
+// idem.Ambiguous), the message is nacked, and the redelivery runs again. A
+// duplicate of a completed message is acked without running the handler; a
+// duplicate of one in progress elsewhere is nacked, to come back later.
+package watermillidem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/broker"
+)
+
+// ErrInProgress is returned (so the message is nacked) when another consumer
+// is processing the same key.
+var ErrInProgress = errors.New("idem/watermillidem: the key is in progress elsewhere")
+
+// ErrRejected is returned for a message that must not be processed (key
+// reused with another payload, or poisoned): route it with Watermill's
+// PoisonQueue middleware, placed outside this one.
+var ErrRejected = errors.New("idem/watermillidem: message rejected")
+
+type msg struct{ m *message.Message }
+
+func (w msg) Header(name string) string { return w.m.Metadata.Get(name) }
+func (w msg) Body() []byte              { return w.m.Payload }
+
+// Middleware returns the middleware. Keys are scoped by scope and extracted by
+// key from the metadata or the payload (broker.HeaderKey, broker.JSONKey).
+// Messages the handler produces on the first run are not replayed to
+// duplicates: they were published already.
+func Middleware(g *idem.Guard, scope string, key broker.KeyFunc) (message.HandlerMiddleware, error) {
+	if g == nil || scope == "" || key == nil {
+		return nil, errors.New("idem/watermillidem: a guard, a scope and a key function are required")
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			id, err := key(msg{m})
+			if err != nil {
+				return nil, fmt.Errorf("%w: no key: %v", ErrRejected, err)
+			}
+			var produced []*message.Message
+			res, err := g.Run(m.Context(), idem.Key{Scope: scope, ID: id}, &idem.RunOptions{Fingerprint: idem.Fingerprint(m.Payload)},
+				func(ctx context.Context, fence uint64) ([]byte, error) {
+					out, err := h(m)
+					produced = out
+					return nil, err
+				})
+			if err != nil {
+				return nil, err // the handler's error (key released) or the store's: nack
+			}
+			switch res.Outcome {
+			case idem.Acquired, idem.TakenOver:
+				return produced, nil
+			case idem.Replayed:
+				return nil, nil // done before (or failed definitely, recorded): ack
+			case idem.InProgress:
+				return nil, ErrInProgress
+			default:
+				return nil, fmt.Errorf("%w: %s", ErrRejected, res.Outcome)
+			}
+		}
+	}, nil
+}

@@ -1,0 +1,105 @@
+package watermillidem_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/broker"
+	"github.com/idemgo/idem/broker/watermillidem"
+	"github.com/idemgo/idem/store/memstore"
+)
+
+// run routes the messages through mw into a handler that fails the first
+// attempt of "flaky", and returns how often each key's handler ran.
+func run(t *testing.T, mw message.HandlerMiddleware, msgs []*message.Message) map[string]int {
+	t.Helper()
+	logger := watermill.NopLogger{}
+	pubsub := gochannel.NewGoChannel(gochannel.Config{}, logger)
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	runs := map[string]int{}
+	done := make(chan struct{}, 100)
+	router.AddConsumerHandler("credits", "payments", pubsub, func(m *message.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		id := m.Metadata.Get("correlation_id")
+		runs[id]++
+		done <- struct{}{}
+		if id == "flaky" && runs[id] == 1 {
+			return errors.New("ledger timeout")
+		}
+		return nil
+	})
+	router.AddMiddleware(mw)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go router.Run(ctx)
+	<-router.Running()
+	for _, m := range msgs {
+		if err := pubsub.Publish("payments", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Quiet for 300ms: everything that will run has run.
+	for {
+		select {
+		case <-done:
+			continue
+		case <-time.After(300 * time.Millisecond):
+		}
+		break
+	}
+	_ = router.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	out := map[string]int{}
+	for k, v := range runs {
+		out[k] = v
+	}
+	return out
+}
+
+func messages() []*message.Message {
+	var out []*message.Message
+	for _, id := range []string{"PAY-1", "PAY-1", "flaky", "PAY-1"} {
+		m := message.NewMessage(watermill.NewUUID(), []byte("credit "+id)) // a new broker id per copy
+		m.Metadata.Set("correlation_id", id)
+		out = append(out, m)
+	}
+	return out
+}
+
+func TestRetriesAfterFailureUnlikeDeduplicator(t *testing.T) {
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	g, _ := idem.NewGuard(idem.Config{Store: s})
+	mw, err := watermillidem.Middleware(g, "credits", broker.HeaderKey("correlation_id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := run(t, mw, messages())
+	if runs["PAY-1"] != 1 || runs["flaky"] != 2 {
+		t.Fatalf("idem: runs %v; want PAY-1 once and flaky twice (its redelivery after the failure runs)", runs)
+	}
+
+	// Watermill's Deduplicator, same stream: the failed message's redelivery
+	// is dropped — the instruction is never booked.
+	d := &middleware.Deduplicator{KeyFactory: func(m *message.Message) (string, error) { return m.Metadata.Get("correlation_id"), nil }}
+	wm := run(t, d.Middleware, messages())
+	if wm["flaky"] != 1 {
+		t.Fatalf("watermill Deduplicator: runs %v (this test documents that it drops the retry)", wm)
+	}
+	t.Logf("after a failed first attempt: idem ran the redelivery (%d runs), Watermill's Deduplicator dropped it (%d run)", runs["flaky"], wm["flaky"])
+}
