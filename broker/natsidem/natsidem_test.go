@@ -109,7 +109,9 @@ func TestTransientFailureRedeliveredAndPoisonDeadLettered(t *testing.T) {
 		Scope: "credits", Key: broker.JSONKey("correlation_id"),
 		Policy:            broker.Policy{BackoffMin: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond},
 		DeadLetterSubject: name + ".dead", JetStream: js,
-		OnDecision: func(m jetstream.Msg, d broker.Decision) { t.Logf("%s → %v %v %s", m.Data(), d.Verdict, d.Delay, d.Reason) },
+		OnDecision: func(m jetstream.Msg, d broker.Decision) {
+			t.Logf("%s → %v %v %s", m.Data(), d.Verdict, d.Delay, d.Reason)
+		},
 	}, func(ctx context.Context, msg jetstream.Msg, fence uint64) ([]byte, error) {
 		mu.Lock()
 		defer mu.Unlock()
