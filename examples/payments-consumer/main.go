@@ -1,0 +1,208 @@
+// Command payments-consumer books credit transfers from a broker into
+// PostgreSQL exactly once: each instruction's correlation id is recorded in
+// the inbox in the same transaction as the transfer row and the balance
+// update, so a redelivery — after a crash between the commit and the ack, or
+// a duplicate sent with a new broker message id — books nothing.
+//
+//	payments-consumer --broker nats://127.0.0.1:4222 --db postgres://postgres@127.0.0.1:5432/test
+//	payments-consumer --broker amqp://guest:guest@127.0.0.1:5672/ --db postgres://…
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemgo/idem/broker"
+	"github.com/idemgo/idem/broker/amqpidem"
+	"github.com/idemgo/idem/broker/natsidem"
+	"github.com/idemgo/idem/inbox"
+)
+
+// Names fixed by the contract.
+const (
+	streamName = "PAYMENTS"
+	subject    = "payments.instructions"
+	queueName  = "payments.instructions"
+)
+
+// Instruction is one payment instruction.
+type Instruction struct {
+	CorrelationID string `json:"correlation_id"`
+	Account       string `json:"account"`
+	AmountCents   int64  `json:"amount_cents"`
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS credit_transfers (
+	id             bigserial PRIMARY KEY,
+	correlation_id text   NOT NULL, -- deliberately not unique: the inbox is what stops a double booking
+	account        text   NOT NULL,
+	amount_cents   bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS accounts (
+	account       text   PRIMARY KEY,
+	balance_cents bigint NOT NULL
+);`
+
+func main() {
+	brokerURL := flag.String("broker", "", "nats://… or amqp://… (required)")
+	dbURL := flag.String("db", "", "postgres://… (required)")
+	ackWait := flag.Duration("ack-wait", 30*time.Second, "JetStream AckWait: a message unacked this long is redelivered")
+	consumer := flag.String("consumer", "credit-transfers", "durable consumer name (and the inbox's consumer)")
+	flag.Parse()
+	if *brokerURL == "" || *dbURL == "" {
+		fmt.Fprintln(os.Stderr, "usage: payments-consumer --broker URL --db URL [--ack-wait D] [--consumer NAME]")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	logger := log.New(os.Stderr, "payments-consumer: ", log.LstdFlags|log.Lmicroseconds)
+	if err := run(ctx, logger, *brokerURL, *dbURL, *ackWait, *consumer); err != nil {
+		logger.Fatal(err)
+	}
+}
+
+func run(ctx context.Context, logger *log.Logger, brokerURL, dbURL string, ackWait time.Duration, consumer string) error {
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return fmt.Errorf("--db: %w", err)
+	}
+	defer pool.Close()
+	ib, err := inbox.New(inbox.Config{Dialect: inbox.Postgres, ConsumerVersion: "payments-consumer/1"})
+	if err != nil {
+		return err
+	}
+	if err := migrate(ctx, pool, ib); err != nil {
+		return err
+	}
+	book := func(ctx context.Context, id string, body []byte) (inbox.Outcome, error) {
+		var in Instruction
+		if err := json.Unmarshal(body, &in); err != nil {
+			return 0, fmt.Errorf("instruction %s: %w", id, err)
+		}
+		out, err := ib.ProcessPgx(ctx, pool, inbox.Event{Consumer: consumer, CorrelationID: id, Type: "credit-transfer"},
+			func(ctx context.Context, tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `INSERT INTO credit_transfers (correlation_id, account, amount_cents) VALUES ($1, $2, $3)`,
+					in.CorrelationID, in.Account, in.AmountCents); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO accounts (account, balance_cents) VALUES ($1, $2)
+					ON CONFLICT (account) DO UPDATE SET balance_cents = accounts.balance_cents + EXCLUDED.balance_cents`,
+					in.Account, in.AmountCents)
+				return err
+			})
+		if err == nil {
+			logger.Printf("%s %s: %d cents to %s", out, id, in.AmountCents, in.Account)
+		}
+		return out, err
+	}
+	cfg := broker.Policy{InProgressDelay: time.Second, BackoffMin: 100 * time.Millisecond, BackoffMax: 10 * time.Second}
+	switch {
+	case strings.HasPrefix(brokerURL, "nats://"), strings.HasPrefix(brokerURL, "tls://"):
+		return runNATS(ctx, logger, brokerURL, ackWait, consumer, cfg, book)
+	case strings.HasPrefix(brokerURL, "amqp://"), strings.HasPrefix(brokerURL, "amqps://"):
+		return runAMQP(ctx, logger, brokerURL, consumer, cfg, book)
+	}
+	return fmt.Errorf("--broker %q: want nats://… or amqp://…", brokerURL)
+}
+
+// migrate creates the tables once, even with several instances starting.
+func migrate(ctx context.Context, pool *pgxpool.Pool, ib *inbox.Inbox) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('payments-consumer'))`); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, schema); err != nil {
+		return err
+	}
+	if err := ib.Migrate(ctx, inbox.PgxTx(tx)); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+type bookFunc func(ctx context.Context, id string, body []byte) (inbox.Outcome, error)
+
+func runNATS(ctx context.Context, logger *log.Logger, url string, ackWait time.Duration, consumer string, policy broker.Policy, book bookFunc) error {
+	nc, err := nats.Connect(url, nats.Name("payments-consumer"))
+	if err != nil {
+		return fmt.Errorf("--broker: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{subject}, Storage: jetstream.FileStorage}); err != nil {
+		return fmt.Errorf("stream %s: %w", streamName, err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, streamName, jetstream.ConsumerConfig{
+		Durable: consumer, FilterSubject: subject, AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxAckPending: 256,
+	})
+	if err != nil {
+		return fmt.Errorf("consumer %s: %w", consumer, err)
+	}
+	h, err := natsidem.InboxHandler(natsidem.Config{Scope: consumer, Key: broker.JSONKey("correlation_id"), Policy: policy,
+		ProgressInterval: max(ackWait/3, time.Second), Context: context.WithoutCancel(ctx)},
+		func(ctx context.Context, msg jetstream.Msg, id string) (inbox.Outcome, error) { return book(ctx, id, msg.Data()) })
+	if err != nil {
+		return err
+	}
+	cc, err := cons.Consume(h)
+	if err != nil {
+		return err
+	}
+	logger.Printf("consuming %s (stream %s) as %s", subject, streamName, consumer)
+	<-ctx.Done()
+	cc.Drain() // finish the messages in hand
+	<-cc.Closed()
+	return nil
+}
+
+func runAMQP(ctx context.Context, logger *log.Logger, url, consumer string, policy broker.Policy, book bookFunc) error {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return fmt.Errorf("--broker: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if _, err := ch.QueueDeclare(queueName, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("queue %s: %w", queueName, err)
+	}
+	if err := ch.Qos(64, 0, false); err != nil {
+		return err
+	}
+	h, err := amqpidem.InboxHandler(amqpidem.Config{Scope: consumer, Key: broker.JSONKey("correlation_id"), Policy: policy, Context: context.WithoutCancel(ctx)},
+		func(ctx context.Context, d *amqp.Delivery, id string) (inbox.Outcome, error) { return book(ctx, id, d.Body) })
+	if err != nil {
+		return err
+	}
+	logger.Printf("consuming queue %s as %s", queueName, consumer)
+	err = amqpidem.Consume(ctx, ch, queueName, consumer, h)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}

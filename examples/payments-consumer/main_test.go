@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// TestMain runs this test binary as payments-consumer when asked, so the
+// tests start real consumer processes and kill them with SIGKILL.
+func TestMain(m *testing.M) {
+	if os.Getenv("PAYMENTS_CONSUMER_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// publisher sends instructions to one broker.
+type publisher interface {
+	publish(t *testing.T, brokerID string, body []byte)
+}
+
+type natsPub struct{ js jetstream.JetStream }
+
+func (p natsPub) publish(t *testing.T, brokerID string, body []byte) {
+	m := nats.NewMsg(subject)
+	m.Data = body
+	m.Header.Set(nats.MsgIdHdr, brokerID)
+	if _, err := p.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type amqpPub struct{ ch *amqp.Channel }
+
+func (p amqpPub) publish(t *testing.T, brokerID string, body []byte) {
+	if err := p.ch.PublishWithContext(context.Background(), "", queueName, false, false,
+		amqp.Publishing{MessageId: brokerID, DeliveryMode: amqp.Persistent, Body: body}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setupNATS(t *testing.T) (string, publisher) {
+	nc, err := nats.Connect(testenv.NATSURL, nats.Timeout(3*time.Second))
+	testenv.Need(t, "NATS", testenv.NATSURL, err)
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	_ = js.DeleteStream(context.Background(), streamName) // a clean stream for this run
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: streamName, Subjects: []string{subject}}); err != nil {
+		t.Fatal(err)
+	}
+	return testenv.NATSURL, natsPub{js}
+}
+
+func setupAMQP(t *testing.T) (string, publisher) {
+	conn, err := amqp.DialConfig(testenv.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	testenv.Need(t, "RabbitMQ", testenv.AMQPURL, err)
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queueName, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueuePurge(queueName, false); err != nil {
+		t.Fatal(err)
+	}
+	return testenv.AMQPURL, amqpPub{ch}
+}
+
+func startConsumer(t *testing.T, brokerURL, dbURL, name string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "--broker", brokerURL, "--db", dbURL, "--ack-wait", "2s", "--consumer", name)
+	cmd.Env = append(os.Environ(), "PAYMENTS_CONSUMER_MAIN=1")
+	if testing.Verbose() {
+		cmd.Stderr = os.Stderr
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd
+}
+
+// TestExactlyOnceWithCrash sends 1,000 deliveries (800 instructions, 200
+// duplicates with new broker ids) to two competing consumers, kills one
+// with SIGKILL mid-stream, and checks every instruction is booked exactly
+// once and every balance is exact.
+func TestExactlyOnceWithCrash(t *testing.T) {
+	for name, setup := range map[string]func(*testing.T) (string, publisher){"nats": setupNATS, "amqp": setupAMQP} {
+		t.Run(name, func(t *testing.T) {
+			testenv.ProbePostgres(t)
+			brokerURL, pub := setup(t)
+			ctx := context.Background()
+			schema := testenv.RandomName("idemtest_")
+			pool, err := pgxpool.New(ctx, testenv.PostgresURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			if _, err := pool.Exec(ctx, `CREATE SCHEMA `+schema); err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`)
+			u, _ := url.Parse(testenv.PostgresURL)
+			q := u.Query()
+			q.Set("search_path", schema)
+			u.RawQuery = q.Encode()
+			dbURL := u.String()
+
+			consumer := testenv.RandomName("credit-transfers-")
+			a := startConsumer(t, brokerURL, dbURL, consumer)
+			startConsumer(t, brokerURL, dbURL, consumer)
+
+			const instructions, duplicates = 800, 200
+			want := map[string]int64{}
+			var sent []Instruction
+			for i := range instructions {
+				in := Instruction{CorrelationID: fmt.Sprintf("PAY-%04d", i), Account: fmt.Sprintf("ACC-%d", i%10), AmountCents: int64(100 + rand.IntN(10000))}
+				sent = append(sent, in)
+				want[in.Account] += in.AmountCents
+			}
+			deliveries := append([]Instruction{}, sent...)
+			for range duplicates {
+				deliveries = append(deliveries, sent[rand.IntN(len(sent))])
+			}
+			rand.Shuffle(len(deliveries), func(i, j int) { deliveries[i], deliveries[j] = deliveries[j], deliveries[i] })
+			for i, in := range deliveries {
+				body, _ := json.Marshal(in)
+				pub.publish(t, fmt.Sprintf("broker-msg-%d", i), body)
+				if i == len(deliveries)/3 {
+					time.Sleep(200 * time.Millisecond) // let both work
+					if err := a.Process.Signal(syscall.SIGKILL); err != nil {
+						t.Fatal(err)
+					}
+					t.Logf("killed consumer A with SIGKILL after %d deliveries", i+1)
+				}
+			}
+			// Wait until all instructions are booked and nothing more happens.
+			deadline := time.Now().Add(90 * time.Second)
+			var booked int
+			for {
+				_ = pool.QueryRow(ctx, `SELECT count(DISTINCT correlation_id) FROM `+schema+`.credit_transfers`).Scan(&booked)
+				if booked == instructions || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			time.Sleep(3 * time.Second) // redeliveries of the killed consumer's messages land
+			var rows int
+			_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.credit_transfers`).Scan(&rows)
+			if booked != instructions || rows != instructions {
+				t.Fatalf("%d instructions booked in %d rows; want %d in %d", booked, rows, instructions, instructions)
+			}
+			got := map[string]int64{}
+			r, err := pool.Query(ctx, `SELECT account, balance_cents FROM `+schema+`.accounts`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for r.Next() {
+				var acc string
+				var bal int64
+				_ = r.Scan(&acc, &bal)
+				got[acc] = bal
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("balances %v, want %v", got, want)
+			}
+			var inboxRows int
+			_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.processed_events`).Scan(&inboxRows)
+			t.Logf("%d deliveries (%d duplicates), one consumer killed: %d instructions booked once each, %d inbox rows, balances exact",
+				len(deliveries), duplicates, booked, inboxRows)
+		})
+	}
+}

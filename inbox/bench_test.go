@@ -1,0 +1,83 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// BenchmarkInboxOverhead runs, in one run, the payments consumer's business
+// transaction (insert a transfer, add to a balance) with and without the
+// inbox claim, on PostgreSQL, and prints the ratio (target ≤ 1.3).
+func BenchmarkInboxOverhead(b *testing.B) {
+	testenv.ProbePostgres(b)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.PostgresURL+"&pool_max_conns=16")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	schema := testenv.RandomName("idembench_")
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+schema+`;
+		CREATE TABLE `+schema+`.credit_transfers (id bigserial PRIMARY KEY, correlation_id text NOT NULL, account text NOT NULL, amount_cents bigint NOT NULL);
+		CREATE TABLE `+schema+`.accounts (account text PRIMARY KEY, balance_cents bigint NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`)
+	ib, err := inbox.New(inbox.Config{Dialect: inbox.Postgres, Table: schema + ".processed_events", VersionTable: schema + ".entity_versions"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ib.Migrate(ctx, inbox.PgxTx(pool)); err != nil {
+		b.Fatal(err)
+	}
+	business := func(ctx context.Context, tx pgx.Tx, id string, n uint64) error {
+		acc := "ACC-" + strconv.FormatUint(n%100, 10)
+		if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.credit_transfers (correlation_id, account, amount_cents) VALUES ($1, $2, 100)`, id, acc); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.accounts VALUES ($1, 100) ON CONFLICT (account) DO UPDATE SET balance_cents = accounts.balance_cents + 100`, acc)
+		return err
+	}
+	var seq atomic.Uint64
+	var with, without float64
+	b.Run("without-inbox", func(b *testing.B) {
+		b.SetParallelism(8)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				n := seq.Add(1)
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return business(ctx, tx, "PAY-"+strconv.FormatUint(n, 10), n) })
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		without = float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	})
+	b.Run("with-inbox", func(b *testing.B) {
+		b.SetParallelism(8)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				n := seq.Add(1)
+				id := "PAY-" + strconv.FormatUint(n, 10)
+				out, err := ib.ProcessPgx(ctx, pool, inbox.Event{Consumer: "credits", CorrelationID: id},
+					func(ctx context.Context, tx pgx.Tx) error { return business(ctx, tx, id, n) })
+				if err != nil || out != inbox.Processed {
+					b.Fatal(out, err)
+				}
+			}
+		})
+		with = float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	})
+	if without > 0 && with > 0 {
+		fmt.Printf("InboxOverhead: without inbox %.0f µs/msg, with inbox %.0f µs/msg, ratio %.2f (target ≤ 1.3)\n", without/1e3, with/1e3, with/without)
+	}
+}
