@@ -163,7 +163,9 @@ func runNATS(ctx context.Context, logger *log.Logger, url string, ackWait time.D
 	}
 	h, err := natsidem.InboxHandler(natsidem.Config{Scope: consumer, Key: broker.JSONKey("correlation_id"), Policy: policy,
 		ProgressInterval: max(ackWait/3, time.Second), Context: context.WithoutCancel(ctx)},
-		func(ctx context.Context, msg jetstream.Msg, id string) (inbox.Outcome, error) { return book(ctx, id, msg.Data()) })
+		func(ctx context.Context, msg jetstream.Msg, id string) (inbox.Outcome, error) {
+			return book(ctx, id, msg.Data())
+		})
 	if err != nil {
 		return err
 	}
@@ -195,7 +197,9 @@ func runAMQP(ctx context.Context, logger *log.Logger, url, consumer string, poli
 		return err
 	}
 	h, err := amqpidem.InboxHandler(amqpidem.Config{Scope: consumer, Key: broker.JSONKey("correlation_id"), Policy: policy, Context: context.WithoutCancel(ctx)},
-		func(ctx context.Context, d *amqp.Delivery, id string) (inbox.Outcome, error) { return book(ctx, id, d.Body) })
+		func(ctx context.Context, d *amqp.Delivery, id string) (inbox.Outcome, error) {
+			return book(ctx, id, d.Body)
+		})
 	if err != nil {
 		return err
 	}
