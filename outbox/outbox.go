@@ -1,0 +1,477 @@
+// Package outbox is the sender side of idem: a transactional outbox. The
+// application records the intent to send — with its idempotency key — in the
+// same transaction as its business data (EnqueueTx); a relay sends it later,
+// with the same key on every attempt, written into the protocol's own dedup
+// field, and records the outcome. One business intent = one key, generated and
+// persisted before the first send.
+//
+// The table, documented in Schema, can be written by any language:
+//
+//	INSERT INTO idem_outbox (key, destination, payload) VALUES ('ORD-20260514-0001', 'https://partner/orders', '…');
+//
+// Rows move pending → sent → acked (or pending → dead after MaxTries), with
+// tries, last_error and next_attempt_at (exponential backoff, full jitter).
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Status of an outbox row.
+type Status string
+
+// The statuses.
+const (
+	Pending Status = "pending"
+	Sent    Status = "sent"
+	Acked   Status = "acked"
+	Dead    Status = "dead"
+)
+
+// ParseStatus checks s.
+func ParseStatus(s string) (Status, error) {
+	switch st := Status(s); st {
+	case Pending, Sent, Acked, Dead:
+		return st, nil
+	}
+	return "", fmt.Errorf("idem/outbox: unknown status %q (want pending, sent, acked or dead)", s)
+}
+
+// Errors.
+var (
+	// ErrKeyReused: the key is in the outbox with another destination or
+	// payload.
+	ErrKeyReused = errors.New("idem/outbox: key already used for another message")
+	// ErrNotFound: no row has the key.
+	ErrNotFound = errors.New("idem/outbox: no message with that key")
+)
+
+// Message is one intent to send.
+type Message struct {
+	// Key is the idempotency key, sent on every attempt. Required.
+	Key string
+	// Destination names where to send it; its scheme chooses the sender
+	// (http://, https://, nats://, amqp://, …). Required.
+	Destination string
+	// Payload is sent as is.
+	Payload []byte
+	// Headers are sent with the payload where the protocol has headers.
+	Headers map[string]string
+}
+
+// Row is a message with its delivery state.
+type Row struct {
+	Message
+	ID            int64
+	Status        Status
+	Tries         int
+	LastError     string
+	NextAttemptAt time.Time
+	CreatedAt     time.Time
+	SentAt        time.Time
+	AckedAt       time.Time
+}
+
+// Limits on a message.
+const (
+	MaxKeyBytes         = 255
+	MaxDestinationBytes = 2048
+	MaxPayloadBytes     = 16 << 20
+)
+
+func (m *Message) validate() error {
+	switch {
+	case m.Key == "" || len(m.Key) > MaxKeyBytes:
+		return fmt.Errorf("idem/outbox: the key must be 1 to %d bytes", MaxKeyBytes)
+	case m.Destination == "" || len(m.Destination) > MaxDestinationBytes:
+		return fmt.Errorf("idem/outbox: the destination must be 1 to %d bytes", MaxDestinationBytes)
+	case !strings.Contains(m.Destination, ":"):
+		return fmt.Errorf("idem/outbox: destination %q has no scheme", m.Destination)
+	case len(m.Payload) > MaxPayloadBytes:
+		return fmt.Errorf("idem/outbox: the payload is %d bytes, the limit is %d", len(m.Payload), MaxPayloadBytes)
+	}
+	for i := 0; i < len(m.Key); i++ {
+		if m.Key[i] < 0x20 || m.Key[i] > 0x7e {
+			return fmt.Errorf("idem/outbox: the key must be printable ASCII (it travels in protocol headers)")
+		}
+	}
+	return nil
+}
+
+// Dialect selects the SQL of a database.
+type Dialect uint8
+
+// The supported databases.
+const (
+	Postgres Dialect = 1
+	SQLite   Dialect = 2
+)
+
+var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Store is an outbox table in one database.
+type Store struct {
+	d      Dialect
+	db     conn
+	schema string // "" or "name."
+	q      queries
+	notify func(ctx context.Context, wait time.Duration) bool // PostgreSQL LISTEN, if set
+	close  func()
+}
+
+func (s *Store) t(name string) string { return s.schema + name }
+
+func (s *Store) now() string {
+	if s.d == SQLite {
+		return "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+	}
+	return "now()"
+}
+
+// plusMs is now + the millisecond parameter p.
+func (s *Store) plusMs(p string) string {
+	if s.d == SQLite {
+		return "(" + s.now() + " + " + p + ")"
+	}
+	return "(now() + " + p + "::float8 * interval '1 millisecond')"
+}
+
+// Schema returns the DDL (idempotent) of the outbox and its counters.
+func (s *Store) Schema() string {
+	id, ts, bin := "bigserial PRIMARY KEY", "timestamptz", "bytea"
+	if s.d == SQLite {
+		id, ts, bin = "INTEGER PRIMARY KEY", "INTEGER", "BLOB"
+	}
+	now := s.now()
+	ddl := `CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox") + ` (
+	id              ` + id + `,
+	key             text NOT NULL UNIQUE,   -- the idempotency key, sent on every attempt
+	destination     text NOT NULL,          -- scheme://… chooses the sender
+	payload         ` + bin + ` NOT NULL,
+	headers         text NOT NULL DEFAULT '{}',  -- a JSON object of strings
+	status          text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'sent', 'acked', 'dead')),
+	tries           integer NOT NULL DEFAULT 0,
+	last_error      text NOT NULL DEFAULT '',
+	next_attempt_at ` + ts + ` NOT NULL DEFAULT (` + now + `),
+	created_at      ` + ts + ` NOT NULL DEFAULT (` + now + `),
+	sent_at         ` + ts + `,
+	acked_at        ` + ts + `,
+	claimed_by      text,                   -- the relay batch holding the row
+	claimed_until   ` + ts + `                -- its lease; a dead relay's claim expires
+);
+CREATE INDEX IF NOT EXISTS ` + s.t("idem_outbox_due") + ` ON ` + s.t("idem_outbox") + ` (next_attempt_at) WHERE status = 'pending';
+CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
+	name  text PRIMARY KEY,
+	value bigint NOT NULL
+);`
+	if s.d == Postgres {
+		ddl = strings.Replace(ddl, `CREATE INDEX IF NOT EXISTS `+s.t("idem_outbox_due"), `CREATE INDEX IF NOT EXISTS idem_outbox_due`, 1)
+		ddl += `
+CREATE OR REPLACE FUNCTION ` + s.t("idem_outbox_notify") + `() RETURNS trigger LANGUAGE plpgsql AS
+$$ BEGIN PERFORM pg_notify('idem_outbox', ''); RETURN NULL; END $$;
+DROP TRIGGER IF EXISTS idem_outbox_notify ON ` + s.t("idem_outbox") + `;
+CREATE TRIGGER idem_outbox_notify AFTER INSERT OR UPDATE OF status ON ` + s.t("idem_outbox") + `
+	FOR EACH STATEMENT EXECUTE FUNCTION ` + s.t("idem_outbox_notify") + `();`
+	}
+	return ddl
+}
+
+type queries struct {
+	insert, existing, counter, claim, sent, failed, ack, retry, list, get string
+}
+
+func newStore(d Dialect, db conn, schema string) (*Store, error) {
+	if schema != "" && !ident.MatchString(schema) {
+		return nil, fmt.Errorf("idem/outbox: schema %q is not a plain name", schema)
+	}
+	s := &Store{d: d, db: db}
+	if schema != "" {
+		s.schema = schema + "."
+	}
+	tbl := s.t("idem_outbox")
+	cols := `id, key, destination, payload, headers, status, tries, last_error, next_attempt_at, created_at, sent_at, acked_at`
+	s.q = queries{
+		insert:   `INSERT INTO ` + tbl + ` (key, destination, payload, headers) VALUES ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING`,
+		existing: `SELECT destination, payload FROM ` + tbl + ` WHERE key = $1`,
+		counter: `INSERT INTO ` + s.t("idem_outbox_counters") + ` AS c (name, value) VALUES ($1, 1)
+ON CONFLICT (name) DO UPDATE SET value = c.value + 1 RETURNING value`,
+		// $1 claim token, $2 lease ms, $3 batch size
+		claim: `UPDATE ` + tbl + ` SET claimed_by = $1, claimed_until = ` + s.plusMs("$2") + `
+WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status = 'pending' AND next_attempt_at <= ` + s.now() + `
+	AND (claimed_until IS NULL OR claimed_until < ` + s.now() + `) ORDER BY next_attempt_at, id LIMIT $3` + skipLocked(d) + `)
+RETURNING id, key, destination, payload, headers, tries`,
+		// $1 claim token, $2 status, then ids
+		sent: `UPDATE ` + tbl + ` SET status = $2, tries = tries + 1, last_error = '', sent_at = ` + s.now() + `,
+	acked_at = CASE WHEN $2 = 'acked' THEN ` + s.now() + ` ELSE acked_at END, claimed_by = NULL, claimed_until = NULL
+WHERE claimed_by = $1 AND `,
+		// $1 claim token, $2 id, $3 error, $4 backoff ms, $5 dead (0/1 as status text)
+		failed: `UPDATE ` + tbl + ` SET status = $5, tries = tries + 1, last_error = $3,
+	next_attempt_at = ` + s.plusMs("$4") + `, claimed_by = NULL, claimed_until = NULL
+WHERE claimed_by = $1 AND id = $2`,
+		ack:   `UPDATE ` + tbl + ` SET status = 'acked', acked_at = ` + s.now() + ` WHERE key = $1 AND status IN ('pending', 'sent', 'acked')`,
+		retry: `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,
+		list:  `SELECT ` + cols + ` FROM ` + tbl + ` WHERE id > $1 AND ($2 = '' OR status = $2) ORDER BY id LIMIT $3`,
+		get:   `SELECT ` + cols + ` FROM ` + tbl + ` WHERE key = $1`,
+	}
+	return s, nil
+}
+
+func skipLocked(d Dialect) string {
+	if d == Postgres {
+		return " FOR UPDATE SKIP LOCKED"
+	}
+	return ""
+}
+
+// Migrate creates the tables (idempotent).
+func (s *Store) Migrate(ctx context.Context) error {
+	if _, err := s.db.Exec(ctx, s.Schema()); err != nil {
+		return fmt.Errorf("idem/outbox: migrate: %w", err)
+	}
+	return nil
+}
+
+// EnqueueTx records m in tx, the caller's transaction: it is sent only if
+// tx commits. Enqueueing an existing key again with the same destination
+// and payload is a no-op; with another, ErrKeyReused.
+func (s *Store) EnqueueTx(ctx context.Context, tx Tx, m Message) error {
+	if err := m.validate(); err != nil {
+		return err
+	}
+	headers := "{}"
+	if len(m.Headers) > 0 {
+		b, err := json.Marshal(m.Headers)
+		if err != nil {
+			return err
+		}
+		headers = string(b)
+	}
+	payload := m.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	n, err := tx.Exec(ctx, s.q.insert, m.Key, m.Destination, payload, headers)
+	if err != nil {
+		return fmt.Errorf("idem/outbox: enqueue %s: %w", m.Key, err)
+	}
+	if n == 1 {
+		return nil
+	}
+	var dest string
+	var existing []byte
+	if err := tx.QueryRow(ctx, s.q.existing, m.Key).Scan(&dest, &existing); err != nil {
+		return fmt.Errorf("idem/outbox: enqueue %s: %w", m.Key, err)
+	}
+	if dest != m.Destination || !bytes.Equal(existing, payload) {
+		return fmt.Errorf("%w: %s", ErrKeyReused, m.Key)
+	}
+	return nil
+}
+
+// Enqueue is EnqueueTx outside a transaction.
+func (s *Store) Enqueue(ctx context.Context, m Message) error { return s.EnqueueTx(ctx, s.db, m) }
+
+// NextKeyTx returns the next key of typ for today (UTC):
+// <typ>-<yyyymmdd>-<counter>, the counter taken from a persisted table in
+// tx, so it is allocated once, before the first send, and never reused —
+// even across restarts and several writers.
+func (s *Store) NextKeyTx(ctx context.Context, tx Tx, typ string, now time.Time) (string, error) {
+	if typ == "" || strings.ContainsAny(typ, " \t\r\n") || len(typ) > 64 {
+		return "", errors.New("idem/outbox: the key type must be 1 to 64 bytes without spaces")
+	}
+	day := now.UTC().Format("20060102")
+	var n int64
+	if err := tx.QueryRow(ctx, s.q.counter, typ+"-"+day).Scan(&n); err != nil {
+		return "", fmt.Errorf("idem/outbox: next key: %w", err)
+	}
+	return fmt.Sprintf("%s-%s-%04d", typ, day, n), nil
+}
+
+// NewUUIDKey returns a UUIDv7 key (time-ordered, so the outbox index stays
+// append-mostly).
+func NewUUIDKey() (string, error) {
+	u, err := uuid.NewV7()
+	if err != nil {
+		return "", err
+	}
+	return u.String(), nil
+}
+
+// claimed is a row handed to a relay.
+type claimed struct {
+	ID    int64
+	Tries int
+	Message
+}
+
+// claim leases up to n due rows to token.
+func (s *Store) claim(ctx context.Context, token string, lease time.Duration, n int) ([]claimed, error) {
+	rs, err := s.db.Query(ctx, s.q.claim, token, lease.Milliseconds(), n)
+	if err != nil {
+		return nil, fmt.Errorf("idem/outbox: claim: %w", err)
+	}
+	defer rs.Close()
+	var out []claimed
+	for rs.Next() {
+		var c claimed
+		var headers string
+		if err := rs.Scan(&c.ID, &c.Key, &c.Destination, &c.Payload, &headers, &c.Tries); err != nil {
+			return nil, fmt.Errorf("idem/outbox: claim: %w", err)
+		}
+		if headers != "" && headers != "{}" {
+			_ = json.Unmarshal([]byte(headers), &c.Headers) // a bad JSON from another writer: sent without headers
+		}
+		out = append(out, c)
+	}
+	return out, rs.Err()
+}
+
+// markSent records the success of ids claimed by token.
+func (s *Store) markSent(ctx context.Context, token string, st Status, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	var q string
+	args := []any{token, string(st)}
+	if s.d == Postgres {
+		q = s.q.sent + `id = ANY($3)`
+		args = append(args, ids)
+	} else {
+		var b strings.Builder
+		b.WriteString(s.q.sent + "id IN (")
+		for i, id := range ids {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.FormatInt(id, 10))
+		}
+		b.WriteByte(')')
+		q = b.String()
+	}
+	if _, err := s.db.Exec(ctx, q, args...); err != nil {
+		return fmt.Errorf("idem/outbox: mark sent: %w", err)
+	}
+	return nil
+}
+
+// markFailed records a failed attempt: back to pending after backoff, or
+// dead.
+func (s *Store) markFailed(ctx context.Context, token string, id int64, cause string, backoff time.Duration, dead bool) error {
+	st := Pending
+	if dead {
+		st = Dead
+	}
+	if len(cause) > 2000 {
+		cause = cause[:2000]
+	}
+	if _, err := s.db.Exec(ctx, s.q.failed, token, id, cause, backoff.Milliseconds(), string(st)); err != nil {
+		return fmt.Errorf("idem/outbox: mark failed: %w", err)
+	}
+	return nil
+}
+
+// Ack marks the message acked: its receipt arrived (an AS2 MDN, a business
+// acknowledgement). Acking a pending message stops further sends. Acking
+// an acked message is a no-op; a dead or unknown one is ErrNotFound.
+func (s *Store) Ack(ctx context.Context, key string) error {
+	n, err := s.db.Exec(ctx, s.q.ack, key)
+	if err != nil {
+		return fmt.Errorf("idem/outbox: ack %s: %w", key, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w (or it is dead): %s", ErrNotFound, key)
+	}
+	return nil
+}
+
+// Retry moves a dead message back to pending, due now. It keeps its tries.
+func (s *Store) Retry(ctx context.Context, key string) error {
+	n, err := s.db.Exec(ctx, s.q.retry, key)
+	if err != nil {
+		return fmt.Errorf("idem/outbox: retry %s: %w", key, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w among the dead messages: %s", ErrNotFound, key)
+	}
+	return nil
+}
+
+// Get returns the row of key.
+func (s *Store) Get(ctx context.Context, key string) (Row, error) {
+	rs, err := s.db.Query(ctx, s.q.get, key)
+	if err != nil {
+		return Row{}, fmt.Errorf("idem/outbox: get: %w", err)
+	}
+	out, err := collect(rs)
+	if err != nil {
+		return Row{}, err
+	}
+	if len(out) == 0 {
+		return Row{}, fmt.Errorf("%w: %s", ErrNotFound, key)
+	}
+	return out[0], nil
+}
+
+// List returns up to limit rows after id afterID, optionally of one status,
+// in id order.
+func (s *Store) List(ctx context.Context, status Status, afterID int64, limit int) ([]Row, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	rs, err := s.db.Query(ctx, s.q.list, afterID, string(status), limit)
+	if err != nil {
+		return nil, fmt.Errorf("idem/outbox: list: %w", err)
+	}
+	return collect(rs)
+}
+
+func collect(rs rows) ([]Row, error) {
+	defer rs.Close()
+	var out []Row
+	for rs.Next() {
+		var r Row
+		var headers, status string
+		if err := rs.Scan(&r.ID, &r.Key, &r.Destination, &r.Payload, &headers, &status, &r.Tries, &r.LastError,
+			timeValue{&r.NextAttemptAt}, timeValue{&r.CreatedAt}, timeValue{&r.SentAt}, timeValue{&r.AckedAt}); err != nil {
+			return nil, fmt.Errorf("idem/outbox: read rows: %w", err)
+		}
+		r.Status = Status(status)
+		if headers != "" && headers != "{}" {
+			_ = json.Unmarshal([]byte(headers), &r.Headers)
+		}
+		out = append(out, r)
+	}
+	return out, rs.Err()
+}
+
+// Stats are the figures an operator watches.
+type Stats struct {
+	Pending int64
+	Dead    int64
+	// OldestPending is the creation time of the oldest pending row (zero
+	// when none): now minus it is the outbox lag.
+	OldestPending time.Time
+}
+
+// Stats counts pending and dead rows and finds the oldest pending one.
+func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	err := s.db.QueryRow(ctx, `SELECT
+	(SELECT count(*) FROM `+s.t("idem_outbox")+` WHERE status = 'pending'),
+	(SELECT count(*) FROM `+s.t("idem_outbox")+` WHERE status = 'dead'),
+	(SELECT min(created_at) FROM `+s.t("idem_outbox")+` WHERE status = 'pending')`).Scan(&st.Pending, &st.Dead, timeValue{&st.OldestPending})
+	if err != nil {
+		return Stats{}, fmt.Errorf("idem/outbox: stats: %w", err)
+	}
+	return st, nil
+}

@@ -1,0 +1,411 @@
+// Package outboxtest is the conformance suite of the outbox storage: every
+// database the outbox supports runs it.
+package outboxtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem/outbox"
+)
+
+// Backend is one database under test.
+type Backend struct {
+	Store *outbox.Store
+	// Begin starts a transaction; end commits (true) or rolls back.
+	Begin func(ctx context.Context) (tx outbox.Tx, end func(commit bool) error, err error)
+	// Reopen returns a second Store on the same tables (another process).
+	Reopen func() *outbox.Store
+}
+
+// Run runs every case, each on a fresh backend from open.
+func Run(t *testing.T, open func(t testing.TB) Backend) {
+	cases := []struct {
+		name string
+		fn   func(t *testing.T, b Backend)
+	}{
+		{"EnqueueIsIdempotent", testEnqueue},
+		{"EnqueueTxJoinsTheTransaction", testEnqueueTx},
+		{"BadMessagesRefused", testBad},
+		{"KeysFromAPersistedCounter", testKeys},
+		{"RelaySendsWithTheKey", testRelaySends},
+		{"FailuresBackOffThenDie", testFailures},
+		{"RetryAndAck", testRetryAck},
+		{"TwoRelaysNeverSendAClaimedRowTwice", testTwoRelays},
+		{"ExpiredClaimIsRetried", testExpiredClaim},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.fn(t, open(t))
+		})
+	}
+}
+
+func msg(key string) outbox.Message {
+	return outbox.Message{Key: key, Destination: "test://sink", Payload: []byte("payload of " + key), Headers: map[string]string{"X-Trace": key}}
+}
+
+func testEnqueue(t *testing.T, b Backend) {
+	ctx := context.Background()
+	if err := b.Store.Enqueue(ctx, msg("k1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Store.Enqueue(ctx, msg("k1")); err != nil {
+		t.Fatalf("same key, same payload: %v", err)
+	}
+	other := msg("k1")
+	other.Payload = []byte("another payload")
+	if err := b.Store.Enqueue(ctx, other); !errors.Is(err, outbox.ErrKeyReused) {
+		t.Fatalf("same key, other payload: %v, want ErrKeyReused", err)
+	}
+	r, err := b.Store.Get(ctx, "k1")
+	if err != nil || r.Status != outbox.Pending || string(r.Payload) != "payload of k1" || r.Headers["X-Trace"] != "k1" || r.CreatedAt.IsZero() {
+		t.Fatalf("row %+v, %v", r, err)
+	}
+}
+
+func testEnqueueTx(t *testing.T, b Backend) {
+	ctx := context.Background()
+	tx, end, err := b.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Store.EnqueueTx(ctx, tx, msg("rolled-back")); err != nil {
+		t.Fatal(err)
+	}
+	if err := end(false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Store.Get(ctx, "rolled-back"); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("a rolled-back enqueue is in the outbox: %v", err)
+	}
+	tx, end, _ = b.Begin(ctx)
+	key, err := b.Store.NextKeyTx(ctx, tx, "ORD", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Store.EnqueueTx(ctx, tx, msg(key)); err != nil {
+		t.Fatal(err)
+	}
+	if err := end(true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Store.Get(ctx, key); err != nil {
+		t.Fatalf("committed enqueue: %v", err)
+	}
+}
+
+func testBad(t *testing.T, b Backend) {
+	ctx := context.Background()
+	for name, m := range map[string]outbox.Message{
+		"empty key":      {Destination: "test://x"},
+		"long key":       {Key: strings.Repeat("k", 300), Destination: "test://x"},
+		"key with CRLF":  {Key: "a\r\nInjected: 1", Destination: "test://x"},
+		"no destination": {Key: "k"},
+		"no scheme":      {Key: "k", Destination: "sink"},
+		"20MB payload":   {Key: "k", Destination: "test://x", Payload: make([]byte, 20<<20)},
+	} {
+		if err := b.Store.Enqueue(ctx, m); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if rows, _ := b.Store.List(ctx, "", 0, 10); len(rows) != 0 {
+		t.Fatalf("refused messages stored: %d rows", len(rows))
+	}
+}
+
+func testKeys(t *testing.T, b Backend) {
+	ctx := context.Background()
+	day := time.Date(2026, 5, 14, 23, 59, 0, 0, time.UTC)
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tx, end, err := b.Begin(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			k, err := b.Store.NextKeyTx(ctx, tx, "ORD", day)
+			if err != nil {
+				end(false)
+				t.Error(err)
+				return
+			}
+			if err := end(true); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			seen[k] = true
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	for i := 1; i <= 20; i++ {
+		if k := fmt.Sprintf("ORD-20260514-%04d", i); !seen[k] {
+			t.Fatalf("missing key %s in %v", k, seen)
+		}
+	}
+	// Persisted: another store (process) continues the sequence.
+	other := b.Reopen()
+	k, err := other.NextKeyTx(ctx, other.DB(), "ORD", day)
+	if err != nil || k != "ORD-20260514-0021" {
+		t.Fatalf("after a restart: %q %v", k, err)
+	}
+	if k, _ := other.NextKeyTx(ctx, other.DB(), "ORD", day.Add(time.Minute)); k != "ORD-20260515-0001" {
+		t.Fatalf("next day: %q", k)
+	}
+	u1, _ := outbox.NewUUIDKey()
+	u2, _ := outbox.NewUUIDKey()
+	if len(u1) != 36 || u1 == u2 || u1[14] != '7' {
+		t.Fatalf("UUIDv7 keys %q %q", u1, u2)
+	}
+}
+
+// sink records what it was sent.
+type sink struct {
+	mu      sync.Mutex
+	got     map[string][][]byte
+	fail    func(m *outbox.Message, attempt int) outbox.Result
+	delay   time.Duration
+	inner   atomic.Int32
+	overlap atomic.Int32
+}
+
+func newSink() *sink { return &sink{got: map[string][][]byte{}} }
+
+func (s *sink) Send(ctx context.Context, m *outbox.Message) outbox.Result {
+	s.mu.Lock()
+	s.got[m.Key] = append(s.got[m.Key], append([]byte(nil), m.Payload...))
+	n := len(s.got[m.Key])
+	s.mu.Unlock()
+	if s.delay > 0 {
+		time.Sleep(s.delay)
+	}
+	if s.fail != nil {
+		return s.fail(m, n)
+	}
+	return outbox.Result{Status: outbox.Sent}
+}
+
+func (s *sink) count(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.got[key])
+}
+
+func relay(t *testing.T, b Backend, s outbox.Sender, cfg outbox.RelayConfig) *outbox.Relay {
+	cfg.Store, cfg.Sender = b.Store, s
+	r, err := outbox.NewRelay(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func testRelaySends(t *testing.T, b Backend) {
+	ctx := context.Background()
+	for i := range 5 {
+		if err := b.Store.Enqueue(ctx, msg(fmt.Sprint("m", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := newSink()
+	r := relay(t, b, outbox.Router{"test": s}, outbox.RelayConfig{Batch: 3})
+	total := 0
+	for {
+		n, err := r.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		total += n
+	}
+	if total != 5 {
+		t.Fatalf("relayed %d, want 5", total)
+	}
+	for i := range 5 {
+		k := fmt.Sprint("m", i)
+		row, _ := b.Store.Get(ctx, k)
+		if s.count(k) != 1 || row.Status != outbox.Sent || row.Tries != 1 || row.SentAt.IsZero() {
+			t.Fatalf("%s: sent %d times, row %+v", k, s.count(k), row)
+		}
+	}
+	// An unknown scheme is dead at once.
+	if err := b.Store.Enqueue(ctx, outbox.Message{Key: "x", Destination: "carrier-pigeon://roof"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if row, _ := b.Store.Get(ctx, "x"); row.Status != outbox.Dead || !strings.Contains(row.LastError, "no sender") {
+		t.Fatalf("unknown scheme: %+v", row)
+	}
+}
+
+func testFailures(t *testing.T, b Backend) {
+	ctx := context.Background()
+	if err := b.Store.Enqueue(ctx, msg("flaky")); err != nil {
+		t.Fatal(err)
+	}
+	s := newSink()
+	s.fail = func(m *outbox.Message, attempt int) outbox.Result {
+		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("503 on attempt %d", attempt)}
+	}
+	r := relay(t, b, s, outbox.RelayConfig{MaxTries: 3, BackoffMin: 10 * time.Millisecond, BackoffMax: 40 * time.Millisecond})
+	for attempt := 1; attempt <= 3; attempt++ {
+		deadline := time.Now().Add(5 * time.Second)
+		for s.count("flaky") < attempt {
+			if _, err := r.RunOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("attempt %d never came", attempt)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		row, _ := b.Store.Get(ctx, "flaky")
+		if row.Tries != attempt || !strings.Contains(row.LastError, fmt.Sprint("attempt ", attempt)) {
+			t.Fatalf("after attempt %d: %+v", attempt, row)
+		}
+		if attempt < 3 && (row.Status != outbox.Pending || row.NextAttemptAt.After(time.Now().Add(time.Second))) {
+			t.Fatalf("after attempt %d: %+v (want pending, retry within the backoff bound)", attempt, row)
+		}
+	}
+	row, _ := b.Store.Get(ctx, "flaky")
+	if row.Status != outbox.Dead {
+		t.Fatalf("after MaxTries: %s", row.Status)
+	}
+	s.mu.Lock()
+	for _, p := range s.got["flaky"] {
+		if string(p) != "payload of flaky" {
+			t.Fatalf("an attempt carried other bytes: %q", p)
+		}
+	}
+	s.mu.Unlock()
+	// A Dead answer stops at once.
+	if err := b.Store.Enqueue(ctx, msg("rejected")); err != nil {
+		t.Fatal(err)
+	}
+	s.fail = func(*outbox.Message, int) outbox.Result {
+		return outbox.Result{Status: outbox.Dead, Err: errors.New("400: unknown product")}
+	}
+	r.RunOnce(ctx)
+	if row, _ := b.Store.Get(ctx, "rejected"); row.Status != outbox.Dead || row.Tries != 1 || row.LastError != "400: unknown product" {
+		t.Fatalf("rejected: %+v", row)
+	}
+	if st, err := b.Store.Stats(ctx); err != nil || st.Dead != 2 {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+}
+
+func testRetryAck(t *testing.T, b Backend) {
+	ctx := context.Background()
+	b.Store.Enqueue(ctx, msg("d"))
+	s := newSink()
+	s.fail = func(*outbox.Message, int) outbox.Result {
+		return outbox.Result{Status: outbox.Dead, Err: errors.New("no")}
+	}
+	r := relay(t, b, s, outbox.RelayConfig{})
+	r.RunOnce(ctx)
+	if err := b.Store.Retry(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Store.Retry(ctx, "d"); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("retry of a pending message: %v", err)
+	}
+	s.fail = nil
+	r.RunOnce(ctx)
+	row, _ := b.Store.Get(ctx, "d")
+	if row.Status != outbox.Sent || row.Tries != 2 {
+		t.Fatalf("after retry: %+v", row)
+	}
+	if err := b.Store.Ack(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if row, _ := b.Store.Get(ctx, "d"); row.Status != outbox.Acked || row.AckedAt.IsZero() {
+		t.Fatalf("after ack: %+v", row)
+	}
+	if err := b.Store.Ack(ctx, "absent"); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("ack of an unknown key: %v", err)
+	}
+	if st, _ := b.Store.Stats(ctx); st.Pending != 0 || !st.OldestPending.IsZero() {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func testTwoRelays(t *testing.T, b Backend) {
+	ctx := context.Background()
+	const n = 200
+	for i := range n {
+		if err := b.Store.Enqueue(ctx, msg(fmt.Sprint("r", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := newSink()
+	s.delay = time.Millisecond
+	var wg sync.WaitGroup
+	for range 2 {
+		r := relay(t, b, s, outbox.RelayConfig{Batch: 10, Concurrency: 4})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				k, err := r.RunOnce(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if k == 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if c := s.count(fmt.Sprint("r", i)); c != 1 {
+			t.Fatalf("r%d sent %d times by two relays", i, c)
+		}
+	}
+}
+
+func testExpiredClaim(t *testing.T, b Backend) {
+	ctx := context.Background()
+	b.Store.Enqueue(ctx, msg("orphan"))
+	// A relay claims and dies: its sender never returns in time.
+	stuck := newSink()
+	stuck.delay = 700 * time.Millisecond
+	dying := relay(t, b, stuck, outbox.RelayConfig{Lease: 300 * time.Millisecond, SendTimeout: 200 * time.Millisecond})
+	go dying.RunOnce(ctx)
+	time.Sleep(100 * time.Millisecond)
+	s := newSink()
+	r := relay(t, b, s, outbox.RelayConfig{})
+	if n, _ := r.RunOnce(ctx); n != 0 {
+		t.Fatal("a claimed row was claimed again before its lease expired")
+	}
+	time.Sleep(400 * time.Millisecond)
+	if n, err := r.RunOnce(ctx); n != 1 || err != nil {
+		t.Fatalf("after the lease: claimed %d, %v", n, err)
+	}
+	if s.count("orphan") != 1 {
+		t.Fatal("the orphan was not sent")
+	}
+	time.Sleep(500 * time.Millisecond) // the dying relay's late result must not overwrite
+	if row, _ := b.Store.Get(ctx, "orphan"); row.Status != outbox.Sent || row.Tries != 1 {
+		t.Fatalf("row %+v", row)
+	}
+}

@@ -1,0 +1,245 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Result is a sender's verdict on one attempt.
+type Result struct {
+	// Status is Sent or Acked on success (Acked when the destination's
+	// answer is itself the receipt), Pending to retry later, Dead to stop.
+	Status Status
+	// Err explains Pending and Dead (recorded as last_error); on success it
+	// may say why, e.g. that the receiver answered "duplicate".
+	Err error
+}
+
+// Sender delivers one message, with m.Key in the protocol's dedup field. A
+// receiver's "duplicate" answer to a retry means the first copy arrived:
+// report success, not failure.
+type Sender interface {
+	Send(ctx context.Context, m *Message) Result
+}
+
+// SenderFunc adapts a function to Sender.
+type SenderFunc func(ctx context.Context, m *Message) Result
+
+// Send calls f.
+func (f SenderFunc) Send(ctx context.Context, m *Message) Result { return f(ctx, m) }
+
+// Router chooses the sender by the destination's scheme ("http", "nats", …).
+type Router map[string]Sender
+
+// Send implements Sender. An unknown scheme is Dead.
+func (r Router) Send(ctx context.Context, m *Message) Result {
+	scheme, _, _ := strings.Cut(m.Destination, ":")
+	s, ok := r[strings.ToLower(scheme)]
+	if !ok {
+		return Result{Status: Dead, Err: fmt.Errorf("no sender for the %q scheme", scheme)}
+	}
+	return s.Send(ctx, m)
+}
+
+// RelayConfig configures a Relay. Store and Sender are required.
+type RelayConfig struct {
+	Store  *Store
+	Sender Sender
+	// Batch is how many due rows one claim takes. Defaults to 100.
+	Batch int
+	// Concurrency is how many sends of a batch run at once. Defaults to 32.
+	Concurrency int
+	// Lease is how long a claim lives; a relay killed mid-batch leaves its
+	// rows to be claimed again after it. Defaults to 1m; keep it above
+	// SendTimeout.
+	Lease time.Duration
+	// SendTimeout bounds one send. Defaults to 30s.
+	SendTimeout time.Duration
+	// PollInterval is the longest wait for new rows when idle (PostgreSQL
+	// wakes the relay at once through LISTEN/NOTIFY). Defaults to 1s.
+	PollInterval time.Duration
+	// BackoffMin and BackoffMax bound the retry delay: full jitter, uniform
+	// in [0, min(max, min·2^tries)]. Default to 1s and 5m.
+	BackoffMin, BackoffMax time.Duration
+	// MaxTries makes a message dead after this many failed attempts.
+	// Defaults to 10.
+	MaxTries int
+	// OnResult, if set, hears every attempt (for logs and metrics).
+	OnResult func(m *Message, tries int, r Result)
+}
+
+// Relay claims due rows, sends them and records the outcomes.
+type Relay struct {
+	cfg RelayConfig
+
+	mu   sync.Mutex
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// NewRelay validates cfg and returns a stopped relay.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	if cfg.Store == nil || cfg.Sender == nil {
+		return nil, errors.New("idem/outbox: RelayConfig.Store and RelayConfig.Sender are required")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 100
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 32
+	}
+	if cfg.MaxTries <= 0 {
+		cfg.MaxTries = 10
+	}
+	def(&cfg.Lease, time.Minute)
+	def(&cfg.SendTimeout, 30*time.Second)
+	def(&cfg.PollInterval, time.Second)
+	def(&cfg.BackoffMin, time.Second)
+	def(&cfg.BackoffMax, 5*time.Minute)
+	if cfg.SendTimeout >= cfg.Lease {
+		return nil, fmt.Errorf("idem/outbox: RelayConfig.SendTimeout %v must be shorter than Lease %v", cfg.SendTimeout, cfg.Lease)
+	}
+	return &Relay{cfg: cfg}, nil
+}
+
+// Backoff returns the delay before the next attempt after tries failures.
+func (r *Relay) Backoff(tries int) time.Duration {
+	d := r.cfg.BackoffMin
+	for i := 1; i < tries && d < r.cfg.BackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, r.cfg.BackoffMax)
+	return time.Duration(mrand.Int64N(int64(d) + 1))
+}
+
+func newToken() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// RunOnce claims one batch, sends it and records every outcome. It returns
+// how many rows it claimed. In-flight sends finish even if ctx ends.
+func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+	token := newToken()
+	batch, err := r.cfg.Store.claim(ctx, token, r.cfg.Lease, r.cfg.Batch)
+	if err != nil || len(batch) == 0 {
+		return 0, err
+	}
+	bg := context.WithoutCancel(ctx)
+	results := make([]Result, len(batch))
+	sem := make(chan struct{}, r.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for i := range batch {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func(i int) {
+			defer func() { <-sem; wg.Done() }()
+			sctx, cancel := context.WithTimeout(bg, r.cfg.SendTimeout)
+			defer cancel()
+			results[i] = r.send(sctx, &batch[i].Message)
+			if r.cfg.OnResult != nil {
+				r.cfg.OnResult(&batch[i].Message, batch[i].Tries+1, results[i])
+			}
+		}(i)
+	}
+	wg.Wait()
+	var sent, acked []int64
+	var errs []error
+	for i, res := range results {
+		switch res.Status {
+		case Sent:
+			sent = append(sent, batch[i].ID)
+		case Acked:
+			acked = append(acked, batch[i].ID)
+		default:
+			tries := batch[i].Tries + 1
+			dead := res.Status == Dead || tries >= r.cfg.MaxTries
+			cause := "unknown failure"
+			if res.Err != nil {
+				cause = res.Err.Error()
+			}
+			if err := r.cfg.Store.markFailed(bg, token, batch[i].ID, cause, r.Backoff(tries), dead); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	errs = append(errs, r.cfg.Store.markSent(bg, token, Sent, sent), r.cfg.Store.markSent(bg, token, Acked, acked))
+	return len(batch), errors.Join(errs...)
+}
+
+// send runs the sender, turning a panic into a retry.
+func (r *Relay) send(ctx context.Context, m *Message) (res Result) {
+	defer func() {
+		if p := recover(); p != nil {
+			res = Result{Status: Pending, Err: fmt.Errorf("sender panicked: %v", p)}
+		}
+	}()
+	res = r.cfg.Sender.Send(ctx, m)
+	if res.Status == "" {
+		res.Status = Pending
+	}
+	return res
+}
+
+// Start runs the relay until Stop or ctx ends: it claims batches while rows
+// are due and waits for new ones (LISTEN/NOTIFY on PostgreSQL, polling
+// elsewhere). Errors are retried after PollInterval; OnError hears them.
+func (r *Relay) Start(ctx context.Context, onError func(error)) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stop != nil {
+		return errors.New("idem/outbox: relay already started")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	r.stop, r.done = cancel, make(chan struct{})
+	go func(done chan struct{}) {
+		defer close(done)
+		for ctx.Err() == nil {
+			n, err := r.RunOnce(ctx)
+			if err != nil && onError != nil && ctx.Err() == nil {
+				onError(err)
+			}
+			if n == r.cfg.Batch && err == nil {
+				continue // more may be due
+			}
+			if r.cfg.Store.notify != nil && err == nil {
+				r.cfg.Store.notify(ctx, r.cfg.PollInterval)
+			} else {
+				sleep(ctx, r.cfg.PollInterval)
+			}
+		}
+	}(r.done)
+	return nil
+}
+
+// Stop ends the relay after the batch in flight is sent and recorded, or
+// when ctx ends.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	stop, done := r.stop, r.done
+	r.stop, r.done = nil, nil
+	r.mu.Unlock()
+	if stop == nil {
+		return nil
+	}
+	stop()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
