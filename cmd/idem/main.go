@@ -40,7 +40,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newDemoCmd(), newServeCmd(), newKeysCmd(), newMigrateCmd(), newBenchCmd())
+	root.AddCommand(newDemoCmd(), newServeCmd(), newKeysCmd(), newOutboxCmd(), newRelayCmd(), newMigrateCmd(), newBenchCmd())
 	return root
 }
 
@@ -74,7 +74,17 @@ func newMigrateCmd() *cobra.Command {
 		if err := m.Migrate(cmd.Context()); err != nil {
 			return err
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "%s: schema up to date\n", *store)
+		if spec, _ := storeurl.Parse(*store); spec.Kind == storeurl.SQLite || spec.Kind == storeurl.Postgres {
+			ob, closeFn, err := openOutbox(cmd.Context(), *store)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			if err := ob.Migrate(cmd.Context()); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "%s: schema up to date (idempotency records and outbox)\n", *store)
 		return nil
 	}
 	return cmd

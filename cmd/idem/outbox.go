@@ -1,0 +1,379 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/outbox/senders"
+	"github.com/idemgo/idem/store/storeurl"
+)
+
+// openOutbox opens the outbox tables of a sqlite: or postgres:// store URL.
+func openOutbox(ctx context.Context, raw string) (*outbox.Store, func(), error) {
+	spec, err := storeurl.Parse(raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch spec.Kind {
+	case storeurl.SQLite:
+		sync := spec.Query.Get("synchronous")
+		if sync == "" {
+			sync = "NORMAL"
+		}
+		db, err := sql.Open("sqlite", "file:"+spec.Path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous("+sync+")&_txlock=immediate")
+		if err != nil {
+			return nil, nil, err
+		}
+		db.SetMaxOpenConns(1)
+		s, err := outbox.NewSQL(db, outbox.SQLite, "")
+		if err != nil {
+			db.Close()
+			return nil, nil, err
+		}
+		return s, func() { db.Close() }, nil
+	case storeurl.Postgres:
+		u, err := url.Parse(raw)
+		if err != nil {
+			return nil, nil, err
+		}
+		q := u.Query()
+		schema := q.Get("idem_schema")
+		q.Del("idem_schema")
+		q.Del("idem_pgbouncer")
+		u.RawQuery = q.Encode()
+		pool, err := pgxpool.New(ctx, u.String())
+		if err != nil {
+			return nil, nil, err
+		}
+		s, err := outbox.NewPgx(pool, schema)
+		if err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		return s, func() { s.Close(); pool.Close() }, nil
+	}
+	return nil, nil, fmt.Errorf("the outbox lives in a database: use sqlite:PATH or postgres://…, not %s", spec.Kind)
+}
+
+func newOutboxCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "outbox", Short: "Write, list and retry outbox messages"}
+	cmd.AddCommand(newOutboxEnqueueCmd(), newOutboxLsCmd(), newOutboxRetryCmd())
+	return cmd
+}
+
+func newOutboxEnqueueCmd() *cobra.Command {
+	var key, to, data, dataFile string
+	var headers []string
+	cmd := &cobra.Command{
+		Use:   "enqueue --key KEY --to DESTINATION (--data STRING | --data-file F)",
+		Short: "Record a message to send; again with the same payload is a no-op",
+		Args:  cobra.NoArgs,
+	}
+	store := storeFlag(cmd)
+	f := cmd.Flags()
+	f.StringVar(&key, "key", "", "the idempotency key (required)")
+	f.StringVar(&to, "to", "", "destination: http(s)://…, nats://HOST/SUBJECT, amqp://…?exchange=E&routing_key=R (required)")
+	f.StringVar(&data, "data", "", "the payload")
+	f.StringVar(&dataFile, "data-file", "", "read the payload from this file")
+	f.StringArrayVar(&headers, "header", nil, "a header NAME=VALUE (repeatable)")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if key == "" || to == "" {
+			return errors.New("--key and --to are required")
+		}
+		if data != "" && dataFile != "" {
+			return errors.New("give --data or --data-file, not both")
+		}
+		payload := []byte(data)
+		if dataFile != "" {
+			b, err := os.ReadFile(dataFile)
+			if err != nil {
+				return err
+			}
+			payload = b
+		}
+		m := outbox.Message{Key: key, Destination: to, Payload: payload}
+		for _, h := range headers {
+			k, v, ok := strings.Cut(h, "=")
+			if !ok || k == "" {
+				return fmt.Errorf("--header %q: want NAME=VALUE", h)
+			}
+			if m.Headers == nil {
+				m.Headers = map[string]string{}
+			}
+			m.Headers[k] = v
+		}
+		s, closeFn, err := openOutbox(cmd.Context(), *store)
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		if err := s.Migrate(cmd.Context()); err != nil {
+			return err
+		}
+		if err := s.Enqueue(cmd.Context(), m); err != nil {
+			if errors.Is(err, outbox.ErrKeyReused) {
+				return fmt.Errorf("key %s is already in the outbox with another destination or payload: use a new key for a new message", key)
+			}
+			return err
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "enqueued %s → %s (%d bytes)\n", key, to, len(payload))
+		return nil
+	}
+	return cmd
+}
+
+type outboxJSON struct {
+	Key           string     `json:"key"`
+	Status        string     `json:"status"`
+	Tries         int        `json:"tries"`
+	Destination   string     `json:"destination"`
+	LastError     string     `json:"last_error"`
+	NextAttemptAt time.Time  `json:"next_attempt_at"`
+	CreatedAt     time.Time  `json:"created_at"`
+	SentAt        *time.Time `json:"sent_at,omitempty"`
+	AckedAt       *time.Time `json:"acked_at,omitempty"`
+	Bytes         int        `json:"bytes"`
+}
+
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func newOutboxLsCmd() *cobra.Command {
+	var status string
+	var asJSON bool
+	cmd := &cobra.Command{Use: "ls", Short: "List outbox messages", Args: cobra.NoArgs}
+	store := storeFlag(cmd)
+	cmd.Flags().StringVar(&status, "status", "", "only this status: pending, sent, acked or dead")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		var st outbox.Status
+		if status != "" {
+			var err error
+			if st, err = outbox.ParseStatus(status); err != nil {
+				return err
+			}
+		}
+		s, closeFn, err := openOutbox(cmd.Context(), *store)
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		if err := s.Migrate(cmd.Context()); err != nil {
+			return err
+		}
+		out := cmd.OutOrStdout()
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		if !asJSON {
+			fmt.Fprintln(tw, "KEY\tSTATUS\tTRIES\tDESTINATION\tNEXT ATTEMPT\tLAST ERROR")
+		}
+		enc := json.NewEncoder(out)
+		var after int64
+		for {
+			rows, err := s.List(cmd.Context(), st, after, 500)
+			if err != nil {
+				return err
+			}
+			if len(rows) == 0 {
+				break
+			}
+			after = rows[len(rows)-1].ID
+			for _, r := range rows {
+				if asJSON {
+					if err := enc.Encode(outboxJSON{Key: r.Key, Status: string(r.Status), Tries: r.Tries, Destination: r.Destination,
+						LastError: r.LastError, NextAttemptAt: r.NextAttemptAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
+						SentAt: optTime(r.SentAt), AckedAt: optTime(r.AckedAt), Bytes: len(r.Payload)}); err != nil {
+						return err
+					}
+					continue
+				}
+				next := "-"
+				if r.Status == outbox.Pending {
+					next = r.NextAttemptAt.UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Key, r.Status, r.Tries, r.Destination, next, preview([]byte(r.LastError)))
+			}
+		}
+		if !asJSON {
+			return tw.Flush()
+		}
+		return nil
+	}
+	return cmd
+}
+
+func newOutboxRetryCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "retry KEY...", Short: "Move dead messages back to pending, due now", Args: cobra.MinimumNArgs(1)}
+	store := storeFlag(cmd)
+	cmd.RunE = func(cmd *cobra.Command, keys []string) error {
+		s, closeFn, err := openOutbox(cmd.Context(), *store)
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		var errs []error
+		for _, k := range keys {
+			if err := s.Retry(cmd.Context(), k); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: pending again\n", k)
+		}
+		return errors.Join(errs...)
+	}
+	return cmd
+}
+
+func newRelayCmd() *cobra.Command {
+	var cfg outbox.RelayConfig
+	var httpTimeout time.Duration
+	var admin string
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Send outbox messages until SIGTERM, the same key on every attempt",
+		Long: `Claims due outbox rows (several relays may run at once), sends each by its
+destination's scheme — HTTP with Idempotency-Key, NATS JetStream with Nats-Msg-Id,
+AMQP with message-id — and records the outcome: sent, acked (HTTP 2xx), or a retry
+with exponential backoff and full jitter, dead after --max-tries. A killed relay's
+claims expire after --lease and are retried. SIGTERM finishes the sends in flight.`,
+		Args: cobra.NoArgs,
+	}
+	store := storeFlag(cmd)
+	f := cmd.Flags()
+	f.DurationVar(&httpTimeout, "http-timeout", 30*time.Second, "timeout of one HTTP send")
+	f.DurationVar(&cfg.BackoffMin, "backoff-min", time.Second, "first retry delay bound")
+	f.DurationVar(&cfg.BackoffMax, "backoff-max", 5*time.Minute, "largest retry delay")
+	f.IntVar(&cfg.MaxTries, "max-tries", 10, "attempts before a message is dead")
+	f.IntVar(&cfg.Concurrency, "concurrency", 32, "sends at once")
+	f.IntVar(&cfg.Batch, "batch", 100, "rows claimed at once")
+	f.DurationVar(&cfg.Lease, "lease", time.Minute, "how long a claim lives (a killed relay's rows come back after it)")
+	f.DurationVar(&cfg.PollInterval, "poll", time.Second, "longest idle wait (PostgreSQL wakes the relay at once)")
+	f.StringVar(&admin, "admin", "", "address for /metrics and /healthz")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		ctx := cmd.Context()
+		s, closeFn, err := openOutbox(ctx, *store)
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		if err := s.Migrate(ctx); err != nil {
+			return err
+		}
+		router, closeSenders := senders.New(senders.HTTPConfig{Timeout: httpTimeout})
+		defer closeSenders()
+		cfg.Store, cfg.Sender, cfg.SendTimeout = s, router, httpTimeout
+		if cfg.Lease <= cfg.SendTimeout {
+			cfg.Lease = cfg.SendTimeout + 10*time.Second
+		}
+		m := newRelayMetrics(s)
+		cfg.OnResult = m.result
+		r, err := outbox.NewRelay(cfg)
+		if err != nil {
+			return err
+		}
+		logf := func(format string, args ...any) { fmt.Fprintf(cmd.ErrOrStderr(), "idem relay: "+format+"\n", args...) }
+		if admin != "" {
+			ln, err := net.Listen("tcp", admin)
+			if err != nil {
+				return err
+			}
+			mux := http.NewServeMux()
+			mux.Handle("GET /metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
+			mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+				if _, err := s.Stats(r.Context()); err != nil {
+					http.Error(w, err.Error(), http.StatusServiceUnavailable)
+					return
+				}
+				fmt.Fprintln(w, "ok")
+			})
+			srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+			go srv.Serve(ln)
+			defer srv.Close()
+			logf("admin on http://%s (/metrics, /healthz)", ln.Addr())
+		}
+		if err := r.Start(ctx, func(err error) { logf("%v", err) }); err != nil {
+			return err
+		}
+		logf("relaying from %s", *store)
+		<-ctx.Done()
+		logf("stopping: finishing the sends in flight")
+		sctx, cancel := context.WithTimeout(context.Background(), cfg.SendTimeout+5*time.Second)
+		defer cancel()
+		return r.Stop(sctx)
+	}
+	return cmd
+}
+
+// relayMetrics are the Prometheus series of idem relay.
+type relayMetrics struct {
+	registry *prometheus.Registry
+	attempts *prometheus.CounterVec
+}
+
+func newRelayMetrics(s *outbox.Store) *relayMetrics {
+	m := &relayMetrics{
+		registry: prometheus.NewRegistry(),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_outbox_attempts_total",
+			Help: "Send attempts by result: sent, acked, pending (retry later), dead (dead-lettered).",
+		}, []string{"result"}),
+	}
+	m.registry.MustRegister(m.attempts, outboxCollector{s}, prometheus.NewGoCollector())
+	return m
+}
+
+func (m *relayMetrics) result(_ *outbox.Message, _ int, r outbox.Result) {
+	m.attempts.WithLabelValues(string(r.Status)).Inc()
+}
+
+// outboxCollector reads the outbox's figures at each scrape.
+type outboxCollector struct{ s *outbox.Store }
+
+var (
+	descPending = prometheus.NewDesc("idem_outbox_pending", "Messages waiting to be sent.", nil, nil)
+	descDead    = prometheus.NewDesc("idem_outbox_dead", "Messages dead-lettered (retry with idem outbox retry).", nil, nil)
+	descLag     = prometheus.NewDesc("idem_outbox_lag_seconds", "Age of the oldest pending message.", nil, nil)
+)
+
+func (c outboxCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descPending
+	ch <- descDead
+	ch <- descLag
+}
+
+func (c outboxCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := c.s.Stats(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(descPending, err)
+		return
+	}
+	lag := 0.0
+	if !st.OldestPending.IsZero() {
+		lag = time.Since(st.OldestPending).Seconds()
+	}
+	ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(st.Pending))
+	ch <- prometheus.MustNewConstMetric(descDead, prometheus.GaugeValue, float64(st.Dead))
+	ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, lag)
+}

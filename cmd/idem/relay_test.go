@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem/outbox"
+)
+
+// flakyReceiver is an idempotent HTTP receiver that misbehaves on the first
+// attempt of most keys: it processes and then drops the connection, answers
+// 503, or answers after the sender gave up.
+type flakyReceiver struct {
+	mu        sync.Mutex
+	attempts  map[string][]string // key → bodies of every attempt
+	processed map[string]int
+	t         *testing.T
+}
+
+func (f *flakyReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	body, _ := io.ReadAll(r.Body)
+	f.mu.Lock()
+	f.attempts[key] = append(f.attempts[key], string(body))
+	n := len(f.attempts[key])
+	_, done := f.processed[key]
+	f.mu.Unlock()
+	time.Sleep(20 * time.Millisecond)
+	var i int
+	fmt.Sscanf(key, `"INV-%d"`, &i)
+	if n == 1 {
+		switch i % 4 {
+		case 0: // processes, then the connection drops before the answer
+			f.process(key)
+			if hj, ok := w.(http.Hijacker); ok {
+				c, _, _ := hj.Hijack()
+				c.Close()
+				return
+			}
+		case 1:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		case 2: // too late: the sender timed out (and the work happened)
+			f.process(key)
+			time.Sleep(700 * time.Millisecond)
+			w.WriteHeader(http.StatusCreated)
+			return
+		}
+	}
+	if done {
+		w.Header().Set("Idempotent-Replayed", "true")
+	} else {
+		f.process(key)
+	}
+	w.WriteHeader(http.StatusCreated)
+}
+
+func (f *flakyReceiver) process(key string) {
+	f.mu.Lock()
+	f.processed[key]++
+	f.mu.Unlock()
+}
+
+func startRelay(t *testing.T, store string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "relay", "--store", store, "--concurrency", "4", "--batch", "5", "--lease", "2s",
+		"--http-timeout", "400ms", "--backoff-min", "50ms", "--backoff-max", "200ms", "--poll", "100ms")
+	cmd.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd
+}
+
+func TestRelayKill9TwiceWithFlakyReceiver(t *testing.T) {
+	recv := &flakyReceiver{attempts: map[string][]string{}, processed: map[string]int{}, t: t}
+	srv := httptest.NewServer(recv)
+	defer srv.Close()
+	store := "sqlite:" + filepath.Join(t.TempDir(), "outbox.db")
+	ctx := context.Background()
+	s, closeFn, err := openOutbox(ctx, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeFn()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const n = 60
+	for i := range n {
+		if err := s.Enqueue(ctx, outbox.Message{Key: fmt.Sprintf("INV-%d", i), Destination: srv.URL + "/invoices",
+			Payload: []byte(fmt.Sprintf(`{"invoice":%d}`, i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for kill := 1; kill <= 2; kill++ {
+		r := startRelay(t, store)
+		time.Sleep(400 * time.Millisecond)
+		if err := r.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = r.Wait()
+		t.Logf("relay killed with SIGKILL (%d of 2)", kill)
+	}
+	startRelay(t, store)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		pending, _ := s.List(ctx, outbox.Pending, 0, n)
+		if len(pending) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages still pending", len(pending))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	rows, err := s.List(ctx, "", 0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
+	for _, r := range rows {
+		key := `"` + r.Key + `"`
+		if r.Status != outbox.Acked {
+			t.Errorf("%s: %s (%s)", r.Key, r.Status, r.LastError)
+		}
+		if recv.processed[key] != 1 {
+			t.Errorf("%s processed %d times by the receiver", r.Key, recv.processed[key])
+		}
+		for _, b := range recv.attempts[key] {
+			if b != string(r.Payload) {
+				t.Errorf("%s: an attempt carried %q, want %q", r.Key, b, r.Payload)
+			}
+		}
+		if r.Tries < 1 || r.Tries > len(recv.attempts[key]) {
+			t.Errorf("%s: tries %d for %d attempts seen", r.Key, r.Tries, len(recv.attempts[key]))
+		}
+	}
+	total := 0
+	for _, a := range recv.attempts {
+		total += len(a)
+	}
+	t.Logf("%d intents delivered once each through %d attempts, every attempt with the same key and bytes", n, total)
+}

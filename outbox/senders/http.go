@@ -1,0 +1,84 @@
+package senders
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/outbox"
+)
+
+// HTTPConfig configures the HTTP sender.
+type HTTPConfig struct {
+	// Client sends the requests. Defaults to a client with Timeout.
+	Client *http.Client
+	// Timeout bounds one request when Client is nil. Defaults to 30s.
+	Timeout time.Duration
+	// ContentType of the payload unless the message sets Content-Type.
+	// Defaults to application/octet-stream.
+	ContentType string
+}
+
+// HTTP POSTs the payload with the key in Idempotency-Key:
+// 2xx → acked (the answer is the receipt); 409 → retry later (the receiver
+// is still processing our earlier attempt); other 4xx → dead, with the
+// answer recorded; 5xx, timeouts and network errors → retry.
+type HTTP struct{ cfg HTTPConfig }
+
+// NewHTTP returns the HTTP sender.
+func NewHTTP(cfg HTTPConfig) *HTTP {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Timeout: cfg.Timeout}
+	}
+	if cfg.ContentType == "" {
+		cfg.ContentType = "application/octet-stream"
+	}
+	return &HTTP{cfg: cfg}
+}
+
+// Send implements outbox.Sender.
+func (h *HTTP) Send(ctx context.Context, m *outbox.Message) outbox.Result {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, m.Destination, bytes.NewReader(m.Payload))
+	if err != nil {
+		return outbox.Result{Status: outbox.Dead, Err: fmt.Errorf("bad destination: %v", err)}
+	}
+	req.Header.Set("Content-Type", h.cfg.ContentType)
+	for k, v := range m.Headers {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set(httpidem.HeaderName, httpidem.FormatKey(m.Key))
+	resp, err := h.cfg.Client.Do(req)
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("timeout (the receiver may have it; the retry carries the same key): %v", err)}
+		}
+		return outbox.Result{Status: outbox.Pending, Err: err}
+	}
+	defer resp.Body.Close()
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	answer := fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(snippet)))
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		if resp.Header.Get(httpidem.ReplayedHeader) == "true" {
+			return outbox.Result{Status: outbox.Acked, Err: errors.New("the receiver replayed its answer: delivered earlier")}
+		}
+		return outbox.Result{Status: outbox.Acked}
+	case resp.StatusCode == http.StatusConflict, resp.StatusCode == http.StatusTooManyRequests,
+		resp.StatusCode == http.StatusRequestTimeout, resp.StatusCode == http.StatusTooEarly, resp.StatusCode >= 500:
+		return outbox.Result{Status: outbox.Pending, Err: errors.New(answer)}
+	case resp.StatusCode >= 400:
+		return outbox.Result{Status: outbox.Dead, Err: errors.New(answer)}
+	}
+	return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("unexpected answer %s", answer)}
+}

@@ -1,0 +1,23 @@
+// Package senders delivers outbox messages over HTTP, NATS JetStream and
+// AMQP, each with the message's key in the protocol's own dedup field, the
+// same bytes on every attempt:
+//
+//	http:// https://   POST, Idempotency-Key: "<key>" (an sf-string)
+//	nats://HOST/SUBJECT  JetStream publish, Nats-Msg-Id: <key>
+//	amqp://…?exchange=E&routing_key=R  publish with publisher confirms, message-id = <key>
+//
+// New returns an outbox.Router with all three.
+package senders
+
+import (
+	"github.com/idemgo/idem/outbox"
+)
+
+// New returns a router with the HTTP, NATS and AMQP senders. Close the
+// returned closer when done (it closes the broker connections).
+func New(httpCfg HTTPConfig) (outbox.Router, func()) {
+	h := NewHTTP(httpCfg)
+	n := NewNATS()
+	a := NewAMQP()
+	return outbox.Router{"http": h, "https": h, "nats": n, "amqp": a, "amqps": a}, func() { n.Close(); a.Close() }
+}
