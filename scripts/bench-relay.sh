@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Relay throughput from PostgreSQL to NATS JetStream, idem's outbox relay vs
+# Watermill's SQL forwarder, on the same rows in one run; prints the ratio.
+# Usage: scripts/bench-relay.sh [ROWS]   (default 50000)
+# Needs PostgreSQL and NATS (JetStream) on 127.0.0.1 (IDEM_TEST_POSTGRES_URL, IDEM_TEST_NATS_URL).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+go run ./scripts/relaybench -n "${1:-50000}" \
+	-pg "${IDEM_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}" \
+	-nats "${IDEM_TEST_NATS_URL:-nats://127.0.0.1:4222}"
