@@ -17,8 +17,9 @@ import (
 	"github.com/idemgo/idem/store/memstore"
 )
 
-// queue declares a queue dead-lettering into queue+".dead".
-func queue(t *testing.T) (*amqp.Channel, string) {
+// queue declares a queue dead-lettering into queue+".dead" and returns a
+// channel to publish on and one to consume from.
+func queue(t *testing.T) (*amqp.Channel, *amqp.Channel, string) {
 	t.Helper()
 	conn, err := amqp.DialConfig(testenv.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
 	testenv.Need(t, "RabbitMQ", testenv.AMQPURL, err)
@@ -36,10 +37,14 @@ func queue(t *testing.T) (*amqp.Channel, string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ch.Qos(10, 0, false); err != nil {
+	consume, err := conn.Channel()
+	if err != nil {
 		t.Fatal(err)
 	}
-	return ch, name
+	if err := consume.Qos(10, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	return ch, consume, name
 }
 
 func publish(t *testing.T, ch *amqp.Channel, q, msgID, corr, body string) {
@@ -52,7 +57,7 @@ func publish(t *testing.T, ch *amqp.Channel, q, msgID, corr, body string) {
 }
 
 func TestAMQPAdapter(t *testing.T) {
-	ch, q := queue(t)
+	ch, consumeCh, q := queue(t)
 	s := memstore.New(memstore.Config{})
 	defer s.Close()
 	g, _ := idem.NewGuard(idem.Config{Store: s, MaxAttempts: 3})
@@ -82,7 +87,8 @@ func TestAMQPAdapter(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go amqpidem.Consume(ctx, ch, q, "test", h)
+	consumeErr := make(chan error, 1)
+	go func() { consumeErr <- amqpidem.Consume(ctx, consumeCh, q, "", h) }()
 	for i := range 5 {
 		publish(t, ch, q, fmt.Sprint("m-", i), "PAY-1", "credit 100")
 	}
@@ -99,6 +105,8 @@ func TestAMQPAdapter(t *testing.T) {
 				acks++
 			}
 			want[d] = true
+		case err := <-consumeErr:
+			t.Fatalf("Consume ended: %v", err)
 		case <-deadline:
 			t.Fatalf("decisions so far: %v, PAY-1 acks %d", want, acks)
 		}
