@@ -116,7 +116,15 @@ func TestAMQPAdapter(t *testing.T) {
 		t.Errorf("runs %v", runs)
 	}
 	mu.Unlock()
-	dl, ok, err := ch.Get(q+".dead", true)
+	// The broker routes the rejected message to the dead-letter queue
+	// asynchronously.
+	var dl amqp.Delivery
+	var ok bool
+	for end := time.Now().Add(5 * time.Second); !ok && err == nil && time.Now().Before(end); {
+		if dl, ok, err = ch.Get(q+".dead", true); !ok {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	if err != nil || !ok || dl.CorrelationId != "broken" {
 		t.Fatalf("dead-letter queue: %v %v %q", ok, err, dl.CorrelationId)
 	}
