@@ -290,11 +290,44 @@ func (s *Store) NextKeyTx(ctx context.Context, tx Tx, typ string, now time.Time)
 		return "", errors.New("idem/outbox: the key type must be 1 to 64 bytes without spaces")
 	}
 	day := now.UTC().Format("20060102")
-	var n int64
-	if err := tx.QueryRow(ctx, s.q.counter, typ+"-"+day).Scan(&n); err != nil {
-		return "", fmt.Errorf("idem/outbox: next key: %w", err)
+	n, err := s.NextCounterTx(ctx, tx, typ+"-"+day)
+	if err != nil {
+		return "", err
 	}
 	return fmt.Sprintf("%s-%s-%04d", typ, day, n), nil
+}
+
+// NextCounterTx increments the persisted counter name in tx and returns its
+// new value (1 for a new counter). Numbers allocated in a transaction that
+// rolls back are given out again; committed ones never.
+func (s *Store) NextCounterTx(ctx context.Context, tx Tx, name string) (int64, error) {
+	var n int64
+	if err := tx.QueryRow(ctx, s.q.counter, name).Scan(&n); err != nil {
+		return 0, fmt.Errorf("idem/outbox: counter %s: %w", name, err)
+	}
+	return n, nil
+}
+
+// GetTx is Get inside tx.
+func (s *Store) GetTx(ctx context.Context, tx Tx, key string) (Row, error) {
+	q, ok := tx.(interface {
+		Query(ctx context.Context, sql string, args ...any) (rows, error)
+	})
+	if !ok {
+		return Row{}, errors.New("idem/outbox: GetTx needs a Tx from PgxTx or SQLTx")
+	}
+	rs, err := q.Query(ctx, s.q.get, key)
+	if err != nil {
+		return Row{}, fmt.Errorf("idem/outbox: get: %w", err)
+	}
+	out, err := collect(rs)
+	if err != nil {
+		return Row{}, err
+	}
+	if len(out) == 0 {
+		return Row{}, fmt.Errorf("%w: %s", ErrNotFound, key)
+	}
+	return out[0], nil
 }
 
 // NewUUIDKey returns a UUIDv7 key (time-ordered, so the outbox index stays
@@ -407,20 +440,7 @@ func (s *Store) Retry(ctx context.Context, key string) error {
 }
 
 // Get returns the row of key.
-func (s *Store) Get(ctx context.Context, key string) (Row, error) {
-	rs, err := s.db.Query(ctx, s.q.get, key)
-	if err != nil {
-		return Row{}, fmt.Errorf("idem/outbox: get: %w", err)
-	}
-	out, err := collect(rs)
-	if err != nil {
-		return Row{}, err
-	}
-	if len(out) == 0 {
-		return Row{}, fmt.Errorf("%w: %s", ErrNotFound, key)
-	}
-	return out[0], nil
-}
+func (s *Store) Get(ctx context.Context, key string) (Row, error) { return s.GetTx(ctx, s.db, key) }
 
 // List returns up to limit rows after id afterID, optionally of one status,
 // in id order.
