@@ -51,7 +51,7 @@ type Delimiters struct {
 }
 
 // DefaultEDIFACT are the level-A delimiters (UNA:+.? ').
-var DefaultEDIFACT = Delimiters{Component: ':', Element: '+', Decimal: '.', Release: '?', Repetition: ' ', Segment: '\''}
+var DefaultEDIFACT = Delimiters{Component: ':', Element: '+', Decimal: '.', Release: '?', Segment: '\''}
 
 // Message is one EDIFACT message (UNH…UNT) or X12 transaction set (ST…SE).
 type Message struct {
