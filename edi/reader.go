@@ -326,3 +326,13 @@ func atoi(s string) (int, bool) {
 	n, err := strconv.Atoi(strings.TrimSpace(s))
 	return n, err == nil
 }
+
+// KeyOf returns the dedup key of the first interchange in data, if data
+// starts with a readable interchange.
+func KeyOf(data []byte) (string, bool) {
+	ic, err := NewReader(bytes.NewReader(data)).Next()
+	if err != nil {
+		return "", false
+	}
+	return ic.Key(), true
+}

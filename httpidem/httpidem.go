@@ -47,6 +47,10 @@ type Config struct {
 	// RequireKey answers 400 to a request of those methods without an
 	// Idempotency-Key. Defaults to false: such requests pass through.
 	RequireKey bool
+	// KeyFromBody, if set, derives the key of a request that has no
+	// Idempotency-Key header from its body (e.g. edi.KeyOf: the dedup key of
+	// an EDI interchange); ok=false falls back to the missing-key rule.
+	KeyFromBody func(r *http.Request, body []byte) (key string, ok bool)
 	// MaxKeyBytes bounds the key. Defaults to 255 (the most idem allows).
 	MaxKeyBytes int
 	// Principal names the caller; keys are scoped by method, path and
@@ -245,6 +249,20 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 			return
 		}
 		values := r.Header.Values(HeaderName)
+		if len(values) == 0 && m.cfg.KeyFromBody != nil {
+			body, tooBig, err := readBody(r, m.cfg.MaxBodyBytes)
+			if err == nil && !tooBig {
+				if id, ok := m.cfg.KeyFromBody(r, body); ok {
+					if len(id) > m.cfg.MaxKeyBytes {
+						m.problem(w, http.StatusBadRequest, "malformed-key", "Malformed Idempotency-Key",
+							fmt.Sprintf("The key derived from the body is %d bytes, the limit is %d.", len(id), m.cfg.MaxKeyBytes), nil)
+						return
+					}
+					m.serve(w, r, next, idem.Key{Scope: m.scope(r), ID: id}, body)
+					return
+				}
+			}
+		}
 		switch {
 		case len(values) == 0 && !m.cfg.RequireKey:
 			m.observe(Event{Outcome: "bypassed"})

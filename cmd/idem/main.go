@@ -40,7 +40,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newDemoCmd(), newServeCmd(), newKeysCmd(), newOutboxCmd(), newRelayCmd(), newMigrateCmd(), newBenchCmd())
+	root.AddCommand(newDemoCmd(), newServeCmd(), newKeysCmd(), newOutboxCmd(), newRelayCmd(), newEDICmd(), newMigrateCmd(), newBenchCmd())
 	return root
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/edi"
 	"github.com/idemgo/idem/httpidem"
 )
 
@@ -26,6 +27,7 @@ type serveOpts struct {
 	requireKey                     bool
 	maxBody                        int64
 	problemBase                    string
+	keyFrom                        string
 }
 
 func newServeCmd() *cobra.Command {
@@ -50,6 +52,7 @@ The key is forwarded upstream unchanged.`,
 	f.DurationVar(&o.timeout, "upstream-timeout", 30*time.Second, "wait this long for the upstream's response headers; then 504 and the key is held until its lease expires")
 	f.BoolVar(&o.requireKey, "require-key", false, "answer 400 to POST and PATCH without an Idempotency-Key")
 	f.Int64Var(&o.maxBody, "max-body", 1<<20, "largest request body accepted with a key (413 above)")
+	f.StringVar(&o.keyFrom, "key-from", "header", "where keys come from: header (Idempotency-Key only), or edi (also the interchange's dedup key for EDI bodies posted without the header)")
 	f.StringVar(&o.problemBase, "problem-type-base", httpidem.DefaultProblemTypeBase, "prefix of the type links in problem+json answers")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), o) }
 	return cmd
@@ -148,11 +151,19 @@ func runServe(ctx context.Context, o serveOpts) error {
 	defer store.Close()
 	logger := log.New(os.Stderr, "idem serve: ", log.LstdFlags)
 	metrics := newGatewayMetrics()
-	mw, err := httpidem.New(httpidem.Config{
+	cfg := httpidem.Config{
 		Store: store, Lease: o.lease, Retention: o.retention, RequireKey: o.requireKey,
 		MaxBodyBytes: o.maxBody, ProblemTypeBase: o.problemBase,
 		Observer: metrics.request, StoreObserver: metrics.store,
-	})
+	}
+	switch o.keyFrom {
+	case "header":
+	case "edi":
+		cfg.KeyFromBody = func(_ *http.Request, body []byte) (string, bool) { return edi.KeyOf(body) }
+	default:
+		return fmt.Errorf("--key-from %q: want header or edi", o.keyFrom)
+	}
+	mw, err := httpidem.New(cfg)
 	if err != nil {
 		return err
 	}

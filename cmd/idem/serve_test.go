@@ -224,3 +224,59 @@ func TestServeBadFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestGatewayKeyFromEDI(t *testing.T) {
+	up := &upstream{}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	g := startGateway(t, "--upstream", srv.URL, "--store", "sqlite:"+filepath.Join(t.TempDir(), "gw.db"), "--key-from", "edi")
+	ic := "UNA:+.? 'UNB+UNOC:3+SENDER:14+US:14+260514:1032+778'UNH+1+ORDERS:D:96A:UN+ORD-1'BGM+220+ORD-1+9'UNT+3+1'UNZ+1+778'"
+	post := func(body string) (int, http.Header) {
+		resp, err := http.Post("http://"+g.addr+"/as2", "application/EDIFACT", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header
+	}
+	if st, _ := post(ic); st != 201 {
+		t.Fatalf("first: %d", st)
+	}
+	if st, h := post(ic); st != 201 || h.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retransmission: %d %v", st, h)
+	}
+	changed := strings.Replace(ic, "BGM+220+ORD-1+9", "BGM+220+ORD-2+9", 1)
+	if st, _ := post(changed); st != 422 {
+		t.Fatalf("same control reference, other content: %d, want 422", st)
+	}
+	if st, _ := post("not EDI at all"); st != 201 {
+		t.Fatalf("a non-EDI body without a key passes through: %d", st)
+	}
+	if up.runs.Load() != 2 {
+		t.Fatalf("upstream ran %d times, want 2 (the interchange once, the non-EDI body once)", up.runs.Load())
+	}
+}
+
+func TestEDIInspectExitCodes(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, s string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.edi", "UNB+UNOC:3+S+R+260514:1032+R1'UNH+1+ORDERS:D:96A:UN'UNT+2+1'UNZ+1+R1'")
+	bad := write("bad.edi", "UNB+UNOC:3+S+R+260514:1032+R1'UNH+1+ORDERS:D:96A:UN'UNT+2+1'UNZ+1+R2'")
+	junk := write("junk.txt", "hello")
+	out, err := run(t, "edi", "inspect", "--json", good)
+	if err != nil || !strings.Contains(out, `"key":"EDIFACT|S||R||R1"`) || !strings.Contains(out, `"valid":true`) || !strings.Contains(out, `"messages":1`) {
+		t.Fatalf("good: %v %s", err, out)
+	}
+	if _, err := run(t, "edi", "inspect", good, bad); err != exitCode(1) {
+		t.Fatalf("invalid: %v, want exit 1", err)
+	}
+	if _, err := run(t, "edi", "inspect", good, bad, junk); err != exitCode(2) {
+		t.Fatalf("not EDI: %v, want exit 2", err)
+	}
+}
