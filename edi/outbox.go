@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
 	"time"
 
 	"github.com/idemgo/idem/outbox"
@@ -47,6 +48,9 @@ func EnqueueTx(ctx context.Context, tx outbox.Tx, ob *outbox.Store, p Profile, k
 	}
 	cj, _ := json.Marshal(ctl)
 	err = ob.EnqueueTx(ctx, tx, outbox.Message{Key: key, Destination: destination, Payload: payload,
-		Headers: map[string]string{"Content-Type": ContentType(p.Standard), ControlsHeader: string(cj)}})
+		Headers: map[string]string{"Content-Type": ContentType(p.Standard), ControlsHeader: string(cj),
+			// Stored so that every attempt carries the same Date (AS2 requires it
+			// for a reused Message-ID).
+			"Date": now.UTC().Format(http.TimeFormat)}})
 	return ctl, err
 }

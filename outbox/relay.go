@@ -71,7 +71,8 @@ type RelayConfig struct {
 	// MaxTries makes a message dead after this many failed attempts.
 	// Defaults to 10.
 	MaxTries int
-	// OnResult, if set, hears every attempt (for logs and metrics).
+	// OnResult, if set, hears every attempt (for logs and metrics). It is
+	// called from the sending goroutines: it must be safe for concurrent use.
 	OnResult func(m *Message, tries int, r Result)
 }
 

@@ -5,6 +5,7 @@
 //	http:// https://   POST, Idempotency-Key: "<key>" (an sf-string)
 //	nats://HOST/SUBJECT  JetStream publish, Nats-Msg-Id: <key>
 //	amqp://…?exchange=E&routing_key=R  publish with publisher confirms, message-id = <key>
+//	as2+https://HOST/PATH?from=A&to=B  AS2-style POST, Message-ID = <key@host> (no signing or encryption yet)
 //
 // New returns an outbox.Router with all three.
 package senders
@@ -19,5 +20,6 @@ func New(httpCfg HTTPConfig) (outbox.Router, func()) {
 	h := NewHTTP(httpCfg)
 	n := NewNATS()
 	a := NewAMQP()
-	return outbox.Router{"http": h, "https": h, "nats": n, "amqp": a, "amqps": a}, func() { n.Close(); a.Close() }
+	as2 := NewAS2(h)
+	return outbox.Router{"http": h, "https": h, "nats": n, "amqp": a, "amqps": a, "as2+http": as2, "as2+https": as2}, func() { n.Close(); a.Close() }
 }
