@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 )
 
@@ -25,10 +24,8 @@ type SweeperConfig struct {
 // batches, so a SQL table does not grow without bound. It never deletes a
 // record under a live lease (that is Store.Sweep's contract).
 type Sweeper struct {
-	cfg  SweeperConfig
-	mu   sync.Mutex
-	stop context.CancelFunc
-	done chan struct{}
+	cfg SweeperConfig
+	w   Worker
 }
 
 // NewSweeper validates cfg and returns a stopped Sweeper.
@@ -66,15 +63,7 @@ func (s *Sweeper) SweepNow(ctx context.Context) (int, error) {
 // Start begins sweeping every Interval until Stop or ctx ends. Starting a
 // started sweeper is an error.
 func (s *Sweeper) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stop != nil {
-		return errors.New("idem: sweeper already started")
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	s.stop, s.done = cancel, make(chan struct{})
-	go func(done chan struct{}) {
-		defer close(done)
+	return s.w.Start(ctx, func(ctx context.Context) {
 		t := time.NewTicker(s.cfg.Interval)
 		defer t.Stop()
 		for {
@@ -85,25 +74,9 @@ func (s *Sweeper) Start(ctx context.Context) error {
 				_, _ = s.SweepNow(ctx)
 			}
 		}
-	}(s.done)
-	return nil
+	})
 }
 
 // Stop ends the sweeping and waits for a running pass to return (or ctx to
 // end). Stopping a stopped sweeper does nothing.
-func (s *Sweeper) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	stop, done := s.stop, s.done
-	s.stop, s.done = nil, nil
-	s.mu.Unlock()
-	if stop == nil {
-		return nil
-	}
-	stop()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (s *Sweeper) Stop(ctx context.Context) error { return s.w.Stop(ctx) }

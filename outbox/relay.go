@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemgo/idem"
 )
 
 // Result is a sender's verdict on one attempt.
@@ -79,10 +81,7 @@ type RelayConfig struct {
 // Relay claims due rows, sends them and records the outcomes.
 type Relay struct {
 	cfg RelayConfig
-
-	mu   sync.Mutex
-	stop context.CancelFunc
-	done chan struct{}
+	w   idem.Worker
 }
 
 // NewRelay validates cfg and returns a stopped relay.
@@ -197,17 +196,9 @@ func (r *Relay) send(ctx context.Context, m *Message) (res Result) {
 
 // Start runs the relay until Stop or ctx ends: it claims batches while rows
 // are due and waits for new ones (LISTEN/NOTIFY on PostgreSQL, polling
-// elsewhere). Errors are retried after PollInterval; OnError hears them.
+// elsewhere). Errors are retried after PollInterval; onError hears them.
 func (r *Relay) Start(ctx context.Context, onError func(error)) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.stop != nil {
-		return errors.New("idem/outbox: relay already started")
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	r.stop, r.done = cancel, make(chan struct{})
-	go func(done chan struct{}) {
-		defer close(done)
+	return r.w.Start(ctx, func(ctx context.Context) {
 		for ctx.Err() == nil {
 			n, err := r.RunOnce(ctx)
 			if err != nil && onError != nil && ctx.Err() == nil {
@@ -222,25 +213,9 @@ func (r *Relay) Start(ctx context.Context, onError func(error)) error {
 				sleep(ctx, r.cfg.PollInterval)
 			}
 		}
-	}(r.done)
-	return nil
+	})
 }
 
 // Stop ends the relay after the batch in flight is sent and recorded, or
 // when ctx ends.
-func (r *Relay) Stop(ctx context.Context) error {
-	r.mu.Lock()
-	stop, done := r.stop, r.done
-	r.stop, r.done = nil, nil
-	r.mu.Unlock()
-	if stop == nil {
-		return nil
-	}
-	stop()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (r *Relay) Stop(ctx context.Context) error { return r.w.Stop(ctx) }

@@ -88,16 +88,11 @@ func GuardHandler(g *idem.Guard, cfg Config, work func(ctx context.Context, d *a
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return func(d amqp.Delivery) {
-		id, err := cfg.Key(message{&d})
-		if err != nil {
-			cfg.apply(&d, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
-			return
-		}
+	return cfg.handler(func(d *amqp.Delivery, id string) broker.Decision {
 		res, err := g.Run(cfg.Context, idem.Key{Scope: cfg.Scope, ID: id}, &idem.RunOptions{Fingerprint: idem.Fingerprint(d.Body)},
-			func(ctx context.Context, fence uint64) ([]byte, error) { return work(ctx, &d, fence) })
-		cfg.apply(&d, cfg.Policy.FromGuard(res, err, attempt(&d)))
-	}, nil
+			func(ctx context.Context, fence uint64) ([]byte, error) { return work(ctx, d, fence) })
+		return cfg.Policy.FromGuard(res, err, attempt(d))
+	}), nil
 }
 
 // InboxHandler returns a handler for the transactional inbox: process runs
@@ -106,15 +101,23 @@ func InboxHandler(cfg Config, process func(ctx context.Context, d *amqp.Delivery
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	return cfg.handler(func(d *amqp.Delivery, id string) broker.Decision {
+		out, err := process(cfg.Context, d, id)
+		return cfg.Policy.FromInbox(out, err, attempt(d))
+	}), nil
+}
+
+// handler extracts the key (a delivery without one is dead-lettered), runs
+// decide and applies the decision.
+func (c *Config) handler(decide func(d *amqp.Delivery, id string) broker.Decision) func(amqp.Delivery) {
 	return func(d amqp.Delivery) {
-		id, err := cfg.Key(message{&d})
+		id, err := c.Key(message{&d})
 		if err != nil {
-			cfg.apply(&d, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
+			c.apply(&d, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
 			return
 		}
-		out, err := process(cfg.Context, &d, id)
-		cfg.apply(&d, cfg.Policy.FromInbox(out, err, attempt(&d)))
-	}, nil
+		c.apply(&d, decide(&d, id))
+	}
 }
 
 func (c *Config) apply(d *amqp.Delivery, dec broker.Decision) {

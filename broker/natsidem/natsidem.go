@@ -84,18 +84,11 @@ func GuardHandler(g *idem.Guard, cfg Config, work func(ctx context.Context, msg 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return func(msg jetstream.Msg) {
-		id, err := cfg.Key(message{msg})
-		if err != nil {
-			cfg.apply(msg, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
-			return
-		}
-		stop := cfg.progress(msg)
+	return cfg.handler(func(msg jetstream.Msg, id string) broker.Decision {
 		res, err := g.Run(cfg.Context, idem.Key{Scope: cfg.Scope, ID: id}, &idem.RunOptions{Fingerprint: idem.Fingerprint(msg.Data())},
 			func(ctx context.Context, fence uint64) ([]byte, error) { return work(ctx, msg, fence) })
-		stop()
-		cfg.apply(msg, cfg.Policy.FromGuard(res, err, attempt(msg)))
-	}, nil
+		return cfg.Policy.FromGuard(res, err, attempt(msg))
+	}), nil
 }
 
 // InboxHandler returns a handler for the transactional inbox: process runs
@@ -105,17 +98,26 @@ func InboxHandler(cfg Config, process func(ctx context.Context, msg jetstream.Ms
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	return cfg.handler(func(msg jetstream.Msg, id string) broker.Decision {
+		out, err := process(cfg.Context, msg, id)
+		return cfg.Policy.FromInbox(out, err, attempt(msg))
+	}), nil
+}
+
+// handler extracts the key (a message without one is dead-lettered), runs
+// decide while reporting progress, and applies the decision.
+func (c *Config) handler(decide func(msg jetstream.Msg, id string) broker.Decision) jetstream.MessageHandler {
 	return func(msg jetstream.Msg) {
-		id, err := cfg.Key(message{msg})
+		id, err := c.Key(message{msg})
 		if err != nil {
-			cfg.apply(msg, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
+			c.apply(msg, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
 			return
 		}
-		stop := cfg.progress(msg)
-		out, err := process(cfg.Context, msg, id)
+		stop := c.progress(msg)
+		d := decide(msg, id)
 		stop()
-		cfg.apply(msg, cfg.Policy.FromInbox(out, err, attempt(msg)))
-	}, nil
+		c.apply(msg, d)
+	}
 }
 
 // progress reports the message in progress until the returned stop is
