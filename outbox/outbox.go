@@ -187,7 +187,7 @@ CREATE TRIGGER idem_outbox_notify AFTER INSERT OR UPDATE OF status ON ` + s.t("i
 }
 
 type queries struct {
-	insert, existing, counter, claim, sent, failed, ack, retry, list, get string
+	insert, existing, counter, claim, sent, failed, ack, retry, list, get, purge string
 }
 
 func newStore(d Dialect, db conn, schema string) (*Store, error) {
@@ -222,6 +222,9 @@ WHERE claimed_by = $1 AND id = $2`,
 		retry: `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,
 		list:  `SELECT ` + cols + ` FROM ` + tbl + ` WHERE id > $1 AND ($2 = '' OR status = $2) ORDER BY id LIMIT $3`,
 		get:   `SELECT ` + cols + ` FROM ` + tbl + ` WHERE key = $1`,
+		// $1 age ms, $2 limit
+		purge: `DELETE FROM ` + tbl + ` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status IN ('sent', 'acked')
+	AND coalesce(acked_at, sent_at) < ` + s.plusMs("-$1") + ` ORDER BY id LIMIT $2)`,
 	}
 	return s, nil
 }
@@ -494,4 +497,19 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("idem/outbox: stats: %w", err)
 	}
 	return st, nil
+}
+
+// Purge deletes up to limit sent or acked messages delivered more than
+// olderThan ago and returns how many; pending and dead rows stay. Run it
+// periodically (idem relay --keep does) so the table does not grow without
+// bound; keep rows at least as long as a late receipt (Ack) may arrive.
+func (s *Store) Purge(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	n, err := s.db.Exec(ctx, s.q.purge, olderThan.Milliseconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("idem/outbox: purge: %w", err)
+	}
+	return int(n), nil
 }

@@ -246,7 +246,7 @@ func newOutboxRetryCmd() *cobra.Command {
 
 func newRelayCmd() *cobra.Command {
 	var cfg outbox.RelayConfig
-	var httpTimeout time.Duration
+	var httpTimeout, keep time.Duration
 	var admin string
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -269,6 +269,7 @@ claims expire after --lease and are retried. SIGTERM finishes the sends in fligh
 	f.DurationVar(&cfg.Lease, "lease", time.Minute, "how long a claim lives (a killed relay's rows come back after it)")
 	f.DurationVar(&cfg.PollInterval, "poll", time.Second, "longest idle wait (PostgreSQL wakes the relay at once)")
 	f.StringVar(&admin, "admin", "", "address for /metrics and /healthz")
+	f.DurationVar(&keep, "keep", 7*24*time.Hour, "delete sent and acked messages delivered longer ago than this (every minute; 0 keeps them forever)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
 		s, closeFn, err := openOutbox(ctx, *store)
@@ -313,6 +314,9 @@ claims expire after --lease and are retried. SIGTERM finishes the sends in fligh
 		}
 		if err := r.Start(ctx, func(err error) { logf("%v", err) }); err != nil {
 			return err
+		}
+		if keep > 0 {
+			go purgeLoop(ctx, s, keep, logf)
 		}
 		logf("relaying from %s", *store)
 		<-ctx.Done()
@@ -376,4 +380,29 @@ func (c outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(st.Pending))
 	ch <- prometheus.MustNewConstMetric(descDead, prometheus.GaugeValue, float64(st.Dead))
 	ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, lag)
+}
+
+// purgeLoop deletes delivered messages older than keep, every minute.
+func purgeLoop(ctx context.Context, s *outbox.Store, keep time.Duration, logf func(string, ...any)) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for {
+			n, err := s.Purge(ctx, keep, 1000)
+			if err != nil {
+				if ctx.Err() == nil {
+					logf("purge: %v", err)
+				}
+				break
+			}
+			if n < 1000 {
+				break
+			}
+		}
+	}
 }

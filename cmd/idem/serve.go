@@ -24,6 +24,7 @@ import (
 type serveOpts struct {
 	listen, upstream, store, admin string
 	lease, retention, timeout      time.Duration
+	sweep                          time.Duration
 	requireKey                     bool
 	maxBody                        int64
 	problemBase                    string
@@ -50,6 +51,7 @@ The key is forwarded upstream unchanged.`,
 	f.DurationVar(&o.lease, "lease", time.Minute, "how long a request may run before a retry may take it over (heartbeats extend it)")
 	f.DurationVar(&o.retention, "retention", 24*time.Hour, "how long responses are replayed")
 	f.DurationVar(&o.timeout, "upstream-timeout", 30*time.Second, "wait this long for the upstream's response headers; then 504 and the key is held until its lease expires")
+	f.DurationVar(&o.sweep, "sweep-interval", time.Minute, "delete records past their retention this often (0: never; Redis expires them by itself)")
 	f.BoolVar(&o.requireKey, "require-key", false, "answer 400 to POST and PATCH without an Idempotency-Key")
 	f.Int64Var(&o.maxBody, "max-body", 1<<20, "largest request body accepted with a key (413 above)")
 	f.StringVar(&o.keyFrom, "key-from", "header", "where keys come from: header (Idempotency-Key only), or edi (also the interchange's dedup key for EDI bodies posted without the header)")
@@ -170,6 +172,21 @@ func runServe(ctx context.Context, o serveOpts) error {
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
+	}
+	if o.sweep > 0 {
+		sw, err := idem.NewSweeper(idem.SweeperConfig{Store: store, Interval: o.sweep,
+			OnPass: func(n int, err error) {
+				if err != nil {
+					logger.Printf("retention sweep: %v", err)
+				}
+			}})
+		if err != nil {
+			return err
+		}
+		if err := sw.Start(ctx); err != nil {
+			return err
+		}
+		defer sw.Stop(context.Background())
 	}
 	srv := &http.Server{Handler: mw(newProxy(up, o.timeout, logger)), ReadHeaderTimeout: 10 * time.Second, ErrorLog: logger}
 	errc := make(chan error, 2)

@@ -39,6 +39,7 @@ func Run(t *testing.T, open func(t testing.TB) Backend) {
 		{"RetryAndAck", testRetryAck},
 		{"TwoRelaysNeverSendAClaimedRowTwice", testTwoRelays},
 		{"ExpiredClaimIsRetried", testExpiredClaim},
+		{"PurgeDeliveredOnly", testPurge},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -407,5 +408,33 @@ func testExpiredClaim(t *testing.T, b Backend) {
 	time.Sleep(500 * time.Millisecond) // the dying relay's late result must not overwrite
 	if row, _ := b.Store.Get(ctx, "orphan"); row.Status != outbox.Sent || row.Tries != 1 {
 		t.Fatalf("row %+v", row)
+	}
+}
+
+func testPurge(t *testing.T, b Backend) {
+	ctx := context.Background()
+	for _, k := range []string{"done-1", "done-2", "fails"} {
+		b.Store.Enqueue(ctx, msg(k))
+	}
+	s := newSink()
+	s.fail = func(m *outbox.Message, _ int) outbox.Result {
+		if m.Key == "fails" {
+			return outbox.Result{Status: outbox.Dead, Err: errors.New("no")}
+		}
+		return outbox.Result{Status: outbox.Sent}
+	}
+	relay(t, b, s, outbox.RelayConfig{}).RunOnce(ctx)
+	b.Store.Enqueue(ctx, msg("waiting"))
+	if n, err := b.Store.Purge(ctx, time.Hour, 10); err != nil || n != 0 {
+		t.Fatalf("purge of recent rows: %d %v", n, err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if n, err := b.Store.Purge(ctx, 10*time.Millisecond, 10); err != nil || n != 2 {
+		t.Fatalf("purge: %d %v, want the 2 delivered rows", n, err)
+	}
+	for k, want := range map[string]bool{"done-1": false, "fails": true, "waiting": true} {
+		if _, err := b.Store.Get(ctx, k); (err == nil) != want {
+			t.Errorf("%s kept = %v, want %v", k, err == nil, want)
+		}
 	}
 }
