@@ -171,10 +171,10 @@ func TestInProgressAndPoison(t *testing.T) {
 }
 
 func TestHeartbeatKeepsLease(t *testing.T) {
-	g, s := newGuard(t, idem.Config{Lease: 200 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond})
+	g, s := newGuard(t, idem.Config{Lease: 600 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond})
 	ctx := context.Background()
 	_, err := g.Run(ctx, key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
-		time.Sleep(600 * time.Millisecond) // three leases long
+		time.Sleep(1800 * time.Millisecond) // three leases long
 		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Second, Retention: time.Hour})
 		if err != nil || a.Outcome != idem.InProgress {
 			t.Errorf("while heartbeating, a duplicate got %v, %v", a.Outcome, err)

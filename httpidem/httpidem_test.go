@@ -210,11 +210,13 @@ func TestMismatch(t *testing.T) {
 }
 
 func TestConflictWhileInFlight(t *testing.T) {
-	a := &app{delay: 300 * time.Millisecond}
+	a := &app{delay: 1500 * time.Millisecond}
 	srv := serve(t, a, httpidem.Config{})
 	done := make(chan reply)
 	go func() { done <- do(t, srv, "POST", `"slow"`, "", "") }()
-	time.Sleep(100 * time.Millisecond)
+	for a.runs.Load() == 0 { // the first request is running
+		time.Sleep(5 * time.Millisecond)
+	}
 	r := do(t, srv, "POST", `"slow"`, "", "")
 	if r.status != 409 || r.header.Get("Retry-After") == "" || !strings.HasSuffix(problemType(t, r), "#conflict") {
 		t.Fatalf("duplicate in flight: %+v", r)
@@ -249,7 +251,7 @@ func TestOutcomePolicy(t *testing.T) {
 
 func TestHoldOnGatewayTimeoutAndPanic(t *testing.T) {
 	for _, a := range []*app{{status: 504}, {panics: true}} {
-		srv := serve(t, a, httpidem.Config{Lease: 400 * time.Millisecond})
+		srv := serve(t, a, httpidem.Config{Lease: 1500 * time.Millisecond})
 		srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the panic is expected
 		req, _ := http.NewRequest("POST", srv.URL+"/payments", nil)
 		req.Header.Set("Idempotency-Key", `"k"`)
@@ -261,7 +263,7 @@ func TestHoldOnGatewayTimeoutAndPanic(t *testing.T) {
 			t.Fatalf("retry right after an ambiguous outcome: %d, want 409", r.status)
 		}
 		// …and runs again once it expired.
-		time.Sleep(600 * time.Millisecond)
+		time.Sleep(1800 * time.Millisecond)
 		req, _ = http.NewRequest("POST", srv.URL+"/payments", nil)
 		req.Header.Set("Idempotency-Key", `"k"`)
 		if resp, err := http.DefaultClient.Do(req); err == nil {

@@ -158,7 +158,7 @@ func TestGatewayKill9MidRequestHoldsLease(t *testing.T) {
 	defer srv.Close()
 	defer close(up.block)
 	store := "sqlite:" + filepath.Join(t.TempDir(), "gw.db")
-	g := startGateway(t, "--upstream", srv.URL, "--store", store, "--lease", "1s")
+	g := startGateway(t, "--upstream", srv.URL, "--store", store, "--lease", "4s")
 	go func() {
 		req, _ := http.NewRequest("POST", "http://"+g.addr+"/payments", strings.NewReader("x"))
 		req.Header.Set("Idempotency-Key", `"pay-2"`)
@@ -168,11 +168,12 @@ func TestGatewayKill9MidRequestHoldsLease(t *testing.T) {
 	}()
 	<-up.got // the upstream is working on it
 	g.kill9(t)
-	g = startGateway(t, "--upstream", srv.URL, "--store", store, "--lease", "1s", "--upstream-timeout", "5s")
+	killed := time.Now()
+	g = startGateway(t, "--upstream", srv.URL, "--store", store, "--lease", "4s", "--upstream-timeout", "5s")
 	if st, _, _ := g.post(t, `"pay-2"`, "x"); st != 409 {
 		t.Fatalf("retry while the dead gateway's lease lives: %d, want 409", st)
 	}
-	time.Sleep(1200 * time.Millisecond)
+	time.Sleep(time.Until(killed.Add(4500 * time.Millisecond)))
 	done := make(chan int)
 	go func() { st, _, _ := g.post(t, `"pay-2"`, "x"); done <- st }()
 	<-up.got

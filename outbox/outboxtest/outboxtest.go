@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,8 +179,7 @@ type sink struct {
 	got     map[string][][]byte
 	fail    func(m *outbox.Message, attempt int) outbox.Result
 	delay   time.Duration
-	inner   atomic.Int32
-	overlap atomic.Int32
+	entered chan struct{} // if set, told when a send starts
 }
 
 func newSink() *sink { return &sink{got: map[string][][]byte{}} }
@@ -191,6 +189,12 @@ func (s *sink) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	s.got[m.Key] = append(s.got[m.Key], append([]byte(nil), m.Payload...))
 	n := len(s.got[m.Key])
 	s.mu.Unlock()
+	if s.entered != nil {
+		select {
+		case s.entered <- struct{}{}:
+		default:
+		}
+	}
 	if s.delay > 0 {
 		time.Sleep(s.delay)
 	}
@@ -389,23 +393,25 @@ func testExpiredClaim(t *testing.T, b Backend) {
 	b.Store.Enqueue(ctx, msg("orphan"))
 	// A relay claims and dies: its sender never returns in time.
 	stuck := newSink()
-	stuck.delay = 700 * time.Millisecond
-	dying := relay(t, b, stuck, outbox.RelayConfig{Lease: 300 * time.Millisecond, SendTimeout: 200 * time.Millisecond})
-	go dying.RunOnce(ctx)
-	time.Sleep(100 * time.Millisecond)
+	stuck.delay = 2500 * time.Millisecond
+	stuck.entered = make(chan struct{}, 1)
+	dying := relay(t, b, stuck, outbox.RelayConfig{Lease: time.Second, SendTimeout: 500 * time.Millisecond})
+	dyingDone := make(chan struct{})
+	go func() { dying.RunOnce(ctx); close(dyingDone) }()
+	<-stuck.entered // claimed and sending
 	s := newSink()
 	r := relay(t, b, s, outbox.RelayConfig{})
 	if n, _ := r.RunOnce(ctx); n != 0 {
 		t.Fatal("a claimed row was claimed again before its lease expired")
 	}
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(1200 * time.Millisecond)
 	if n, err := r.RunOnce(ctx); n != 1 || err != nil {
 		t.Fatalf("after the lease: claimed %d, %v", n, err)
 	}
 	if s.count("orphan") != 1 {
 		t.Fatal("the orphan was not sent")
 	}
-	time.Sleep(500 * time.Millisecond) // the dying relay's late result must not overwrite
+	<-dyingDone // the dying relay's late result must not overwrite
 	if row, _ := b.Store.Get(ctx, "orphan"); row.Status != outbox.Sent || row.Tries != 1 {
 		t.Fatalf("row %+v", row)
 	}

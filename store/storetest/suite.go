@@ -350,11 +350,11 @@ func testHeartbeat(t *testing.T, s idem.Store) {
 func testRetention(t *testing.T, s idem.Store) {
 	ctx := context.Background()
 	a := mustAcquire(t, s, req("k"), idem.Acquired)
-	if err := s.Complete(ctx, "k", a.Fence, []byte("r"), 200*time.Millisecond); err != nil {
+	if err := s.Complete(ctx, "k", a.Fence, []byte("r"), time.Second); err != nil {
 		t.Fatal(err)
 	}
 	mustAcquire(t, s, req("k"), idem.Replayed)
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(1300 * time.Millisecond)
 	if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("Get after retention: %v, want ErrNotFound", err)
 	}
