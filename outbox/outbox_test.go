@@ -3,8 +3,10 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -109,4 +111,41 @@ func TestSQLite(t *testing.T) {
 		t.Cleanup(func() { db.Close() })
 		return sqlBackend(t, db, outbox.SQLite, "")
 	})
+}
+
+// TestListenNotifyWakesTheRelay: with a 30s poll interval, a committed row
+// is sent within a second because the insert trigger's NOTIFY wakes the
+// relay.
+func TestListenNotifyWakesTheRelay(t *testing.T) {
+	pool, schema := pgPool(t)
+	s, err := outbox.NewPgx(pool, schema)
+	must(t, s, err)
+	defer s.Close()
+	ctx := context.Background()
+	sent := make(chan time.Time, 4)
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s, PollInterval: 30 * time.Second,
+		Sender: outbox.SenderFunc(func(ctx context.Context, m *outbox.Message) outbox.Result {
+			sent <- time.Now()
+			return outbox.Result{Status: outbox.Sent}
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(ctx, func(err error) { t.Error(err) }); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	time.Sleep(300 * time.Millisecond) // the relay is idle, listening
+	for i := range 2 {
+		start := time.Now()
+		if err := s.Enqueue(ctx, outbox.Message{Key: fmt.Sprint("wake-", i), Destination: "test://x"}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case at := <-sent:
+			t.Logf("sent %v after the commit", at.Sub(start).Round(time.Millisecond))
+		case <-time.After(5 * time.Second):
+			t.Fatal("the relay did not wake up on NOTIFY")
+		}
+	}
 }
