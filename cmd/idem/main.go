@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -23,7 +24,11 @@ func main() {
 		if code, ok := err.(exitCode); ok {
 			os.Exit(int(code))
 		}
-		fmt.Fprintln(os.Stderr, "idem:", err)
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "idem") {
+			msg = "idem: " + msg
+		}
+		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(1)
 	}
 }
