@@ -1,0 +1,50 @@
+// Package otelidem records an idem.Guard's events as OpenTelemetry metrics,
+// for any exporter the application configured (OTLP, Prometheus, stdout):
+//
+//	idem.acquisitions      counter    outcome (acquired, taken-over, in-progress, replayed, mismatch, poisoned), cached
+//	idem.settlements       counter    disposition (complete, fail, release, hold)
+//	idem.store.duration    histogram  seconds per store operation, by phase (acquire, settle, heartbeat)
+//	idem.store.errors      counter    failed store operations, by phase
+//
+// Use it as idem.Config.Observer.
+package otelidem
+
+import (
+	"context"
+	"errors"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/idemgo/idem"
+)
+
+// Observer returns an observer recording into meters of mp.
+func Observer(mp metric.MeterProvider) (func(idem.Event), error) {
+	m := mp.Meter("github.com/idemgo/idem")
+	acq, err1 := m.Int64Counter("idem.acquisitions", metric.WithDescription("Acquisitions by outcome; a duplicate is replayed, in-progress or a mismatch."))
+	set, err2 := m.Int64Counter("idem.settlements", metric.WithDescription("Records settled after the work ran, by disposition."))
+	dur, err3 := m.Float64Histogram("idem.store.duration", metric.WithUnit("s"), metric.WithDescription("Store operation latency by phase."))
+	errs, err4 := m.Int64Counter("idem.store.errors", metric.WithDescription("Failed store operations by phase (stale fences excluded)."))
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return nil, err
+	}
+	ctx := context.Background()
+	return func(e idem.Event) {
+		phase := metric.WithAttributes(attribute.String("phase", e.Phase))
+		if e.Err != nil && !errors.Is(e.Err, idem.ErrStaleFence) {
+			errs.Add(ctx, 1, phase)
+		}
+		if !e.Cached && e.Duration > 0 {
+			dur.Record(ctx, e.Duration.Seconds(), phase)
+		}
+		switch e.Phase {
+		case "acquire":
+			if e.Err == nil {
+				acq.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", e.Outcome.String()), attribute.Bool("cached", e.Cached)))
+			}
+		case "settle":
+			set.Add(ctx, 1, metric.WithAttributes(attribute.String("disposition", e.Disposition.String())))
+		}
+	}, nil
+}
