@@ -1,6 +1,3 @@
-// Package memstore is an in-process idem.Store: a sharded map with TTL
-// sweeping. It is for tests and single-process services; its records die with
-// the process.
 package memstore
 
 import (

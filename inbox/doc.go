@@ -1,0 +1,17 @@
+// Package inbox is the transactional idempotent consumer: the key of every
+// processed message goes into a processed_events table in the same
+// transaction as the business change it caused. The key is inserted first
+// (ON CONFLICT DO NOTHING); no row inserted means the message was processed
+// before: roll back, report Duplicate, acknowledge. The effect is exactly
+// once relative to that database, with no lease to manage.
+//
+// The key is the producer's correlation id — an order number, a payment
+// instruction id — never the broker's message id: a broker gives a message a
+// new id when it is republished from a dead-letter queue, replayed from an
+// archive or re-sent by a producer that timed out, and every one of those is
+// the same business intent that must not be booked twice.
+//
+// It works on PostgreSQL through pgx (pgx.Tx) and through database/sql
+// (*sql.Tx), and on SQLite through database/sql. The version guard (Guard)
+// joins the same transaction to reject stale updates that arrive late.
+package inbox
