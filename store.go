@@ -147,6 +147,14 @@ func (l Limits) CheckRetention(d time.Duration) error {
 	return nil
 }
 
+// CheckHeartbeat validates the arguments of Heartbeat.
+func (l Limits) CheckHeartbeat(key string, lease time.Duration) error {
+	if err := ValidateStorageKey(key); err != nil {
+		return err
+	}
+	return l.CheckLease(lease)
+}
+
 // CheckSettle validates the arguments of Complete or Fail.
 func (l Limits) CheckSettle(key string, result []byte, retention time.Duration) error {
 	if err := ValidateStorageKey(key); err != nil {

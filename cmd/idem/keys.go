@@ -288,19 +288,7 @@ func newKeysPurgeCmd() *cobra.Command {
 		)
 		total := 0
 		const batch = 1000
-		if expired {
-			for {
-				n, err := s.Sweep(cmd.Context(), batch)
-				if err != nil {
-					return err
-				}
-				total += n
-				_ = bar.Add(n)
-				if n < batch {
-					break
-				}
-			}
-		} else {
+		if all {
 			l, err := lister(s)
 			if err != nil {
 				return err
@@ -321,16 +309,17 @@ func newKeysPurgeCmd() *cobra.Command {
 				total += len(page)
 				_ = bar.Add(len(page))
 			}
-			// Records past retention are invisible to List; sweep them too.
-			for {
-				n, err := s.Sweep(cmd.Context(), batch)
-				if err != nil {
-					return err
-				}
-				total += n
-				if n < batch {
-					break
-				}
+		}
+		// Records past retention (with --all, the ones List does not show).
+		for {
+			n, err := s.Sweep(cmd.Context(), batch)
+			if err != nil {
+				return err
+			}
+			total += n
+			_ = bar.Add(n)
+			if n < batch {
+				break
 			}
 		}
 		_ = bar.Finish()

@@ -270,10 +270,7 @@ func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
 
 // Heartbeat implements idem.Store.
 func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
-	if err := idem.ValidateStorageKey(key); err != nil {
-		return err
-	}
-	if err := s.limits.CheckLease(lease); err != nil {
+	if err := s.limits.CheckHeartbeat(key, lease); err != nil {
 		return err
 	}
 	return s.exec(ctx, "heartbeat", s.sql.heartbeat, key, int64(fence), lease.Milliseconds())

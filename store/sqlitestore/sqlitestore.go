@@ -305,10 +305,7 @@ func (s *Store) owned(ctx context.Context, op string, st *sql.Stmt, args ...any)
 
 // Heartbeat implements idem.Store.
 func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
-	if err := idem.ValidateStorageKey(key); err != nil {
-		return err
-	}
-	if err := s.limits.CheckLease(lease); err != nil {
+	if err := s.limits.CheckHeartbeat(key, lease); err != nil {
 		return err
 	}
 	return s.owned(ctx, "heartbeat", s.heartbeat, key, int64(fence), s.nowMs(), lease.Milliseconds())
