@@ -56,8 +56,9 @@ type Record struct {
 	// Key is the storage key (see Key.Storage).
 	Key   string
 	State State
-	// Fence is the fencing token of the latest acquisition; it only grows
-	// while the record exists.
+	// Fence is the fencing token of the latest acquisition. It is strictly
+	// larger than every fence issued earlier for the key, also by a deleted,
+	// swept or expired record (see Store).
 	Fence uint64
 	// Fingerprint of the request that created the record.
 	Fingerprint string

@@ -14,9 +14,29 @@ import (
 // retention) are taken from the store's clock.
 //
 // Heartbeat, Complete, Fail and Release succeed only with the record's current
-// fence while it is in flight; otherwise they return ErrStaleFence and change
-// nothing. That is what stops a zombie owner, waking after its lease was taken
-// over, from overwriting the new owner's result.
+// fence while it is in flight and not past its retention; otherwise they
+// return ErrStaleFence and change nothing. That is what stops a zombie owner,
+// waking after its lease was taken over, from overwriting the new owner's
+// result.
+//
+// Fences. Every acquisition that hands out a claim (Acquired, TakenOver)
+// issues a fence strictly larger than every fence issued before for that key,
+// also across generations: after the record was deleted, swept or expired.
+// The rule is fence = max(previous fence of the record + 1, FenceFloor(store
+// clock)), the floor being the store's clock in microseconds. Within a
+// generation fences grow by the record; across generations they grow with
+// the clock, which holds as long as the store's clock does not step back past
+// the old generation's last acquisition (memstore and sqlitestore also keep a
+// process-wide FenceSequence, so there they grow even under a stopped or
+// injected clock).
+//
+// Retention. A record past its ExpiresAt is absent for every method, whether
+// or not the backend has deleted it yet: Get says ErrNotFound, Acquire starts
+// a new generation (attempts 1), and a late settle or heartbeat is
+// ErrStaleFence. Acquire never shortens a record's expiry: a takeover, a
+// re-run after a release and poisoning extend it to at least now + the
+// request's retention; a release keeps it. Complete and Fail set it to now +
+// their retention.
 type Store interface {
 	// Acquire interrogates and, where the key is free, claims it:
 	//   absent, released or past retention → Acquired (fence grows);

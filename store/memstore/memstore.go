@@ -39,6 +39,7 @@ type Store struct {
 	seed   maphash.Seed
 	clock  idem.Clock
 	limits idem.Limits
+	fences idem.FenceSequence
 
 	stop     chan struct{}
 	done     chan struct{}
@@ -145,14 +146,14 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	defer sh.mu.Unlock()
 	e, ok := sh.m[req.Key]
 	if !ok || !now.Before(e.expiresAt) {
-		var fence uint64 = 1
+		var prev uint64
 		if ok {
-			fence = e.fence + 1 // an expired record still keeps fences growing
-			*e = entry{}
+			prev = e.fence // an expired record still keeps fences growing
 		} else {
 			e = &entry{}
 			sh.m[req.Key] = e
 		}
+		fence := s.fences.Next(now, prev)
 		*e = entry{state: idem.StateInFlight, fence: fence, fingerprint: req.Fingerprint, attempts: 1,
 			leaseUntil: leaseUntil, expiresAt: expiresAt, updatedAt: now}
 		return idem.Acquisition{Outcome: idem.Acquired, Fence: fence, Record: e.record(req.Key)}, nil
@@ -174,7 +175,9 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	// attempt limit is reached.
 	if req.MaxAttempts > 0 && e.attempts >= req.MaxAttempts {
 		e.state = idem.StatePoisoned
-		e.expiresAt = expiresAt
+		if expiresAt.After(e.expiresAt) {
+			e.expiresAt = expiresAt // poisoning never shortens the retention
+		}
 		e.updatedAt = now
 		return idem.Acquisition{Outcome: idem.Poisoned, Record: e.record(req.Key)}, nil
 	}
@@ -183,7 +186,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		outcome = idem.TakenOver
 	}
 	e.state = idem.StateInFlight
-	e.fence++
+	e.fence = s.fences.Next(now, e.fence)
 	e.attempts++
 	e.leaseUntil = leaseUntil
 	if expiresAt.After(e.expiresAt) {
@@ -206,8 +209,8 @@ func (s *Store) owned(ctx context.Context, key string, fence uint64, fn func(e *
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[key]
-	if !ok || e.state != idem.StateInFlight || e.fence != fence {
-		return idem.ErrStaleFence
+	if !ok || e.state != idem.StateInFlight || e.fence != fence || !now.Before(e.expiresAt) {
+		return idem.ErrStaleFence // absent, settled, another owner's, or past retention
 	}
 	fn(e, now)
 	return nil

@@ -125,17 +125,19 @@ func buildSQL(table string) statements {
 		poison   = `(NOT ` + expired + ` AND NOT ` + mismatch + ` AND NOT ` + live + ` AND NOT ` + settled + ` AND ` + limit + `)`
 		leaseEnd = `(now() + $3::float8 * interval '1 millisecond')`
 		keepEnd  = `(now() + $4::float8 * interval '1 millisecond')`
+		// the fence floor: the server's clock in microseconds (idem.FenceFloor)
+		floor = `(extract(epoch from clock_timestamp()) * 1000000)::bigint`
 	)
 	return statements{
 		// $1 key, $2 fingerprint, $3 lease ms, $4 unsettled retention ms, $5 max attempts
 		acquire: `INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
-VALUES ($1, 1, 1, $2, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1)
+VALUES ($1, 1, ` + floor + `, $2, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1)
 ON CONFLICT (k) DO UPDATE SET
 	outcome = CASE WHEN ` + expired + ` THEN 1 WHEN ` + mismatch + ` THEN 5 WHEN ` + live + ` THEN 3
 		WHEN r.state IN (2, 3) THEN 4 WHEN r.state = 4 THEN 6 WHEN ` + limit + ` THEN 6
 		WHEN r.state = 1 THEN 2 ELSE 1 END,
 	state = CASE WHEN ` + take + ` THEN 1 WHEN ` + poison + ` THEN 4 ELSE r.state END,
-	fence = CASE WHEN ` + take + ` THEN r.fence + 1 ELSE r.fence END,
+	fence = CASE WHEN ` + take + ` THEN greatest(r.fence + 1, ` + floor + `) ELSE r.fence END,
 	fp = CASE WHEN ` + expired + ` THEN EXCLUDED.fp ELSE r.fp END,
 	attempts = CASE WHEN ` + expired + ` THEN 1 WHEN ` + take + ` THEN r.attempts + 1 ELSE r.attempts END,
 	result = CASE WHEN ` + expired + ` THEN NULL ELSE r.result END,
@@ -147,13 +149,13 @@ RETURNING outcome, ` + recordCols,
 		// $1 key, $2 fence, $3 lease ms
 		heartbeat: `UPDATE ` + table + ` SET lease_until = now() + $3::float8 * interval '1 millisecond',
 	expires_at = greatest(expires_at, now() + $3::float8 * interval '1 millisecond'), updated_at = now()
-WHERE k = $1 AND fence = $2 AND state = 1`,
+WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 		// $1 key, $2 fence, $3 retention ms, $4 state, $5 result
 		settle: `UPDATE ` + table + ` SET state = $4, result = $5, lease_until = now(),
 	expires_at = now() + $3::float8 * interval '1 millisecond', updated_at = now()
-WHERE k = $1 AND fence = $2 AND state = 1`,
+WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 		release: `UPDATE ` + table + ` SET state = 5, lease_until = now(), updated_at = now()
-WHERE k = $1 AND fence = $2 AND state = 1`,
+WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 		get:   `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k = $1 AND expires_at > now()`,
 		del:   `DELETE FROM ` + table + ` WHERE k = $1`,
 		sweep: `DELETE FROM ` + table + ` WHERE k IN (SELECT k FROM ` + table + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,

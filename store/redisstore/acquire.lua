@@ -3,18 +3,22 @@
 -- Fields: s state, f fence, p fingerprint, a attempts, l lease until (ms),
 -- e expires at (ms), u updated at (ms), r result.
 -- Returns {outcome, state, fence, fingerprint, attempts, lease, expires, updated, result}.
+-- A new fence is max(previous fence + 1, server time in microseconds), so
+-- fences keep growing after the record expired or was deleted. Fences are
+-- written with %d: tostring would round 16-digit numbers.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local fp, lease, keep, maxa = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 'p', 'a', 'l', 'e', 'u', 'r')
 local st = tonumber(r[1])
 if not st or tonumber(r[6]) <= now then
-  local fence = 1
+  local fence = floor
   if st then
-    fence = tonumber(r[2]) + 1
+    fence = math.max(tonumber(r[2]) + 1, floor)
     redis.call('HDEL', KEYS[1], 'r')
   end
-  redis.call('HSET', KEYS[1], 's', 1, 'f', fence, 'p', fp, 'a', 1, 'l', now + lease, 'e', now + keep, 'u', now)
+  redis.call('HSET', KEYS[1], 's', 1, 'f', string.format('%d', fence), 'p', fp, 'a', 1, 'l', now + lease, 'e', now + keep, 'u', now)
   redis.call('PEXPIREAT', KEYS[1], now + keep)
   return {1, 1, fence, fp, 1, now + lease, now + keep, now, false}
 end
@@ -33,7 +37,7 @@ if maxa > 0 and attempts >= maxa then
 end
 local outcome = 1
 if st == 1 then outcome = 2 end
-fence, attempts, lu, upd, st = fence + 1, attempts + 1, now + lease, now, 1
-redis.call('HSET', KEYS[1], 's', 1, 'f', fence, 'a', attempts, 'l', lu, 'e', exp, 'u', now)
+fence, attempts, lu, upd, st = math.max(fence + 1, floor), attempts + 1, now + lease, now, 1
+redis.call('HSET', KEYS[1], 's', 1, 'f', string.format('%d', fence), 'a', attempts, 'l', lu, 'e', exp, 'u', now)
 redis.call('PEXPIREAT', KEYS[1], exp)
 return answer(outcome)

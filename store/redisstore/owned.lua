@@ -5,7 +5,8 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 'e')
-if tonumber(r[1]) ~= 1 or r[2] ~= ARGV[2] then return 0 end
+-- Past its retention the record is gone, even before Redis evicts it.
+if tonumber(r[1]) ~= 1 or r[2] ~= ARGV[2] or tonumber(r[3]) <= now then return 0 end
 local op, ms = ARGV[1], tonumber(ARGV[3])
 if op == 'h' then
   local exp = tonumber(r[3])

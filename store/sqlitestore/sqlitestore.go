@@ -162,7 +162,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // The acquire statement. Parameters: ?1 key, ?2 fingerprint, ?3 now (ms),
 // ?4 lease (ms), ?5 unsettled retention (ms, at least the lease), ?6 max
-// attempts (0 = none). In DO UPDATE, bare column names are the row as it was.
+// attempts (0 = none), ?7 the fence floor (see idem.FenceFloor). In DO
+// UPDATE, bare column names are the row as it was.
 const (
 	condExpired  = `(expires_at <= ?3)`
 	condMismatch = `(fp <> ?2)`
@@ -175,13 +176,13 @@ const (
 )
 
 var acquireSQL = `INSERT INTO idem_records (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
-VALUES (?1, 1, 1, ?2, 1, NULL, ?3 + ?4, ?3 + ?5, ?3, 1)
+VALUES (?1, 1, ?7, ?2, 1, NULL, ?3 + ?4, ?3 + ?5, ?3, 1)
 ON CONFLICT (k) DO UPDATE SET
 	outcome = CASE WHEN ` + condExpired + ` THEN 1 WHEN ` + condMismatch + ` THEN 5 WHEN ` + condLive + ` THEN 3
 		WHEN state IN (2, 3) THEN 4 WHEN state = 4 THEN 6 WHEN ` + condLimit + ` THEN 6
 		WHEN state = 1 THEN 2 ELSE 1 END,
 	state = CASE WHEN ` + condTake + ` THEN 1 WHEN ` + condPoison + ` THEN 4 ELSE state END,
-	fence = CASE WHEN ` + condTake + ` THEN fence + 1 ELSE fence END,
+	fence = CASE WHEN ` + condTake + ` THEN max(fence + 1, ?7) ELSE fence END,
 	fp = CASE WHEN ` + condExpired + ` THEN ?2 ELSE fp END,
 	attempts = CASE WHEN ` + condExpired + ` THEN 1 WHEN ` + condTake + ` THEN attempts + 1 ELSE attempts END,
 	result = CASE WHEN ` + condExpired + ` THEN NULL ELSE result END,
@@ -199,12 +200,12 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.acquire, acquireSQL},
 		// ?1 key, ?2 fence, ?3 now, ?4 lease ms
 		{&s.heartbeat, `UPDATE idem_records SET lease_until = ?3 + ?4, expires_at = max(expires_at, ?3 + ?4), updated_at = ?3
-			WHERE k = ?1 AND fence = ?2 AND state = 1`},
+			WHERE k = ?1 AND fence = ?2 AND state = 1 AND expires_at > ?3`},
 		// ?1 key, ?2 fence, ?3 now, ?4 retention ms, ?5 state, ?6 result
 		{&s.settle, `UPDATE idem_records SET state = ?5, result = ?6, lease_until = 0, expires_at = ?3 + ?4, updated_at = ?3
-			WHERE k = ?1 AND fence = ?2 AND state = 1`},
+			WHERE k = ?1 AND fence = ?2 AND state = 1 AND expires_at > ?3`},
 		{&s.release, `UPDATE idem_records SET state = 5, lease_until = 0, updated_at = ?3
-			WHERE k = ?1 AND fence = ?2 AND state = 1`},
+			WHERE k = ?1 AND fence = ?2 AND state = 1 AND expires_at > ?3`},
 		{&s.get, `SELECT ` + recordCols + ` FROM idem_records WHERE k = ?1 AND expires_at > ?2`},
 		{&s.del, `DELETE FROM idem_records WHERE k = ?1`},
 		{&s.sweep, `DELETE FROM idem_records WHERE k IN (SELECT k FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)`},
@@ -226,6 +227,11 @@ func (s *Store) prepare(ctx context.Context) error {
 	}
 	return nil
 }
+
+// fences is shared by every Store of the process, so fences stay strictly
+// increasing even for a file opened twice; between processes on one file
+// the clock floor keeps them growing (see idem.FenceFloor).
+var fences idem.FenceSequence
 
 func (s *Store) nowMs() int64 { return s.clock.Now().UnixMilli() }
 
@@ -274,10 +280,11 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := s.limits.CheckAcquire(req); err != nil {
 		return idem.Acquisition{}, err
 	}
-	now := s.nowMs()
+	t := s.clock.Now()
 	var outcome int
-	rec, err := scanRecord(s.acquire.QueryRowContext(ctx, req.Key, req.Fingerprint, now,
-		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts), &outcome)
+	rec, err := scanRecord(s.acquire.QueryRowContext(ctx, req.Key, req.Fingerprint, t.UnixMilli(),
+		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts,
+		int64(fences.Next(t, 0))), &outcome)
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
 	}

@@ -73,6 +73,12 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 		{"CompactKeys", testCompact},
 		{"GuardRunsOnce", testGuardRunsOnce},
 		{"GuardCacheAndCompactKeys", testGuardCacheCompact},
+		{"FenceGrowsAcrossDelete", testFenceAcrossDelete},
+		{"FenceGrowsAcrossSweep", testFenceAcrossSweep},
+		{"FenceGrowsAcrossExpiry", testFenceAcrossExpiry},
+		{"SettlePastRetentionRefused", testSettlePastRetention},
+		{"PoisonKeepsRetention", testPoisonKeepsRetention},
+		{"ReleaseKeepsRetention", testReleaseKeepsRetention},
 	}
 	if caps.ListsRecords {
 		cases = append(cases, struct {
@@ -679,5 +685,158 @@ func testGuardCacheCompact(t *testing.T, s idem.Store) {
 	}
 	if runs != 1 {
 		t.Fatalf("work ran %d times", runs)
+	}
+}
+
+// A generation of a key ends when its record is deleted, swept or expires.
+// The next generation's fences must be larger than every fence of the
+// earlier ones, or a zombie of the old generation could settle the new
+// owner's record (and fool business writes conditioned on the fence).
+func checkNewGeneration(t *testing.T, s idem.Store, key string, old uint64) {
+	t.Helper()
+	ctx := context.Background()
+	cur := mustAcquire(t, s, req(key), idem.Acquired)
+	if cur.Fence <= old {
+		t.Fatalf("fence of the new generation %d is not larger than the old generation's %d", cur.Fence, old)
+	}
+	for op, err := range map[string]error{
+		"Heartbeat": s.Heartbeat(ctx, key, old, longLease),
+		"Complete":  s.Complete(ctx, key, old, []byte("zombie"), retention),
+		"Fail":      s.Fail(ctx, key, old, []byte("zombie"), retention),
+		"Release":   s.Release(ctx, key, old),
+	} {
+		if !errors.Is(err, idem.ErrStaleFence) {
+			t.Errorf("%s with the old generation's fence %d: err = %v, want ErrStaleFence", op, old, err)
+		}
+	}
+	rec, err := s.Get(ctx, key)
+	if err != nil || rec.State != idem.StateInFlight || rec.Fence != cur.Fence {
+		t.Fatalf("the old generation's calls changed the record: %+v, %v", rec, err)
+	}
+	if err := s.Complete(ctx, key, cur.Fence, []byte("new"), retention); err != nil {
+		t.Fatalf("the new owner's Complete: %v", err)
+	}
+}
+
+func testFenceAcrossDelete(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	// An owner still running (in flight) when an operator deletes the key.
+	a := mustAcquire(t, s, req("live"), idem.Acquired)
+	if err := s.Delete(ctx, "live"); err != nil {
+		t.Fatal(err)
+	}
+	checkNewGeneration(t, s, "live", a.Fence)
+	// A completed key deleted, re-run, deleted again: fences keep growing.
+	b := mustAcquire(t, s, req("done"), idem.Acquired)
+	if err := s.Complete(ctx, "done", b.Fence, []byte("v"), retention); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "done"); err != nil {
+		t.Fatal(err)
+	}
+	checkNewGeneration(t, s, "done", b.Fence)
+	rec, err := s.Get(ctx, "done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "done"); err != nil {
+		t.Fatal(err)
+	}
+	checkNewGeneration(t, s, "done", rec.Fence)
+}
+
+func testFenceAcrossSweep(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	if err := s.Complete(ctx, "k", a.Fence, []byte("v"), 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if _, err := s.Sweep(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	checkNewGeneration(t, s, "k", a.Fence)
+}
+
+func testFenceAcrossExpiry(t *testing.T, s idem.Store) {
+	// An owner whose lease and retention both ran out (a long GC pause): the
+	// record expires unswept (or by the backend's TTL) and the key is new.
+	r := req("k")
+	r.Lease, r.Retention = shortLease, shortLease
+	a := mustAcquire(t, s, r, idem.Acquired)
+	time.Sleep(shortLease + 100*time.Millisecond)
+	checkNewGeneration(t, s, "k", a.Fence)
+}
+
+// testSettlePastRetention: a record past its retention is gone, whether or
+// not the backend has deleted it yet, so its owner can no longer settle or
+// heartbeat it: the answer is ErrStaleFence on every backend.
+func testSettlePastRetention(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	r := req("k")
+	r.Lease, r.Retention = shortLease, shortLease
+	ops := []string{"Complete", "Fail", "Release", "Heartbeat"}
+	fences := map[string]uint64{}
+	for _, op := range ops {
+		r.Key = "k-" + op
+		fences[op] = mustAcquire(t, s, r, idem.Acquired).Fence
+	}
+	time.Sleep(shortLease + 100*time.Millisecond)
+	for _, op := range ops {
+		key, fence := "k-"+op, fences[op]
+		var err error
+		switch op {
+		case "Complete":
+			err = s.Complete(ctx, key, fence, []byte("late"), retention)
+		case "Fail":
+			err = s.Fail(ctx, key, fence, []byte("late"), retention)
+		case "Release":
+			err = s.Release(ctx, key, fence)
+		case "Heartbeat":
+			err = s.Heartbeat(ctx, key, fence, longLease)
+		}
+		if !errors.Is(err, idem.ErrStaleFence) {
+			t.Errorf("%s past the record's retention: err = %v, want ErrStaleFence", op, err)
+		}
+		if rec, err := s.Get(ctx, key); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("%s past the record's retention revived it: %+v, %v", op, rec, err)
+		}
+	}
+}
+
+// testPoisonKeepsRetention: poisoning never shortens how long the record is
+// kept; it extends it to at least now + the request's retention.
+func testPoisonKeepsRetention(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	r := req("k")
+	r.MaxAttempts = 1
+	a := mustAcquire(t, s, r, idem.Acquired)
+	before := a.Record.ExpiresAt
+	if err := s.Release(ctx, "k", a.Fence); err != nil {
+		t.Fatal(err)
+	}
+	short := r
+	short.Retention = time.Second
+	p := mustAcquire(t, s, short, idem.Poisoned)
+	if p.Record.ExpiresAt.Before(before) {
+		t.Fatalf("poisoning shortened the expiry from %v to %v", before, p.Record.ExpiresAt)
+	}
+	rec, err := s.Get(ctx, "k")
+	if err != nil || rec.State != idem.StatePoisoned || rec.ExpiresAt.Before(before) {
+		t.Fatalf("poisoned record %+v, %v; want expiry at or after %v", rec, err, before)
+	}
+}
+
+// testReleaseKeepsRetention: a released record keeps its expiry (so its
+// attempts keep counting toward MaxAttempts for the whole retention).
+func testReleaseKeepsRetention(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	if err := s.Release(ctx, "k", a.Fence); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(ctx, "k")
+	if err != nil || rec.State != idem.StateReleased || rec.ExpiresAt.Before(a.Record.ExpiresAt.Add(-time.Second)) {
+		t.Fatalf("released record %+v, %v; want expiry about %v", rec, err, a.Record.ExpiresAt)
 	}
 }
