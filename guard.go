@@ -250,7 +250,9 @@ func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, work Wo
 		return work(ctx, fence)
 	}
 	wctx, cancel := context.WithCancelCause(ctx)
-	hb := &heartbeat{g: g, ctx: wctx, cancel: cancel, key: skey, fence: fence}
+	// The heartbeats outlive the caller: if the caller gives up while the
+	// work keeps running, the lease must live as long as the work does.
+	hb := &heartbeat{g: g, ctx: context.WithoutCancel(ctx), cancel: cancel, key: skey, fence: fence}
 	hb.start()
 	defer func() {
 		hb.stop()
@@ -329,9 +331,10 @@ func (g *Guard) Forget(ctx context.Context, key Key) error {
 	return g.cfg.Store.Delete(ctx, skey)
 }
 
-// heartbeat extends the lease every HeartbeatInterval while the work runs.
-// When the store says the fence is stale, the lease is lost: the work's
-// context is cancelled with ErrStaleFence as its cause.
+// heartbeat extends the lease every HeartbeatInterval for as long as the work
+// runs — not as long as the caller waits: its store calls do not end with the
+// caller's context. When the store says the fence is stale, the lease is
+// lost: the work's context is cancelled with ErrStaleFence as its cause.
 type heartbeat struct {
 	g      *Guard
 	ctx    context.Context
@@ -352,7 +355,11 @@ func (h *heartbeat) start() {
 
 func (h *heartbeat) beat() {
 	start := h.g.cfg.Clock.Now()
-	err := h.g.cfg.Store.Heartbeat(h.ctx, h.key, h.fence, h.g.cfg.Lease)
+	// One beat may take at most the time left before the lease would end
+	// had this beat been skipped; a hung store call must not delay the next.
+	ctx, cancel := context.WithTimeout(h.ctx, h.g.cfg.Lease-h.g.cfg.HeartbeatInterval)
+	err := h.g.cfg.Store.Heartbeat(ctx, h.key, h.fence, h.g.cfg.Lease)
+	cancel()
 	h.g.observe(Event{Phase: "heartbeat", Key: h.key, Fence: h.fence, Duration: h.g.since(start), Err: err})
 	if errors.Is(err, ErrStaleFence) {
 		h.cancel(ErrStaleFence)

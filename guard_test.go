@@ -65,6 +65,7 @@ func TestPolicyPerOutcome(t *testing.T) {
 		{"transient failure releases", errors.New("connection reset"), idem.StateReleased, true},
 		{"ambiguous failure holds", idem.Ambiguous(errors.New("timeout after send")), idem.StateInFlight, false},
 		{"deadline exceeded holds", context.DeadlineExceeded, idem.StateInFlight, false},
+		{"caller cancelled mid-work holds", context.Canceled, idem.StateInFlight, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -297,5 +298,83 @@ func TestCacheAndObserver(t *testing.T) {
 	}
 	if acquires != 5 || settles != 1 || cached != 4 {
 		t.Fatalf("events: %d acquires (%d cached), %d settles; want 5 (4), 1", acquires, cached, settles)
+	}
+}
+
+// manualClock is a clock a test moves by hand.
+type manualClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *manualClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+
+func (c *manualClock) Add(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }
+
+// TestCallerCancelKeepsLease: the caller gives up (its context is cancelled)
+// while the work keeps running (it ignores ctx, or calls a payment API with
+// context.WithoutCancel). The lease must be kept for as long as the work
+// runs, or a duplicate takes over and the work runs twice at once.
+func TestCallerCancelKeepsLease(t *testing.T) {
+	clock := &manualClock{now: time.Unix(1_800_000_000, 0)}
+	s := memstore.New(memstore.Config{Clock: clock, SweepInterval: -1})
+	t.Cleanup(func() { s.Close() })
+	beats := make(chan error, 1000)
+	g, err := idem.NewGuard(idem.Config{Store: s, Lease: time.Second, HeartbeatInterval: 5 * time.Millisecond,
+		Observer: func(e idem.Event) {
+			if e.Phase == "heartbeat" {
+				beats <- e.Err
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	started, finish := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.Run(ctx, key, nil, func(_ context.Context, fence uint64) ([]byte, error) {
+			close(started)
+			<-finish // ignores its context, like a call made WithoutCancel
+			return []byte("paid"), nil
+		})
+		done <- err
+	}()
+	<-started
+	cancel()
+	// waitBeat waits for a heartbeat that the store accepted after now.
+	waitBeat := func() {
+		t.Helper()
+		deadline := time.After(5 * time.Second)
+		var last error
+		for {
+			select {
+			case err := <-beats:
+				if err == nil {
+					return
+				}
+				last = err
+			case <-deadline:
+				t.Fatalf("no heartbeat succeeded after the caller cancelled (last: %v): the lease lapses while the work runs", last)
+			}
+		}
+	}
+	dup := idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Second, Retention: time.Hour}
+	for range 3 { // three leases long, past the first lease's end
+		clock.Add(800 * time.Millisecond)
+		for len(beats) > 0 {
+			<-beats
+		}
+		waitBeat()
+		if a, err := s.Acquire(context.Background(), dup); err != nil || a.Outcome != idem.InProgress {
+			t.Fatalf("while the work still runs, a duplicate got %v, %v", a.Outcome, err)
+		}
+	}
+	close(finish)
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if a, err := s.Acquire(context.Background(), dup); err != nil || a.Outcome != idem.Replayed || string(a.Record.Result) != "paid" {
+		t.Fatalf("after the work finished: %v %q %v", a.Outcome, a.Record.Result, err)
 	}
 }

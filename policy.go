@@ -67,8 +67,10 @@ func Ambiguous(err error) error {
 }
 
 // DefaultClassify is the default failure policy: nil → Complete; an error
-// marked Permanent → Fail; an error marked Ambiguous, or a deadline exceeded,
-// → Hold; any other error → Release (transient: the retry runs the work).
+// marked Permanent → Fail; an error marked Ambiguous, a deadline exceeded or
+// a cancellation (context.Canceled: the caller gave up, or the lease was lost,
+// while the work ran — its effect may have happened) → Hold; any other error
+// → Release (transient: the retry runs the work).
 func DefaultClassify(err error) Disposition {
 	if err == nil {
 		return Complete
@@ -78,7 +80,7 @@ func DefaultClassify(err error) Disposition {
 		return Fail
 	}
 	var a ambiguousError
-	if errors.As(err, &a) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.As(err, &a) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return Hold
 	}
 	return Release
