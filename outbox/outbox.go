@@ -174,7 +174,7 @@ CREATE TRIGGER idem_outbox_notify AFTER INSERT OR UPDATE OF status ON ` + s.t("i
 }
 
 type queries struct {
-	insert, existing, counter, claim, sent, failed, ack, retry, list, get, purge string
+	insert, existing, counter, claim, sent, unclaim, failed, ack, retry, list, get, purge string
 }
 
 func newStore(d Dialect, db conn, schema string) (*Store, error) {
@@ -200,11 +200,13 @@ RETURNING id, key, destination, payload, headers, tries`,
 		// $1 claim token, $2 status, then ids
 		sent: `UPDATE ` + tbl + ` SET status = $2, tries = tries + 1, last_error = '', sent_at = ` + s.now() + `,
 	acked_at = CASE WHEN $2 = 'acked' THEN ` + s.now() + ` ELSE acked_at END, claimed_by = NULL, claimed_until = NULL
-WHERE claimed_by = $1 AND `,
+WHERE claimed_by = $1 AND status = 'pending' AND `,
+		// $1 claim token, then ids
+		unclaim: `UPDATE ` + tbl + ` SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = $1 AND `,
 		// $1 claim token, $2 id, $3 error, $4 backoff ms, $5 dead (0/1 as status text)
 		failed: `UPDATE ` + tbl + ` SET status = $5, tries = tries + 1, last_error = $3,
 	next_attempt_at = ` + s.plusMs("$4") + `, claimed_by = NULL, claimed_until = NULL
-WHERE claimed_by = $1 AND id = $2`,
+WHERE claimed_by = $1 AND id = $2 AND status = 'pending'`,
 		ack:   `UPDATE ` + tbl + ` SET status = 'acked', acked_at = ` + s.now() + ` WHERE key = $1 AND status IN ('pending', 'sent', 'acked')`,
 		retry: `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,
 		list:  `SELECT ` + cols + ` FROM ` + tbl + ` WHERE id > $1 AND ($2 = '' OR status = $2) ORDER BY id LIMIT $3`,
@@ -359,32 +361,44 @@ func (s *Store) claim(ctx context.Context, token string, lease time.Duration, n 
 	return out, rs.Err()
 }
 
-// markSent records the success of ids claimed by token.
+// markSent records the success of ids claimed by token. A row acked or made
+// dead meanwhile (Ack, an operator) keeps its status: those are terminal.
 func (s *Store) markSent(ctx context.Context, token string, st Status, ids []int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	var q string
-	args := []any{token, string(st)}
-	if s.d == Postgres {
-		q = s.q.sent + `id = ANY($3)`
-		args = append(args, ids)
-	} else {
-		var b strings.Builder
-		b.WriteString(s.q.sent + "id IN (")
-		for i, id := range ids {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(strconv.FormatInt(id, 10))
-		}
-		b.WriteByte(')')
-		q = b.String()
-	}
+	q, args := s.withIDs(s.q.sent, []any{token, string(st)}, ids)
 	if _, err := s.db.Exec(ctx, q, args...); err != nil {
 		return fmt.Errorf("idem/outbox: mark sent: %w", err)
 	}
 	return nil
+}
+
+// unclaim hands rows claimed by token back unsent: due again at once.
+func (s *Store) unclaim(ctx context.Context, token string, ids []int64) error {
+	q, args := s.withIDs(s.q.unclaim, []any{token}, ids)
+	if _, err := s.db.Exec(ctx, q, args...); err != nil {
+		return fmt.Errorf("idem/outbox: hand back unsent rows: %w", err)
+	}
+	return nil
+}
+
+// withIDs ends q with a condition on id being one of ids: an array parameter
+// on PostgreSQL, a literal list elsewhere.
+func (s *Store) withIDs(q string, args []any, ids []int64) (string, []any) {
+	if s.d == Postgres {
+		return q + `id = ANY($` + strconv.Itoa(len(args)+1) + `)`, append(args, ids)
+	}
+	var b strings.Builder
+	b.WriteString(q + "id IN (")
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(id, 10))
+	}
+	b.WriteByte(')')
+	return b.String(), args
 }
 
 // markFailed records a failed attempt: back to pending after backoff, or

@@ -59,10 +59,15 @@ type RelayConfig struct {
 	// Concurrency is how many sends of a batch run at once. Defaults to 32.
 	Concurrency int
 	// Lease is how long a claim lives; a relay killed mid-batch leaves its
-	// rows to be claimed again after it. Defaults to 1m; keep it above
-	// SendTimeout.
+	// rows to be claimed again after it. Defaults to 1m. A relay starts a
+	// send only while the claim has time left for it and for recording the
+	// outcome (SendTimeout + Lease/4); rows it could not start in time are
+	// handed back at the end of the batch. So no configuration lets a second
+	// relay re-claim a row the first has sent or is sending, however slow
+	// the sends and however large the batch.
 	Lease time.Duration
-	// SendTimeout bounds one send. Defaults to 30s.
+	// SendTimeout bounds one send. Defaults to 30s; at most 3/4 of Lease
+	// (the rest is kept for recording outcomes).
 	SendTimeout time.Duration
 	// PollInterval is the longest wait for new rows when idle (PostgreSQL
 	// wakes the relay at once through LISTEN/NOTIFY). Defaults to 1s.
@@ -108,8 +113,8 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	def(&cfg.PollInterval, time.Second)
 	def(&cfg.BackoffMin, time.Second)
 	def(&cfg.BackoffMax, 5*time.Minute)
-	if cfg.SendTimeout >= cfg.Lease {
-		return nil, fmt.Errorf("idem/outbox: RelayConfig.SendTimeout %v must be shorter than Lease %v", cfg.SendTimeout, cfg.Lease)
+	if cfg.SendTimeout > cfg.Lease-recordMargin(cfg.Lease) {
+		return nil, fmt.Errorf("idem/outbox: RelayConfig.SendTimeout %v must be at most 3/4 of Lease %v (the rest is kept for recording outcomes)", cfg.SendTimeout, cfg.Lease)
 	}
 	return &Relay{cfg: cfg}, nil
 }
@@ -130,10 +135,20 @@ func newToken() string {
 	return hex.EncodeToString(b[:])
 }
 
+// recordMargin is the part of a claim's lease kept for recording outcomes
+// after the last send.
+func recordMargin(lease time.Duration) time.Duration { return lease / 4 }
+
 // RunOnce claims one batch, sends it and records every outcome. It returns
-// how many rows it claimed. In-flight sends finish even if ctx ends.
+// how many rows it claimed. In-flight sends finish even if ctx ends. A send
+// starts only if it can end (SendTimeout) with the claim's margin for
+// recording left; the rows not started are handed back unsent, due at once.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	token := newToken()
+	// The claim ends Lease after the store's clock read it, which is after
+	// this instant: measuring from here is conservative, whatever the skew.
+	claimed := time.Now()
+	lastStart := claimed.Add(r.cfg.Lease - recordMargin(r.cfg.Lease) - r.cfg.SendTimeout)
 	batch, err := r.cfg.Store.claim(ctx, token, r.cfg.Lease, r.cfg.Batch)
 	if err != nil || len(batch) == 0 {
 		return 0, err
@@ -142,8 +157,16 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	results := make([]Result, len(batch))
 	sem := make(chan struct{}, r.cfg.Concurrency)
 	var wg sync.WaitGroup
+	var unsent []int64
 	for i := range batch {
 		sem <- struct{}{}
+		if time.Now().After(lastStart) {
+			<-sem
+			for _, c := range batch[i:] {
+				unsent = append(unsent, c.ID)
+			}
+			break
+		}
 		wg.Add(1)
 		go func(i int) {
 			defer func() { <-sem; wg.Done() }()
@@ -158,7 +181,10 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	wg.Wait()
 	var sent, acked []int64
 	var errs []error
-	for i, res := range results {
+	if len(unsent) > 0 {
+		errs = append(errs, r.cfg.Store.unclaim(bg, token, unsent))
+	}
+	for i, res := range results[:len(batch)-len(unsent)] {
 		switch res.Status {
 		case Sent:
 			sent = append(sent, batch[i].ID)

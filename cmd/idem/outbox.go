@@ -283,8 +283,8 @@ claims expire after --lease and are retried. SIGTERM finishes the sends in fligh
 		router, closeSenders := senders.New(senders.HTTPConfig{Timeout: httpTimeout})
 		defer closeSenders()
 		cfg.Store, cfg.Sender, cfg.SendTimeout = s, router, httpTimeout
-		if cfg.Lease <= cfg.SendTimeout {
-			cfg.Lease = cfg.SendTimeout + 10*time.Second
+		if cfg.SendTimeout > cfg.Lease*3/4 {
+			cfg.Lease = 2 * cfg.SendTimeout // room to send and to record the outcome
 		}
 		m := newRelayMetrics(s)
 		cfg.OnResult = m.result

@@ -37,6 +37,8 @@ func Run(t *testing.T, open func(t testing.TB) Backend) {
 		{"TwoRelaysNeverSendAClaimedRowTwice", testTwoRelays},
 		{"ExpiredClaimIsRetried", testExpiredClaim},
 		{"PurgeDeliveredOnly", testPurge},
+		{"AckDuringSendIsKept", testAckDuringSend},
+		{"SlowBatchNeverOutlivesItsClaim", testSlowBatch},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -439,6 +441,99 @@ func testPurge(t *testing.T, b Backend) {
 	for k, want := range map[string]bool{"done-1": false, "fails": true, "waiting": true} {
 		if _, err := b.Store.Get(ctx, k); (err == nil) != want {
 			t.Errorf("%s kept = %v, want %v", k, err == nil, want)
+		}
+	}
+}
+
+// testAckDuringSend: a receipt (an MDN, a business ack) that lands while a
+// relay holds the row is final: neither the relay's failed attempt nor its
+// success may turn acked back into pending or sent.
+func testAckDuringSend(t *testing.T, b Backend) {
+	ctx := context.Background()
+	for _, k := range []string{"ack-then-fail", "ack-then-sent"} {
+		if err := b.Store.Enqueue(ctx, msg(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	entered, proceed := make(chan string, 2), make(chan struct{})
+	s := outbox.SenderFunc(func(ctx context.Context, m *outbox.Message) outbox.Result {
+		entered <- m.Key
+		<-proceed
+		if m.Key == "ack-then-fail" {
+			return outbox.Result{Status: outbox.Pending, Err: errors.New("timeout reading the answer")}
+		}
+		return outbox.Result{Status: outbox.Sent}
+	})
+	r := relay(t, b, s, outbox.RelayConfig{Concurrency: 2})
+	done := make(chan error, 1)
+	go func() { _, err := r.RunOnce(ctx); done <- err }()
+	<-entered
+	<-entered
+	for _, k := range []string{"ack-then-fail", "ack-then-sent"} {
+		if err := b.Store.Ack(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(proceed)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"ack-then-fail", "ack-then-sent"} {
+		if row, err := b.Store.Get(ctx, k); err != nil || row.Status != outbox.Acked {
+			t.Errorf("%s: the relay overwrote the ack: %+v, %v", k, row, err)
+		}
+	}
+	// Nothing is due: an acked row is never sent again.
+	if n, err := r.RunOnce(ctx); n != 0 || err != nil {
+		t.Fatalf("after the ack the relay claimed %d rows, %v", n, err)
+	}
+}
+
+// testSlowBatch: a batch whose sends take longer than the claim's lease (here
+// 8 sends of 150ms one at a time against a 600ms lease) must not let a second
+// relay re-claim and re-send rows the first already sent or is about to.
+func testSlowBatch(t *testing.T, b Backend) {
+	ctx := context.Background()
+	const n = 8
+	for i := range n {
+		if err := b.Store.Enqueue(ctx, msg(fmt.Sprint("slow", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := newSink()
+	s.delay = 150 * time.Millisecond
+	cfg := outbox.RelayConfig{Batch: n, Concurrency: 1, Lease: 600 * time.Millisecond, SendTimeout: 200 * time.Millisecond}
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(10 * time.Second)
+	for range 2 {
+		r := relay(t, b, s, cfg)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				if _, err := r.RunOnce(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+				st, err := b.Store.Stats(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if st.Pending == 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		k := fmt.Sprint("slow", i)
+		if c := s.count(k); c != 1 {
+			t.Errorf("%s sent %d times by two relays", k, c)
+		}
+		if row, err := b.Store.Get(ctx, k); err != nil || row.Status != outbox.Sent {
+			t.Errorf("%s: %+v, %v", k, row, err)
 		}
 	}
 }
