@@ -85,7 +85,7 @@ func TestStorableDropsHopByHop(t *testing.T) {
 		"Connection": {"keep-alive, X-Conn-Secret"}, "Keep-Alive": {"timeout=5"}, "X-Conn-Secret": {"s"},
 		"Transfer-Encoding": {"chunked"}, "Date": {"now"}, "Content-Type": {"text/plain"}, "X-Request-Id": {"1"},
 	}
-	got := storable(h)
+	got := storable(h, false)
 	want := http.Header{"Content-Type": {"text/plain"}, "X-Request-Id": {"1"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("stored headers %v, want %v", got, want)

@@ -54,10 +54,23 @@ type Config struct {
 	// MaxKeyBytes bounds the key. Defaults to 255 (the most idem allows).
 	MaxKeyBytes int
 	// Principal names the caller; keys are scoped by method, path and
-	// principal, so no principal can receive another's stored response.
-	// Defaults to a hash of the Authorization header ("anonymous" without
-	// one).
+	// principal, so a stored response is replayed only to the principal
+	// that caused it. Defaults to DefaultPrincipal: the Authorization
+	// header, else the request's cookies, else anonymous. See
+	// ParsePrincipal for the other choices (a header set by an auth proxy,
+	// one session cookie, none).
 	Principal func(*http.Request) string
+	// StoreSetCookie stores (and so replays) the response's Set-Cookie
+	// fields. Defaults to false: a retry never receives a session cookie
+	// minted for the first request; the first response still carries it.
+	StoreSetCookie bool
+	// FinishTimeout is how long the handler may keep running after its
+	// client has gone: a request with a key is finished and its answer
+	// stored for the retry, so the handler's context is not cancelled when
+	// the client leaves, only this long after it (then the key is held
+	// until its lease expires, as the work may have happened). Defaults to
+	// 30s.
+	FinishTimeout time.Duration
 	// Fingerprint hashes what must be identical for a replay. Same key with
 	// another fingerprint is answered 422 and never executed. Defaults to a
 	// hash of the method, the path with query, and the body.
@@ -150,7 +163,13 @@ func New(cfg Config) (func(http.Handler) http.Handler, error) {
 		return nil, fmt.Errorf("idem/httpidem: Config.MaxKeyBytes is %d, want 1 to %d", cfg.MaxKeyBytes, idem.MaxIDBytes)
 	}
 	if cfg.Principal == nil {
-		cfg.Principal = AuthorizationPrincipal
+		cfg.Principal = DefaultPrincipal
+	}
+	if cfg.FinishTimeout == 0 {
+		cfg.FinishTimeout = 30 * time.Second
+	}
+	if cfg.FinishTimeout < 0 {
+		return nil, errors.New("idem/httpidem: Config.FinishTimeout must not be negative")
 	}
 	if cfg.Fingerprint == nil {
 		cfg.Fingerprint = DefaultFingerprint
@@ -193,18 +212,20 @@ func New(cfg Config) (func(http.Handler) http.Handler, error) {
 	return m.wrap, nil
 }
 
-// AuthorizationPrincipal is the default Principal: a hash of the
-// Authorization header, or "anonymous" without one. The credential itself is
-// never stored.
+// AuthorizationPrincipal is a hash of the Authorization header, or
+// "anonymous" without one. The credential itself is never stored.
 func AuthorizationPrincipal(r *http.Request) string {
 	a := r.Header.Get("Authorization")
 	if a == "" {
 		return "anonymous"
 	}
-	sum := sha256.Sum256([]byte(a))
-	return "auth:" + hex.EncodeToString(sum[:12])
+	return "auth:" + digest(a)
 }
 
+func digest(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:12])
+}
 // DefaultFingerprint hashes the method, the path with its query, and the
 // body.
 func DefaultFingerprint(r *http.Request, body []byte) string {
@@ -332,7 +353,17 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				h.Set(ExpiresHeader, time.Now().Add(m.cfg.Retention).UTC().Format(http.TimeFormat))
 			}
 		}
-		next.ServeHTTP(rec, r.WithContext(ctx))
+		hctx, stop := finishWithoutClient(ctx, m.cfg.FinishTimeout)
+		defer stop()
+		next.ServeHTTP(rec, r.WithContext(hctx))
+		if hctx.Err() != nil && (!rec.wroteFinal || m.cfg.Policy(rec.status) != idem.Complete) {
+			// Cancelled (finish timeout, lost lease) before a storable
+			// answer: the work may have happened. Hold.
+			if !rec.wroteFinal {
+				rec.WriteHeader(http.StatusServiceUnavailable)
+			}
+			return nil, idem.Ambiguous(&dispositionError{idem.Hold, "handler cancelled: " + context.Cause(hctx).Error()})
+		}
 		if !rec.wroteFinal {
 			rec.WriteHeader(http.StatusOK)
 		}
@@ -341,7 +372,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return nil, &dispositionError{idem.Release, "response too large to store"}
 		}
 		if d == idem.Complete {
-			return encodeResponse(rec.status, storable(rec.header), rec.body.Bytes()), nil
+			return encodeResponse(rec.status, storable(rec.header, m.cfg.StoreSetCookie), rec.body.Bytes()), nil
 		}
 		if d == idem.Hold {
 			return nil, idem.Ambiguous(&dispositionError{idem.Hold, "status " + strconv.Itoa(rec.status)})
@@ -426,7 +457,10 @@ func (m *middleware) problem(w http.ResponseWriter, status int, slug, title, det
 var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Date", ReplayedHeader}
 
-func storable(h http.Header) http.Header {
+func storable(h http.Header, setCookie bool) http.Header {
+	if !setCookie {
+		h.Del("Set-Cookie")
+	}
 	for _, f := range h.Values("Connection") {
 		for _, name := range strings.Split(f, ",") {
 			h.Del(strings.TrimSpace(name))

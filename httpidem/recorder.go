@@ -7,6 +7,10 @@ import (
 
 // recorder passes the response through to the client as the handler writes
 // it (streaming keeps working) and keeps a copy, up to limit bytes, to store.
+// Once the client is gone (a write to it failed), the rest of the response
+// is still recorded and the handler sees no error: a proxy keeps reading its
+// upstream to the end instead of aborting, and the whole answer is stored for
+// the client's retry.
 type recorder struct {
 	http.ResponseWriter
 	limit      int
@@ -16,6 +20,7 @@ type recorder struct {
 	body       bytes.Buffer
 	overflow   bool
 	wroteFinal bool
+	gone       bool // the client connection failed a write
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.
@@ -50,7 +55,13 @@ func (w *recorder) Write(b []byte) (int, error) {
 			w.body.Write(b)
 		}
 	}
-	return w.ResponseWriter.Write(b)
+	if w.gone {
+		return len(b), nil
+	}
+	if _, err := w.ResponseWriter.Write(b); err != nil {
+		w.gone = true
+	}
+	return len(b), nil
 }
 
 // Flush supports handlers that assert http.Flusher directly.
@@ -58,5 +69,7 @@ func (w *recorder) Flush() {
 	if !w.wroteFinal {
 		w.WriteHeader(http.StatusOK)
 	}
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
+	if !w.gone {
+		_ = http.NewResponseController(w.ResponseWriter).Flush()
+	}
 }

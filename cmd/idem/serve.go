@@ -29,6 +29,8 @@ type serveOpts struct {
 	maxBody                        int64
 	problemBase                    string
 	keyFrom                        string
+	principal                      string
+	storeSetCookie                 bool
 }
 
 func newServeCmd() *cobra.Command {
@@ -50,7 +52,9 @@ The key is forwarded upstream unchanged.`,
 	f.StringVar(&o.admin, "admin", "", "address for /metrics (Prometheus) and /healthz; empty: none")
 	f.DurationVar(&o.lease, "lease", time.Minute, "how long a request may run before a retry may take it over (heartbeats extend it)")
 	f.DurationVar(&o.retention, "retention", 24*time.Hour, "how long responses are replayed")
-	f.DurationVar(&o.timeout, "upstream-timeout", 30*time.Second, "wait this long for the upstream's response headers; then 504 and the key is held until its lease expires")
+	f.DurationVar(&o.timeout, "upstream-timeout", 30*time.Second, "wait this long for the upstream's response headers, and let the upstream call run this long after the client left (its answer is stored for the retry); then 504 and the key is held until its lease expires")
+	f.StringVar(&o.principal, "principal", "default", "who a stored response belongs to: default (Authorization, else cookies, else anonymous), header:NAME (e.g. header:X-User-Id behind an auth proxy), cookie:NAME (the session cookie) or none")
+	f.BoolVar(&o.storeSetCookie, "store-set-cookie", false, "store and replay the upstream's Set-Cookie (by default a retry never receives the first response's cookies)")
 	f.DurationVar(&o.sweep, "sweep-interval", time.Minute, "delete records past their retention this often (0: never; Redis expires them by itself)")
 	f.BoolVar(&o.requireKey, "require-key", false, "answer 400 to POST and PATCH without an Idempotency-Key")
 	f.Int64Var(&o.maxBody, "max-body", 1<<20, "largest request body accepted with a key (413 above)")
@@ -153,9 +157,17 @@ func runServe(ctx context.Context, o serveOpts) error {
 	defer store.Close()
 	logger := log.New(os.Stderr, "idem serve: ", log.LstdFlags)
 	metrics := newGatewayMetrics()
+	principal, err := httpidem.ParsePrincipal(o.principal)
+	if err != nil {
+		return fmt.Errorf("--principal: %w", err)
+	}
+	// The upstream call is finished without the client (FinishTimeout): a
+	// client that gives up after the request reached the upstream gets the
+	// stored answer on its retry instead of a second execution.
 	cfg := httpidem.Config{
 		Store: store, Lease: o.lease, Retention: o.retention, RequireKey: o.requireKey,
 		MaxBodyBytes: o.maxBody, ProblemTypeBase: o.problemBase,
+		Principal: principal, StoreSetCookie: o.storeSetCookie, FinishTimeout: o.timeout,
 		Observer: metrics.request, StoreObserver: metrics.store,
 	}
 	switch o.keyFrom {

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -218,8 +219,50 @@ func TestGatewayUpstreamTimeoutHolds(t *testing.T) {
 	}
 }
 
+// TestGatewayClientGivesUpUpstreamRunsOnce: the client times out after its
+// request reached the upstream. The gateway finishes the upstream call
+// without it and stores the answer: the retry gets 409 while the upstream
+// runs, then the stored answer. The upstream runs once.
+func TestGatewayClientGivesUpUpstreamRunsOnce(t *testing.T) {
+	up := &upstream{block: make(chan struct{}), got: make(chan struct{}, 10)}
+	srv := httptest.NewServer(up)
+	var unblock sync.Once
+	release := func() { unblock.Do(func() { close(up.block) }) }
+	defer srv.Close()
+	defer release() // before srv.Close waits for the blocked handler
+	g := startGateway(t, "--upstream", srv.URL, "--store", "sqlite:"+filepath.Join(t.TempDir(), "gw.db"), "--lease", "10s")
+	impatient := &http.Client{Timeout: 300 * time.Millisecond}
+	req, _ := http.NewRequest("POST", "http://"+g.addr+"/payments", strings.NewReader("pay 10"))
+	req.Header.Set("Idempotency-Key", `"impatient"`)
+	if resp, err := impatient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the client got %d before the upstream answered", resp.StatusCode)
+	}
+	<-up.got // the request had reached the upstream
+	if st, _, body := g.post(t, `"impatient"`, "pay 10"); st != http.StatusConflict {
+		t.Fatalf("retry while the upstream still runs: %d %s, want 409", st, body)
+	}
+	release()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, h, body := g.post(t, `"impatient"`, "pay 10")
+		if st == http.StatusConflict && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond) // the gateway is storing the answer
+			continue
+		}
+		if st != http.StatusCreated || body != "payment 1" || h.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("retry after the upstream answered: %d %q replayed=%q", st, body, h.Get("Idempotent-Replayed"))
+		}
+		break
+	}
+	if n := up.runs.Load(); n != 1 {
+		t.Fatalf("the upstream ran %d times, want 1", n)
+	}
+}
+
 func TestServeBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"serve"}, {"serve", "--upstream", "ftp://x"}, {"serve", "--upstream", "http://x", "--store", "nope"}} {
+	for _, args := range [][]string{{"serve"}, {"serve", "--upstream", "ftp://x"}, {"serve", "--upstream", "http://x", "--store", "nope"},
+		{"serve", "--upstream", "http://x", "--store", "memory:", "--principal", "jwt:sub"}} {
 		if _, err := run(t, args...); err == nil {
 			t.Errorf("idem %v: no error", args)
 		}

@@ -1,0 +1,134 @@
+package httpidem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// DefaultPrincipal is the default Config.Principal: a hash of the
+// Authorization header; without one, a hash of the request's cookies (all of
+// its Cookie fields); without either, "anonymous". Credentials are never
+// stored, only their hashes.
+//
+// A refreshed bearer token or a changed cookie is a new principal: a retry
+// sent with it is executed as a new request. Where credentials rotate
+// between retries, name the stable identity instead: HeaderPrincipal of a
+// user id set by an auth proxy, or CookiePrincipal of the session cookie
+// alone (tracking cookies that change on every request are then ignored).
+func DefaultPrincipal(r *http.Request) string {
+	if a := r.Header.Get("Authorization"); a != "" {
+		return "auth:" + digest(a)
+	}
+	if c := r.Header.Values("Cookie"); len(c) > 0 {
+		return "cookies:" + digest(strings.Join(c, "; "))
+	}
+	return "anonymous"
+}
+
+// HeaderPrincipal names the caller by one request header (for example
+// X-User-Id set by an authenticating proxy in front of the service);
+// "anonymous" when the header is absent.
+func HeaderPrincipal(name string) func(*http.Request) string {
+	name = textproto.CanonicalMIMEHeaderKey(name)
+	return func(r *http.Request) string {
+		v := r.Header.Get(name)
+		if v == "" {
+			return "anonymous"
+		}
+		return "header:" + digest(v)
+	}
+}
+
+// CookiePrincipal names the caller by one cookie (the session cookie);
+// "anonymous" when the request has none.
+func CookiePrincipal(name string) func(*http.Request) string {
+	return func(r *http.Request) string {
+		c, err := r.Cookie(name)
+		if err != nil || c.Value == "" {
+			return "anonymous"
+		}
+		return "cookie:" + digest(c.Value)
+	}
+}
+
+// NoPrincipal puts every caller in one scope: for services where the key
+// alone identifies the intent (machine-to-machine, one client).
+func NoPrincipal(*http.Request) string { return "anyone" }
+
+// ParsePrincipal reads a principal choice, as idem serve --principal takes
+// it: "default" (DefaultPrincipal), "header:NAME", "cookie:NAME" or "none".
+func ParsePrincipal(spec string) (func(*http.Request) string, error) {
+	kind, name, hasName := strings.Cut(spec, ":")
+	switch {
+	case spec == "default":
+		return DefaultPrincipal, nil
+	case spec == "none":
+		return NoPrincipal, nil
+	case hasName && kind == "header" && validToken(name):
+		return HeaderPrincipal(name), nil
+	case hasName && kind == "cookie" && validToken(name):
+		return CookiePrincipal(name), nil
+	}
+	return nil, fmt.Errorf("principal %q: want default, header:NAME, cookie:NAME or none", spec)
+}
+
+// validToken reports whether s is a non-empty RFC 9110 token (a header or
+// cookie name).
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// errClientGone is the cause when a handler is cancelled FinishTimeout after
+// its client left.
+var errClientGone = errors.New("idem/httpidem: the client left and the handler did not finish within FinishTimeout")
+
+// finishWithoutClient returns the handler's context: ctx without the
+// client's cancellation. A lost lease (cause idem.ErrStaleFence) still
+// cancels it at once; the client leaving cancels it only after timeout.
+// stop releases its timers.
+func finishWithoutClient(ctx context.Context, timeout time.Duration) (context.Context, func()) {
+	hctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	var (
+		mu      sync.Mutex
+		stopped bool
+		timer   *time.Timer
+	)
+	stopAfter := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case stopped:
+		case errors.Is(context.Cause(ctx), idem.ErrStaleFence):
+			cancel(context.Cause(ctx))
+		default:
+			timer = time.AfterFunc(timeout, func() { cancel(errClientGone) })
+		}
+	})
+	return hctx, func() {
+		stopAfter()
+		mu.Lock()
+		stopped = true
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancel(nil)
+	}
+}
