@@ -226,6 +226,7 @@ func digest(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:12])
 }
+
 // DefaultFingerprint hashes the method, the path with its query, and the
 // body.
 func DefaultFingerprint(r *http.Request, body []byte) string {
