@@ -78,9 +78,10 @@ type Lister interface {
 // by another tier (see store/tieredstore): the cold store of a tiered pair.
 type Archiver interface {
 	// Archive stores rec — completed or failed — for retention, in one
-	// atomic operation. A live settled record already held for rec.Key is
-	// kept (the first result wins); anything else under the key is
-	// replaced.
+	// atomic operation. A live settled record already held for rec.Key with
+	// a fence at least rec.Fence is kept (for one fence the first result
+	// wins; a later owner's larger fence replaces it); anything else under
+	// the key is replaced.
 	Archive(ctx context.Context, rec Record, retention time.Duration) error
 }
 

@@ -280,7 +280,7 @@ func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Dur
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[rec.Key]
-	if ok && (e.state == idem.StateCompleted || e.state == idem.StateFailed) && now.Before(e.expiresAt) {
+	if ok && (e.state == idem.StateCompleted || e.state == idem.StateFailed) && now.Before(e.expiresAt) && e.fence >= rec.Fence {
 		return nil
 	}
 	fence := rec.Fence

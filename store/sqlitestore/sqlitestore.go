@@ -216,7 +216,7 @@ func (s *Store) prepare(ctx context.Context) error {
 			ON CONFLICT (k) DO UPDATE SET state = excluded.state, fence = max(fence, excluded.fence), fp = excluded.fp,
 				attempts = excluded.attempts, result = excluded.result, lease_until = 0,
 				expires_at = excluded.expires_at, updated_at = excluded.updated_at
-			WHERE NOT (state IN (2, 3) AND expires_at > ?7)`},
+			WHERE NOT (state IN (2, 3) AND expires_at > ?7 AND fence >= excluded.fence)`},
 	}
 	for _, st := range stmts {
 		p, err := s.db.PrepareContext(ctx, st.sql)

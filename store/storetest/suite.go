@@ -631,6 +631,15 @@ func testArchive(t *testing.T, s idem.Store) {
 	if string(r.Record.Result) != "first" {
 		t.Fatalf("archive over a settled record replaced it: %q", r.Record.Result)
 	}
+	// A later owner's larger fence replaces the first result.
+	later := rec
+	later.Fence, later.Result = 8, []byte("later owner")
+	if err := a.Archive(ctx, later, retention); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustAcquire(t, s, req("arch"), idem.Replayed); string(r.Record.Result) != "later owner" || r.Record.Fence != 8 {
+		t.Fatalf("archive with a larger fence: %q fence %d", r.Record.Result, r.Record.Fence)
+	}
 	// Over an in-flight record, the archived result wins.
 	mustAcquire(t, s, req("busy"), idem.Acquired)
 	busy := rec

@@ -24,10 +24,24 @@ type Config struct {
 }
 
 // Store is a tiered idem.Store.
+//
+// Claims, leases and fences live in the hot tier. Every claim the hot tier
+// hands out (Acquired or TakenOver, first run or not) is checked against the
+// cold tier before it is returned: a settled record there is replayed, and a
+// cold tier that cannot answer fails the acquisition closed (the hot claim
+// is given back). A completion or definite failure is written to the cold
+// tier first — with the owner's fence, after checking it in the hot tier —
+// and then settled in the hot tier: when Complete returns nil the result is
+// durable for the full retention, and an owner killed between the two
+// writes leaves a hot claim whose takeover finds the result in the cold
+// tier. Unsettled records (in flight, released, poisoned) keep the full
+// retention in the hot tier; settled ones stay there for HotRetention.
 type Store struct {
 	hot, cold idem.Store
 	archive   idem.Archiver
 	hotKeep   time.Duration
+
+	afterArchive func() // test hook: between the two writes of a settle
 }
 
 // New validates cfg and returns a Store. Close closes both tiers.
@@ -50,16 +64,14 @@ func New(cfg Config) (*Store, error) {
 
 func (s *Store) hotRetention(d time.Duration) time.Duration { return min(d, s.hotKeep) }
 
-// Acquire implements idem.Store. A key new to the hot tier is looked up in
-// the cold tier before the claim is handed out.
+// Acquire implements idem.Store. A claim from the hot tier is returned only
+// after the cold tier said it holds no settled record for the key.
 func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
 	if err := (idem.Limits{}).CheckRetention(req.Retention); err != nil {
 		return idem.Acquisition{}, err
 	}
-	hreq := req
-	hreq.Retention = s.hotRetention(req.Retention)
-	a, err := s.hot.Acquire(ctx, hreq)
-	if err != nil || a.Outcome != idem.Acquired || a.Record.Attempts != 1 {
+	a, err := s.hot.Acquire(ctx, req) // unsettled records keep the full retention
+	if err != nil || !a.Outcome.Owns() {
 		return a, err
 	}
 	rec, err := s.cold.Get(ctx, req.Key)
@@ -68,11 +80,14 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	}
 	bg := context.WithoutCancel(ctx)
 	if err != nil {
-		// Fail closed: give the claim back and report the cold tier's failure.
+		// Fail closed: give the claim back and report the cold tier's
+		// failure. The next claim asks the cold tier again.
 		_ = s.hot.Release(bg, req.Key, a.Fence)
 		return idem.Acquisition{}, fmt.Errorf("cold tier: %w", err)
 	}
 	if rec.Fingerprint != req.Fingerprint {
+		// The hot record was made by this mismatching request: drop our own
+		// claim so it does not shadow the archived fingerprint.
 		_ = s.hot.Delete(bg, req.Key)
 		return idem.Acquisition{Outcome: idem.Mismatch, Record: rec}, nil
 	}
@@ -84,7 +99,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		err = s.hot.Complete(bg, req.Key, a.Fence, rec.Result, keep)
 	}
 	if err != nil {
-		_ = s.hot.Delete(bg, req.Key)
+		_ = s.hot.Release(bg, req.Key, a.Fence)
 	}
 	return idem.Acquisition{Outcome: idem.Replayed, Record: rec}, nil
 }
@@ -102,29 +117,39 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 // Complete implements idem.Store: settle in the hot tier (fenced), then
 // archive in the cold tier.
 func (s *Store) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
-	return s.settle(ctx, key, fence, result, retention, s.hot.Complete)
+	return s.settle(ctx, key, fence, result, retention, s.hot.Complete, idem.StateCompleted)
 }
 
 // Fail implements idem.Store like Complete.
 func (s *Store) Fail(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
-	return s.settle(ctx, key, fence, result, retention, s.hot.Fail)
+	return s.settle(ctx, key, fence, result, retention, s.hot.Fail, idem.StateFailed)
 }
 
 type settleFunc func(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error
 
-func (s *Store) settle(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration, hot settleFunc) error {
+func (s *Store) settle(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration, hot settleFunc, st idem.State) error {
 	if err := (idem.Limits{}).CheckRetention(retention); err != nil {
 		return err
 	}
-	if err := hot(ctx, key, fence, result, s.hotRetention(retention)); err != nil {
+	cur, err := s.hot.Get(ctx, key)
+	if errors.Is(err, idem.ErrNotFound) || (err == nil && (cur.State != idem.StateInFlight || cur.Fence != fence)) {
+		return idem.ErrStaleFence
+	}
+	if err != nil {
 		return err
 	}
-	rec, err := s.hot.Get(ctx, key)
-	if err != nil {
-		return fmt.Errorf("idem/tieredstore: settled in the hot tier, not archived: %w", err)
-	}
+	rec := idem.Record{Key: key, State: st, Fence: fence, Fingerprint: cur.Fingerprint, Attempts: cur.Attempts, Result: result}
 	if err := s.archive.Archive(ctx, rec, retention); err != nil {
-		return fmt.Errorf("idem/tieredstore: settled in the hot tier, not archived: %w", err)
+		return fmt.Errorf("idem/tieredstore: not settled, the cold tier refused the archive: %w", err)
+	}
+	if s.afterArchive != nil {
+		s.afterArchive()
+	}
+	// The result is durable now. If the hot settle fails, the hot claim
+	// stays until its lease ends and the takeover replays from the cold tier.
+	err = hot(context.WithoutCancel(ctx), key, fence, result, s.hotRetention(retention))
+	if errors.Is(err, idem.ErrStaleFence) {
+		return err
 	}
 	return nil
 }

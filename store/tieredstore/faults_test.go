@@ -1,0 +1,197 @@
+package tieredstore_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store/memstore"
+	"github.com/idemgo/idem/store/pgstore"
+	"github.com/idemgo/idem/store/sqlitestore"
+	"github.com/idemgo/idem/store/tieredstore"
+)
+
+// TestColdBlipNeverSkipsTheColdTier: a payment completed, its hot record
+// gone (hot retention); a duplicate arrives while the cold tier is
+// unreachable (fails closed), and its retry — the hot record now counting a
+// second attempt — must still consult the cold tier and replay, not run the
+// payment again.
+func TestColdBlipNeverSkipsTheColdTier(t *testing.T) {
+	testenv.ProbePostgres(t)
+	u, err := url.Parse(testenv.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.StartProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	schema := testenv.RandomName("idemtest_")
+	testenv.OpenPostgres(t, schema, pgstore.Config{}) // creates the schema, drops it at cleanup
+	cold, err := pgstore.Open(context.Background(), pgstore.Config{ConnString: u.String(), Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cold.Close() })
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-1", Fingerprint: "fp", Lease: time.Minute, Retention: 72 * time.Hour}
+	a, err := s.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	if err := s.Complete(ctx, "PAY-1", a.Fence, []byte("booked"), 72*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the hot tier forgets the completion
+	proxy.Cut()
+	for i := range 2 {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		b, err := s.Acquire(cctx, req)
+		cancel()
+		if err == nil {
+			t.Fatalf("duplicate %d during the cold outage: %v — a claim without the cold answer", i, b.Outcome)
+		}
+	}
+	proxy.Restore()
+	for {
+		r, err := s.Acquire(ctx, req)
+		if err != nil {
+			time.Sleep(50 * time.Millisecond) // the pool reconnects
+			continue
+		}
+		if r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
+			t.Fatalf("retry after the cold outage: %v %q — the payment would run again", r.Outcome, r.Record.Result)
+		}
+		break
+	}
+}
+
+// TestReleasedAndPoisonedKeepFullRetention: unsettled records are not cut
+// to the hot retention: a poisoned key stays poisoned, a released key keeps
+// its attempts.
+func TestReleasedAndPoisonedKeepFullRetention(t *testing.T) {
+	s := newTiered(t, 100*time.Millisecond)
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "POISON", Fingerprint: "fp", Lease: 50 * time.Millisecond, Retention: 72 * time.Hour, MaxAttempts: 1}
+	a, err := s.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	if err := s.Release(ctx, "POISON", a.Fence); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.Acquire(ctx, req); err != nil || p.Outcome != idem.Poisoned {
+		t.Fatal(p.Outcome, err)
+	}
+	time.Sleep(200 * time.Millisecond) // past the hot retention
+	if p, err := s.Acquire(ctx, req); err != nil || p.Outcome != idem.Poisoned {
+		t.Fatalf("after the hot retention a poisoned key is %v, %v", p.Outcome, err)
+	}
+}
+
+// TestCompletionSurvivesKill9BetweenTiers: a process completes a key and is
+// killed with SIGKILL between the two writes of the completion. The
+// completion must not be lost: once the dead owner's lease ends, the key is
+// replayed with its result, also after the hot retention.
+func TestCompletionSurvivesKill9BetweenTiers(t *testing.T) {
+	const lease = time.Second
+	prefix, coldPath := os.Getenv("IDEM_TIERED_PREFIX"), os.Getenv("IDEM_TIERED_COLD")
+	if os.Getenv("IDEM_TIERED_CHILD") == "1" {
+		s := openShared(t, prefix, coldPath)
+		tieredstore.SetAfterArchive(s, func() {
+			fmt.Println("BETWEEN")
+			time.Sleep(time.Minute) // killed here
+		})
+		a, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: lease, Retention: 72 * time.Hour})
+		if err != nil || a.Outcome != idem.Acquired {
+			fmt.Printf("ERROR %v %v\n", a.Outcome, err)
+			os.Exit(1)
+		}
+		_ = s.Complete(context.Background(), "PAY-9", a.Fence, []byte("booked by the dead"), 72*time.Hour)
+		os.Exit(3)
+	}
+	testenv.RedisClient(t).Close()
+	prefix = testenv.RandomName("idemtest:") + ":"
+	coldPath = filepath.Join(t.TempDir(), "cold.db")
+	s := openShared(t, prefix, coldPath)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCompletionSurvivesKill9BetweenTiers$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "IDEM_TIERED_CHILD=1", "IDEM_TIERED_PREFIX="+prefix, "IDEM_TIERED_COLD="+coldPath)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	between := false
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "ERROR") {
+			t.Fatalf("child: %s", sc.Text())
+		}
+		if sc.Text() == "BETWEEN" {
+			between = true
+			break
+		}
+	}
+	if !between {
+		_ = cmd.Process.Kill()
+		t.Fatal("the child never reached the point between the two writes")
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: time.Minute, Retention: 72 * time.Hour}
+	deadline := time.Now().Add(lease + 10*time.Second)
+	for {
+		r, err := s.Acquire(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Outcome == idem.InProgress && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond) // the dead owner's lease
+			continue
+		}
+		if r.Outcome != idem.Replayed || string(r.Record.Result) != "booked by the dead" {
+			t.Fatalf("after the owner died between the tiers: %v %q — the completion was lost", r.Outcome, r.Record.Result)
+		}
+		break
+	}
+	time.Sleep(300 * time.Millisecond) // past the hot retention
+	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed {
+		t.Fatalf("after the hot retention: %v %v", r.Outcome, err)
+	}
+}
+
+// openShared opens a tiered store of Redis (under prefix) over SQLite (at
+// coldPath), both shared between processes, with a 200ms hot retention.
+func openShared(t *testing.T, prefix, coldPath string) *tieredstore.Store {
+	t.Helper()
+	hot := testenv.OpenRedis(t, prefix)
+	cold, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: coldPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cold.Close() })
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
