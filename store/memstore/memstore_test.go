@@ -21,3 +21,8 @@ func TestConformance(t *testing.T) {
 func BenchmarkStore(b *testing.B) {
 	storetest.Bench(b, newStore)
 }
+
+func TestCampaign(t *testing.T) {
+	storetest.Campaign(t, storetest.CampaignConfig{TestName: "TestCampaign",
+		Open: func(t testing.TB, _ string) idem.Store { return newStore(t) }})
+}

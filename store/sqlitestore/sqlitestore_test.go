@@ -38,3 +38,11 @@ func TestCrashTakeover(t *testing.T) {
 func BenchmarkStore(b *testing.B) {
 	storetest.Bench(b, newStore)
 }
+
+func TestCampaign(t *testing.T) {
+	loc := filepath.Join(t.TempDir(), "campaign.db")
+	if storetest.IsChild() {
+		loc = "" // the parent's location comes from the environment
+	}
+	storetest.Campaign(t, storetest.CampaignConfig{TestName: "TestCampaign", Location: loc, Open: openAt, Processes: 2})
+}

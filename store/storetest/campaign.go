@@ -1,0 +1,594 @@
+package storetest
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	_ "modernc.org/sqlite" // the ledger
+
+	"github.com/idemgo/idem"
+)
+
+var (
+	campaignDuration = flag.Duration("campaign.duration", 8*time.Second, "how long each backend's fault campaign runs")
+	campaignSeed     = flag.Uint64("campaign.seed", 0, "seed of the fault campaign (0: a new one, printed)")
+)
+
+// Environment of a campaign worker process.
+const (
+	envCampaignProc     = "IDEM_CAMPAIGN_PROC"
+	envCampaignDir      = "IDEM_CAMPAIGN_DIR"
+	envCampaignDeadline = "IDEM_CAMPAIGN_DEADLINE"
+	envCampaignSeed     = "IDEM_CAMPAIGN_SEED"
+)
+
+// CampaignConfig describes one backend's fault campaign.
+type CampaignConfig struct {
+	// TestName is the calling test; worker processes re-run it.
+	TestName string
+	// Location is where the store lives, shared by every process (a file, a
+	// schema, a prefix); Open opens it.
+	Location string
+	Open     OpenAt
+	// Processes is how many worker processes run beside the test's own
+	// goroutines (0 for a store that lives in one process); one is killed
+	// with SIGKILL and replaced now and then.
+	Processes int
+	// Cut and Restore take the store's server away and give it back (a
+	// TCP proxy); nil where there is no server.
+	Cut, Restore func()
+	// Keys is the size of the hot key set. Defaults to 6.
+	Keys int
+	// Goroutines is how many workers run in the test's own process.
+	// Defaults to 4.
+	Goroutines int
+}
+
+// CampaignReport counts what a campaign did.
+type CampaignReport struct {
+	Seed                                           uint64
+	Operations, Unknown                            int
+	Kills, Outages, Deletes, Sweeps                int
+	Stalls                                         int // owners of this process that slept past their lease
+	Executions, LedgerAccepted                     int
+	HistoriesChecked, HistoriesUnknown, Violations int
+}
+
+// Campaign runs a randomized fault campaign against a store and checks its
+// guarantees. Workers in this process and in Processes child processes
+// claim a small hot set of keys (same and other fingerprints), run the
+// "work" (a write to a durable ledger conditioned on the fence, as the
+// README tells users to), stall past their leases now and then, and settle
+// with short and long retentions, while faults are injected at random:
+// SIGKILL of a worker process, outages of the store's server, Delete and
+// Sweep of live keys. Every store operation is logged with its wall-clock
+// interval; at the end the campaign checks
+//
+//   - that each key's history is linearizable against a sequential model of
+//     the record (porcupine): a completion is replayed, never re-executed,
+//     until its retention ends or the key is deleted; a settle or heartbeat
+//     is accepted only from the current owner; a takeover only after the
+//     lease ended; every new fence larger than every fence before it;
+//   - that fences grow in real time across generations (deletes, sweeps,
+//     expiry), and no settle was accepted after a larger fence was issued;
+//   - that every replayed result was stored by an accepted (or possibly
+//     accepted) settle for the same fingerprint, never by a refused one;
+//   - that the ledger accepted only strictly growing fences per key, each
+//     one issued by the store.
+//
+// The seed is printed; -campaign.seed replays the same choices (timing
+// still differs), -campaign.duration runs longer.
+func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
+	if cfg.Keys <= 0 {
+		cfg.Keys = 6
+	}
+	if cfg.Goroutines <= 0 {
+		cfg.Goroutines = 4
+	}
+	if p := os.Getenv(envCampaignProc); p != "" {
+		proc, _ := strconv.Atoi(p)
+		deadline, _ := strconv.ParseInt(os.Getenv(envCampaignDeadline), 10, 64)
+		seed, _ := strconv.ParseUint(os.Getenv(envCampaignSeed), 10, 64)
+		runChild(t, cfg, proc, os.Getenv(envCampaignDir), time.Unix(0, deadline), seed)
+		return CampaignReport{}
+	}
+	seed := *campaignSeed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	t.Logf("campaign seed %d (replay: -campaign.seed=%d), duration %v", seed, seed, *campaignDuration)
+	dir := t.TempDir()
+	rep := CampaignReport{Seed: seed}
+	s := cfg.Open(t, cfg.Location)
+	ledger := openLedger(t, dir)
+	deadline := time.Now().Add(*campaignDuration)
+
+	logs := &opLog{path: filepath.Join(dir, "ops-0.log"), proc: 0}
+	logs.open(t)
+	var wg sync.WaitGroup
+	var stats workerStats
+	for g := range cfg.Goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := &worker{s: s, log: logs, ledger: ledger, proc: 0, keys: cfg.Keys,
+				rng: rand.New(rand.NewPCG(seed, uint64(g+1))), stats: &stats}
+			w.run(deadline)
+		}()
+	}
+
+	// Worker processes, killed and replaced at random.
+	type child struct {
+		cmd  *exec.Cmd
+		proc int
+	}
+	var mu sync.Mutex
+	var children []*child
+	killedAt := map[int]int64{} // proc → ms
+	nextProc := 1
+	spawn := func() {
+		proc := nextProc
+		nextProc++
+		cmd := exec.Command(os.Args[0], "-test.run=^"+cfg.TestName+"$", "-test.count=1")
+		cmd.Env = append(os.Environ(), envCampaignProc+"="+strconv.Itoa(proc), envCampaignDir+"="+dir,
+			envCampaignDeadline+"="+strconv.FormatInt(deadline.UnixNano(), 10), envCampaignSeed+"="+strconv.FormatUint(seed, 10),
+			envMode+"=campaign", envLocation+"="+cfg.Location)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Errorf("start worker process: %v", err)
+			return
+		}
+		children = append(children, &child{cmd: cmd, proc: proc})
+	}
+	for range cfg.Processes {
+		spawn()
+	}
+
+	// The fault injector.
+	frng := rand.New(rand.NewPCG(seed, 0))
+	ctx := context.Background()
+	for time.Now().Add(300 * time.Millisecond).Before(deadline) {
+		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
+		switch f := frng.IntN(10); {
+		case f < 3 && len(children) > 0:
+			mu.Lock()
+			i := frng.IntN(len(children))
+			c := children[i]
+			_ = c.cmd.Process.Signal(syscall.SIGKILL)
+			_ = c.cmd.Wait()
+			killedAt[c.proc] = time.Now().UnixMilli()
+			children = append(children[:i], children[i+1:]...)
+			spawn()
+			mu.Unlock()
+			rep.Kills++
+		case f < 5 && cfg.Cut != nil:
+			cfg.Cut()
+			time.Sleep(time.Duration(100+frng.IntN(300)) * time.Millisecond)
+			cfg.Restore()
+			rep.Outages++
+		case f < 8:
+			key := "c" + strconv.Itoa(frng.IntN(cfg.Keys))
+			in := opInput{Kind: opDelete, Key: key}
+			id := logs.call(in)
+			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err := s.Delete(dctx, key)
+			cancel()
+			logs.ret(id, outputOf(err))
+			rep.Deletes++
+		default:
+			sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_, _ = s.Sweep(sctx, 0)
+			cancel()
+			rep.Sweeps++
+		}
+	}
+	wg.Wait()
+	for _, c := range children {
+		if err := c.cmd.Wait(); err != nil {
+			t.Errorf("worker process %d: %v", c.proc, err)
+		}
+	}
+	logs.close()
+	rep.Stalls = int(stats.stalls.Load())
+	checkCampaign(t, dir, ledger, killedAt, &rep)
+	t.Logf("campaign report: %+v", rep)
+	return rep
+}
+
+func runChild(t *testing.T, cfg CampaignConfig, proc int, dir string, deadline time.Time, seed uint64) {
+	s := cfg.Open(t, os.Getenv(envLocation))
+	ledger, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "ledger.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ledger.Close()
+	logs := &opLog{path: filepath.Join(dir, "ops-"+strconv.Itoa(proc)+".log"), proc: proc}
+	logs.open(t)
+	defer logs.close()
+	var wg sync.WaitGroup
+	var stats workerStats
+	for g := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := &worker{s: s, log: logs, ledger: ledger, proc: proc, keys: cfg.Keys,
+				rng: rand.New(rand.NewPCG(seed, uint64(proc*100+g+1))), stats: &stats}
+			w.run(deadline)
+		}()
+	}
+	wg.Wait()
+}
+
+func openLedger(t *testing.T, dir string) *sql.DB {
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "ledger.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS ledger (k TEXT PRIMARY KEY, fence INTEGER NOT NULL);
+		CREATE TABLE IF NOT EXISTS effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, k TEXT NOT NULL, fence INTEGER NOT NULL, proc INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// opLog appends one JSON line per call and per return to a file of its
+// own process; a process killed mid-operation leaves a call without return.
+type opLog struct {
+	path string
+	proc int
+	mu   sync.Mutex
+	f    *os.File
+	n    int64
+}
+
+type logLine struct {
+	ID  int64     `json:"id"`
+	At  int64     `json:"at"` // ms
+	In  *opInput  `json:"in,omitempty"`
+	Out *opOutput `json:"out,omitempty"`
+}
+
+func (l *opLog) open(t *testing.T) {
+	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.f = f
+}
+
+func (l *opLog) close() { l.f.Close() }
+
+func (l *opLog) write(line logLine) {
+	b, _ := json.Marshal(line)
+	b = append(b, '\n')
+	l.mu.Lock()
+	_, _ = l.f.Write(b) // one write per line: whole lines survive a SIGKILL
+	l.mu.Unlock()
+}
+
+func (l *opLog) call(in opInput) int64 {
+	l.mu.Lock()
+	l.n++
+	id := int64(l.proc)<<40 | l.n
+	l.mu.Unlock()
+	l.write(logLine{ID: id, At: time.Now().UnixMilli(), In: &in})
+	return id
+}
+
+func (l *opLog) ret(id int64, out opOutput) {
+	l.write(logLine{ID: id, At: time.Now().UnixMilli() + 1, Out: &out})
+}
+
+func outputOf(err error) opOutput {
+	switch {
+	case err == nil:
+		return opOutput{Res: resOK}
+	case errors.Is(err, idem.ErrStaleFence):
+		return opOutput{Res: resStale}
+	}
+	return opOutput{Res: resUnknown}
+}
+
+type workerStats struct{ stalls atomic.Int64 }
+
+type worker struct {
+	s      idem.Store
+	log    *opLog
+	ledger *sql.DB
+	proc   int
+	keys   int
+	rng    *rand.Rand
+	stats  *workerStats
+}
+
+func (w *worker) ms(lo, hi int) time.Duration {
+	return time.Duration(lo+w.rng.IntN(hi-lo+1)) * time.Millisecond
+}
+
+func (w *worker) run(deadline time.Time) {
+	bg := context.Background()
+	for time.Now().Before(deadline) {
+		key := "c" + strconv.Itoa(w.rng.IntN(w.keys))
+		fp := "A"
+		if w.rng.IntN(10) == 0 {
+			fp = "B"
+		}
+		lease, ret := w.ms(100, 400), w.ms(150, 1500)
+		in := opInput{Kind: opAcquire, Key: key, FP: fp, Lease: lease.Milliseconds(), Ret: ret.Milliseconds()}
+		id := w.log.call(in)
+		ctx, cancel := context.WithTimeout(bg, 2*time.Second)
+		a, err := w.s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: fp, Lease: lease, Retention: ret})
+		cancel()
+		out := outputOf(err)
+		if err == nil {
+			out.Outcome, out.Fence, out.State, out.Result = a.Outcome, a.Fence, a.Record.State, string(a.Record.Result)
+			out.LeaseUntil, out.ExpiresAt = a.Record.LeaseUntil.UnixMilli(), a.Record.ExpiresAt.UnixMilli()
+		}
+		w.log.ret(id, out)
+		if err != nil {
+			time.Sleep(w.ms(20, 60))
+			continue
+		}
+		if !a.Outcome.Owns() {
+			time.Sleep(w.ms(0, 5))
+			continue
+		}
+		w.execute(key, fp, a.Fence, lease, ret)
+	}
+}
+
+func (w *worker) owned(in opInput, fn func(ctx context.Context) error) {
+	id := w.log.call(in)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	err := fn(ctx)
+	cancel()
+	w.log.ret(id, outputOf(err))
+}
+
+func (w *worker) execute(key, fp string, fence uint64, lease, ret time.Duration) {
+	if w.rng.IntN(12) == 0 { // a GC pause: wake after the lease ended
+		w.stats.stalls.Add(1)
+		time.Sleep(lease + w.ms(10, 200))
+	}
+	if w.rng.IntN(4) == 0 {
+		w.owned(opInput{Kind: opHeartbeat, Key: key, Fence: fence, Lease: lease.Milliseconds()}, func(ctx context.Context) error {
+			return w.s.Heartbeat(ctx, key, fence, lease)
+		})
+	}
+	// The effect, conditioned on the fence (README: WHERE fence < $fence).
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	tx, err := w.ledger.BeginTx(ctx, nil)
+	if err == nil {
+		var res sql.Result
+		res, err = tx.ExecContext(ctx, `INSERT INTO ledger (k, fence) VALUES (?1, ?2)
+			ON CONFLICT (k) DO UPDATE SET fence = excluded.fence WHERE excluded.fence > ledger.fence`, key, int64(fence))
+		if err == nil {
+			if n, _ := res.RowsAffected(); n == 1 {
+				_, err = tx.ExecContext(ctx, `INSERT INTO effects (k, fence, proc) VALUES (?1, ?2, ?3)`, key, int64(fence), w.proc)
+			}
+		}
+		if err == nil {
+			err = tx.Commit()
+		} else {
+			_ = tx.Rollback()
+		}
+	}
+	cancel()
+	result := fmt.Sprintf("%s/%s/p%d/f%d", key, fp, w.proc, fence)
+	in := opInput{Kind: opComplete, Key: key, Fence: fence, Result: result, Ret: ret.Milliseconds()}
+	switch r := w.rng.IntN(10); {
+	case r < 7:
+		w.owned(in, func(ctx context.Context) error { return w.s.Complete(ctx, key, fence, []byte(result), ret) })
+	case r < 8:
+		in.Kind = opFail
+		w.owned(in, func(ctx context.Context) error { return w.s.Fail(ctx, key, fence, []byte(result), ret) })
+	default:
+		w.owned(opInput{Kind: opRelease, Key: key, Fence: fence}, func(ctx context.Context) error { return w.s.Release(ctx, key, fence) })
+	}
+}
+
+// readHistory turns the logs into porcupine operations. A call without a
+// return (its process was killed) and a call that ended in an error may
+// have taken effect up to a second after the process died or the error
+// came back: their return is set there and their result is unknown.
+func readHistory(t *testing.T, dir string, killedAt map[int]int64) []porcupine.Operation {
+	files, _ := filepath.Glob(filepath.Join(dir, "ops-*.log"))
+	var ops []porcupine.Operation
+	for _, path := range files {
+		proc, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(path), "ops-"), ".log"))
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := map[int64]logLine{}
+		var order []int64
+		outs := map[int64]logLine{}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var l logLine
+			if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+				continue // a line cut by SIGKILL
+			}
+			if l.In != nil {
+				calls[l.ID] = l
+				order = append(order, l.ID)
+			} else if l.Out != nil {
+				outs[l.ID] = l
+			}
+		}
+		f.Close()
+		for _, id := range order {
+			c := calls[id]
+			in := *c.In
+			in.Call = c.At
+			o, ok := outs[id]
+			var out opOutput
+			if ok {
+				out, in.Return = *o.Out, o.At
+			} else {
+				out = opOutput{Res: resUnknown}
+				in.Return = math.MaxInt64 / 2
+				if k, ok := killedAt[proc]; ok {
+					in.Return = k
+				}
+			}
+			if out.Res == resUnknown {
+				in.Return += 1000
+			}
+			ops = append(ops, porcupine.Operation{ClientId: proc, Input: in, Call: in.Call, Output: out, Return: in.Return})
+		}
+	}
+	return ops
+}
+
+func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]int64, rep *CampaignReport) {
+	ops := readHistory(t, dir, killedAt)
+	rep.Operations = len(ops)
+	byKey := map[string][]porcupine.Operation{}
+	for _, op := range ops {
+		if op.Output.(opOutput).Res == resUnknown {
+			rep.Unknown++
+		}
+		k := op.Input.(opInput).Key
+		byKey[k] = append(byKey[k], op)
+	}
+	violate := func(format string, args ...any) {
+		rep.Violations++
+		t.Errorf("seed %d: "+format, append([]any{rep.Seed}, args...)...)
+	}
+	model := recordModel.ToModel()
+	keys := make([]string, 0, len(byKey))
+	for k := range byKey {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		h := byKey[k]
+		res, info := porcupine.CheckOperationsVerbose(model, h, 60*time.Second)
+		rep.HistoriesChecked++
+		switch res {
+		case porcupine.Illegal:
+			path := filepath.Join(os.TempDir(), fmt.Sprintf("idem-campaign-%d-%s.html", rep.Seed, k))
+			_ = porcupine.VisualizePath(model, info, path)
+			violate("key %s: history of %d operations is not linearizable (visualization: %s)", k, len(h), path)
+		case porcupine.Unknown:
+			rep.HistoriesUnknown++
+			t.Logf("key %s: linearizability check timed out (%d operations)", k, len(h))
+		}
+		checkFences(h, violate)
+	}
+	checkLedger(t, ledger, ops, violate, rep)
+}
+
+// checkFences: fences grow in real time; no settle or heartbeat is
+// accepted once a larger fence was issued; replays show only results that a
+// settle for the same fingerprint may have stored.
+func checkFences(h []porcupine.Operation, violate func(string, ...any)) {
+	type claim struct {
+		fence     uint64
+		call, ret int64
+	}
+	var claims []claim
+	stored := map[string]bool{}  // results of accepted or possibly accepted settles
+	refused := map[string]bool{} // results of refused settles
+	for _, op := range h {
+		in, out := op.Input.(opInput), op.Output.(opOutput)
+		switch {
+		case in.Kind == opAcquire && out.Res == resOK && out.Outcome.Owns():
+			claims = append(claims, claim{out.Fence, op.Call, op.Return})
+		case in.Kind == opComplete || in.Kind == opFail:
+			if out.Res == resStale {
+				refused[in.Result] = true
+			} else {
+				stored[in.Result] = true
+			}
+		}
+	}
+	sort.Slice(claims, func(i, j int) bool { return claims[i].call < claims[j].call })
+	for i, a := range claims {
+		for _, b := range claims[i+1:] {
+			if a.ret < b.call && b.fence <= a.fence {
+				violate("%s: fence %d issued after fence %d had been (not larger)", h[0].Input.(opInput).Key, b.fence, a.fence)
+			}
+		}
+	}
+	for _, op := range h {
+		in, out := op.Input.(opInput), op.Output.(opOutput)
+		if out.Res == resOK && (in.Kind == opComplete || in.Kind == opFail || in.Kind == opRelease || in.Kind == opHeartbeat) {
+			for _, c := range claims {
+				if c.fence > in.Fence && c.ret < op.Call {
+					violate("%s: %s with fence %d accepted after fence %d was issued", in.Key, in.Kind, in.Fence, c.fence)
+					break
+				}
+			}
+		}
+		if in.Kind == opAcquire && out.Res == resOK && out.Outcome == idem.Replayed {
+			if refused[out.Result] || !stored[out.Result] {
+				violate("%s: replayed %q, which no accepted settle stored", in.Key, out.Result)
+			}
+			if parts := strings.Split(out.Result, "/"); len(parts) < 2 || parts[1] != in.FP {
+				violate("%s: a request with fingerprint %s was replayed %q", in.Key, in.FP, out.Result)
+			}
+		}
+	}
+}
+
+// checkLedger: the business table conditioned on the fence accepted only
+// growing fences per key, each one issued by the store.
+func checkLedger(t *testing.T, ledger *sql.DB, ops []porcupine.Operation, violate func(string, ...any), rep *CampaignReport) {
+	issued := map[string]map[uint64]bool{}
+	for _, op := range ops {
+		in, out := op.Input.(opInput), op.Output.(opOutput)
+		if in.Kind == opAcquire && out.Res == resOK && out.Outcome.Owns() {
+			rep.Executions++
+			if issued[in.Key] == nil {
+				issued[in.Key] = map[uint64]bool{}
+			}
+			issued[in.Key][out.Fence] = true
+		}
+	}
+	rows, err := ledger.Query(`SELECT k, fence FROM effects ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	last := map[string]uint64{}
+	for rows.Next() {
+		var k string
+		var f int64
+		if err := rows.Scan(&k, &f); err != nil {
+			t.Fatal(err)
+		}
+		rep.LedgerAccepted++
+		if uint64(f) <= last[k] {
+			violate("ledger %s: fence %d accepted after %d", k, f, last[k])
+		}
+		last[k] = uint64(f)
+		if !issued[k][uint64(f)] {
+			// the acquisition's answer may have been lost with a killed
+			// process; it must still be larger than every fence before
+			t.Logf("ledger %s: fence %d from an acquisition whose answer was not logged", k, f)
+		}
+	}
+}

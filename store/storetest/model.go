@@ -1,0 +1,249 @@
+package storetest
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/idemgo/idem"
+)
+
+// The campaign's sequential model of one key's record, for porcupine. Time
+// is in milliseconds of the wall clock, which is the store's clock too (every
+// backend under test runs on this machine); slack absorbs the stores'
+// millisecond rounding.
+const slackMs = 3
+
+// Operation kinds in a campaign history.
+const (
+	opAcquire   = "acquire"
+	opComplete  = "complete"
+	opFail      = "fail"
+	opRelease   = "release"
+	opHeartbeat = "heartbeat"
+	opDelete    = "delete"
+)
+
+// opInput is what a worker asked, with the wall-clock interval of the call
+// (Return is the end of the window in which an operation with an unknown
+// result may have taken effect).
+type opInput struct {
+	Kind   string `json:"k"`
+	Key    string `json:"key"`
+	FP     string `json:"fp,omitempty"`
+	Fence  uint64 `json:"f,omitempty"`
+	Result string `json:"res,omitempty"`
+	Lease  int64  `json:"l,omitempty"` // ms
+	Ret    int64  `json:"ret,omitempty"`
+	Call   int64  `json:"-"` // ms
+	Return int64  `json:"-"` // ms
+}
+
+// Results of an operation.
+const (
+	resOK      = 0
+	resStale   = 1 // ErrStaleFence: refused, nothing changed
+	resUnknown = 2 // an error after which the operation may or may not have happened
+)
+
+type opOutput struct {
+	Res        int          `json:"r"`
+	Outcome    idem.Outcome `json:"o,omitempty"`
+	Fence      uint64       `json:"f,omitempty"`
+	State      idem.State   `json:"s,omitempty"`
+	Result     string       `json:"res,omitempty"`
+	LeaseUntil int64        `json:"lu,omitempty"` // ms
+	ExpiresAt  int64        `json:"e,omitempty"`  // ms
+}
+
+// mstate is the record as the model knows it. Times the model cannot know
+// exactly (set by a store operation somewhere in its call interval) are
+// intervals.
+type mstate struct {
+	Exists     bool
+	St         idem.State
+	Fence      uint64
+	FenceKnown bool   // false after an acquisition whose answer was lost
+	MaxFence   uint64 // the largest fence known to be issued for the key, ever
+	FP         string
+	Result     string
+	LeaseLo    int64
+	LeaseHi    int64
+	ExpLo      int64
+	ExpHi      int64
+}
+
+func addSat(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// The store's time t of the operation lies in [in.Call-slack, in.Return+slack].
+func mayBeExpired(s mstate, in opInput) bool { return addSat(in.Return, slackMs) >= s.ExpLo }
+func mayBeLive(s mstate, in opInput) bool    { return in.Call-slackMs < s.ExpHi }
+func mustBeLive(s mstate, in opInput) bool   { return addSat(in.Return, slackMs) < s.ExpLo }
+func leaseMayEnd(s mstate, in opInput) bool  { return addSat(in.Return, slackMs) >= s.LeaseLo }
+func leaseMayLast(s mstate, in opInput) bool { return in.Call-slackMs < s.LeaseHi }
+func absentLike(s mstate, in opInput) bool   { return !s.Exists || mayBeExpired(s, in) }
+func presentLike(s mstate, in opInput) bool  { return s.Exists && mayBeLive(s, in) }
+func owns(s mstate, f uint64) bool {
+	return s.Exists && s.St == idem.StateInFlight && s.FenceKnown && s.Fence == f
+}
+func settled(st idem.State) bool              { return st == idem.StateCompleted || st == idem.StateFailed }
+func maxI(a, b int64) int64                   { return max(a, b) }
+func interval(lo, hi, d int64) (int64, int64) { return lo + d, addSat(hi, d) }
+
+// claimed is the state after an acquisition handed out a claim.
+func claimed(s mstate, in opInput, out opOutput) mstate {
+	n := s
+	n.Exists, n.St, n.FP, n.Result = true, idem.StateInFlight, in.FP, ""
+	if out.Res == resOK {
+		n.Fence, n.FenceKnown, n.MaxFence = out.Fence, true, out.Fence
+		n.LeaseLo, n.LeaseHi = out.LeaseUntil-slackMs, out.LeaseUntil+slackMs
+		n.ExpLo, n.ExpHi = out.ExpiresAt-slackMs, out.ExpiresAt+slackMs
+		return n
+	}
+	n.Fence, n.FenceKnown = 0, false
+	n.LeaseLo, n.LeaseHi = interval(in.Call, in.Return, in.Lease)
+	n.ExpLo, n.ExpHi = interval(in.Call, in.Return, max(in.Lease, in.Ret))
+	return n
+}
+
+// stepAcquire returns the states an acquisition can leave, given its answer.
+func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
+	if out.Res == resUnknown {
+		next := []mstate{s}
+		if absentLike(s, in) || (presentLike(s, in) && s.FP == in.FP &&
+			(s.St == idem.StateReleased || (s.St == idem.StateInFlight && leaseMayEnd(s, in)))) {
+			c := claimed(s, in, out)
+			// The claim may also have been given back before the error was
+			// reported (the tiered store does when its cold tier fails).
+			r := c
+			r.St, r.LeaseLo, r.LeaseHi = idem.StateReleased, 0, 0
+			next = append(next, c, r)
+		}
+		return next
+	}
+	if out.Res != resOK {
+		return nil
+	}
+	newFence := out.Fence > s.MaxFence
+	switch out.Outcome {
+	case idem.Acquired:
+		if newFence && (absentLike(s, in) || (presentLike(s, in) && s.St == idem.StateReleased && s.FP == in.FP)) {
+			return []mstate{claimed(s, in, out)}
+		}
+	case idem.TakenOver:
+		if newFence && presentLike(s, in) && s.St == idem.StateInFlight && s.FP == in.FP && leaseMayEnd(s, in) {
+			return []mstate{claimed(s, in, out)}
+		}
+	case idem.InProgress:
+		if presentLike(s, in) && s.St == idem.StateInFlight && s.FP == in.FP && leaseMayLast(s, in) {
+			return []mstate{s}
+		}
+	case idem.Replayed:
+		if presentLike(s, in) && settled(s.St) && s.FP == in.FP && out.State == s.St && out.Result == s.Result {
+			return []mstate{s}
+		}
+	case idem.Mismatch:
+		if presentLike(s, in) && s.FP != in.FP {
+			return []mstate{s}
+		}
+	}
+	return nil
+}
+
+// stepOwned covers complete, fail, release and heartbeat.
+func stepOwned(s mstate, in opInput, out opOutput) []mstate {
+	applicable := owns(s, in.Fence) && mayBeLive(s, in)
+	certain := owns(s, in.Fence) && mustBeLive(s, in)
+	applied := s
+	switch in.Kind {
+	case opComplete, opFail:
+		applied.St = idem.StateCompleted
+		if in.Kind == opFail {
+			applied.St = idem.StateFailed
+		}
+		applied.Result = in.Result
+		applied.LeaseLo, applied.LeaseHi = 0, 0
+		applied.ExpLo, applied.ExpHi = interval(in.Call, in.Return, in.Ret)
+	case opRelease:
+		applied.St = idem.StateReleased
+		applied.LeaseLo, applied.LeaseHi = 0, 0
+	case opHeartbeat:
+		lo, hi := interval(in.Call, in.Return, in.Lease)
+		applied.LeaseLo, applied.LeaseHi = lo, hi
+		applied.ExpLo, applied.ExpHi = maxI(s.ExpLo, lo), maxI(s.ExpHi, hi)
+	}
+	switch out.Res {
+	case resOK:
+		if applicable {
+			return []mstate{applied}
+		}
+	case resStale:
+		if !certain {
+			return []mstate{s}
+		}
+	case resUnknown:
+		if applicable {
+			return []mstate{s, applied}
+		}
+		return []mstate{s}
+	}
+	return nil
+}
+
+func step(state, input, output any) []any {
+	s, in, out := state.(mstate), input.(opInput), output.(opOutput)
+	var next []mstate
+	switch in.Kind {
+	case opAcquire:
+		next = stepAcquire(s, in, out)
+	case opDelete:
+		gone := s
+		gone.Exists = false
+		next = []mstate{gone}
+		if out.Res == resUnknown {
+			next = append(next, s)
+		}
+	default:
+		next = stepOwned(s, in, out)
+	}
+	res := make([]any, len(next))
+	for i, n := range next {
+		res[i] = n
+	}
+	return res
+}
+
+// recordModel is the sequential specification of the Store contract for one
+// key, partitioned by key.
+var recordModel = porcupine.NondeterministicModel{
+	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+		byKey := map[string][]porcupine.Operation{}
+		var order []string
+		for _, op := range h {
+			k := op.Input.(opInput).Key
+			if _, ok := byKey[k]; !ok {
+				order = append(order, k)
+			}
+			byKey[k] = append(byKey[k], op)
+		}
+		out := make([][]porcupine.Operation, 0, len(order))
+		for _, k := range order {
+			out = append(out, byKey[k])
+		}
+		return out
+	},
+	Init:  func() []any { return []any{mstate{}} },
+	Step:  step,
+	Equal: func(a, b any) bool { return a.(mstate) == b.(mstate) },
+	DescribeOperation: func(input, output any) string {
+		in, out := input.(opInput), output.(opOutput)
+		return fmt.Sprintf("%s(%s fp=%s f=%d) -> res=%d %v f=%d %q", in.Kind, in.Key, in.FP, in.Fence, out.Res, out.Outcome, out.Fence, out.Result)
+	},
+	DescribeState: func(state any) string { return fmt.Sprintf("%+v", state.(mstate)) },
+}
