@@ -2,11 +2,15 @@ package redisstore_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/storetest"
 )
 
@@ -60,4 +64,46 @@ func TestCrashTakeover(t *testing.T) {
 
 func BenchmarkStore(b *testing.B) {
 	storetest.Bench(b, newStore)
+}
+
+// TestCampaign runs the fault campaign with every process reaching Redis
+// through a TCP proxy that the campaign cuts now and then.
+func TestCampaign(t *testing.T) {
+	testenv.RedisClient(t).Close()
+	location := ""
+	var cut, restore func()
+	if !storetest.IsChild() {
+		opt, err := redis.ParseURL(testenv.RedisURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := testenv.StartProxy(t, opt.Addr)
+		cut, restore = p.Cut, p.Restore
+		location = testenv.RandomName("idemtest:") + ": " + p.Addr()
+	}
+	open := func(t testing.TB, location string) idem.Store {
+		prefix, addr, _ := strings.Cut(location, " ")
+		opt, _ := redis.ParseURL(testenv.RedisURL)
+		opt.Addr = addr
+		c := redis.NewClient(opt)
+		s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, CloseClient: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if !storetest.IsChild() {
+				cleanup := testenv.RedisClient(t)
+				ctx := context.Background()
+				it := cleanup.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+				for it.Next(ctx) {
+					cleanup.Del(ctx, it.Val())
+				}
+				cleanup.Close()
+			}
+			s.Close()
+		})
+		return s
+	}
+	storetest.Campaign(t, storetest.CampaignConfig{TestName: "TestCampaign", Location: location, Open: open,
+		Processes: 2, Cut: cut, Restore: restore})
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,6 +40,7 @@ const (
 	envCampaignDir      = "IDEM_CAMPAIGN_DIR"
 	envCampaignDeadline = "IDEM_CAMPAIGN_DEADLINE"
 	envCampaignSeed     = "IDEM_CAMPAIGN_SEED"
+	readyLine           = "IDEM CAMPAIGN WORKER READY"
 )
 
 // CampaignConfig describes one backend's fault campaign.
@@ -61,6 +63,13 @@ type CampaignConfig struct {
 	// Goroutines is how many workers run in the test's own process.
 	// Defaults to 4.
 	Goroutines int
+	// InProgressAtExpiry accepts an InProgress answer for a settled record
+	// at the moment its retention ends. The tiered store gives it when a
+	// duplicate meets the momentary hot claim of another caller that is
+	// re-warming the hot tier from a cold record expiring meanwhile (a
+	// window of one cold round trip at the end of the retention). Nothing
+	// runs twice; the duplicate is told to retry.
+	InProgressAtExpiry bool
 }
 
 // CampaignReport counts what a campaign did.
@@ -153,11 +162,20 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 			envCampaignDeadline+"="+strconv.FormatInt(deadline.UnixNano(), 10), envCampaignSeed+"="+strconv.FormatUint(seed, 10),
 			envMode+"=campaign", envLocation+"="+cfg.Location)
 		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
+		out, err := cmd.StdoutPipe()
+		if err == nil {
+			err = cmd.Start()
+		}
+		if err != nil {
 			t.Errorf("start worker process: %v", err)
 			return
 		}
 		children = append(children, &child{cmd: cmd, proc: proc})
+		// Wait until it has opened the store: no outage is started while a
+		// new process connects (that would fail its start, not the store).
+		sc := bufio.NewScanner(out)
+		for sc.Scan() && sc.Text() != readyLine {
+		}
 	}
 	for range cfg.Processes {
 		spawn()
@@ -209,13 +227,14 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 	}
 	logs.close()
 	rep.Stalls = int(stats.stalls.Load())
-	checkCampaign(t, dir, ledger, killedAt, &rep)
+	checkCampaign(t, dir, ledger, killedAt, cfg.InProgressAtExpiry, &rep)
 	t.Logf("campaign report: %+v", rep)
 	return rep
 }
 
 func runChild(t *testing.T, cfg CampaignConfig, proc int, dir string, deadline time.Time, seed uint64) {
 	s := cfg.Open(t, os.Getenv(envLocation))
+	fmt.Println(readyLine)
 	ledger, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "ledger.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
 	if err != nil {
 		t.Fatal(err)
@@ -462,8 +481,13 @@ func readHistory(t *testing.T, dir string, killedAt map[int]int64) []porcupine.O
 	return ops
 }
 
-func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]int64, rep *CampaignReport) {
+func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]int64, lax bool, rep *CampaignReport) {
 	ops := readHistory(t, dir, killedAt)
+	for i := range ops {
+		in := ops[i].Input.(opInput)
+		in.LaxExpiry = lax
+		ops[i].Input = in
+	}
 	rep.Operations = len(ops)
 	byKey := map[string][]porcupine.Operation{}
 	for _, op := range ops {
@@ -491,7 +515,7 @@ func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]in
 		case porcupine.Illegal:
 			path := filepath.Join(os.TempDir(), fmt.Sprintf("idem-campaign-%d-%s.html", rep.Seed, k))
 			_ = porcupine.VisualizePath(model, info, path)
-			violate("key %s: history of %d operations is not linearizable (visualization: %s)", k, len(h), path)
+			violate("key %s: history of %d operations is not linearizable (visualization: %s)\n%s", k, len(h), path, explain(info, h))
 		case porcupine.Unknown:
 			rep.HistoriesUnknown++
 			t.Logf("key %s: linearizability check timed out (%d operations)", k, len(h))
@@ -591,4 +615,64 @@ func checkLedger(t *testing.T, ledger *sql.DB, ops []porcupine.Operation, violat
 			t.Logf("ledger %s: fence %d from an acquisition whose answer was not logged", k, f)
 		}
 	}
+}
+
+// explain describes where the longest linearization of an illegal history
+// got stuck: its last operations, the state they leave, and the earliest
+// operations that could not follow.
+func explain(info porcupine.LinearizationInfo, h []porcupine.Operation) string {
+	var best []porcupine.Operation
+	for _, part := range info.PartialLinearizationsOperations() {
+		for _, lin := range part {
+			if len(lin) > len(best) {
+				best = lin
+			}
+		}
+	}
+	if len(best) == 0 {
+		return ""
+	}
+	states := recordModel.Init()
+	for _, op := range best {
+		var next []any
+		for _, st := range states {
+			next = append(next, recordModel.Step(st, op.Input, op.Output)...)
+		}
+		states = next
+	}
+	var b strings.Builder
+	from := max(0, len(best)-6)
+	fmt.Fprintf(&b, "longest linearization: %d operations, ending:\n", len(best))
+	for _, op := range best[from:] {
+		fmt.Fprintf(&b, "  [%d,%d] p%d %s\n", op.Call, op.Return, op.ClientId, recordModel.DescribeOperation(op.Input, op.Output))
+	}
+	seen := map[mstate]bool{}
+	for _, st := range states {
+		if m := st.(mstate); !seen[m] && len(seen) < 4 {
+			seen[m] = true
+			fmt.Fprintf(&b, "  state %s\n", recordModel.DescribeState(st))
+		}
+	}
+	type id struct {
+		c  int
+		at int64
+		in opInput
+	}
+	done := map[id]bool{}
+	for _, op := range best {
+		done[id{op.ClientId, op.Call, op.Input.(opInput)}] = true
+	}
+	rest := slices.Clone(h)
+	sort.SliceStable(rest, func(i, j int) bool { return rest[i].Call < rest[j].Call })
+	n := 0
+	for _, op := range rest {
+		if done[id{op.ClientId, op.Call, op.Input.(opInput)}] {
+			continue
+		}
+		fmt.Fprintf(&b, "  next: [%d,%d] p%d %s\n", op.Call, op.Return, op.ClientId, recordModel.DescribeOperation(op.Input, op.Output))
+		if n++; n == 6 {
+			break
+		}
+	}
+	return b.String()
 }

@@ -38,6 +38,8 @@ type opInput struct {
 	Ret    int64  `json:"ret,omitempty"`
 	Call   int64  `json:"-"` // ms
 	Return int64  `json:"-"` // ms
+	// LaxExpiry allows InProgress for a settled record at its expiry.
+	LaxExpiry bool `json:"-"`
 }
 
 // Results of an operation.
@@ -143,6 +145,9 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 	case idem.InProgress:
 		if presentLike(s, in) && s.St == idem.StateInFlight && s.FP == in.FP && leaseMayLast(s, in) {
 			return []mstate{s}
+		}
+		if in.LaxExpiry && s.Exists && settled(s.St) && mayBeExpired(s, in) {
+			return []mstate{s} // see CampaignConfig.InProgressAtExpiry
 		}
 	case idem.Replayed:
 		if presentLike(s, in) && settled(s.St) && s.FP == in.FP && out.State == s.St && out.Result == s.Result {

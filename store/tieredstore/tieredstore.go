@@ -71,8 +71,28 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		return idem.Acquisition{}, err
 	}
 	a, err := s.hot.Acquire(ctx, req) // unsettled records keep the full retention
-	if err != nil || !a.Outcome.Owns() {
+	if err != nil {
 		return a, err
+	}
+	if a.Outcome == idem.InProgress || a.Outcome == idem.Mismatch {
+		// The hot record may be another caller's momentary claim on a key
+		// that the cold tier holds settled (taken to consult the cold tier
+		// or to re-warm the hot one): the settled record is the answer.
+		// If the cold tier cannot say, neither can we: fail closed.
+		rec, err := s.cold.Get(ctx, req.Key)
+		if errors.Is(err, idem.ErrNotFound) || (err == nil && rec.State != idem.StateCompleted && rec.State != idem.StateFailed) {
+			return a, nil
+		}
+		if err != nil {
+			return idem.Acquisition{}, fmt.Errorf("cold tier: %w", err)
+		}
+		if rec.Fingerprint != req.Fingerprint {
+			return idem.Acquisition{Outcome: idem.Mismatch, Record: rec}, nil
+		}
+		return idem.Acquisition{Outcome: idem.Replayed, Record: rec}, nil
+	}
+	if !a.Outcome.Owns() {
+		return a, nil
 	}
 	rec, err := s.cold.Get(ctx, req.Key)
 	if errors.Is(err, idem.ErrNotFound) || (err == nil && rec.State != idem.StateCompleted && rec.State != idem.StateFailed) {
@@ -163,9 +183,14 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	return rec, err
 }
 
-// Delete implements idem.Store: both tiers.
+// Delete implements idem.Store: the cold tier first, then the hot one, so
+// that a claim taken meanwhile cannot re-warm the hot tier from a cold
+// record that is about to go.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	return errors.Join(s.hot.Delete(ctx, key), s.cold.Delete(ctx, key))
+	if err := s.cold.Delete(ctx, key); err != nil {
+		return err
+	}
+	return s.hot.Delete(ctx, key)
 }
 
 // Sweep implements idem.Store: both tiers. It returns the larger of the two

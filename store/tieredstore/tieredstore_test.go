@@ -2,9 +2,13 @@ package tieredstore_test
 
 import (
 	"context"
+	"net/url"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
@@ -87,4 +91,45 @@ func TestConformanceRedisOverPostgres(t *testing.T) {
 		}
 		return s // the tiers close at their own cleanup
 	})
+}
+
+// TestCampaign runs the fault campaign on Redis over PostgreSQL with a hot
+// retention of 300ms (so claims and replays go through the cold tier), the
+// cold tier reached through a TCP proxy that the campaign cuts now and then.
+func TestCampaign(t *testing.T) {
+	testenv.ProbePostgres(t)
+	testenv.RedisClient(t).Close()
+	location := ""
+	var cut, restore func()
+	if !storetest.IsChild() {
+		u, err := url.Parse(testenv.PostgresURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := testenv.StartProxy(t, u.Host)
+		u.Host = p.Addr()
+		cut, restore = p.Cut, p.Restore
+		location = testenv.RandomName("idemtest:") + ": " + testenv.RandomName("idemtest_") + " " + u.String()
+	}
+	open := func(t testing.TB, location string) idem.Store {
+		parts := strings.SplitN(location, " ", 3)
+		hot := testenv.OpenRedis(t, parts[0])
+		cold, err := pgstore.Open(context.Background(), pgstore.Config{ConnString: parts[2], Schema: parts[1]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if !storetest.IsChild() {
+				_, _ = cold.Pool().Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{parts[1]}.Sanitize()+` CASCADE`)
+			}
+			cold.Close()
+		})
+		s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: 300 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	storetest.Campaign(t, storetest.CampaignConfig{TestName: "TestCampaign", Location: location, Open: open,
+		Processes: 2, Cut: cut, Restore: restore, InProgressAtExpiry: true})
 }
