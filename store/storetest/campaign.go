@@ -32,6 +32,7 @@ import (
 var (
 	campaignDuration = flag.Duration("campaign.duration", 8*time.Second, "how long each backend's fault campaign runs")
 	campaignSeed     = flag.Uint64("campaign.seed", 0, "seed of the fault campaign (0: a new one, printed)")
+	campaignCheck    = flag.Duration("campaign.check", time.Minute, "how long the linearizability check of one key's history may take (then: unknown, reported)")
 )
 
 // Environment of a campaign worker process.
@@ -509,7 +510,7 @@ func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]in
 	sort.Strings(keys)
 	for _, k := range keys {
 		h := byKey[k]
-		res, info := porcupine.CheckOperationsVerbose(model, h, 60*time.Second)
+		res, info := porcupine.CheckOperationsVerbose(model, h, *campaignCheck)
 		rep.HistoriesChecked++
 		switch res {
 		case porcupine.Illegal:
