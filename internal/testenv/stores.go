@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net/url"
 	"testing"
 	"time"
 
@@ -44,12 +45,16 @@ func ProbePostgres(t testing.TB) {
 	Need(t, "PostgreSQL", PostgresURL, err)
 }
 
-// OpenPostgres opens a pgstore in schema (created); unless this process is
-// a storetest child, the schema is dropped at cleanup.
+// OpenPostgres opens a pgstore in schema (created) at cfg.ConnString
+// (PostgresURL when empty); unless this process is a storetest child, the
+// schema is dropped at cleanup.
 func OpenPostgres(t testing.TB, schema string, cfg pgstore.Config) *pgstore.Store {
 	t.Helper()
 	ProbePostgres(t)
-	cfg.ConnString, cfg.Schema = PostgresURL, schema
+	if cfg.ConnString == "" {
+		cfg.ConnString = PostgresURL
+	}
+	cfg.Schema = schema
 	s, err := pgstore.Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -82,9 +87,19 @@ func RedisClient(t testing.TB) *redis.Client {
 
 // OpenRedis opens a redisstore under prefix; unless this process is a
 // storetest child, the prefix's keys are deleted at cleanup.
-func OpenRedis(t testing.TB, prefix string) *redisstore.Store {
+func OpenRedis(t testing.TB, prefix string) *redisstore.Store { return OpenRedisAt(t, "", prefix) }
+
+// OpenRedisAt is OpenRedis through addr (host:port; RedisURL's when empty),
+// for example a Proxy's address.
+func OpenRedisAt(t testing.TB, addr, prefix string) *redisstore.Store {
 	t.Helper()
 	c := RedisClient(t)
+	if addr != "" {
+		opt := c.Options()
+		opt.Addr = addr
+		c.Close()
+		c = redis.NewClient(opt)
+	}
 	s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, CloseClient: true})
 	if err != nil {
 		t.Fatal(err)
@@ -107,3 +122,25 @@ var (
 	NATSURL = URL("IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222")
 	AMQPURL = URL("IDEM_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 )
+
+// PostgresProxy starts a Proxy in front of PostgreSQL and returns the
+// connection string that goes through it.
+func PostgresProxy(t testing.TB) (connString string, p *Proxy) {
+	t.Helper()
+	ProbePostgres(t)
+	u, err := url.Parse(PostgresURL)
+	if err != nil {
+		t.Fatalf("IDEM_TEST_POSTGRES_URL: %v", err)
+	}
+	p = StartProxy(t, u.Host)
+	u.Host = p.Addr()
+	return u.String(), p
+}
+
+// RedisProxy starts a Proxy in front of Redis.
+func RedisProxy(t testing.TB) *Proxy {
+	t.Helper()
+	c := RedisClient(t)
+	defer c.Close()
+	return StartProxy(t, c.Options().Addr)
+}

@@ -2,12 +2,10 @@ package pgstore_test
 
 import (
 	"context"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem"
@@ -76,32 +74,15 @@ func BenchmarkStore(b *testing.B) {
 // PostgreSQL through a TCP proxy that the campaign cuts now and then.
 func TestCampaign(t *testing.T) {
 	testenv.ProbePostgres(t)
-	location := ""
-	var cut, restore func()
+	cfg := storetest.CampaignConfig{TestName: "TestCampaign", Processes: 2,
+		Open: func(t testing.TB, location string) idem.Store {
+			schema, conn, _ := strings.Cut(location, " ")
+			return testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: conn})
+		}}
 	if !storetest.IsChild() {
-		u, err := url.Parse(testenv.PostgresURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := testenv.StartProxy(t, u.Host)
-		u.Host = p.Addr()
-		cut, restore = p.Cut, p.Restore
-		location = testenv.RandomName("idemtest_") + " " + u.String()
+		conn, p := testenv.PostgresProxy(t)
+		cfg.Cut, cfg.Restore = p.Cut, p.Restore
+		cfg.Location = testenv.RandomName("idemtest_") + " " + conn
 	}
-	open := func(t testing.TB, location string) idem.Store {
-		schema, conn, _ := strings.Cut(location, " ")
-		s, err := pgstore.Open(context.Background(), pgstore.Config{ConnString: conn, Schema: schema})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if !storetest.IsChild() {
-				_, _ = s.Pool().Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-			}
-			s.Close()
-		})
-		return s
-	}
-	storetest.Campaign(t, storetest.CampaignConfig{TestName: "TestCampaign", Location: location, Open: open,
-		Processes: 2, Cut: cut, Restore: restore})
+	storetest.Campaign(t, cfg)
 }

@@ -6,11 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
-	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/storetest"
 )
 
@@ -70,40 +67,15 @@ func BenchmarkStore(b *testing.B) {
 // through a TCP proxy that the campaign cuts now and then.
 func TestCampaign(t *testing.T) {
 	testenv.RedisClient(t).Close()
-	location := ""
-	var cut, restore func()
+	cfg := storetest.CampaignConfig{TestName: "TestCampaign", Processes: 2,
+		Open: func(t testing.TB, location string) idem.Store {
+			prefix, addr, _ := strings.Cut(location, " ")
+			return testenv.OpenRedisAt(t, addr, prefix)
+		}}
 	if !storetest.IsChild() {
-		opt, err := redis.ParseURL(testenv.RedisURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := testenv.StartProxy(t, opt.Addr)
-		cut, restore = p.Cut, p.Restore
-		location = testenv.RandomName("idemtest:") + ": " + p.Addr()
+		p := testenv.RedisProxy(t)
+		cfg.Cut, cfg.Restore = p.Cut, p.Restore
+		cfg.Location = testenv.RandomName("idemtest:") + ": " + p.Addr()
 	}
-	open := func(t testing.TB, location string) idem.Store {
-		prefix, addr, _ := strings.Cut(location, " ")
-		opt, _ := redis.ParseURL(testenv.RedisURL)
-		opt.Addr = addr
-		c := redis.NewClient(opt)
-		s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, CloseClient: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if !storetest.IsChild() {
-				cleanup := testenv.RedisClient(t)
-				ctx := context.Background()
-				it := cleanup.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-				for it.Next(ctx) {
-					cleanup.Del(ctx, it.Val())
-				}
-				cleanup.Close()
-			}
-			s.Close()
-		})
-		return s
-	}
-	storetest.Campaign(t, storetest.CampaignConfig{TestName: "TestCampaign", Location: location, Open: open,
-		Processes: 2, Cut: cut, Restore: restore})
+	storetest.Campaign(t, cfg)
 }

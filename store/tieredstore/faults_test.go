@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,20 +26,8 @@ import (
 // second attempt — must still consult the cold tier and replay, not run the
 // payment again.
 func TestColdBlipNeverSkipsTheColdTier(t *testing.T) {
-	testenv.ProbePostgres(t)
-	u, err := url.Parse(testenv.PostgresURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.StartProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	schema := testenv.RandomName("idemtest_")
-	testenv.OpenPostgres(t, schema, pgstore.Config{}) // creates the schema, drops it at cleanup
-	cold, err := pgstore.Open(context.Background(), pgstore.Config{ConnString: u.String(), Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cold.Close() })
+	conn, proxy := testenv.PostgresProxy(t)
+	cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: conn})
 	hot := memstore.New(memstore.Config{SweepInterval: -1})
 	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: 100 * time.Millisecond})
 	if err != nil {

@@ -2,13 +2,10 @@ package tieredstore_test
 
 import (
 	"context"
-	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
@@ -99,37 +96,21 @@ func TestConformanceRedisOverPostgres(t *testing.T) {
 func TestCampaign(t *testing.T) {
 	testenv.ProbePostgres(t)
 	testenv.RedisClient(t).Close()
-	location := ""
-	var cut, restore func()
-	if !storetest.IsChild() {
-		u, err := url.Parse(testenv.PostgresURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := testenv.StartProxy(t, u.Host)
-		u.Host = p.Addr()
-		cut, restore = p.Cut, p.Restore
-		location = testenv.RandomName("idemtest:") + ": " + testenv.RandomName("idemtest_") + " " + u.String()
-	}
-	open := func(t testing.TB, location string) idem.Store {
-		parts := strings.SplitN(location, " ", 3)
-		hot := testenv.OpenRedis(t, parts[0])
-		cold, err := pgstore.Open(context.Background(), pgstore.Config{ConnString: parts[2], Schema: parts[1]})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if !storetest.IsChild() {
-				_, _ = cold.Pool().Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{parts[1]}.Sanitize()+` CASCADE`)
+	cfg := storetest.CampaignConfig{TestName: "TestCampaign", Processes: 2, InProgressAtExpiry: true,
+		Open: func(t testing.TB, location string) idem.Store {
+			parts := strings.SplitN(location, " ", 3)
+			hot := testenv.OpenRedis(t, parts[0])
+			cold := testenv.OpenPostgres(t, parts[1], pgstore.Config{ConnString: parts[2]})
+			s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: 300 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
 			}
-			cold.Close()
-		})
-		s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: 300 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
+			return s
+		}}
+	if !storetest.IsChild() {
+		conn, p := testenv.PostgresProxy(t)
+		cfg.Cut, cfg.Restore = p.Cut, p.Restore
+		cfg.Location = testenv.RandomName("idemtest:") + ": " + testenv.RandomName("idemtest_") + " " + conn
 	}
-	storetest.Campaign(t, storetest.CampaignConfig{TestName: "TestCampaign", Location: location, Open: open,
-		Processes: 2, Cut: cut, Restore: restore, InProgressAtExpiry: true})
+	storetest.Campaign(t, cfg)
 }
