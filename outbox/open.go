@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgo/idem/internal/sqlmigrate"
 )
 
 // NewPgx returns the outbox of a PostgreSQL database reached through a pgx
@@ -17,6 +19,7 @@ func NewPgx(pool *pgxpool.Pool, schema string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.migrations = sqlmigrate.Pgx(pool)
 	l := &listener{pool: pool}
 	s.notify = l.wait
 	s.close = l.close
@@ -26,7 +29,16 @@ func NewPgx(pool *pgxpool.Pool, schema string) (*Store, error) {
 // NewSQL returns the outbox of a database/sql database: PostgreSQL (with
 // the pgx stdlib driver) or SQLite (modernc.org/sqlite). Its relay polls.
 func NewSQL(db *sql.DB, d Dialect, schema string) (*Store, error) {
-	return newStore(d, sqlAdapter{db}, schema)
+	s, err := newStore(d, sqlAdapter{db}, schema)
+	if err != nil {
+		return nil, err
+	}
+	md := sqlmigrate.Postgres
+	if d == SQLite {
+		md = sqlmigrate.SQLite
+	}
+	s.migrations = sqlmigrate.SQL(db, md)
+	return s, nil
 }
 
 // Close releases the LISTEN connection, if any. The pool or DB stays open.

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemgo/idem/internal/sqlmigrate"
 )
 
 // Status of an outbox row.
@@ -114,6 +116,8 @@ type Store struct {
 	q      queries
 	notify func(ctx context.Context, wait time.Duration) bool // PostgreSQL LISTEN, if set
 	close  func()
+	// migrations runs Migrate's transaction under the migration lock.
+	migrations sqlmigrate.Conn
 }
 
 func (s *Store) t(name string) string { return s.schema + name }
@@ -225,9 +229,19 @@ func skipLocked(d Dialect) string {
 	return ""
 }
 
-// Migrate creates the tables (idempotent).
+// Migrations returns the outbox's numbered migrations (version 1 is the
+// schema as first released, so a database created before versioning is
+// adopted as it is).
+func (s *Store) Migrations() []sqlmigrate.Step {
+	return []sqlmigrate.Step{{Version: 1, Name: "outbox and counters", SQL: s.Schema()}}
+}
+
+// Migrate creates or upgrades the outbox's tables: the missing numbered
+// migrations, in one transaction under the migration lock (an advisory lock
+// on PostgreSQL, BEGIN IMMEDIATE on SQLite), recorded in idem_migrations.
+// Any number of processes may run it at once; it is idempotent.
 func (s *Store) Migrate(ctx context.Context) error {
-	if _, err := s.db.Exec(ctx, s.Schema()); err != nil {
+	if _, err := sqlmigrate.Apply(ctx, s.migrations, strings.TrimSuffix(s.schema, "."), "outbox", s.Migrations()); err != nil {
 		return fmt.Errorf("idem/outbox: migrate: %w", err)
 	}
 	return nil

@@ -2,15 +2,19 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/sqlmigrate"
+	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/storeurl"
 )
 
@@ -58,36 +62,71 @@ func openStore(ctx context.Context, url string) (idem.Store, error) {
 
 func newMigrateCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "migrate",
-		Short: "Create or upgrade the store's schema",
-		Args:  cobra.NoArgs,
+		Use:   "migrate [--status]",
+		Short: "Create or upgrade the store's schema (records and outbox) and print its versions",
+		Long: `Applies the missing numbered migrations of the idempotency records and of the outbox, each
+in one transaction under the migration lock (an advisory lock on PostgreSQL, BEGIN IMMEDIATE on
+SQLite), and prints the versions recorded in idem_migrations. Any number of processes may run it
+at once. Every other command that opens a SQL store migrates it the same way at start, so
+containers that start together all succeed; --status only prints.`,
+		Args: cobra.NoArgs,
 	}
 	store := storeFlag(cmd)
+	status := cmd.Flags().Bool("status", false, "print the applied versions without migrating")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		s, err := openStore(cmd.Context(), *store)
+		ctx := cmd.Context()
+		spec, err := storeurl.Parse(*store)
 		if err != nil {
 			return err
 		}
-		defer s.Close()
-		m, ok := s.(idem.Migrator)
-		if !ok {
+		var conn sqlmigrate.Conn
+		var schema string
+		switch spec.Kind {
+		case storeurl.SQLite:
+			db, err := sql.Open("sqlite", "file:"+spec.Path+"?_pragma=busy_timeout(10000)")
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			conn = sqlmigrate.SQL(db, sqlmigrate.SQLite)
+		case storeurl.Postgres:
+			s, err := storeurl.Open(ctx, *store, &storeurl.Options{SkipMigrate: true})
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			pg := s.(*pgstore.Store)
+			conn, schema = sqlmigrate.Pgx(pg.Pool()), pg.Schema()
+		default:
 			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate\n", *store)
 			return nil
 		}
-		if err := m.Migrate(cmd.Context()); err != nil {
-			return err
-		}
-		if spec, _ := storeurl.Parse(*store); spec.Kind == storeurl.SQLite || spec.Kind == storeurl.Postgres {
-			ob, closeFn, err := openOutbox(cmd.Context(), *store)
+		if !*status {
+			s, err := openStore(ctx, *store) // migrates the records
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			ob, closeFn, err := openOutbox(ctx, *store)
 			if err != nil {
 				return err
 			}
 			defer closeFn()
-			if err := ob.Migrate(cmd.Context()); err != nil {
+			if err := ob.Migrate(ctx); err != nil {
 				return err
 			}
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "%s: schema up to date (idempotency records and outbox)\n", *store)
+		applied, err := sqlmigrate.Status(ctx, conn, schema)
+		if err != nil {
+			return fmt.Errorf("migrate --status: %w", err)
+		}
+		w := cmd.OutOrStdout()
+		if len(applied) == 0 {
+			fmt.Fprintf(w, "%s: no migrations applied (run idem migrate)\n", *store)
+		}
+		for _, a := range applied {
+			fmt.Fprintf(w, "%-8s %3d  %-22s applied %s\n", a.Component, a.Version, a.Name, a.AppliedAt.Format(time.RFC3339))
+		}
 		return nil
 	}
 	return cmd

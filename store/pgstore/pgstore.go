@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/sqlmigrate"
 )
 
 var (
@@ -95,6 +96,9 @@ func New(pool *pgxpool.Pool, schema string, limits idem.Limits) *Store {
 // Pool returns the store's pool.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
+// Schema returns the schema of the tables ("" for the search_path).
+func (s *Store) Schema() string { return s.schema }
+
 // Table returns the quoted, schema-qualified name of the records table.
 func (s *Store) Table() string { return s.table }
 
@@ -170,23 +174,12 @@ WHERE NOT (r.state IN (2, 3) AND r.expires_at > now() AND r.fence >= EXCLUDED.fe
 	}
 }
 
-// Migrate creates or upgrades the schema in one transaction, under an
-// advisory lock so concurrent migrators wait for each other. Idempotent.
-func (s *Store) Migrate(ctx context.Context) error {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return wrap("migrate", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idem_migrate'))`); err != nil {
-		return wrap("migrate", err)
-	}
-	if s.schema != "" {
-		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{s.schema}.Sanitize()); err != nil {
-			return wrap("migrate", err)
-		}
-	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+s.table+` (
+// Migrations returns the numbered migrations of the records table (version
+// 1 is the schema as first released, so a database created before
+// versioning is adopted as it is).
+func (s *Store) Migrations() []sqlmigrate.Step {
+	idx := pgx.Identifier{"idem_records_expires_at"}.Sanitize()
+	return []sqlmigrate.Step{{Version: 1, Name: "idempotency records", SQL: `CREATE TABLE IF NOT EXISTS ` + s.table + ` (
 		k           text        PRIMARY KEY,
 		state       smallint    NOT NULL,
 		fence       bigint      NOT NULL,
@@ -197,14 +190,17 @@ func (s *Store) Migrate(ctx context.Context) error {
 		expires_at  timestamptz NOT NULL, -- never before lease_until
 		updated_at  timestamptz NOT NULL,
 		outcome     smallint    NOT NULL  -- the outcome of the last acquire
-	)`); err != nil {
-		return wrap("migrate", err)
-	}
-	idx := pgx.Identifier{"idem_records_expires_at"}.Sanitize()
-	if _, err := tx.Exec(ctx, `CREATE INDEX IF NOT EXISTS `+idx+` ON `+s.table+` (expires_at)`); err != nil {
-		return wrap("migrate", err)
-	}
-	return wrap("migrate", tx.Commit(ctx))
+	);
+	CREATE INDEX IF NOT EXISTS ` + idx + ` ON ` + s.table + ` (expires_at)`}}
+}
+
+// Migrate creates or upgrades the schema: the missing numbered migrations,
+// in one transaction under an advisory lock (every idem migration takes the
+// same one), recorded in idem_migrations. Any number of processes may run
+// it at once; it is idempotent.
+func (s *Store) Migrate(ctx context.Context) error {
+	_, err := sqlmigrate.Apply(ctx, sqlmigrate.Pgx(s.pool), s.schema, "records", s.Migrations())
+	return wrap("migrate", err)
 }
 
 // wrap maps pgx errors to idem's: context errors pass through; a failure to

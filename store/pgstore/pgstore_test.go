@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem"
@@ -85,4 +86,39 @@ func TestCampaign(t *testing.T) {
 		cfg.Location = testenv.RandomName("idemtest_") + " " + conn
 	}
 	storetest.Campaign(t, cfg)
+}
+
+// TestUpgradeFromFirstRelease: a schema made by the first release (no
+// idem_migrations) is adopted as version 1, and its records stay readable.
+func TestUpgradeFromFirstRelease(t *testing.T) {
+	testenv.ProbePostgres(t)
+	ctx := context.Background()
+	schema := testenv.RandomName("idemtest_")
+	conn, err := pgx.Connect(ctx, testenv.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tbl := pgx.Identifier{schema, "idem_records"}.Sanitize()
+	for _, q := range []string{
+		`CREATE SCHEMA ` + pgx.Identifier{schema}.Sanitize(),
+		`CREATE TABLE IF NOT EXISTS ` + tbl + ` (k text PRIMARY KEY, state smallint NOT NULL, fence bigint NOT NULL,
+			fp text NOT NULL DEFAULT '', attempts integer NOT NULL, result bytea, lease_until timestamptz NOT NULL,
+			expires_at timestamptz NOT NULL, updated_at timestamptz NOT NULL, outcome smallint NOT NULL)`,
+		`CREATE INDEX IF NOT EXISTS idem_records_expires_at ON ` + tbl + ` (expires_at)`,
+		`INSERT INTO ` + tbl + ` VALUES ('old', 2, 7, 'fp', 1, 'kept', now(), now() + interval '1 day', now(), 1)`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := testenv.OpenPostgres(t, schema, pgstore.Config{})
+	rec, err := s.Get(ctx, "old")
+	if err != nil || string(rec.Result) != "kept" || rec.Fence != 7 {
+		t.Fatalf("record of the first release: %+v, %v", rec, err)
+	}
+	var versions int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "idem_migrations"}.Sanitize()+` WHERE component = 'records'`).Scan(&versions); err != nil || versions != len(s.Migrations()) {
+		t.Fatalf("recorded versions: %d, %v", versions, err)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/sqlmigrate"
 )
 
 var (
@@ -109,10 +110,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 // operators.
 func (s *Store) DB() *sql.DB { return s.db }
 
-// migrations are applied in order, each in its own transaction; the index+1
-// is the schema version recorded in idem_schema.
-var migrations = []string{
-	`CREATE TABLE idem_records (
+// Migrations returns the numbered migrations of the records table (version
+// 1 is the schema as first released, so a database created before
+// versioning is adopted as it is).
+func Migrations() []sqlmigrate.Step {
+	return []sqlmigrate.Step{{Version: 1, Name: "idempotency records", SQL: `CREATE TABLE IF NOT EXISTS idem_records (
 		k           TEXT    PRIMARY KEY,
 		state       INTEGER NOT NULL,
 		fence       INTEGER NOT NULL,
@@ -124,40 +126,15 @@ var migrations = []string{
 		updated_at  INTEGER NOT NULL, -- Unix ms
 		outcome     INTEGER NOT NULL  -- the outcome of the last Acquire
 	);
-	CREATE INDEX idem_records_expires_at ON idem_records (expires_at);`,
+	CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at);`}}
 }
 
-// Migrate creates or upgrades the schema. It is idempotent and safe to run
-// from several processes at once.
+// Migrate creates or upgrades the schema: the missing numbered migrations,
+// in one BEGIN IMMEDIATE transaction, recorded in idem_migrations. Any
+// number of processes may run it at once; it is idempotent.
 func (s *Store) Migrate(ctx context.Context) error {
-	tx, err := s.db.BeginTx(ctx, nil) // BEGIN IMMEDIATE (see _txlock): one migrator at a time
-	if err != nil {
-		return fmt.Errorf("idem/sqlitestore: migrate: %w", err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS idem_schema (version INTEGER NOT NULL)`); err != nil {
-		return fmt.Errorf("idem/sqlitestore: migrate: %w", err)
-	}
-	var version int
-	err = tx.QueryRowContext(ctx, `SELECT version FROM idem_schema`).Scan(&version)
-	if errors.Is(err, sql.ErrNoRows) {
-		_, err = tx.ExecContext(ctx, `INSERT INTO idem_schema (version) VALUES (0)`)
-	}
-	if err != nil {
-		return fmt.Errorf("idem/sqlitestore: migrate: %w", err)
-	}
-	if version > len(migrations) {
-		return fmt.Errorf("idem/sqlitestore: schema version %d is newer than this build knows (%d)", version, len(migrations))
-	}
-	for v := version; v < len(migrations); v++ {
-		if _, err := tx.ExecContext(ctx, migrations[v]); err != nil {
-			return fmt.Errorf("idem/sqlitestore: migration %d: %w", v+1, err)
-		}
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE idem_schema SET version = ?`, len(migrations)); err != nil {
-		return fmt.Errorf("idem/sqlitestore: migrate: %w", err)
-	}
-	return tx.Commit()
+	_, err := sqlmigrate.Apply(ctx, sqlmigrate.SQL(s.db, sqlmigrate.SQLite), "", "records", Migrations())
+	return wrap("migrate", err)
 }
 
 // The acquire statement. Parameters: ?1 key, ?2 fingerprint, ?3 now (ms),

@@ -22,7 +22,7 @@ func init() {
 			return nil, fmt.Errorf("idem: store URL: %v", err)
 		}
 		q := u.Query()
-		cfg := pgstore.Config{Schema: q.Get("idem_schema"), Limits: o.Limits}
+		cfg := pgstore.Config{Schema: q.Get("idem_schema"), Limits: o.Limits, SkipMigrate: o.SkipMigrate}
 		switch q.Get("idem_pgbouncer") {
 		case "", "0", "false":
 		case "1", "true":

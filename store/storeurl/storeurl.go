@@ -88,6 +88,8 @@ func Parse(raw string) (Spec, error) {
 type Options struct {
 	// Limits bound what the store accepts.
 	Limits idem.Limits
+	// SkipMigrate opens a SQL store without migrating its schema.
+	SkipMigrate bool
 }
 
 // Open parses raw and opens the store it names. The caller closes it.
@@ -104,7 +106,7 @@ func Open(ctx context.Context, raw string, opts *Options) (idem.Store, error) {
 	case Memory:
 		return memstore.New(memstore.Config{Limits: o.Limits}), nil
 	case SQLite:
-		return sqlitestore.Open(ctx, sqlitestore.Config{Path: spec.Path, Synchronous: spec.Query.Get("synchronous"), Limits: o.Limits})
+		return sqlitestore.Open(ctx, sqlitestore.Config{Path: spec.Path, Synchronous: spec.Query.Get("synchronous"), Limits: o.Limits, SkipMigrate: o.SkipMigrate})
 	}
 	opener, ok := openers[spec.Kind]
 	if !ok {

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// TestConcurrentStartsOnAFreshDatabase starts eight idem processes at once
+// on a database that has no schema yet — relays' and tools' first commands
+// as containers of one deploy start together. Every one must succeed.
+func TestConcurrentStartsOnAFreshDatabase(t *testing.T) {
+	stores := map[string]string{"sqlite": "sqlite:" + filepath.Join(t.TempDir(), "fresh.db")}
+	if testenv.Required() || probePostgres() == nil {
+		testenv.ProbePostgres(t)
+		schema := testenv.RandomName("idemtest_")
+		stores["postgres"] = testenv.PostgresURL + "&idem_schema=" + schema
+		t.Cleanup(func() {
+			conn, err := pgx.Connect(context.Background(), testenv.PostgresURL)
+			if err == nil {
+				_, _ = conn.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+				conn.Close(context.Background())
+			}
+		})
+	}
+	for name, store := range stores {
+		t.Run(name, func(t *testing.T) {
+			commands := [][]string{
+				{"outbox", "ls", "--store", store},
+				{"outbox", "enqueue", "--store", store, "--key", "k-1", "--to", "http://127.0.0.1:9/x", "--data", "one"},
+				{"keys", "ls", "--store", store},
+				{"outbox", "ls", "--store", store},
+				{"outbox", "enqueue", "--store", store, "--key", "k-2", "--to", "http://127.0.0.1:9/x", "--data", "two"},
+				{"migrate", "--store", store},
+				{"keys", "ls", "--store", store},
+				{"outbox", "ls", "--store", store},
+			}
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			errs := make([]error, len(commands))
+			outs := make([][]byte, len(commands))
+			for i, args := range commands {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					cmd := exec.Command(os.Args[0], args...)
+					cmd.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
+					<-start
+					outs[i], errs[i] = cmd.CombinedOutput()
+				}()
+			}
+			close(start)
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Errorf("idem %v: %v\n%s", commands[i], err, outs[i])
+				}
+			}
+			out, err := run(t, "outbox", "ls", "--store", store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range []string{"k-1", "k-2"} {
+				if !strings.Contains(out, k) {
+					t.Errorf("intent %s was not stored:\n%s", k, out)
+				}
+			}
+		})
+	}
+}
+
+func probePostgres() error {
+	conn, err := pgx.Connect(context.Background(), testenv.PostgresURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return conn.Ping(context.Background())
+}
+
+// TestMigrateStatus: idem migrate prints the versions it applied; --status
+// prints them without migrating.
+func TestMigrateStatus(t *testing.T) {
+	store := "sqlite:" + filepath.Join(t.TempDir(), "m.db")
+	out, err := run(t, "migrate", "--status", "--store", store)
+	if err != nil || !strings.Contains(out, "no migrations applied") {
+		t.Fatalf("status of a fresh database: %q %v", out, err)
+	}
+	if out, err = run(t, "migrate", "--store", store); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"records", "outbox", "idempotency records"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("idem migrate printed %q, want %s", out, want)
+		}
+	}
+	if again, err := run(t, "migrate", "--status", "--store", store); err != nil || again != out {
+		t.Fatalf("--status after migrate: %q %v, want %q", again, err, out)
+	}
+}
