@@ -203,8 +203,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return wrap("migrate", err)
 }
 
-// wrap maps pgx errors to idem's: context errors pass through; a failure to
-// reach the server (or any other failure) is ErrStoreUnavailable.
+// wrap maps pgx errors to idem's, keeping pgx's error in the chain
+// (errors.As finds *pgconn.PgError): context errors pass through; a server
+// that cannot be reached or cannot serve now (connection failures, SQLSTATE
+// classes 08, 40, 53, 57 and 58, a read-only transaction after a failover)
+// is ErrStoreUnavailable; anything else — a missing table, a missing
+// privilege, a constraint — is returned as it is, for a retry will not help.
 func wrap(op string, err error) error {
 	if err == nil {
 		return nil
@@ -213,10 +217,23 @@ func wrap(op string, err error) error {
 		return err
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return fmt.Errorf("%w: postgres %s: %s (SQLSTATE %s)", idem.ErrStoreUnavailable, op, pgErr.Message, pgErr.Code)
+	if errors.As(err, &pgErr) && !transient(pgErr.Code) {
+		return fmt.Errorf("idem/pgstore: %s: %w", op, err)
 	}
-	return fmt.Errorf("%w: postgres %s: %v", idem.ErrStoreUnavailable, op, err)
+	return fmt.Errorf("%w: postgres %s: %w", idem.ErrStoreUnavailable, op, err)
+}
+
+// transient reports whether a SQLSTATE says the server may serve the same
+// statement later.
+func transient(code string) bool {
+	if len(code) < 2 {
+		return true
+	}
+	switch code[:2] {
+	case "08", "40", "53", "57", "58":
+		return true
+	}
+	return code == "25006" || code == "55P03" // read-only transaction; lock not available
 }
 
 func scanRecord(row pgx.Row, extra ...any) (idem.Record, error) {

@@ -2,11 +2,13 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem"
@@ -120,5 +122,24 @@ func TestUpgradeFromFirstRelease(t *testing.T) {
 	var versions int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "idem_migrations"}.Sanitize()+` WHERE component = 'records'`).Scan(&versions); err != nil || versions != len(s.Migrations()) {
 		t.Fatalf("recorded versions: %d, %v", versions, err)
+	}
+}
+
+// TestSchemaErrorsKeepTheirCause: a missing table is not "unavailable" (a
+// retry will not help), and pgx's error stays reachable with errors.As.
+func TestSchemaErrorsKeepTheirCause(t *testing.T) {
+	testenv.ProbePostgres(t)
+	schema := testenv.RandomName("idemtest_")
+	s := testenv.OpenPostgres(t, schema, pgstore.Config{})
+	if _, err := s.Pool().Exec(context.Background(), `DROP TABLE `+s.Table()); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: "k", Lease: time.Second, Retention: time.Hour})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
+		t.Fatalf("err = %v, want a *pgconn.PgError 42P01 in the chain", err)
+	}
+	if errors.Is(err, idem.ErrStoreUnavailable) {
+		t.Fatalf("a missing table reported as unavailable: %v", err)
 	}
 }

@@ -93,9 +93,9 @@ func wrap(op string, err error) error {
 		return err
 	}
 	if errors.Is(err, redis.ErrClosed) {
-		return fmt.Errorf("%w: redis %s: %v", idem.ErrClosed, op, err)
+		return fmt.Errorf("%w: redis %s: %w", idem.ErrClosed, op, err)
 	}
-	return fmt.Errorf("%w: redis %s: %v", idem.ErrStoreUnavailable, op, err)
+	return fmt.Errorf("%w: redis %s: %w", idem.ErrStoreUnavailable, op, err)
 }
 
 func toInt(v any) int64 {

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
-	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+	"modernc.org/sqlite" // the "sqlite" database/sql driver
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqlmigrate"
@@ -51,6 +53,7 @@ type Store struct {
 	limits idem.Limits
 
 	acquire, heartbeat, settle, release, get, del, sweep, list, archive *sql.Stmt
+	closed                                                              atomic.Bool
 }
 
 // Open opens (and by default migrates) the database at cfg.Path.
@@ -134,7 +137,7 @@ func Migrations() []sqlmigrate.Step {
 // number of processes may run it at once; it is idempotent.
 func (s *Store) Migrate(ctx context.Context) error {
 	_, err := sqlmigrate.Apply(ctx, sqlmigrate.SQL(s.db, sqlmigrate.SQLite), "", "records", Migrations())
-	return wrap("migrate", err)
+	return s.wrap("migrate", err)
 }
 
 // The acquire statement. Parameters: ?1 key, ?2 fingerprint, ?3 now (ms),
@@ -237,19 +240,30 @@ func scanRecord(sc scanner, extra ...any) (idem.Record, error) {
 	return r, nil
 }
 
-// wrap maps driver errors to idem's: context errors pass through; anything
-// else means the store could not do its job.
-func wrap(op string, err error) error {
+// wrap maps driver errors to idem's, keeping the driver's error in the chain
+// (errors.As finds *sqlite.Error): context errors pass through; after Close,
+// ErrClosed; a busy, locked, I/O, full or unopenable database is
+// ErrStoreUnavailable (it may work again); anything else — a missing table,
+// a read-only file, a constraint — is returned as it is, for it will not.
+func (s *Store) wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	if errors.Is(err, sql.ErrConnDone) || strings.Contains(err.Error(), "database is closed") {
-		return fmt.Errorf("%w: sqlite %s: %v", idem.ErrClosed, op, err)
+	if s.closed.Load() || errors.Is(err, sql.ErrConnDone) {
+		return fmt.Errorf("%w: sqlite %s: %w", idem.ErrClosed, op, err)
 	}
-	return fmt.Errorf("%w: sqlite %s: %v", idem.ErrStoreUnavailable, op, err)
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		switch se.Code() & 0xff {
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PROTOCOL:
+		default:
+			return fmt.Errorf("idem/sqlitestore: %s: %w", op, err)
+		}
+	}
+	return fmt.Errorf("%w: sqlite %s: %w", idem.ErrStoreUnavailable, op, err)
 }
 
 // Acquire implements idem.Store with one statement.
@@ -263,7 +277,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts,
 		int64(fences.Next(t, 0))), &outcome)
 	if err != nil {
-		return idem.Acquisition{}, wrap("acquire", err)
+		return idem.Acquisition{}, s.wrap("acquire", err)
 	}
 	a := idem.Acquisition{Outcome: idem.Outcome(outcome), Record: rec}
 	if a.Outcome.Owns() {
@@ -275,11 +289,11 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 func (s *Store) owned(ctx context.Context, op string, st *sql.Stmt, args ...any) error {
 	res, err := st.ExecContext(ctx, args...)
 	if err != nil {
-		return wrap(op, err)
+		return s.wrap(op, err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return wrap(op, err)
+		return s.wrap(op, err)
 	}
 	if n == 0 {
 		return idem.ErrStaleFence
@@ -332,13 +346,13 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if errors.Is(err, sql.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	return rec, wrap("get", err)
+	return rec, s.wrap("get", err)
 }
 
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	_, err := s.del.ExecContext(ctx, key)
-	return wrap("delete", err)
+	return s.wrap("delete", err)
 }
 
 // Sweep implements idem.Store: one DELETE of up to limit expired records (no
@@ -349,10 +363,10 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	}
 	res, err := s.sweep.ExecContext(ctx, s.nowMs(), limit)
 	if err != nil {
-		return 0, wrap("sweep", err)
+		return 0, s.wrap("sweep", err)
 	}
 	n, err := res.RowsAffected()
-	return int(n), wrap("sweep", err)
+	return int(n), s.wrap("sweep", err)
 }
 
 // List implements idem.Lister.
@@ -362,18 +376,18 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	}
 	rows, err := s.list.QueryContext(ctx, after, s.nowMs(), limit)
 	if err != nil {
-		return nil, wrap("list", err)
+		return nil, s.wrap("list", err)
 	}
 	defer rows.Close()
 	var out []idem.Record
 	for rows.Next() {
 		r, err := scanRecord(rows)
 		if err != nil {
-			return nil, wrap("list", err)
+			return nil, s.wrap("list", err)
 		}
 		out = append(out, r)
 	}
-	return out, wrap("list", rows.Err())
+	return out, s.wrap("list", rows.Err())
 }
 
 // Archive implements idem.Archiver with one statement.
@@ -386,8 +400,11 @@ func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Dur
 		result = []byte{}
 	}
 	_, err := s.archive.ExecContext(ctx, rec.Key, int(rec.State), int64(rec.Fence), rec.Fingerprint, rec.Attempts, result, s.nowMs(), retention.Milliseconds())
-	return wrap("archive", err)
+	return s.wrap("archive", err)
 }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	s.closed.Store(true)
+	return s.db.Close()
+}

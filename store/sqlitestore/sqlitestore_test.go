@@ -3,8 +3,12 @@ package sqlitestore_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"path/filepath"
 	"testing"
+	"time"
+
+	"modernc.org/sqlite"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/store/sqlitestore"
@@ -82,5 +86,23 @@ func TestUpgradeFromFirstRelease(t *testing.T) {
 	}
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatalf("second Migrate: %v", err)
+	}
+}
+
+// TestErrorsKeepTheirCause: a missing table is not "unavailable", the
+// driver's error stays reachable, and a closed store says ErrClosed.
+func TestErrorsKeepTheirCause(t *testing.T) {
+	s := openAt(t, filepath.Join(t.TempDir(), "e.db")).(*sqlitestore.Store)
+	if _, err := s.DB().Exec(`DROP TABLE idem_records`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: "k", Lease: time.Second, Retention: time.Hour})
+	var se *sqlite.Error
+	if !errors.As(err, &se) || errors.Is(err, idem.ErrStoreUnavailable) {
+		t.Fatalf("err = %v: want the driver's *sqlite.Error, not ErrStoreUnavailable", err)
+	}
+	s.Close()
+	if _, err := s.Get(context.Background(), "k"); !errors.Is(err, idem.ErrClosed) {
+		t.Fatalf("after Close: %v, want ErrClosed", err)
 	}
 }
