@@ -1,5 +1,8 @@
 -- idem acquire: KEYS[1] the record; ARGV fingerprint, lease ms, unsettled
--- retention ms (>= lease), max attempts (0 = none).
+-- retention ms (>= lease), max attempts (0 = none), nonce of the call.
+-- A client may run the script twice for one call (go-redis resends a command
+-- whose connection broke before the answer): field n keeps the outcome and
+-- nonce of the call that took the claim, and a second run returns that claim.
 -- Fields: s state, f fence, p fingerprint, a attempts, l lease until (ms),
 -- e expires at (ms), u updated at (ms), r result.
 -- Returns {outcome, state, fence, fingerprint, attempts, lease, expires, updated, result}.
@@ -9,16 +12,20 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local fp, lease, keep, maxa = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local r = redis.call('HMGET', KEYS[1], 's', 'f', 'p', 'a', 'l', 'e', 'u', 'r')
+local fp, lease, keep, maxa, nonce = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local r = redis.call('HMGET', KEYS[1], 's', 'f', 'p', 'a', 'l', 'e', 'u', 'r', 'n')
 local st = tonumber(r[1])
+if st == 1 and r[9] and string.sub(r[9], 2) == nonce and tonumber(r[6]) > now then
+  -- this call's own claim, taken by an earlier run of the script
+  return {tonumber(string.sub(r[9], 1, 1)), 1, tonumber(r[2]), r[3], tonumber(r[4]), tonumber(r[5]), tonumber(r[6]), tonumber(r[7]), false}
+end
 if not st or tonumber(r[6]) <= now then
   local fence = floor
   if st then
     fence = math.max(tonumber(r[2]) + 1, floor)
     redis.call('HDEL', KEYS[1], 'r')
   end
-  redis.call('HSET', KEYS[1], 's', 1, 'f', string.format('%d', fence), 'p', fp, 'a', 1, 'l', now + lease, 'e', now + keep, 'u', now)
+  redis.call('HSET', KEYS[1], 's', 1, 'f', string.format('%d', fence), 'p', fp, 'a', 1, 'l', now + lease, 'e', now + keep, 'u', now, 'n', '1' .. nonce)
   redis.call('PEXPIREAT', KEYS[1], now + keep)
   return {1, 1, fence, fp, 1, now + lease, now + keep, now, false}
 end
@@ -38,6 +45,6 @@ end
 local outcome = 1
 if st == 1 then outcome = 2 end
 fence, attempts, lu, upd, st = math.max(fence + 1, floor), attempts + 1, now + lease, now, 1
-redis.call('HSET', KEYS[1], 's', 1, 'f', string.format('%d', fence), 'a', attempts, 'l', lu, 'e', exp, 'u', now)
+redis.call('HSET', KEYS[1], 's', 1, 'f', string.format('%d', fence), 'a', attempts, 'l', lu, 'e', exp, 'u', now, 'n', outcome .. nonce)
 redis.call('PEXPIREAT', KEYS[1], exp)
 return answer(outcome)

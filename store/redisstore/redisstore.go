@@ -2,12 +2,15 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -52,11 +55,24 @@ type Config struct {
 }
 
 // Store is a Redis idem.Store.
+//
+// Its scripts are safe to run twice for one call: go-redis resends a
+// command whose connection broke before the answer came back (MaxRetries),
+// and each call carries a nonce by which the second run recognizes the
+// first one's claim or settle.
 type Store struct {
 	c      redis.UniversalClient
 	prefix string
 	limits idem.Limits
 	close  bool
+
+	nonces  atomic.Uint64
+	process string // random, per Store: nonces of two processes never meet
+}
+
+// nonce returns a string unique to one call of this Store.
+func (s *Store) nonce() string {
+	return s.process + strconv.FormatUint(s.nonces.Add(1), 36)
 }
 
 // New returns a store on cfg.Client.
@@ -67,7 +83,12 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "idem:"
 	}
-	return &Store{c: cfg.Client, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient}, nil
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("idem/redisstore: %w", err)
+	}
+	return &Store{c: cfg.Client, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient,
+		process: base64.RawURLEncoding.EncodeToString(b[:]) + "."}, nil
 }
 
 // Client returns the store's client.
@@ -130,7 +151,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		return idem.Acquisition{}, err
 	}
 	v, err := acquireScript.Run(ctx, s.c, []string{s.KeyName(req.Key)}, req.Fingerprint,
-		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts).Slice()
+		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts, s.nonce()).Slice()
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
 	}
@@ -160,7 +181,7 @@ func (s *Store) owned(ctx context.Context, op, code string, key string, fence ui
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := ownedScript.Run(ctx, s.c, []string{s.KeyName(key)}, code, fence, ms, result).Int()
+	n, err := ownedScript.Run(ctx, s.c, []string{s.KeyName(key)}, code, fence, ms, result, s.nonce()).Int()
 	if err != nil {
 		return wrap(op, err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/storetest"
 )
 
@@ -78,4 +79,45 @@ func TestCampaign(t *testing.T) {
 		cfg.Location = testenv.RandomName("idemtest:") + ": " + p.Addr()
 	}
 	storetest.Campaign(t, cfg)
+}
+
+// TestRetriedScriptsAreIdempotent: go-redis resends a command whose
+// connection broke before the answer came back (MaxRetries), so a script
+// may run twice for one call. Each call carries a nonce: the second run of
+// an acquisition returns the claim the first one took (not InProgress, which
+// would orphan it until its lease expires), and the second run of a settle
+// reports success (not a stale fence, for a completion that happened).
+func TestRetriedScriptsAreIdempotent(t *testing.T) {
+	s := testenv.OpenRedis(t, testenv.RandomName("idemtest:")+":")
+	ctx := context.Background()
+	c, name := s.Client(), s.KeyName("k")
+	acquire := func() []any {
+		v, err := c.Eval(ctx, redisstore.AcquireScript(), []string{name}, "fp", 60000, 3600000, 0, "nonce-1").Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	first, again := acquire(), acquire()
+	if first[0] != int64(idem.Acquired) || again[0] != first[0] || again[2] != first[2] {
+		t.Fatalf("acquire run twice: first %v, again %v — want the same claim", first[:3], again[:3])
+	}
+	fence := uint64(first[2].(int64))
+	complete := func() int64 {
+		n, err := c.Eval(ctx, redisstore.OwnedScript(), []string{name}, "c", fence, 3600000, "done", "nonce-2").Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if a, b := complete(), complete(); a != 1 || b != 1 {
+		t.Fatalf("complete run twice: %d then %d, want 1 both times", a, b)
+	}
+	if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Replayed || string(a.Record.Result) != "done" {
+		t.Fatalf("after the retried calls: %v %q %v", a.Outcome, a.Record.Result, err)
+	}
+	// Another call's nonce is not a retry: a stale fence stays stale.
+	if n, err := c.Eval(ctx, redisstore.OwnedScript(), []string{name}, "c", fence, 3600000, "zombie", "nonce-3").Int64(); err != nil || n != 0 {
+		t.Fatalf("a different call with the settled fence: %d, %v, want 0", n, err)
+	}
 }
