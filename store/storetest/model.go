@@ -104,8 +104,13 @@ func claimed(s mstate, in opInput, out opOutput) mstate {
 	n.Exists, n.St, n.FP, n.Result = true, idem.StateInFlight, in.FP, ""
 	if out.Res == resOK {
 		n.Fence, n.FenceKnown, n.MaxFence = out.Fence, true, out.Fence
-		n.LeaseLo, n.LeaseHi = out.LeaseUntil-slackMs, out.LeaseUntil+slackMs
-		n.ExpLo, n.ExpHi = out.ExpiresAt-slackMs, out.ExpiresAt+slackMs
+		// The answer's times are the store's; a composed store may report a
+		// lower bound (the tiered store renews the claim before answering),
+		// and no store sets them later than the answer's return allows.
+		n.LeaseLo = out.LeaseUntil - slackMs
+		n.LeaseHi = max(out.LeaseUntil, addSat(in.Return, in.Lease)) + slackMs
+		n.ExpLo = out.ExpiresAt - slackMs
+		n.ExpHi = max(out.ExpiresAt, addSat(in.Return, max(in.Lease, in.Ret))) + slackMs
 		return n
 	}
 	n.Fence, n.FenceKnown = 0, false

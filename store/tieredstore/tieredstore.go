@@ -96,6 +96,18 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	}
 	rec, err := s.cold.Get(ctx, req.Key)
 	if errors.Is(err, idem.ErrNotFound) || (err == nil && rec.State != idem.StateCompleted && rec.State != idem.StateFailed) {
+		// The claim must still stand after the cold round trip: a Delete
+		// that ran meanwhile removed it (and the cold record we did not
+		// see). A fenced heartbeat checks it and renews the lease.
+		start := time.Now()
+		if err := s.hot.Heartbeat(ctx, req.Key, a.Fence, req.Lease); err != nil {
+			if errors.Is(err, idem.ErrStaleFence) {
+				return idem.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the claim was deleted while the cold tier was consulted; retry", idem.ErrStoreUnavailable)
+			}
+			_ = s.hot.Release(context.WithoutCancel(ctx), req.Key, a.Fence)
+			return idem.Acquisition{}, err
+		}
+		a.Record.LeaseUntil = start.Add(req.Lease) // no later than the store's
 		return a, nil
 	}
 	bg := context.WithoutCancel(ctx)
