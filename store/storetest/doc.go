@@ -8,5 +8,10 @@
 //	}
 //
 // Bench runs the shared benchmarks; MultiProcess and CrashTakeover re-execute
-// the test binary to prove the contract across real processes.
+// the test binary to prove the contract across real processes. Campaign runs a
+// randomized fault campaign (worker processes killed with SIGKILL, outages,
+// Delete and Sweep of live keys, stalled owners, expiry) and checks the
+// history for linearizability against a model of the record (porcupine); it
+// prints its seed, and -campaign.seed, -campaign.duration and -campaign.check
+// replay or lengthen it.
 package storetest

@@ -4,9 +4,13 @@
 // audit window, so a duplicate that arrives after the hot store forgot the key
 // is still caught.
 //
-// Round trips: a claim of a key new to the hot store costs one hot acquire
-// and one cold read; a replay or an in-progress answer, one hot acquire;
-// Complete and Fail, one hot settle, one hot read and one cold write. Each
-// step is atomic in its tier; the fence is checked by the hot tier before
-// anything reaches the cold one.
+// Round trips: a fresh claim costs one hot acquire, one cold read and one
+// fenced hot heartbeat (the claim must still stand after the cold read); a
+// replay from the hot store, one hot acquire; an in-progress or mismatch
+// answer, one hot acquire and one cold read (the hot record may be another
+// caller's momentary claim on a key the cold store holds settled). Complete
+// and Fail: one hot read (the fence check), one cold write (fenced: a larger
+// fence replaces an archived result) and one hot settle — the cold write
+// first, so a result is durable when Complete returns and an owner killed
+// between the writes loses nothing. Delete removes the cold record first.
 package tieredstore
