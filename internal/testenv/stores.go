@@ -75,6 +75,7 @@ func RedisClient(t testing.TB) *redis.Client {
 	if err != nil {
 		t.Fatalf("IDEM_TEST_REDIS_URL: %v", err)
 	}
+	opt.MaxRetries = -1 // as redisstore.Config.Client asks
 	c := redis.NewClient(opt)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()

@@ -44,7 +44,13 @@ func OwnedScript() string { return ownedLua }
 // Config configures a Store.
 type Config struct {
 	// Client is the Redis client (redis.NewClient, NewClusterClient,
-	// NewFailoverClient, NewUniversalClient). Required.
+	// NewFailoverClient, NewUniversalClient). Required. Set its MaxRetries
+	// to -1: go-redis resends a command whose connection broke before the
+	// answer came back, so a script may run twice for one call. Each call
+	// carries a nonce, and a rerun that finds its own claim or settle
+	// returns it; but a claim that expired and was taken over before the
+	// resend stays invisible to the caller (it delays the next owner by one
+	// lease). The store URLs (storeurl) turn the resend off.
 	Client redis.UniversalClient
 	// Prefix starts every key name. Defaults to "idem:".
 	Prefix string

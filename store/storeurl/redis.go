@@ -18,6 +18,9 @@ import (
 //
 //	idem_prefix=P      key prefix (default "idem:")
 //	idem_cluster=1     Redis Cluster: the URL is a go-redis cluster URL (addr=… for more seeds)
+//
+// Unless the URL sets max_retries, go-redis's resending of a command whose
+// connection broke is turned off (see redisstore.Config.Client).
 func init() {
 	openers[Redis] = func(ctx context.Context, spec Spec, o Options) (idem.Store, error) {
 		u, err := url.Parse(spec.Raw)
@@ -37,11 +40,17 @@ func init() {
 			if err != nil {
 				return nil, fmt.Errorf("idem: store URL: %v", err)
 			}
+			if !q.Has("max_retries") {
+				opt.MaxRetries = -1
+			}
 			c = redis.NewClient(opt)
 		case "1", "true":
 			opt, err := redis.ParseClusterURL(u.String())
 			if err != nil {
 				return nil, fmt.Errorf("idem: store URL: %v", err)
+			}
+			if !q.Has("max_retries") {
+				opt.MaxRetries = -1
 			}
 			c = redis.NewClusterClient(opt)
 		default:
