@@ -366,7 +366,7 @@ func (w *worker) run(deadline time.Time) {
 		}
 		w.log.ret(id, out)
 		if err != nil {
-			time.Sleep(w.ms(20, 60))
+			time.Sleep(w.ms(100, 300)) // back off, as a client would: every failed call is one more unknown to check
 			continue
 		}
 		if !a.Outcome.Owns() {
