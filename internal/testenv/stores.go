@@ -96,10 +96,11 @@ func OpenRedisAt(t testing.TB, addr, prefix string) *redisstore.Store {
 	t.Helper()
 	c := RedisClient(t)
 	if addr != "" {
-		opt := c.Options()
+		opt := *c.Options()
 		opt.Addr = addr
+		opt.MaxRetries = -1 // NewClient turned the -1 into 0; 0 would mean 3 again
 		c.Close()
-		c = redis.NewClient(opt)
+		c = redis.NewClient(&opt)
 	}
 	s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, CloseClient: true})
 	if err != nil {

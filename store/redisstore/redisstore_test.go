@@ -6,10 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/storetest"
+	"github.com/idemgo/idem/store/storeurl"
 )
 
 func openAt(t testing.TB, prefix string) idem.Store { return testenv.OpenRedis(t, prefix) }
@@ -119,5 +122,22 @@ func TestRetriedScriptsAreIdempotent(t *testing.T) {
 	// Another call's nonce is not a retry: a stale fence stays stale.
 	if n, err := c.Eval(ctx, redisstore.OwnedScript(), []string{name}, "c", fence, 3600000, "zombie", "nonce-3").Int64(); err != nil || n != 0 {
 		t.Fatalf("a different call with the settled fence: %d, %v, want 0", n, err)
+	}
+}
+
+// TestClientsDoNotResend: the clients idem opens (store URLs, and the tests'
+// own) have go-redis's resend turned off (MaxRetries -1 reads back as 0).
+func TestClientsDoNotResend(t *testing.T) {
+	p := testenv.RedisProxy(t)
+	viaProxy := testenv.OpenRedisAt(t, p.Addr(), testenv.RandomName("idemtest:")+":")
+	s, err := storeurl.Open(context.Background(), testenv.RedisURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for name, c := range map[string]any{"testenv": viaProxy.Client(), "storeurl": s.(*redisstore.Store).Client()} {
+		if n := c.(*redis.Client).Options().MaxRetries; n != 0 {
+			t.Errorf("%s client: MaxRetries %d, want resends off", name, n)
+		}
 	}
 }
