@@ -64,12 +64,13 @@ type CampaignConfig struct {
 	// Goroutines is how many workers run in the test's own process.
 	// Defaults to 4.
 	Goroutines int
-	// InProgressAtExpiry accepts an InProgress answer for a settled record
-	// at the moment its retention ends. The tiered store gives it when a
-	// duplicate meets the momentary hot claim of another caller that is
-	// re-warming the hot tier from a cold record expiring meanwhile (a
-	// window of one cold round trip at the end of the retention). Nothing
-	// runs twice; the duplicate is told to retry.
+	// InProgressAtExpiry accepts an InProgress or a Mismatch answer for a
+	// settled record at the moment its retention ends. The tiered store
+	// gives them when a duplicate meets the momentary hot claim of another
+	// caller — one re-warming the hot tier, or one with another fingerprint
+	// asking the cold tier — while the cold record expires (a window of one
+	// cold round trip at the end of the retention). Nothing runs twice; a
+	// retry gets the key as new.
 	InProgressAtExpiry bool
 }
 

@@ -38,7 +38,8 @@ type opInput struct {
 	Ret    int64  `json:"ret,omitempty"`
 	Call   int64  `json:"-"` // ms
 	Return int64  `json:"-"` // ms
-	// LaxExpiry allows InProgress for a settled record at its expiry.
+	// LaxExpiry allows InProgress or Mismatch for a settled record at its
+	// expiry.
 	LaxExpiry bool `json:"-"`
 }
 
@@ -161,6 +162,9 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 	case idem.Mismatch:
 		if presentLike(s, in) && s.FP != in.FP {
 			return []mstate{s}
+		}
+		if in.LaxExpiry && s.Exists && settled(s.St) && mayBeExpired(s, in) {
+			return []mstate{s} // see CampaignConfig.InProgressAtExpiry
 		}
 	}
 	return nil
