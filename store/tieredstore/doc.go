@@ -13,4 +13,11 @@
 // fence replaces an archived result) and one hot settle — the cold write
 // first, so a result is durable when Complete returns and an owner killed
 // between the writes loses nothing. Delete removes the cold record first.
+//
+// Not atomic across the tiers, in one narrow case: a duplicate that meets
+// another caller's momentary hot claim (a re-warm, or another fingerprint
+// consulting the cold tier) just as the cold record's retention ends may be
+// told InProgress or Mismatch instead of getting the key as new. Nothing runs
+// twice; its retry gets the key. The fault campaign declares this
+// (storetest.CampaignConfig.InProgressAtExpiry) and checks everything else.
 package tieredstore
