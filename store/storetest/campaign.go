@@ -82,6 +82,7 @@ type CampaignReport struct {
 	Stalls                                         int // owners of this process that slept past their lease
 	Executions, LedgerAccepted                     int
 	HistoriesChecked, HistoriesUnknown, Violations int
+	Segments                                       int // checked separately, cut at isolated deletes
 }
 
 // Campaign runs a randomized fault campaign against a store and checks its
@@ -503,7 +504,6 @@ func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]in
 		rep.Violations++
 		t.Errorf("seed %d: "+format, append([]any{rep.Seed}, args...)...)
 	}
-	model := recordModel.ToModel()
 	keys := make([]string, 0, len(byKey))
 	for k := range byKey {
 		keys = append(keys, k)
@@ -511,16 +511,23 @@ func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]in
 	sort.Strings(keys)
 	for _, k := range keys {
 		h := byKey[k]
-		res, info := porcupine.CheckOperationsVerbose(model, h, *campaignCheck)
 		rep.HistoriesChecked++
-		switch res {
-		case porcupine.Illegal:
-			path := filepath.Join(os.TempDir(), fmt.Sprintf("idem-campaign-%d-%s.html", rep.Seed, k))
-			_ = porcupine.VisualizePath(model, info, path)
-			violate("key %s: history of %d operations is not linearizable (visualization: %s)\n%s", k, len(h), path, explain(info, h))
-		case porcupine.Unknown:
-			rep.HistoriesUnknown++
-			t.Logf("key %s: linearizability check timed out (%d operations)", k, len(h))
+		for i, seg := range segments(h) {
+			rep.Segments++
+			m := recordModel
+			m.Init = func() []any { return []any{seg.init} }
+			model := m.ToModel()
+			res, info := porcupine.CheckOperationsVerbose(model, seg.ops, *campaignCheck)
+			switch res {
+			case porcupine.Illegal:
+				path := filepath.Join(os.TempDir(), fmt.Sprintf("idem-campaign-%d-%s-%d.html", rep.Seed, k, i))
+				_ = porcupine.VisualizePath(model, info, path)
+				violate("key %s: history segment %d (%d operations) is not linearizable (visualization: %s)\n%s",
+					k, i, len(seg.ops), path, explain(info, seg.ops, seg.init))
+			case porcupine.Unknown:
+				rep.HistoriesUnknown++
+				t.Logf("key %s: linearizability check of segment %d timed out (%d operations)", k, i, len(seg.ops))
+			}
 		}
 		checkFences(h, violate)
 	}
@@ -622,7 +629,7 @@ func checkLedger(t *testing.T, ledger *sql.DB, ops []porcupine.Operation, violat
 // explain describes where the longest linearization of an illegal history
 // got stuck: its last operations, the state they leave, and the earliest
 // operations that could not follow.
-func explain(info porcupine.LinearizationInfo, h []porcupine.Operation) string {
+func explain(info porcupine.LinearizationInfo, h []porcupine.Operation, init mstate) string {
 	var best []porcupine.Operation
 	for _, part := range info.PartialLinearizationsOperations() {
 		for _, lin := range part {
@@ -634,7 +641,7 @@ func explain(info porcupine.LinearizationInfo, h []porcupine.Operation) string {
 	if len(best) == 0 {
 		return ""
 	}
-	states := recordModel.Init()
+	states := []any{init}
 	for _, op := range best {
 		var next []any
 		for _, st := range states {
@@ -677,4 +684,41 @@ func explain(info porcupine.LinearizationInfo, h []porcupine.Operation) string {
 		}
 	}
 	return b.String()
+}
+
+// segment is a part of one key's history checked on its own, from init.
+type segment struct {
+	ops  []porcupine.Operation
+	init mstate
+}
+
+// segments cuts one key's history before every Delete that overlaps no
+// other operation of the key (unknown results included, with their whole
+// window): whatever came before, the record is absent after it, so the rest
+// can be checked from there — with every fence known to be issued before
+// as the floor that new fences must exceed. Short segments keep the check's
+// memory bounded on long campaigns; a history without such a delete is one
+// segment.
+func segments(h []porcupine.Operation) []segment {
+	ops := slices.Clone(h)
+	sort.SliceStable(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
+	var out []segment
+	start := 0
+	var maxReturn int64 = math.MinInt64
+	var maxFence uint64
+	cutFence := uint64(0)
+	for i, op := range ops {
+		in, o := op.Input.(opInput), op.Output.(opOutput)
+		isolated := in.Kind == opDelete && o.Res == resOK && i > start && maxReturn < op.Call &&
+			(i+1 == len(ops) || ops[i+1].Call > op.Return)
+		if isolated {
+			out = append(out, segment{ops: ops[start:i], init: mstate{MaxFence: cutFence}})
+			start, cutFence = i, maxFence
+		}
+		maxReturn = max(maxReturn, op.Return)
+		if in.Kind == opAcquire && o.Res == resOK && o.Outcome.Owns() {
+			maxFence = max(maxFence, o.Fence)
+		}
+	}
+	return append(out, segment{ops: ops[start:], init: mstate{MaxFence: cutFence}})
 }
