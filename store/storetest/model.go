@@ -96,7 +96,6 @@ func owns(s mstate, f uint64) bool {
 	return s.Exists && s.St == idem.StateInFlight && s.FenceKnown && s.Fence == f
 }
 func settled(st idem.State) bool              { return st == idem.StateCompleted || st == idem.StateFailed }
-func maxI(a, b int64) int64                   { return max(a, b) }
 func interval(lo, hi, d int64) (int64, int64) { return lo + d, addSat(hi, d) }
 
 // claimed is the state after an acquisition handed out a claim.
@@ -190,7 +189,7 @@ func stepOwned(s mstate, in opInput, out opOutput) []mstate {
 	case opHeartbeat:
 		lo, hi := interval(in.Call, in.Return, in.Lease)
 		applied.LeaseLo, applied.LeaseHi = lo, hi
-		applied.ExpLo, applied.ExpHi = maxI(s.ExpLo, lo), maxI(s.ExpHi, hi)
+		applied.ExpLo, applied.ExpHi = max(s.ExpLo, lo), max(s.ExpHi, hi)
 	}
 	switch out.Res {
 	case resOK:
