@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/inbox"
 )
 
 // Message is the view of a delivery the key extractors need.
@@ -164,8 +163,10 @@ func (p Policy) FromGuard(res idem.Result, err error, attempt int) Decision {
 	return Decision{Retry, p.Backoff(attempt), "unexpected outcome " + res.Outcome.String()}
 }
 
-// FromInbox decides for a delivery run through the transactional inbox.
-func (p Policy) FromInbox(out inbox.Outcome, err error, attempt int) Decision {
+// FromInbox decides for a delivery run through the transactional inbox:
+// out is the inbox's outcome (processed, duplicate, stale — each acked), err
+// a failed transaction (retried: nothing committed).
+func (p Policy) FromInbox(out fmt.Stringer, err error, attempt int) Decision {
 	if err != nil {
 		return Decision{Retry, p.Backoff(attempt), err.Error()}
 	}

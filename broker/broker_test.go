@@ -70,7 +70,7 @@ func TestDecisions(t *testing.T) {
 	if d := p.FromInbox(inbox.Duplicate, nil, 1); d.Verdict != Ack {
 		t.Error("inbox duplicate not acked")
 	}
-	if d := p.FromInbox(0, errors.New("db down"), 1); d.Verdict != Retry {
+	if d := p.FromInbox(inbox.Outcome(0), errors.New("db down"), 1); d.Verdict != Retry {
 		t.Error("inbox failure not retried")
 	}
 }

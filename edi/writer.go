@@ -349,3 +349,11 @@ func (w *writer) x12(p *Profile, now time.Time, ctl *Controls, docs []Document) 
 	w.seg(E("IEA", "1", ctl.Interchange))
 	return w.err
 }
+
+// ContentType is the MIME type of a standard's interchanges (RFC 1767).
+func ContentType(s Standard) string {
+	if s == X12 {
+		return "application/EDI-X12"
+	}
+	return "application/EDIFACT"
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
 // BenchmarkInboxOverhead runs, in one run, the payments consumer's business
@@ -32,11 +33,11 @@ func BenchmarkInboxOverhead(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer pool.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`)
-	ib, err := inbox.New(inbox.Config{Dialect: inbox.Postgres, Table: schema + ".processed_events", VersionTable: schema + ".entity_versions"})
+	ib, err := inbox.New(pgxv5.New(pool), inbox.Config{Table: schema + ".processed_events", VersionTable: schema + ".entity_versions"})
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := ib.Migrate(ctx, inbox.PgxTx(pool)); err != nil {
+	if err := ib.Migrate(ctx); err != nil {
 		b.Fatal(err)
 	}
 	business := func(ctx context.Context, tx pgx.Tx, id string, n uint64) error {
@@ -68,7 +69,7 @@ func BenchmarkInboxOverhead(b *testing.B) {
 			for pb.Next() {
 				n := seq.Add(1)
 				id := "PAY-" + strconv.FormatUint(n, 10)
-				out, err := ib.ProcessPgx(ctx, pool, inbox.Event{Consumer: "credits", CorrelationID: id},
+				out, err := ib.Process(ctx, inbox.Event{Consumer: "credits", CorrelationID: id},
 					func(ctx context.Context, tx pgx.Tx) error { return business(ctx, tx, id, n) })
 				if err != nil || out != inbox.Processed {
 					b.Fatal(out, err)

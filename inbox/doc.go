@@ -11,7 +11,8 @@
 // archive or re-sent by a producer that timed out, and every one of those is
 // the same business intent that must not be booked twice.
 //
-// It works on PostgreSQL through pgx (pgx.Tx) and through database/sql
-// (*sql.Tx), and on SQLite through database/sql. The version guard (Guard)
+// It works on any sqldriver.Driver — PostgreSQL through pgx (pgx.Tx) or
+// database/sql (*sql.Tx), SQLite through database/sql — and takes the
+// driver's own transaction type. The version guard (Guard)
 // joins the same transaction to reject stale updates that arrive late.
 package inbox

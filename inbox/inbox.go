@@ -2,24 +2,14 @@ package inbox
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"regexp"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-)
-
-// Dialect selects the SQL of a database.
-type Dialect uint8
-
-// The supported databases.
-const (
-	Postgres Dialect = 1
-	SQLite   Dialect = 2
+	"github.com/idemgo/idem/internal/sqlmigrate"
+	"github.com/idemgo/idem/sqldriver"
 )
 
 // Outcome is what processing a message did.
@@ -76,8 +66,6 @@ func (e Event) validate() error {
 
 // Config configures an Inbox.
 type Config struct {
-	// Dialect of the database. Required.
-	Dialect Dialect
 	// Table holds the processed keys. Defaults to "processed_events"; it may
 	// be schema-qualified ("billing.processed_events").
 	Table string
@@ -89,19 +77,20 @@ type Config struct {
 	ConsumerVersion string
 }
 
-// Inbox records processed keys in the caller's transactions.
-type Inbox struct {
-	cfg Config
-	sql struct{ claim, version, sweep string }
+// Inbox records processed keys in the caller's transactions, of type TTx
+// (pgx.Tx, *sql.Tx).
+type Inbox[TTx any] struct {
+	cfg    Config
+	driver sqldriver.Driver[TTx]
+	schema string // of Table, "" for none
+	sql    struct{ claim, version, sweep string }
 }
 
 var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
 
-// New validates cfg and returns an Inbox.
-func New(cfg Config) (*Inbox, error) {
-	if cfg.Dialect != Postgres && cfg.Dialect != SQLite {
-		return nil, errors.New("idem/inbox: Config.Dialect must be Postgres or SQLite")
-	}
+// New validates cfg and returns the inbox of the database reached by driver
+// (pgxv5.New(pool), databasesql.New(db, sqldriver.SQLite), …).
+func New[TTx any](driver sqldriver.Driver[TTx], cfg Config) (*Inbox[TTx], error) {
 	if cfg.Table == "" {
 		cfg.Table = "processed_events"
 	}
@@ -113,32 +102,29 @@ func New(cfg Config) (*Inbox, error) {
 			return nil, fmt.Errorf("idem/inbox: Config.%s %q is not a plain [schema.]name", name, v)
 		}
 	}
-	i := &Inbox{cfg: cfg}
-	now := "now()"
-	if cfg.Dialect == SQLite {
-		now = "(unixepoch('subsec') * 1000)"
+	i := &Inbox[TTx]{cfg: cfg, driver: driver}
+	if schema, _, ok := strings.Cut(cfg.Table, "."); ok {
+		i.schema = schema
 	}
+	d := driver.Dialect()
 	i.sql.claim = `INSERT INTO ` + cfg.Table + ` (consumer, correlation_id, event_type, processed_at, consumer_version)
-VALUES ($1, $2, $3, ` + now + `, $4) ON CONFLICT (consumer, correlation_id) DO NOTHING`
-	i.sql.version = `INSERT INTO ` + cfg.VersionTable + ` AS v (entity, version, updated_at) VALUES ($1, $2, ` + now + `)
+VALUES ($1, $2, $3, ` + d.Now() + `, $4) ON CONFLICT (consumer, correlation_id) DO NOTHING`
+	i.sql.version = `INSERT INTO ` + cfg.VersionTable + ` AS v (entity, version, updated_at) VALUES ($1, $2, ` + d.Now() + `)
 ON CONFLICT (entity) DO UPDATE SET version = EXCLUDED.version, updated_at = EXCLUDED.updated_at
 WHERE v.version < EXCLUDED.version`
-	if cfg.Dialect == Postgres {
-		i.sql.sweep = `DELETE FROM ` + cfg.Table + ` WHERE ctid IN (SELECT ctid FROM ` + cfg.Table + `
-WHERE processed_at < now() - $1::float8 * interval '1 millisecond' LIMIT $2)`
-	} else {
-		i.sql.sweep = `DELETE FROM ` + cfg.Table + ` WHERE rowid IN (SELECT rowid FROM ` + cfg.Table + `
-WHERE processed_at < (unixepoch('subsec') * 1000) - $1 LIMIT $2)`
-	}
+	i.sql.sweep = `DELETE FROM ` + cfg.Table + ` WHERE ` + d.RowID() + ` IN (SELECT ` + d.RowID() + ` FROM ` + cfg.Table + `
+WHERE processed_at < ` + d.NowPlusMillis("-$1") + ` LIMIT $2)`
 	return i, nil
 }
 
 // Schema returns the DDL of the inbox and version tables, for migrations run
 // by other tools. Migrate runs it.
-func (i *Inbox) Schema() string {
-	ts := "timestamptz NOT NULL"
-	if i.cfg.Dialect == SQLite {
-		ts = "INTEGER NOT NULL /* Unix ms */"
+func (i *Inbox[TTx]) Schema() string {
+	d := i.driver.Dialect()
+	ts := d.TimeType() + " NOT NULL"
+	table := i.cfg.Table
+	if i.schema != "" {
+		table = strings.TrimPrefix(table, i.schema+".")
 	}
 	return `CREATE TABLE IF NOT EXISTS ` + i.cfg.Table + ` (
 	consumer         text NOT NULL,
@@ -148,7 +134,7 @@ func (i *Inbox) Schema() string {
 	consumer_version text NOT NULL DEFAULT '',
 	PRIMARY KEY (consumer, correlation_id)
 );
-CREATE INDEX IF NOT EXISTS ` + i.indexName() + ` ON ` + i.cfg.Table + ` (processed_at);
+` + d.CreateIndex(i.schema, table+"_processed_at", table, "(processed_at)") + `;
 CREATE TABLE IF NOT EXISTS ` + i.cfg.VersionTable + ` (
 	entity     text PRIMARY KEY,
 	version    bigint NOT NULL,
@@ -156,62 +142,26 @@ CREATE TABLE IF NOT EXISTS ` + i.cfg.VersionTable + ` (
 );`
 }
 
-// indexName is the table's name plus _processed_at: bare on PostgreSQL (an
-// index lives in its table's schema), schema-qualified on SQLite.
-func (i *Inbox) indexName() string {
-	schema, name, ok := strings.Cut(i.cfg.Table, ".")
-	if !ok {
-		return i.cfg.Table + "_processed_at"
+// Migrations returns the inbox's numbered migrations (version 1 is the
+// schema as first released, so tables created before versioning are
+// adopted as they are).
+func (i *Inbox[TTx]) Migrations() []sqlmigrate.Step {
+	return []sqlmigrate.Step{{Version: 1, Name: "processed events and entity versions", SQL: i.Schema()}}
+}
+
+// component names the inbox's migrations: one per table, so two inboxes in
+// one database migrate independently.
+func (i *Inbox[TTx]) component() string { return "inbox:" + i.cfg.Table }
+
+// Migrate creates or upgrades the inbox's tables: the missing numbered
+// migrations, in one transaction under the migration lock, recorded in
+// idem_migrations (in the table's schema). Any number of processes may run
+// it at once.
+func (i *Inbox[TTx]) Migrate(ctx context.Context) error {
+	if _, err := sqlmigrate.Apply(ctx, i.driver, i.schema, i.component(), i.Migrations()); err != nil {
+		return fmt.Errorf("idem/inbox: migrate: %w", err)
 	}
-	if i.cfg.Dialect == SQLite {
-		return schema + "." + name + "_processed_at"
-	}
-	return name + "_processed_at"
-}
-
-// Tx is the part of a transaction the inbox needs; PgxTx and SQLTx adapt
-// pgx.Tx and *sql.Tx (and *sql.DB, *pgxpool.Pool outside a transaction).
-type Tx interface {
-	Exec(ctx context.Context, sql string, args ...any) (rowsAffected int64, err error)
-}
-
-// PgxTx adapts a pgx transaction (or pool, or connection).
-func PgxTx(tx interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}) Tx {
-	return pgxAdapter{tx}
-}
-
-type pgxAdapter struct {
-	tx interface {
-		Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	}
-}
-
-func (a pgxAdapter) Exec(ctx context.Context, q string, args ...any) (int64, error) {
-	tag, err := a.tx.Exec(ctx, q, args...)
-	return tag.RowsAffected(), err
-}
-
-// SQLTx adapts a database/sql transaction (or *sql.DB, *sql.Conn).
-func SQLTx(tx interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}) Tx {
-	return sqlAdapter{tx}
-}
-
-type sqlAdapter struct {
-	tx interface {
-		ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	}
-}
-
-func (a sqlAdapter) Exec(ctx context.Context, q string, args ...any) (int64, error) {
-	res, err := a.tx.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
+	return nil
 }
 
 // ClaimTx inserts ev's key in tx. It returns Processed when the key is new
@@ -220,7 +170,11 @@ func (a sqlAdapter) Exec(ctx context.Context, q string, args ...any) (int64, err
 // version that is not newer than the entity's (commit: the key is recorded,
 // make no other change). On a concurrent duplicate in another transaction,
 // ClaimTx waits for it: Duplicate if it commits, Processed if it rolls back.
-func (i *Inbox) ClaimTx(ctx context.Context, tx Tx, ev Event) (Outcome, error) {
+func (i *Inbox[TTx]) ClaimTx(ctx context.Context, tx TTx, ev Event) (Outcome, error) {
+	return i.claim(ctx, i.driver.UnwrapExecutor(tx), ev)
+}
+
+func (i *Inbox[TTx]) claim(ctx context.Context, tx sqldriver.Executor, ev Event) (Outcome, error) {
 	if err := ev.validate(); err != nil {
 		return 0, err
 	}
@@ -234,7 +188,7 @@ func (i *Inbox) ClaimTx(ctx context.Context, tx Tx, ev Event) (Outcome, error) {
 	if ev.Entity == "" {
 		return Processed, nil
 	}
-	fresh, err := i.ApplyVersionTx(ctx, tx, ev.Entity, ev.Version)
+	fresh, err := i.applyVersion(ctx, tx, ev.Entity, ev.Version)
 	if err != nil {
 		return 0, err
 	}
@@ -247,9 +201,17 @@ func (i *Inbox) ClaimTx(ctx context.Context, tx Tx, ev Event) (Outcome, error) {
 // ApplyVersionTx is the version guard, one atomic statement: it records
 // version for entity and returns true if it is newer than the last applied
 // one, or false (stale: nothing changed) otherwise. Call it in the
-// transaction of the update it guards, or on a pool/DB as a standalone
-// operation.
-func (i *Inbox) ApplyVersionTx(ctx context.Context, tx Tx, entity string, version int64) (bool, error) {
+// transaction of the update it guards.
+func (i *Inbox[TTx]) ApplyVersionTx(ctx context.Context, tx TTx, entity string, version int64) (bool, error) {
+	return i.applyVersion(ctx, i.driver.UnwrapExecutor(tx), entity, version)
+}
+
+// ApplyVersion is ApplyVersionTx as a standalone operation.
+func (i *Inbox[TTx]) ApplyVersion(ctx context.Context, entity string, version int64) (bool, error) {
+	return i.applyVersion(ctx, i.driver.Executor(), entity, version)
+}
+
+func (i *Inbox[TTx]) applyVersion(ctx context.Context, tx sqldriver.Executor, entity string, version int64) (bool, error) {
 	if entity == "" || len(entity) > 255 {
 		return false, errors.New("idem/inbox: the entity must be 1 to 255 bytes")
 	}
@@ -260,41 +222,31 @@ func (i *Inbox) ApplyVersionTx(ctx context.Context, tx Tx, entity string, versio
 	return n == 1, nil
 }
 
-// Migrate creates the tables (idempotent).
-func (i *Inbox) Migrate(ctx context.Context, db Tx) error {
-	if _, err := db.Exec(ctx, i.Schema()); err != nil {
-		return fmt.Errorf("idem/inbox: migrate: %w", err)
-	}
-	return nil
-}
-
 // Sweep deletes up to limit keys processed more than olderThan ago and
 // returns how many. Run it in a loop (idem.Sweeper style) to bound the table;
 // a duplicate that arrives after its key was swept runs again, so keep keys
 // longer than the broker can redeliver.
-func (i *Inbox) Sweep(ctx context.Context, db Tx, olderThan time.Duration, limit int) (int, error) {
+func (i *Inbox[TTx]) Sweep(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
 	if limit <= 0 {
 		limit = 1000
 	}
-	n, err := db.Exec(ctx, i.sql.sweep, olderThan.Milliseconds(), limit)
+	n, err := i.driver.Executor().Exec(ctx, i.sql.sweep, olderThan.Milliseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("idem/inbox: sweep: %w", err)
 	}
 	return int(n), nil
 }
 
-// ProcessPgx runs fn and records ev in one pgx transaction begun on db. fn
-// runs only for a new key; a Duplicate or Stale event commits nothing of
+// Process runs fn and records ev in one transaction begun by the driver.
+// fn runs only for a new key; a Duplicate or Stale event commits nothing of
 // fn's. If fn fails, everything rolls back and the redelivery runs it again.
-func (i *Inbox) ProcessPgx(ctx context.Context, db interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}, ev Event, fn func(ctx context.Context, tx pgx.Tx) error) (Outcome, error) {
-	tx, err := db.Begin(ctx)
+func (i *Inbox[TTx]) Process(ctx context.Context, ev Event, fn func(ctx context.Context, tx TTx) error) (Outcome, error) {
+	tx, err := i.driver.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("idem/inbox: begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	out, err := i.ClaimTx(ctx, PgxTx(tx), ev)
+	defer i.driver.Rollback(context.WithoutCancel(ctx), tx)
+	out, err := i.ClaimTx(ctx, tx, ev)
 	if err != nil || out == Duplicate {
 		return out, err
 	}
@@ -303,29 +255,7 @@ func (i *Inbox) ProcessPgx(ctx context.Context, db interface {
 			return 0, err
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("idem/inbox: commit: %w", err)
-	}
-	return out, nil
-}
-
-// ProcessSQL is ProcessPgx for database/sql.
-func (i *Inbox) ProcessSQL(ctx context.Context, db *sql.DB, ev Event, fn func(ctx context.Context, tx *sql.Tx) error) (Outcome, error) {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return 0, fmt.Errorf("idem/inbox: begin: %w", err)
-	}
-	defer tx.Rollback()
-	out, err := i.ClaimTx(ctx, SQLTx(tx), ev)
-	if err != nil || out == Duplicate {
-		return out, err
-	}
-	if out == Processed {
-		if err := fn(ctx, tx); err != nil {
-			return 0, err
-		}
-	}
-	if err := tx.Commit(); err != nil {
+	if err := i.driver.Commit(ctx, tx); err != nil {
 		return 0, fmt.Errorf("idem/inbox: commit: %w", err)
 	}
 	return out, nil

@@ -9,21 +9,23 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
 )
 
-func ExampleStore_EnqueueTx() {
+func ExampleOutbox_EnqueueTx() {
 	dir, _ := os.MkdirTemp("", "outbox-example-")
 	defer os.RemoveAll(dir)
 	db, _ := sql.Open("sqlite", "file:"+filepath.Join(dir, "app.db")+"?_txlock=immediate")
 	defer db.Close()
 	ctx := context.Background()
-	ob, _ := outbox.NewSQL(db, outbox.SQLite, "")
+	ob, _ := outbox.New(databasesql.New(db, sqldriver.SQLite), outbox.Config{})
 	_ = ob.Migrate(ctx)
 
 	// The business change and the intent to send, in one transaction.
 	tx, _ := db.BeginTx(ctx, nil)
-	key, _ := ob.NextKeyTx(ctx, outbox.SQLTx(tx), "ORD", time.Date(2026, 5, 14, 9, 0, 0, 0, time.UTC))
-	_ = ob.EnqueueTx(ctx, outbox.SQLTx(tx), outbox.Message{Key: key, Destination: "demo://partner", Payload: []byte(`{"sku":"A-1"}`)})
+	key, _ := ob.NextKeyTx(ctx, tx, "ORD", time.Date(2026, 5, 14, 9, 0, 0, 0, time.UTC))
+	_ = ob.EnqueueTx(ctx, tx, outbox.Message{Key: key, Destination: "demo://partner", Payload: []byte(`{"sku":"A-1"}`)})
 	_ = tx.Commit()
 
 	// A sender that fails once, then succeeds: the key is the same both times.
@@ -36,7 +38,7 @@ func ExampleStore_EnqueueTx() {
 		}
 		return outbox.Result{Status: outbox.Acked}
 	})
-	relay, _ := outbox.NewRelay(outbox.RelayConfig{Store: ob, Sender: outbox.Router{"demo": send}, BackoffMin: time.Millisecond, BackoffMax: time.Millisecond})
+	relay, _ := outbox.NewRelay(outbox.RelayConfig{Store: ob.Store, Sender: outbox.Router{"demo": send}, BackoffMin: time.Millisecond, BackoffMax: time.Millisecond})
 	for attempts < 2 {
 		relay.RunOnce(ctx)
 		time.Sleep(5 * time.Millisecond)

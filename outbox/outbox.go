@@ -7,13 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/idemgo/idem/internal/sqlmigrate"
+	"github.com/idemgo/idem/sqldriver"
 )
 
 // Status of an outbox row.
@@ -97,58 +97,63 @@ func (m *Message) validate() error {
 	return nil
 }
 
-// Dialect selects the SQL of a database.
-type Dialect uint8
-
-// The supported databases.
-const (
-	Postgres Dialect = 1
-	SQLite   Dialect = 2
-)
-
 var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// Store is an outbox table in one database.
+// Config configures an outbox.
+type Config struct {
+	// Schema holds the tables ("" for the search_path, or SQLite's main
+	// database). A plain name.
+	Schema string
+}
+
+// Store is the outbox table of one database, for everything done outside
+// the application's transactions: the relay, the operator's tools (Get,
+// List, Ack, Retry, Purge, Stats), Enqueue on its own.
 type Store struct {
-	d      Dialect
-	db     conn
+	d      sqldriver.Dialect
+	db     sqldriver.Executor
 	schema string // "" or "name."
 	q      queries
-	notify func(ctx context.Context, wait time.Duration) bool // PostgreSQL LISTEN, if set
-	close  func()
+	listen sqldriver.Listener // nil: the relay polls
 	// migrations runs Migrate's transaction under the migration lock.
 	migrations sqlmigrate.Conn
 }
 
+// Outbox is the Store written in the application's transactions, of type
+// TTx (pgx.Tx, *sql.Tx): EnqueueTx, NextKeyTx.
+type Outbox[TTx any] struct {
+	*Store
+	driver sqldriver.Driver[TTx]
+}
+
+// New returns the outbox of the database reached by driver
+// (pgxv5.New(pool), databasesql.New(db, sqldriver.SQLite), …). A driver
+// that listens for notifications (pgxv5) wakes the relay as soon as a row
+// commits; with the others the relay polls.
+func New[TTx any](driver sqldriver.Driver[TTx], cfg Config) (*Outbox[TTx], error) {
+	if cfg.Schema != "" && !ident.MatchString(cfg.Schema) {
+		return nil, fmt.Errorf("idem/outbox: schema %q is not a plain name", cfg.Schema)
+	}
+	s := newStore(driver.Dialect(), driver.Executor(), cfg.Schema)
+	s.migrations = driver
+	s.listen, _ = any(driver).(sqldriver.Listener)
+	return &Outbox[TTx]{Store: s, driver: driver}, nil
+}
+
+// notifyChannel is what the outbox's trigger signals on PostgreSQL.
+const notifyChannel = "idem_outbox"
+
 func (s *Store) t(name string) string { return s.schema + name }
-
-func (s *Store) now() string {
-	if s.d == SQLite {
-		return "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
-	}
-	return "now()"
-}
-
-// plusMs is now + the millisecond parameter p.
-func (s *Store) plusMs(p string) string {
-	if s.d == SQLite {
-		return "(" + s.now() + " + " + p + ")"
-	}
-	return "(now() + " + p + "::float8 * interval '1 millisecond')"
-}
 
 // Schema returns the DDL (idempotent) of the outbox and its counters.
 func (s *Store) Schema() string {
-	id, ts, bin := "bigserial PRIMARY KEY", "timestamptz", "bytea"
-	if s.d == SQLite {
-		id, ts, bin = "INTEGER PRIMARY KEY", "INTEGER", "BLOB"
-	}
-	now := s.now()
+	now := s.d.Now()
+	ts := s.d.TimeType()
 	ddl := `CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox") + ` (
-	id              ` + id + `,
+	id              ` + s.d.SerialKey() + `,
 	key             text NOT NULL UNIQUE,   -- the idempotency key, sent on every attempt
 	destination     text NOT NULL,          -- scheme://… chooses the sender
-	payload         ` + bin + ` NOT NULL,
+	payload         ` + s.d.BinaryType() + ` NOT NULL,
 	headers         text NOT NULL DEFAULT '{}',  -- a JSON object of strings
 	status          text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'sent', 'acked', 'dead')),
 	tries           integer NOT NULL DEFAULT 0,
@@ -160,19 +165,13 @@ func (s *Store) Schema() string {
 	claimed_by      text,                   -- the relay batch holding the row
 	claimed_until   ` + ts + `                -- its lease; a dead relay's claim expires
 );
-CREATE INDEX IF NOT EXISTS ` + s.t("idem_outbox_due") + ` ON ` + s.t("idem_outbox") + ` (next_attempt_at) WHERE status = 'pending';
+` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_due", "idem_outbox", "(next_attempt_at) WHERE status = 'pending'") + `;
 CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
 	name  text PRIMARY KEY,
 	value bigint NOT NULL
 );`
-	if s.d == Postgres {
-		ddl = strings.Replace(ddl, `CREATE INDEX IF NOT EXISTS `+s.t("idem_outbox_due"), `CREATE INDEX IF NOT EXISTS idem_outbox_due`, 1)
-		ddl += `
-CREATE OR REPLACE FUNCTION ` + s.t("idem_outbox_notify") + `() RETURNS trigger LANGUAGE plpgsql AS
-$$ BEGIN PERFORM pg_notify('idem_outbox', ''); RETURN NULL; END $$;
-DROP TRIGGER IF EXISTS idem_outbox_notify ON ` + s.t("idem_outbox") + `;
-CREATE TRIGGER idem_outbox_notify AFTER INSERT OR UPDATE OF status ON ` + s.t("idem_outbox") + `
-	FOR EACH STATEMENT EXECUTE FUNCTION ` + s.t("idem_outbox_notify") + `();`
+	if trigger := s.d.NotifyTrigger(strings.TrimSuffix(s.schema, "."), "idem_outbox", notifyChannel); trigger != "" {
+		ddl += "\n" + trigger
 	}
 	return ddl
 }
@@ -181,10 +180,7 @@ type queries struct {
 	insert, existing, counter, claim, sent, unclaim, failed, ack, retry, list, get, purge string
 }
 
-func newStore(d Dialect, db conn, schema string) (*Store, error) {
-	if schema != "" && !ident.MatchString(schema) {
-		return nil, fmt.Errorf("idem/outbox: schema %q is not a plain name", schema)
-	}
+func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store {
 	s := &Store{d: d, db: db}
 	if schema != "" {
 		s.schema = schema + "."
@@ -197,36 +193,29 @@ func newStore(d Dialect, db conn, schema string) (*Store, error) {
 		counter: `INSERT INTO ` + s.t("idem_outbox_counters") + ` AS c (name, value) VALUES ($1, 1)
 ON CONFLICT (name) DO UPDATE SET value = c.value + 1 RETURNING value`,
 		// $1 claim token, $2 lease ms, $3 batch size
-		claim: `UPDATE ` + tbl + ` SET claimed_by = $1, claimed_until = ` + s.plusMs("$2") + `
-WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status = 'pending' AND next_attempt_at <= ` + s.now() + `
-	AND (claimed_until IS NULL OR claimed_until < ` + s.now() + `) ORDER BY next_attempt_at, id LIMIT $3` + skipLocked(d) + `)
+		claim: `UPDATE ` + tbl + ` SET claimed_by = $1, claimed_until = ` + s.d.NowPlusMillis("$2") + `
+WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status = 'pending' AND next_attempt_at <= ` + s.d.Now() + `
+	AND (claimed_until IS NULL OR claimed_until < ` + s.d.Now() + `) ORDER BY next_attempt_at, id LIMIT $3` + d.SkipLocked() + `)
 RETURNING id, key, destination, payload, headers, tries`,
 		// $1 claim token, $2 status, then ids
-		sent: `UPDATE ` + tbl + ` SET status = $2, tries = tries + 1, last_error = '', sent_at = ` + s.now() + `,
-	acked_at = CASE WHEN $2 = 'acked' THEN ` + s.now() + ` ELSE acked_at END, claimed_by = NULL, claimed_until = NULL
+		sent: `UPDATE ` + tbl + ` SET status = $2, tries = tries + 1, last_error = '', sent_at = ` + s.d.Now() + `,
+	acked_at = CASE WHEN $2 = 'acked' THEN ` + s.d.Now() + ` ELSE acked_at END, claimed_by = NULL, claimed_until = NULL
 WHERE claimed_by = $1 AND status = 'pending' AND `,
 		// $1 claim token, then ids
 		unclaim: `UPDATE ` + tbl + ` SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = $1 AND `,
 		// $1 claim token, $2 id, $3 error, $4 backoff ms, $5 dead (0/1 as status text)
 		failed: `UPDATE ` + tbl + ` SET status = $5, tries = tries + 1, last_error = $3,
-	next_attempt_at = ` + s.plusMs("$4") + `, claimed_by = NULL, claimed_until = NULL
+	next_attempt_at = ` + s.d.NowPlusMillis("$4") + `, claimed_by = NULL, claimed_until = NULL
 WHERE claimed_by = $1 AND id = $2 AND status = 'pending'`,
-		ack:   `UPDATE ` + tbl + ` SET status = 'acked', acked_at = ` + s.now() + ` WHERE key = $1 AND status IN ('pending', 'sent', 'acked')`,
-		retry: `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,
+		ack:   `UPDATE ` + tbl + ` SET status = 'acked', acked_at = ` + s.d.Now() + ` WHERE key = $1 AND status IN ('pending', 'sent', 'acked')`,
+		retry: `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.d.Now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,
 		list:  `SELECT ` + cols + ` FROM ` + tbl + ` WHERE id > $1 AND ($2 = '' OR status = $2) ORDER BY id LIMIT $3`,
 		get:   `SELECT ` + cols + ` FROM ` + tbl + ` WHERE key = $1`,
 		// $1 age ms, $2 limit
 		purge: `DELETE FROM ` + tbl + ` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status IN ('sent', 'acked')
-	AND coalesce(acked_at, sent_at) < ` + s.plusMs("-$1") + ` ORDER BY id LIMIT $2)`,
+	AND coalesce(acked_at, sent_at) < ` + s.d.NowPlusMillis("-$1") + ` ORDER BY id LIMIT $2)`,
 	}
-	return s, nil
-}
-
-func skipLocked(d Dialect) string {
-	if d == Postgres {
-		return " FOR UPDATE SKIP LOCKED"
-	}
-	return ""
+	return s
 }
 
 // Migrations returns the outbox's numbered migrations (version 1 is the
@@ -250,7 +239,14 @@ func (s *Store) Migrate(ctx context.Context) error {
 // EnqueueTx records m in tx, the caller's transaction: it is sent only if
 // tx commits. Enqueueing an existing key again with the same destination
 // and payload is a no-op; with another, ErrKeyReused.
-func (s *Store) EnqueueTx(ctx context.Context, tx Tx, m Message) error {
+func (o *Outbox[TTx]) EnqueueTx(ctx context.Context, tx TTx, m Message) error {
+	return o.enqueue(ctx, o.driver.UnwrapExecutor(tx), m)
+}
+
+// Enqueue records m on its own (no business change with it).
+func (s *Store) Enqueue(ctx context.Context, m Message) error { return s.enqueue(ctx, s.db, m) }
+
+func (s *Store) enqueue(ctx context.Context, tx sqldriver.Executor, m Message) error {
 	if err := m.validate(); err != nil {
 		return err
 	}
@@ -284,19 +280,25 @@ func (s *Store) EnqueueTx(ctx context.Context, tx Tx, m Message) error {
 	return nil
 }
 
-// Enqueue is EnqueueTx outside a transaction.
-func (s *Store) Enqueue(ctx context.Context, m Message) error { return s.EnqueueTx(ctx, s.db, m) }
-
 // NextKeyTx returns the next key of typ for today (UTC):
 // <typ>-<yyyymmdd>-<counter>, the counter taken from a persisted table in
 // tx, so it is allocated once, before the first send, and never reused —
 // even across restarts and several writers.
-func (s *Store) NextKeyTx(ctx context.Context, tx Tx, typ string, now time.Time) (string, error) {
+func (o *Outbox[TTx]) NextKeyTx(ctx context.Context, tx TTx, typ string, now time.Time) (string, error) {
+	return o.nextKey(ctx, o.driver.UnwrapExecutor(tx), typ, now)
+}
+
+// NextKey is NextKeyTx in a transaction of its own.
+func (s *Store) NextKey(ctx context.Context, typ string, now time.Time) (string, error) {
+	return s.nextKey(ctx, s.db, typ, now)
+}
+
+func (s *Store) nextKey(ctx context.Context, tx sqldriver.Executor, typ string, now time.Time) (string, error) {
 	if typ == "" || strings.ContainsAny(typ, " \t\r\n") || len(typ) > 64 {
 		return "", errors.New("idem/outbox: the key type must be 1 to 64 bytes without spaces")
 	}
 	day := now.UTC().Format("20060102")
-	n, err := s.NextCounterTx(ctx, tx, typ+"-"+day)
+	n, err := s.nextCounter(ctx, tx, typ+"-"+day)
 	if err != nil {
 		return "", err
 	}
@@ -306,7 +308,16 @@ func (s *Store) NextKeyTx(ctx context.Context, tx Tx, typ string, now time.Time)
 // NextCounterTx increments the persisted counter name in tx and returns its
 // new value (1 for a new counter). Numbers allocated in a transaction that
 // rolls back are given out again; committed ones never.
-func (s *Store) NextCounterTx(ctx context.Context, tx Tx, name string) (int64, error) {
+func (o *Outbox[TTx]) NextCounterTx(ctx context.Context, tx TTx, name string) (int64, error) {
+	return o.nextCounter(ctx, o.driver.UnwrapExecutor(tx), name)
+}
+
+// NextCounter is NextCounterTx in a transaction of its own.
+func (s *Store) NextCounter(ctx context.Context, name string) (int64, error) {
+	return s.nextCounter(ctx, s.db, name)
+}
+
+func (s *Store) nextCounter(ctx context.Context, tx sqldriver.Executor, name string) (int64, error) {
 	var n int64
 	if err := tx.QueryRow(ctx, s.q.counter, name).Scan(&n); err != nil {
 		return 0, fmt.Errorf("idem/outbox: counter %s: %w", name, err)
@@ -315,14 +326,15 @@ func (s *Store) NextCounterTx(ctx context.Context, tx Tx, name string) (int64, e
 }
 
 // GetTx is Get inside tx.
-func (s *Store) GetTx(ctx context.Context, tx Tx, key string) (Row, error) {
-	q, ok := tx.(interface {
-		Query(ctx context.Context, sql string, args ...any) (rows, error)
-	})
-	if !ok {
-		return Row{}, errors.New("idem/outbox: GetTx needs a Tx from PgxTx or SQLTx")
-	}
-	rs, err := q.Query(ctx, s.q.get, key)
+func (o *Outbox[TTx]) GetTx(ctx context.Context, tx TTx, key string) (Row, error) {
+	return o.get(ctx, o.driver.UnwrapExecutor(tx), key)
+}
+
+// Get returns the row of key.
+func (s *Store) Get(ctx context.Context, key string) (Row, error) { return s.get(ctx, s.db, key) }
+
+func (s *Store) get(ctx context.Context, tx sqldriver.Executor, key string) (Row, error) {
+	rs, err := tx.Query(ctx, s.q.get, key)
 	if err != nil {
 		return Row{}, fmt.Errorf("idem/outbox: get: %w", err)
 	}
@@ -397,22 +409,10 @@ func (s *Store) unclaim(ctx context.Context, token string, ids []int64) error {
 	return nil
 }
 
-// withIDs ends q with a condition on id being one of ids: an array parameter
-// on PostgreSQL, a literal list elsewhere.
+// withIDs ends q with a condition on id being one of ids.
 func (s *Store) withIDs(q string, args []any, ids []int64) (string, []any) {
-	if s.d == Postgres {
-		return q + `id = ANY($` + strconv.Itoa(len(args)+1) + `)`, append(args, ids)
-	}
-	var b strings.Builder
-	b.WriteString(q + "id IN (")
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(id, 10))
-	}
-	b.WriteByte(')')
-	return b.String(), args
+	cond, more := s.d.InInt64s("id", len(args)+1, ids)
+	return q + cond, append(args, more...)
 }
 
 // markFailed records a failed attempt: back to pending after backoff, or
@@ -457,9 +457,6 @@ func (s *Store) Retry(ctx context.Context, key string) error {
 	return nil
 }
 
-// Get returns the row of key.
-func (s *Store) Get(ctx context.Context, key string) (Row, error) { return s.GetTx(ctx, s.db, key) }
-
 // List returns up to limit rows after id afterID, optionally of one status,
 // in id order.
 func (s *Store) List(ctx context.Context, status Status, afterID int64, limit int) ([]Row, error) {
@@ -473,14 +470,14 @@ func (s *Store) List(ctx context.Context, status Status, afterID int64, limit in
 	return collect(rs)
 }
 
-func collect(rs rows) ([]Row, error) {
+func collect(rs sqldriver.Rows) ([]Row, error) {
 	defer rs.Close()
 	var out []Row
 	for rs.Next() {
 		var r Row
 		var headers, status string
 		if err := rs.Scan(&r.ID, &r.Key, &r.Destination, &r.Payload, &headers, &status, &r.Tries, &r.LastError,
-			timeValue{&r.NextAttemptAt}, timeValue{&r.CreatedAt}, timeValue{&r.SentAt}, timeValue{&r.AckedAt}); err != nil {
+			sqldriver.Time(&r.NextAttemptAt), sqldriver.Time(&r.CreatedAt), sqldriver.Time(&r.SentAt), sqldriver.Time(&r.AckedAt)); err != nil {
 			return nil, fmt.Errorf("idem/outbox: read rows: %w", err)
 		}
 		r.Status = Status(status)
@@ -507,7 +504,7 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	err := s.db.QueryRow(ctx, `SELECT
 	(SELECT count(*) FROM `+s.t("idem_outbox")+` WHERE status = 'pending'),
 	(SELECT count(*) FROM `+s.t("idem_outbox")+` WHERE status = 'dead'),
-	(SELECT min(created_at) FROM `+s.t("idem_outbox")+` WHERE status = 'pending')`).Scan(&st.Pending, &st.Dead, timeValue{&st.OldestPending})
+	(SELECT min(created_at) FROM `+s.t("idem_outbox")+` WHERE status = 'pending')`).Scan(&st.Pending, &st.Dead, sqldriver.Time(&st.OldestPending))
 	if err != nil {
 		return Stats{}, fmt.Errorf("idem/outbox: stats: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
@@ -15,6 +16,9 @@ import (
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/outboxtest"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
+	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
 func pgPool(t testing.TB) (*pgxpool.Pool, string) {
@@ -35,81 +39,51 @@ func pgPool(t testing.TB) (*pgxpool.Pool, string) {
 	return pool, schema
 }
 
-func must(t testing.TB, s *outbox.Store, err error) *outbox.Store {
+// backend migrates an outbox of driver and returns it for the suite.
+func backend[TTx any](t testing.TB, driver sqldriver.Driver[TTx], schema string) outboxtest.Backend[TTx] {
 	t.Helper()
-	if err != nil {
+	open := func() *outbox.Outbox[TTx] {
+		ob, err := outbox.New(driver, outbox.Config{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ob.Close() })
+		return ob
+	}
+	ob := open()
+	if err := ob.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return outboxtest.Backend[TTx]{Outbox: ob, Driver: driver, Reopen: open}
 }
 
 func TestPgx(t *testing.T) {
-	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend {
+	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend[pgx.Tx] {
 		pool, schema := pgPool(t)
-		s, err := outbox.NewPgx(pool, schema)
-		t.Cleanup(func() { s.Close() })
-		return outboxtest.Backend{
-			Store: must(t, s, err),
-			Begin: func(ctx context.Context) (outbox.Tx, func(bool) error, error) {
-				tx, err := pool.Begin(ctx)
-				if err != nil {
-					return nil, nil, err
-				}
-				return outbox.PgxTx(tx), func(commit bool) error {
-					if commit {
-						return tx.Commit(ctx)
-					}
-					return tx.Rollback(ctx)
-				}, nil
-			},
-			Reopen: func() *outbox.Store { o, _ := outbox.NewPgx(pool, schema); return o },
-		}
+		return backend(t, pgxv5.New(pool), schema)
 	})
 }
 
-func sqlBackend(t testing.TB, db *sql.DB, d outbox.Dialect, schema string) outboxtest.Backend {
-	s, err := outbox.NewSQL(db, d, schema)
-	return outboxtest.Backend{
-		Store: must(t, s, err),
-		Begin: func(ctx context.Context) (outbox.Tx, func(bool) error, error) {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				return nil, nil, err
-			}
-			return outbox.SQLTx(tx), func(commit bool) error {
-				if commit {
-					return tx.Commit()
-				}
-				return tx.Rollback()
-			}, nil
-		},
-		Reopen: func() *outbox.Store { o, _ := outbox.NewSQL(db, d, schema); return o },
-	}
-}
-
 func TestDatabaseSQLPostgres(t *testing.T) {
-	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend {
+	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend[*sql.Tx] {
 		_, schema := pgPool(t)
 		db, err := sql.Open("pgx", testenv.PostgresURL)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { db.Close() })
-		return sqlBackend(t, db, outbox.Postgres, schema)
+		return backend(t, databasesql.New(db, sqldriver.Postgres), schema)
 	})
 }
 
 func TestSQLite(t *testing.T) {
-	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend {
+	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend[*sql.Tx] {
 		db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "outbox.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { db.Close() })
-		return sqlBackend(t, db, outbox.SQLite, "")
+		return backend(t, databasesql.New(db, sqldriver.SQLite), "")
 	})
 }
 
@@ -118,9 +92,7 @@ func TestSQLite(t *testing.T) {
 // relay.
 func TestListenNotifyWakesTheRelay(t *testing.T) {
 	pool, schema := pgPool(t)
-	s, err := outbox.NewPgx(pool, schema)
-	must(t, s, err)
-	defer s.Close()
+	s := backend(t, pgxv5.New(pool), schema).Outbox.Store
 	ctx := context.Background()
 	sent := make(chan time.Time, 4)
 	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s, PollInterval: 30 * time.Second,

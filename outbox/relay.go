@@ -233,8 +233,8 @@ func (r *Relay) Start(ctx context.Context, onError func(error)) error {
 			if n == r.cfg.Batch && err == nil {
 				continue // more may be due
 			}
-			if r.cfg.Store.notify != nil && err == nil {
-				r.cfg.Store.notify(ctx, r.cfg.PollInterval)
+			if err == nil {
+				r.cfg.Store.wait(ctx, r.cfg.PollInterval)
 			} else {
 				sleep(ctx, r.cfg.PollInterval)
 			}

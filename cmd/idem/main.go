@@ -14,6 +14,9 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqlmigrate"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
+	"github.com/idemgo/idem/sqldriver/pgxv5"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/storeurl"
 )
@@ -88,7 +91,7 @@ containers that start together all succeed; --status only prints.`,
 				return err
 			}
 			defer db.Close()
-			conn = sqlmigrate.SQL(db, sqlmigrate.SQLite)
+			conn = databasesql.New(db, sqldriver.SQLite)
 		case storeurl.Postgres:
 			s, err := storeurl.Open(ctx, *store, &storeurl.Options{SkipMigrate: true})
 			if err != nil {
@@ -96,7 +99,7 @@ containers that start together all succeed; --status only prints.`,
 			}
 			defer s.Close()
 			pg := s.(*pgstore.Store)
-			conn, schema = sqlmigrate.Pgx(pg.Pool()), pg.Schema()
+			conn, schema = pgxv5.New(pg.Pool()), pg.Schema()
 		default:
 			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate\n", *store)
 			return nil

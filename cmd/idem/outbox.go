@@ -20,7 +20,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/outbox/httpsender"
 	"github.com/idemgo/idem/outbox/senders"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
+	"github.com/idemgo/idem/sqldriver/pgxv5"
 	"github.com/idemgo/idem/store/storeurl"
 )
 
@@ -41,12 +45,12 @@ func openOutbox(ctx context.Context, raw string) (*outbox.Store, func(), error) 
 			return nil, nil, err
 		}
 		db.SetMaxOpenConns(1)
-		s, err := outbox.NewSQL(db, outbox.SQLite, "")
+		ob, err := outbox.New(databasesql.New(db, sqldriver.SQLite), outbox.Config{})
 		if err != nil {
 			db.Close()
 			return nil, nil, err
 		}
-		return s, func() { db.Close() }, nil
+		return ob.Store, func() { db.Close() }, nil
 	case storeurl.Postgres:
 		u, err := url.Parse(raw)
 		if err != nil {
@@ -61,12 +65,12 @@ func openOutbox(ctx context.Context, raw string) (*outbox.Store, func(), error) 
 		if err != nil {
 			return nil, nil, err
 		}
-		s, err := outbox.NewPgx(pool, schema)
+		ob, err := outbox.New(pgxv5.New(pool), outbox.Config{Schema: schema})
 		if err != nil {
 			pool.Close()
 			return nil, nil, err
 		}
-		return s, func() { s.Close(); pool.Close() }, nil
+		return ob.Store, func() { ob.Close(); pool.Close() }, nil
 	}
 	return nil, nil, fmt.Errorf("the outbox lives in a database: use sqlite:PATH or postgres://…, not %s", spec.Kind)
 }
@@ -280,7 +284,7 @@ claims expire after --lease and are retried. SIGTERM finishes the sends in fligh
 		if err := s.Migrate(ctx); err != nil {
 			return err
 		}
-		router, closeSenders := senders.New(senders.HTTPConfig{Timeout: httpTimeout})
+		router, closeSenders := senders.New(httpsender.Config{Timeout: httpTimeout})
 		defer closeSenders()
 		cfg.Store, cfg.Sender, cfg.SendTimeout = s, router, httpTimeout
 		if cfg.SendTimeout > cfg.Lease*3/4 {

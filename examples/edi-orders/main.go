@@ -18,9 +18,13 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/idemgo/idem/edi"
+	"github.com/idemgo/idem/edi/ediout"
 	"github.com/idemgo/idem/httpidem"
 	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/outbox/httpsender"
 	"github.com/idemgo/idem/outbox/senders"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -124,7 +128,7 @@ func run(ctx context.Context, out io.Writer, dbPath string, orders int) (bool, e
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(1)
-	ob, err := outbox.NewSQL(db, outbox.SQLite, "")
+	ob, err := outbox.New(databasesql.New(db, sqldriver.SQLite), outbox.Config{})
 	if err != nil {
 		return false, err
 	}
@@ -143,7 +147,7 @@ func run(ctx context.Context, out io.Writer, dbPath string, orders int) (bool, e
 		if err != nil {
 			return false, err
 		}
-		key, err := ob.NextKeyTx(ctx, outbox.SQLTx(tx), "ORD", time.Now())
+		key, err := ob.NextKeyTx(ctx, tx, "ORD", time.Now())
 		if err != nil {
 			tx.Rollback()
 			return false, err
@@ -153,7 +157,7 @@ func run(ctx context.Context, out io.Writer, dbPath string, orders int) (bool, e
 			tx.Rollback()
 			return false, err
 		}
-		ctl, err := edi.EnqueueTx(ctx, outbox.SQLTx(tx), ob, profile, key, dest, time.Now(), edi.Document{
+		ctl, err := ediout.EnqueueTx(ctx, ob, tx, profile, key, dest, time.Now(), edi.Document{
 			Type: []string{"ORDERS", "D", "96A", "UN"}, Key: key,
 			Body: []edi.Segment{edi.E("BGM", "220", "", "9"), {Tag: "LIN", Elements: [][]string{{"1"}, {""}, {sku, "SA"}}},
 				{Tag: "QTY", Elements: [][]string{{"21", fmt.Sprint(10 + i)}}}},
@@ -170,10 +174,10 @@ func run(ctx context.Context, out io.Writer, dbPath string, orders int) (bool, e
 	}
 
 	fmt.Fprintln(out, "2. The relay sends them; the network loses the answer to every first attempt")
-	router, closeSenders := senders.New(senders.HTTPConfig{Timeout: 5 * time.Second})
+	router, closeSenders := senders.New(httpsender.Config{Timeout: 5 * time.Second})
 	defer closeSenders()
 	var outMu sync.Mutex // OnResult runs on the relay's sending goroutines
-	relay, err := outbox.NewRelay(outbox.RelayConfig{Store: ob, Sender: router, BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Store: ob.Store, Sender: router, BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
 		OnResult: func(m *outbox.Message, tries int, r outbox.Result) {
 			outMu.Lock()
 			defer outMu.Unlock()

@@ -23,6 +23,7 @@ import (
 	"github.com/idemgo/idem/broker/amqpidem"
 	"github.com/idemgo/idem/broker/natsidem"
 	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
 // Names fixed by the contract.
@@ -75,7 +76,7 @@ func run(ctx context.Context, logger *log.Logger, brokerURL, dbURL string, ackWa
 		return fmt.Errorf("--db: %w", err)
 	}
 	defer pool.Close()
-	ib, err := inbox.New(inbox.Config{Dialect: inbox.Postgres, ConsumerVersion: "payments-consumer/1"})
+	ib, err := inbox.New(pgxv5.New(pool), inbox.Config{ConsumerVersion: "payments-consumer/1"})
 	if err != nil {
 		return err
 	}
@@ -87,7 +88,7 @@ func run(ctx context.Context, logger *log.Logger, brokerURL, dbURL string, ackWa
 		if err := json.Unmarshal(body, &in); err != nil {
 			return 0, fmt.Errorf("instruction %s: %w", id, err)
 		}
-		out, err := ib.ProcessPgx(ctx, pool, inbox.Event{Consumer: consumer, CorrelationID: id, Type: "credit-transfer"},
+		out, err := ib.Process(ctx, inbox.Event{Consumer: consumer, CorrelationID: id, Type: "credit-transfer"},
 			func(ctx context.Context, tx pgx.Tx) error {
 				if _, err := tx.Exec(ctx, `INSERT INTO credit_transfers (correlation_id, account, amount_cents) VALUES ($1, $2, $3)`,
 					in.CorrelationID, in.Account, in.AmountCents); err != nil {
@@ -114,7 +115,10 @@ func run(ctx context.Context, logger *log.Logger, brokerURL, dbURL string, ackWa
 }
 
 // migrate creates the tables once, even with several instances starting.
-func migrate(ctx context.Context, pool *pgxpool.Pool, ib *inbox.Inbox) error {
+func migrate(ctx context.Context, pool *pgxpool.Pool, ib *inbox.Inbox[pgx.Tx]) error {
+	if err := ib.Migrate(ctx); err != nil {
+		return err
+	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -124,9 +128,6 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, ib *inbox.Inbox) error {
 		return err
 	}
 	if _, err := tx.Exec(ctx, schema); err != nil {
-		return err
-	}
-	if err := ib.Migrate(ctx, inbox.PgxTx(tx)); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)

@@ -10,35 +10,51 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/sqldriver"
 )
 
-// Backend is one database under test.
-type Backend struct {
-	Store *outbox.Store
-	// Begin starts a transaction; end commits (true) or rolls back.
-	Begin func(ctx context.Context) (tx outbox.Tx, end func(commit bool) error, err error)
-	// Reopen returns a second Store on the same tables (another process).
-	Reopen func() *outbox.Store
+// Backend is one database under test, reached through a driver whose
+// transactions are of type TTx.
+type Backend[TTx any] struct {
+	// Outbox is migrated, on tables of its own.
+	Outbox *outbox.Outbox[TTx]
+	Driver sqldriver.Driver[TTx]
+	// Reopen returns a second Outbox on the same tables (another process).
+	Reopen func() *outbox.Outbox[TTx]
+}
+
+// begin starts a transaction; end commits (true) or rolls back.
+func (b Backend[TTx]) begin(ctx context.Context) (tx TTx, end func(commit bool) error, err error) {
+	tx, err = b.Driver.Begin(ctx)
+	if err != nil {
+		return tx, nil, err
+	}
+	return tx, func(commit bool) error {
+		if commit {
+			return b.Driver.Commit(ctx, tx)
+		}
+		return b.Driver.Rollback(ctx, tx)
+	}, nil
 }
 
 // Run runs every case, each on a fresh backend from open.
-func Run(t *testing.T, open func(t testing.TB) Backend) {
+func Run[TTx any](t *testing.T, open func(t testing.TB) Backend[TTx]) {
 	cases := []struct {
 		name string
-		fn   func(t *testing.T, b Backend)
+		fn   func(t *testing.T, b Backend[TTx])
 	}{
-		{"EnqueueIsIdempotent", testEnqueue},
-		{"EnqueueTxJoinsTheTransaction", testEnqueueTx},
-		{"BadMessagesRefused", testBad},
-		{"KeysFromAPersistedCounter", testKeys},
-		{"RelaySendsWithTheKey", testRelaySends},
-		{"FailuresBackOffThenDie", testFailures},
-		{"RetryAndAck", testRetryAck},
-		{"TwoRelaysNeverSendAClaimedRowTwice", testTwoRelays},
-		{"ExpiredClaimIsRetried", testExpiredClaim},
-		{"PurgeDeliveredOnly", testPurge},
-		{"AckDuringSendIsKept", testAckDuringSend},
-		{"SlowBatchNeverOutlivesItsClaim", testSlowBatch},
+		{"EnqueueIsIdempotent", testEnqueue[TTx]},
+		{"EnqueueTxJoinsTheTransaction", testEnqueueTx[TTx]},
+		{"BadMessagesRefused", testBad[TTx]},
+		{"KeysFromAPersistedCounter", testKeys[TTx]},
+		{"RelaySendsWithTheKey", testRelaySends[TTx]},
+		{"FailuresBackOffThenDie", testFailures[TTx]},
+		{"RetryAndAck", testRetryAck[TTx]},
+		{"TwoRelaysNeverSendAClaimedRowTwice", testTwoRelays[TTx]},
+		{"ExpiredClaimIsRetried", testExpiredClaim[TTx]},
+		{"PurgeDeliveredOnly", testPurge[TTx]},
+		{"AckDuringSendIsKept", testAckDuringSend[TTx]},
+		{"SlowBatchNeverOutlivesItsClaim", testSlowBatch[TTx]},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -52,57 +68,57 @@ func msg(key string) outbox.Message {
 	return outbox.Message{Key: key, Destination: "test://sink", Payload: []byte("payload of " + key), Headers: map[string]string{"X-Trace": key}}
 }
 
-func testEnqueue(t *testing.T, b Backend) {
+func testEnqueue[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
-	if err := b.Store.Enqueue(ctx, msg("k1")); err != nil {
+	if err := b.Outbox.Enqueue(ctx, msg("k1")); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Store.Enqueue(ctx, msg("k1")); err != nil {
+	if err := b.Outbox.Enqueue(ctx, msg("k1")); err != nil {
 		t.Fatalf("same key, same payload: %v", err)
 	}
 	other := msg("k1")
 	other.Payload = []byte("another payload")
-	if err := b.Store.Enqueue(ctx, other); !errors.Is(err, outbox.ErrKeyReused) {
+	if err := b.Outbox.Enqueue(ctx, other); !errors.Is(err, outbox.ErrKeyReused) {
 		t.Fatalf("same key, other payload: %v, want ErrKeyReused", err)
 	}
-	r, err := b.Store.Get(ctx, "k1")
+	r, err := b.Outbox.Get(ctx, "k1")
 	if err != nil || r.Status != outbox.Pending || string(r.Payload) != "payload of k1" || r.Headers["X-Trace"] != "k1" || r.CreatedAt.IsZero() {
 		t.Fatalf("row %+v, %v", r, err)
 	}
 }
 
-func testEnqueueTx(t *testing.T, b Backend) {
+func testEnqueueTx[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
-	tx, end, err := b.Begin(ctx)
+	tx, end, err := b.begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Store.EnqueueTx(ctx, tx, msg("rolled-back")); err != nil {
+	if err := b.Outbox.EnqueueTx(ctx, tx, msg("rolled-back")); err != nil {
 		t.Fatal(err)
 	}
 	if err := end(false); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Store.Get(ctx, "rolled-back"); !errors.Is(err, outbox.ErrNotFound) {
+	if _, err := b.Outbox.Get(ctx, "rolled-back"); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("a rolled-back enqueue is in the outbox: %v", err)
 	}
-	tx, end, _ = b.Begin(ctx)
-	key, err := b.Store.NextKeyTx(ctx, tx, "ORD", time.Now())
+	tx, end, _ = b.begin(ctx)
+	key, err := b.Outbox.NextKeyTx(ctx, tx, "ORD", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Store.EnqueueTx(ctx, tx, msg(key)); err != nil {
+	if err := b.Outbox.EnqueueTx(ctx, tx, msg(key)); err != nil {
 		t.Fatal(err)
 	}
 	if err := end(true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Store.Get(ctx, key); err != nil {
+	if _, err := b.Outbox.Get(ctx, key); err != nil {
 		t.Fatalf("committed enqueue: %v", err)
 	}
 }
 
-func testBad(t *testing.T, b Backend) {
+func testBad[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
 	for name, m := range map[string]outbox.Message{
 		"empty key":      {Destination: "test://x"},
@@ -112,16 +128,16 @@ func testBad(t *testing.T, b Backend) {
 		"no scheme":      {Key: "k", Destination: "sink"},
 		"20MB payload":   {Key: "k", Destination: "test://x", Payload: make([]byte, 20<<20)},
 	} {
-		if err := b.Store.Enqueue(ctx, m); err == nil {
+		if err := b.Outbox.Enqueue(ctx, m); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if rows, _ := b.Store.List(ctx, "", 0, 10); len(rows) != 0 {
+	if rows, _ := b.Outbox.List(ctx, "", 0, 10); len(rows) != 0 {
 		t.Fatalf("refused messages stored: %d rows", len(rows))
 	}
 }
 
-func testKeys(t *testing.T, b Backend) {
+func testKeys[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
 	day := time.Date(2026, 5, 14, 23, 59, 0, 0, time.UTC)
 	var mu sync.Mutex
@@ -131,12 +147,12 @@ func testKeys(t *testing.T, b Backend) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tx, end, err := b.Begin(ctx)
+			tx, end, err := b.begin(ctx)
 			if err != nil {
 				t.Error(err)
 				return
 			}
-			k, err := b.Store.NextKeyTx(ctx, tx, "ORD", day)
+			k, err := b.Outbox.NextKeyTx(ctx, tx, "ORD", day)
 			if err != nil {
 				end(false)
 				t.Error(err)
@@ -159,11 +175,11 @@ func testKeys(t *testing.T, b Backend) {
 	}
 	// Persisted: another store (process) continues the sequence.
 	other := b.Reopen()
-	k, err := other.NextKeyTx(ctx, other.DB(), "ORD", day)
+	k, err := other.NextKey(ctx, "ORD", day)
 	if err != nil || k != "ORD-20260514-0021" {
 		t.Fatalf("after a restart: %q %v", k, err)
 	}
-	if k, _ := other.NextKeyTx(ctx, other.DB(), "ORD", day.Add(time.Minute)); k != "ORD-20260515-0001" {
+	if k, _ := other.NextKey(ctx, "ORD", day.Add(time.Minute)); k != "ORD-20260515-0001" {
 		t.Fatalf("next day: %q", k)
 	}
 	u1, _ := outbox.NewUUIDKey()
@@ -210,8 +226,8 @@ func (s *sink) count(key string) int {
 	return len(s.got[key])
 }
 
-func relay(t *testing.T, b Backend, s outbox.Sender, cfg outbox.RelayConfig) *outbox.Relay {
-	cfg.Store, cfg.Sender = b.Store, s
+func relay(t *testing.T, store *outbox.Store, s outbox.Sender, cfg outbox.RelayConfig) *outbox.Relay {
+	cfg.Store, cfg.Sender = store, s
 	r, err := outbox.NewRelay(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -219,15 +235,15 @@ func relay(t *testing.T, b Backend, s outbox.Sender, cfg outbox.RelayConfig) *ou
 	return r
 }
 
-func testRelaySends(t *testing.T, b Backend) {
+func testRelaySends[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
 	for i := range 5 {
-		if err := b.Store.Enqueue(ctx, msg(fmt.Sprint("m", i))); err != nil {
+		if err := b.Outbox.Enqueue(ctx, msg(fmt.Sprint("m", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
 	s := newSink()
-	r := relay(t, b, outbox.Router{"test": s}, outbox.RelayConfig{Batch: 3})
+	r := relay(t, b.Outbox.Store, outbox.Router{"test": s}, outbox.RelayConfig{Batch: 3})
 	total := 0
 	for {
 		n, err := r.RunOnce(ctx)
@@ -244,33 +260,33 @@ func testRelaySends(t *testing.T, b Backend) {
 	}
 	for i := range 5 {
 		k := fmt.Sprint("m", i)
-		row, _ := b.Store.Get(ctx, k)
+		row, _ := b.Outbox.Get(ctx, k)
 		if s.count(k) != 1 || row.Status != outbox.Sent || row.Tries != 1 || row.SentAt.IsZero() {
 			t.Fatalf("%s: sent %d times, row %+v", k, s.count(k), row)
 		}
 	}
 	// An unknown scheme is dead at once.
-	if err := b.Store.Enqueue(ctx, outbox.Message{Key: "x", Destination: "carrier-pigeon://roof"}); err != nil {
+	if err := b.Outbox.Enqueue(ctx, outbox.Message{Key: "x", Destination: "carrier-pigeon://roof"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if row, _ := b.Store.Get(ctx, "x"); row.Status != outbox.Dead || !strings.Contains(row.LastError, "no sender") {
+	if row, _ := b.Outbox.Get(ctx, "x"); row.Status != outbox.Dead || !strings.Contains(row.LastError, "no sender") {
 		t.Fatalf("unknown scheme: %+v", row)
 	}
 }
 
-func testFailures(t *testing.T, b Backend) {
+func testFailures[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
-	if err := b.Store.Enqueue(ctx, msg("flaky")); err != nil {
+	if err := b.Outbox.Enqueue(ctx, msg("flaky")); err != nil {
 		t.Fatal(err)
 	}
 	s := newSink()
 	s.fail = func(m *outbox.Message, attempt int) outbox.Result {
 		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("503 on attempt %d", attempt)}
 	}
-	r := relay(t, b, s, outbox.RelayConfig{MaxTries: 3, BackoffMin: 10 * time.Millisecond, BackoffMax: 40 * time.Millisecond})
+	r := relay(t, b.Outbox.Store, s, outbox.RelayConfig{MaxTries: 3, BackoffMin: 10 * time.Millisecond, BackoffMax: 40 * time.Millisecond})
 	for attempt := 1; attempt <= 3; attempt++ {
 		deadline := time.Now().Add(5 * time.Second)
 		for s.count("flaky") < attempt {
@@ -282,7 +298,7 @@ func testFailures(t *testing.T, b Backend) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		row, _ := b.Store.Get(ctx, "flaky")
+		row, _ := b.Outbox.Get(ctx, "flaky")
 		if row.Tries != attempt || !strings.Contains(row.LastError, fmt.Sprint("attempt ", attempt)) {
 			t.Fatalf("after attempt %d: %+v", attempt, row)
 		}
@@ -290,7 +306,7 @@ func testFailures(t *testing.T, b Backend) {
 			t.Fatalf("after attempt %d: %+v (want pending, retry within the backoff bound)", attempt, row)
 		}
 	}
-	row, _ := b.Store.Get(ctx, "flaky")
+	row, _ := b.Outbox.Get(ctx, "flaky")
 	if row.Status != outbox.Dead {
 		t.Fatalf("after MaxTries: %s", row.Status)
 	}
@@ -302,61 +318,61 @@ func testFailures(t *testing.T, b Backend) {
 	}
 	s.mu.Unlock()
 	// A Dead answer stops at once.
-	if err := b.Store.Enqueue(ctx, msg("rejected")); err != nil {
+	if err := b.Outbox.Enqueue(ctx, msg("rejected")); err != nil {
 		t.Fatal(err)
 	}
 	s.fail = func(*outbox.Message, int) outbox.Result {
 		return outbox.Result{Status: outbox.Dead, Err: errors.New("400: unknown product")}
 	}
 	r.RunOnce(ctx)
-	if row, _ := b.Store.Get(ctx, "rejected"); row.Status != outbox.Dead || row.Tries != 1 || row.LastError != "400: unknown product" {
+	if row, _ := b.Outbox.Get(ctx, "rejected"); row.Status != outbox.Dead || row.Tries != 1 || row.LastError != "400: unknown product" {
 		t.Fatalf("rejected: %+v", row)
 	}
-	if st, err := b.Store.Stats(ctx); err != nil || st.Dead != 2 {
+	if st, err := b.Outbox.Stats(ctx); err != nil || st.Dead != 2 {
 		t.Fatalf("stats %+v %v", st, err)
 	}
 }
 
-func testRetryAck(t *testing.T, b Backend) {
+func testRetryAck[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
-	b.Store.Enqueue(ctx, msg("d"))
+	b.Outbox.Enqueue(ctx, msg("d"))
 	s := newSink()
 	s.fail = func(*outbox.Message, int) outbox.Result {
 		return outbox.Result{Status: outbox.Dead, Err: errors.New("no")}
 	}
-	r := relay(t, b, s, outbox.RelayConfig{})
+	r := relay(t, b.Outbox.Store, s, outbox.RelayConfig{})
 	r.RunOnce(ctx)
-	if err := b.Store.Retry(ctx, "d"); err != nil {
+	if err := b.Outbox.Retry(ctx, "d"); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Store.Retry(ctx, "d"); !errors.Is(err, outbox.ErrNotFound) {
+	if err := b.Outbox.Retry(ctx, "d"); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("retry of a pending message: %v", err)
 	}
 	s.fail = nil
 	r.RunOnce(ctx)
-	row, _ := b.Store.Get(ctx, "d")
+	row, _ := b.Outbox.Get(ctx, "d")
 	if row.Status != outbox.Sent || row.Tries != 2 {
 		t.Fatalf("after retry: %+v", row)
 	}
-	if err := b.Store.Ack(ctx, "d"); err != nil {
+	if err := b.Outbox.Ack(ctx, "d"); err != nil {
 		t.Fatal(err)
 	}
-	if row, _ := b.Store.Get(ctx, "d"); row.Status != outbox.Acked || row.AckedAt.IsZero() {
+	if row, _ := b.Outbox.Get(ctx, "d"); row.Status != outbox.Acked || row.AckedAt.IsZero() {
 		t.Fatalf("after ack: %+v", row)
 	}
-	if err := b.Store.Ack(ctx, "absent"); !errors.Is(err, outbox.ErrNotFound) {
+	if err := b.Outbox.Ack(ctx, "absent"); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("ack of an unknown key: %v", err)
 	}
-	if st, _ := b.Store.Stats(ctx); st.Pending != 0 || !st.OldestPending.IsZero() {
+	if st, _ := b.Outbox.Stats(ctx); st.Pending != 0 || !st.OldestPending.IsZero() {
 		t.Fatalf("stats %+v", st)
 	}
 }
 
-func testTwoRelays(t *testing.T, b Backend) {
+func testTwoRelays[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
 	const n = 200
 	for i := range n {
-		if err := b.Store.Enqueue(ctx, msg(fmt.Sprint("r", i))); err != nil {
+		if err := b.Outbox.Enqueue(ctx, msg(fmt.Sprint("r", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -364,7 +380,7 @@ func testTwoRelays(t *testing.T, b Backend) {
 	s.delay = time.Millisecond
 	var wg sync.WaitGroup
 	for range 2 {
-		r := relay(t, b, s, outbox.RelayConfig{Batch: 10, Concurrency: 4})
+		r := relay(t, b.Outbox.Store, s, outbox.RelayConfig{Batch: 10, Concurrency: 4})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -388,19 +404,19 @@ func testTwoRelays(t *testing.T, b Backend) {
 	}
 }
 
-func testExpiredClaim(t *testing.T, b Backend) {
+func testExpiredClaim[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
-	b.Store.Enqueue(ctx, msg("orphan"))
+	b.Outbox.Enqueue(ctx, msg("orphan"))
 	// A relay claims and dies: its sender never returns in time.
 	stuck := newSink()
 	stuck.delay = 2500 * time.Millisecond
 	stuck.entered = make(chan struct{}, 1)
-	dying := relay(t, b, stuck, outbox.RelayConfig{Lease: time.Second, SendTimeout: 500 * time.Millisecond})
+	dying := relay(t, b.Outbox.Store, stuck, outbox.RelayConfig{Lease: time.Second, SendTimeout: 500 * time.Millisecond})
 	dyingDone := make(chan struct{})
 	go func() { dying.RunOnce(ctx); close(dyingDone) }()
 	<-stuck.entered // claimed and sending
 	s := newSink()
-	r := relay(t, b, s, outbox.RelayConfig{})
+	r := relay(t, b.Outbox.Store, s, outbox.RelayConfig{})
 	if n, _ := r.RunOnce(ctx); n != 0 {
 		t.Fatal("a claimed row was claimed again before its lease expired")
 	}
@@ -412,15 +428,15 @@ func testExpiredClaim(t *testing.T, b Backend) {
 		t.Fatal("the orphan was not sent")
 	}
 	<-dyingDone // the dying relay's late result must not overwrite
-	if row, _ := b.Store.Get(ctx, "orphan"); row.Status != outbox.Sent || row.Tries != 1 {
+	if row, _ := b.Outbox.Get(ctx, "orphan"); row.Status != outbox.Sent || row.Tries != 1 {
 		t.Fatalf("row %+v", row)
 	}
 }
 
-func testPurge(t *testing.T, b Backend) {
+func testPurge[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
 	for _, k := range []string{"done-1", "done-2", "fails"} {
-		b.Store.Enqueue(ctx, msg(k))
+		b.Outbox.Enqueue(ctx, msg(k))
 	}
 	s := newSink()
 	s.fail = func(m *outbox.Message, _ int) outbox.Result {
@@ -429,17 +445,17 @@ func testPurge(t *testing.T, b Backend) {
 		}
 		return outbox.Result{Status: outbox.Sent}
 	}
-	relay(t, b, s, outbox.RelayConfig{}).RunOnce(ctx)
-	b.Store.Enqueue(ctx, msg("waiting"))
-	if n, err := b.Store.Purge(ctx, time.Hour, 10); err != nil || n != 0 {
+	relay(t, b.Outbox.Store, s, outbox.RelayConfig{}).RunOnce(ctx)
+	b.Outbox.Enqueue(ctx, msg("waiting"))
+	if n, err := b.Outbox.Purge(ctx, time.Hour, 10); err != nil || n != 0 {
 		t.Fatalf("purge of recent rows: %d %v", n, err)
 	}
 	time.Sleep(20 * time.Millisecond)
-	if n, err := b.Store.Purge(ctx, 10*time.Millisecond, 10); err != nil || n != 2 {
+	if n, err := b.Outbox.Purge(ctx, 10*time.Millisecond, 10); err != nil || n != 2 {
 		t.Fatalf("purge: %d %v, want the 2 delivered rows", n, err)
 	}
 	for k, want := range map[string]bool{"done-1": false, "fails": true, "waiting": true} {
-		if _, err := b.Store.Get(ctx, k); (err == nil) != want {
+		if _, err := b.Outbox.Get(ctx, k); (err == nil) != want {
 			t.Errorf("%s kept = %v, want %v", k, err == nil, want)
 		}
 	}
@@ -448,10 +464,10 @@ func testPurge(t *testing.T, b Backend) {
 // testAckDuringSend: a receipt (an MDN, a business ack) that lands while a
 // relay holds the row is final: neither the relay's failed attempt nor its
 // success may turn acked back into pending or sent.
-func testAckDuringSend(t *testing.T, b Backend) {
+func testAckDuringSend[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
 	for _, k := range []string{"ack-then-fail", "ack-then-sent"} {
-		if err := b.Store.Enqueue(ctx, msg(k)); err != nil {
+		if err := b.Outbox.Enqueue(ctx, msg(k)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -464,13 +480,13 @@ func testAckDuringSend(t *testing.T, b Backend) {
 		}
 		return outbox.Result{Status: outbox.Sent}
 	})
-	r := relay(t, b, s, outbox.RelayConfig{Concurrency: 2})
+	r := relay(t, b.Outbox.Store, s, outbox.RelayConfig{Concurrency: 2})
 	done := make(chan error, 1)
 	go func() { _, err := r.RunOnce(ctx); done <- err }()
 	<-entered
 	<-entered
 	for _, k := range []string{"ack-then-fail", "ack-then-sent"} {
-		if err := b.Store.Ack(ctx, k); err != nil {
+		if err := b.Outbox.Ack(ctx, k); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -479,7 +495,7 @@ func testAckDuringSend(t *testing.T, b Backend) {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"ack-then-fail", "ack-then-sent"} {
-		if row, err := b.Store.Get(ctx, k); err != nil || row.Status != outbox.Acked {
+		if row, err := b.Outbox.Get(ctx, k); err != nil || row.Status != outbox.Acked {
 			t.Errorf("%s: the relay overwrote the ack: %+v, %v", k, row, err)
 		}
 	}
@@ -492,11 +508,11 @@ func testAckDuringSend(t *testing.T, b Backend) {
 // testSlowBatch: a batch whose sends take longer than the claim's lease (here
 // 8 sends of 150ms one at a time against a 600ms lease) must not let a second
 // relay re-claim and re-send rows the first already sent or is about to.
-func testSlowBatch(t *testing.T, b Backend) {
+func testSlowBatch[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
 	const n = 8
 	for i := range n {
-		if err := b.Store.Enqueue(ctx, msg(fmt.Sprint("slow", i))); err != nil {
+		if err := b.Outbox.Enqueue(ctx, msg(fmt.Sprint("slow", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -506,7 +522,7 @@ func testSlowBatch(t *testing.T, b Backend) {
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(10 * time.Second)
 	for range 2 {
-		r := relay(t, b, s, cfg)
+		r := relay(t, b.Outbox.Store, s, cfg)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -515,7 +531,7 @@ func testSlowBatch(t *testing.T, b Backend) {
 					t.Error(err)
 					return
 				}
-				st, err := b.Store.Stats(ctx)
+				st, err := b.Outbox.Stats(ctx)
 				if err != nil {
 					t.Error(err)
 					return
@@ -532,7 +548,7 @@ func testSlowBatch(t *testing.T, b Backend) {
 		if c := s.count(k); c != 1 {
 			t.Errorf("%s sent %d times by two relays", k, c)
 		}
-		if row, err := b.Store.Get(ctx, k); err != nil || row.Status != outbox.Sent {
+		if row, err := b.Outbox.Get(ctx, k); err != nil || row.Status != outbox.Sent {
 			t.Errorf("%s: %+v, %v", k, row, err)
 		}
 	}

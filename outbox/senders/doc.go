@@ -1,11 +1,12 @@
-// Package senders delivers outbox messages over HTTP, NATS JetStream and
-// AMQP, each with the message's key in the protocol's own dedup field, the
-// same bytes on every attempt:
+// Package senders puts every transport's outbox sender behind one
+// outbox.Router, each with the message's key in the protocol's own dedup
+// field and the same bytes on every attempt:
 //
-//	http:// https://   POST, Idempotency-Key: "<key>" (an sf-string)
-//	nats://HOST/SUBJECT  JetStream publish, Nats-Msg-Id: <key>
-//	amqp://…?exchange=E&routing_key=R  publish with publisher confirms, message-id = <key>
-//	as2+https://HOST/PATH?from=A&to=B  AS2-style POST, Message-ID = <key@host> (no signing or encryption yet)
+//	http:// https://   POST, Idempotency-Key: "<key>" (an sf-string)          package httpsender
+//	nats://HOST/SUBJECT  JetStream publish, Nats-Msg-Id: <key>                package natssender
+//	amqp://…?exchange=E&routing_key=R  publish with publisher confirms, message-id = <key>   package amqpsender
+//	as2+https://HOST/PATH?from=A&to=B  AS2-style POST, Message-ID = <key@host>   package as2sender
 //
-// New returns an outbox.Router with all three.
+// It links every transport's client; import a transport's package alone to
+// link only that one.
 package senders

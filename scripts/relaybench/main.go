@@ -19,7 +19,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/outbox/httpsender"
 	"github.com/idemgo/idem/outbox/senders"
+	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
 func main() {
@@ -75,7 +77,7 @@ func waitStream(ctx context.Context, st jetstream.Stream, want uint64) {
 }
 
 func runIdem(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st jetstream.Stream, natsURL string, n, concurrency, batch int, payload []byte) float64 {
-	s, err := outbox.NewPgx(pool, "relaybench")
+	s, err := outbox.New(pgxv5.New(pool), outbox.Config{Schema: "relaybench"})
 	check(err)
 	check(s.Migrate(ctx))
 	dest := natsURL + "/relaybench.idem"
@@ -85,10 +87,10 @@ func runIdem(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st
 	}
 	_, err = pool.CopyFrom(ctx, pgx.Identifier{"relaybench", "idem_outbox"}, []string{"key", "destination", "payload", "headers"}, pgx.CopyFromRows(rows))
 	check(err)
-	router, closeSenders := senders.New(senders.HTTPConfig{})
+	router, closeSenders := senders.New(httpsender.Config{})
 	defer closeSenders()
 	var retries atomic.Int64
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s, Sender: router, Batch: batch, Concurrency: concurrency,
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s.Store, Sender: router, Batch: batch, Concurrency: concurrency,
 		BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
 		OnResult: func(_ *outbox.Message, _ int, res outbox.Result) {
 			if res.Status != outbox.Sent {

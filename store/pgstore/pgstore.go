@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqlmigrate"
+	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
 var (
@@ -199,7 +200,7 @@ func (s *Store) Migrations() []sqlmigrate.Step {
 // same one), recorded in idem_migrations. Any number of processes may run
 // it at once; it is idempotent.
 func (s *Store) Migrate(ctx context.Context) error {
-	_, err := sqlmigrate.Apply(ctx, sqlmigrate.Pgx(s.pool), s.schema, "records", s.Migrations())
+	_, err := sqlmigrate.Apply(ctx, pgxv5.New(s.pool), s.schema, "records", s.Migrations())
 	return wrap("migrate", err)
 }
 

@@ -14,6 +14,8 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqlmigrate"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
 )
 
 var (
@@ -136,7 +138,7 @@ func Migrations() []sqlmigrate.Step {
 // in one BEGIN IMMEDIATE transaction, recorded in idem_migrations. Any
 // number of processes may run it at once; it is idempotent.
 func (s *Store) Migrate(ctx context.Context) error {
-	_, err := sqlmigrate.Apply(ctx, sqlmigrate.SQL(s.db, sqlmigrate.SQLite), "", "records", Migrations())
+	_, err := sqlmigrate.Apply(ctx, databasesql.New(s.db, sqldriver.SQLite), "", "records", Migrations())
 	return s.wrap("migrate", err)
 }
 

@@ -517,7 +517,11 @@ func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]in
 			m := recordModel
 			m.Init = func() []any { return []any{seg.init} }
 			model := m.ToModel()
+			began := time.Now()
 			res, info := porcupine.CheckOperationsVerbose(model, seg.ops, *campaignCheck)
+			if took := time.Since(began); took > 10*time.Second {
+				t.Logf("key %s: segment %d (%d operations) took %v to check", k, i, len(seg.ops), took.Round(time.Second))
+			}
 			switch res {
 			case porcupine.Illegal:
 				path := filepath.Join(os.TempDir(), fmt.Sprintf("idem-campaign-%d-%s-%d.html", rep.Seed, k, i))

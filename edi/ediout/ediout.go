@@ -1,4 +1,7 @@
-package edi
+// Package ediout records EDI interchanges in the outbox: the bridge
+// between package edi (which knows no outbox, no database) and package
+// outbox (which knows no EDI).
+package ediout
 
 import (
 	"context"
@@ -7,21 +10,13 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/idemgo/idem/edi"
 	"github.com/idemgo/idem/outbox"
 )
 
-// Outbox headers recording how an interchange was rendered.
-const (
-	ControlsHeader = "X-Edi-Controls" // the Controls, as JSON
-)
-
-// ContentType is the MIME type of a standard's interchanges (RFC 1767).
-func ContentType(s Standard) string {
-	if s == X12 {
-		return "application/EDI-X12"
-	}
-	return "application/EDIFACT"
-}
+// ControlsHeader is the outbox header recording the control numbers an
+// interchange was rendered with (edi.Controls, as JSON).
+const ControlsHeader = "X-Edi-Controls"
 
 // EnqueueTx records the interchange of one business intent in the outbox,
 // in the caller's transaction: the control numbers are allocated from
@@ -29,26 +24,26 @@ func ContentType(s Standard) string {
 // the outbox row under key, so every retry resends the identical bytes. For a
 // key already in the outbox it allocates nothing and returns the stored
 // controls: an intent is rendered once.
-func EnqueueTx(ctx context.Context, tx outbox.Tx, ob *outbox.Store, p Profile, key, destination string, now time.Time, docs ...Document) (Controls, error) {
+func EnqueueTx[TTx any](ctx context.Context, ob *outbox.Outbox[TTx], tx TTx, p edi.Profile, key, destination string, now time.Time, docs ...edi.Document) (edi.Controls, error) {
 	row, err := ob.GetTx(ctx, tx, key)
 	if err == nil {
-		var c Controls
+		var c edi.Controls
 		if jerr := json.Unmarshal([]byte(row.Headers[ControlsHeader]), &c); jerr != nil {
-			return Controls{}, errors.New("edi: the outbox row of this key holds no EDI controls: " + key)
+			return edi.Controls{}, errors.New("idem/ediout: the outbox row of this key holds no EDI controls: " + key)
 		}
 		return c, nil
 	}
 	if !errors.Is(err, outbox.ErrNotFound) {
-		return Controls{}, err
+		return edi.Controls{}, err
 	}
 	next := func(ctx context.Context, name string) (int64, error) { return ob.NextCounterTx(ctx, tx, name) }
-	payload, ctl, err := Render(ctx, next, p, now, docs...)
+	payload, ctl, err := edi.Render(ctx, next, p, now, docs...)
 	if err != nil {
-		return Controls{}, err
+		return edi.Controls{}, err
 	}
 	cj, _ := json.Marshal(ctl)
 	err = ob.EnqueueTx(ctx, tx, outbox.Message{Key: key, Destination: destination, Payload: payload,
-		Headers: map[string]string{"Content-Type": ContentType(p.Standard), ControlsHeader: string(cj),
+		Headers: map[string]string{"Content-Type": edi.ContentType(p.Standard), ControlsHeader: string(cj),
 			// Stored so that every attempt carries the same Date (AS2 requires it
 			// for a reused Message-ID).
 			"Date": now.UTC().Format(http.TimeFormat)}})

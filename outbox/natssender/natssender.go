@@ -1,4 +1,8 @@
-package senders
+// Package natssender delivers outbox messages to NATS JetStream: a publish
+// to nats://HOST/SUBJECT with the key in Nats-Msg-Id, so the stream's
+// duplicate window drops a resend; a "duplicate" PubAck counts as
+// delivered.
+package natssender
 
 import (
 	"context"
@@ -14,11 +18,11 @@ import (
 	"github.com/idemgo/idem/outbox"
 )
 
-// NATS publishes to JetStream: destination nats://HOST:PORT/SUBJECT, the key
+// Sender publishes to JetStream: destination nats://HOST:PORT/SUBJECT, the key
 // in Nats-Msg-Id, so the stream's duplicate window drops a retry of a publish
 // that did arrive (PubAck.Duplicate, reported as sent). One connection per
 // server, shared.
-type NATS struct {
+type Sender struct {
 	mu    sync.Mutex
 	conns map[string]*natsConn
 }
@@ -28,10 +32,10 @@ type natsConn struct {
 	js jetstream.JetStream
 }
 
-// NewNATS returns the NATS sender.
-func NewNATS() *NATS { return &NATS{conns: map[string]*natsConn{}} }
+// New returns the NATS sender.
+func New() *Sender { return &Sender{conns: map[string]*natsConn{}} }
 
-func (n *NATS) conn(server string) (*natsConn, error) {
+func (n *Sender) conn(server string) (*natsConn, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if c, ok := n.conns[server]; ok && !c.nc.IsClosed() {
@@ -51,8 +55,8 @@ func (n *NATS) conn(server string) (*natsConn, error) {
 	return c, nil
 }
 
-// ParseNATS splits nats://HOST:PORT/SUBJECT into the server URL and subject.
-func ParseNATS(dest string) (server, subject string, err error) {
+// ParseDestination splits nats://HOST:PORT/SUBJECT into the server URL and subject.
+func ParseDestination(dest string) (server, subject string, err error) {
 	u, err := url.Parse(dest)
 	if err != nil || u.Host == "" {
 		return "", "", fmt.Errorf("want nats://HOST[:PORT]/SUBJECT, got %q", dest)
@@ -66,8 +70,8 @@ func ParseNATS(dest string) (server, subject string, err error) {
 }
 
 // Send implements outbox.Sender.
-func (n *NATS) Send(ctx context.Context, m *outbox.Message) outbox.Result {
-	server, subject, err := ParseNATS(m.Destination)
+func (n *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
+	server, subject, err := ParseDestination(m.Destination)
 	if err != nil {
 		return outbox.Result{Status: outbox.Dead, Err: err}
 	}
@@ -95,7 +99,7 @@ func (n *NATS) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 }
 
 // Close closes the connections.
-func (n *NATS) Close() {
+func (n *Sender) Close() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for k, c := range n.conns {

@@ -1,4 +1,7 @@
-package senders
+// Package httpsender delivers outbox messages over HTTP: a POST of the
+// payload with the key in the Idempotency-Key header (an sf-string, as the
+// IETF draft and idem's httpidem expect), the same bytes on every attempt.
+package httpsender
 
 import (
 	"bytes"
@@ -15,8 +18,8 @@ import (
 	"github.com/idemgo/idem/outbox"
 )
 
-// HTTPConfig configures the HTTP sender.
-type HTTPConfig struct {
+// Config configures the HTTP sender.
+type Config struct {
 	// Client sends the requests. Defaults to a client with Timeout.
 	Client *http.Client
 	// Timeout bounds one request when Client is nil. Defaults to 30s.
@@ -26,14 +29,14 @@ type HTTPConfig struct {
 	ContentType string
 }
 
-// HTTP POSTs the payload with the key in Idempotency-Key:
+// Sender POSTs the payload with the key in Idempotency-Key:
 // 2xx → acked (the answer is the receipt); 409 → retry later (the receiver
 // is still processing our earlier attempt); other 4xx → dead, with the
 // answer recorded; 5xx, timeouts and network errors → retry.
-type HTTP struct{ cfg HTTPConfig }
+type Sender struct{ cfg Config }
 
-// NewHTTP returns the HTTP sender.
-func NewHTTP(cfg HTTPConfig) *HTTP {
+// New returns the HTTP sender.
+func New(cfg Config) *Sender {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
 	}
@@ -43,11 +46,14 @@ func NewHTTP(cfg HTTPConfig) *HTTP {
 	if cfg.ContentType == "" {
 		cfg.ContentType = "application/octet-stream"
 	}
-	return &HTTP{cfg: cfg}
+	return &Sender{cfg: cfg}
 }
 
+// Client is the client the sender posts with.
+func (h *Sender) Client() *http.Client { return h.cfg.Client }
+
 // Send implements outbox.Sender.
-func (h *HTTP) Send(ctx context.Context, m *outbox.Message) outbox.Result {
+func (h *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, m.Destination, bytes.NewReader(m.Payload))
 	if err != nil {
 		return outbox.Result{Status: outbox.Dead, Err: fmt.Errorf("bad destination: %v", err)}

@@ -1,4 +1,6 @@
-package senders
+// Package as2sender delivers EDI interchanges AS2-style over HTTP, with a
+// Message-ID derived from the key, the same on every attempt.
+package as2sender
 
 import (
 	"bytes"
@@ -15,7 +17,7 @@ import (
 	"github.com/idemgo/idem/outbox"
 )
 
-// AS2 posts EDI interchanges AS2-style over HTTP: destination
+// Sender posts EDI interchanges AS2-style over HTTP: destination
 // as2+https://HOST/PATH?from=OUR-AS2-ID&to=THEIR-AS2-ID&host=OUR-HOST (or
 // as2+http://). Headers: Message-ID derived from the key
 // (edi.AS2MessageID, the same on every attempt), AS2-From, AS2-To,
@@ -27,13 +29,19 @@ import (
 // synchronous MDN saying "processed" marks the message acked; "failed" makes
 // it dead; otherwise it is sent, and Outbox.Ack records the receipt when an
 // asynchronous MDN arrives.
-type AS2 struct{ h *HTTP }
+type Sender struct{ client *http.Client }
 
-// NewAS2 returns the AS2 sender, on the HTTP sender's client.
-func NewAS2(h *HTTP) *AS2 { return &AS2{h: h} }
+// New returns the AS2 sender, posting with client (nil: a client with a
+// 30-second timeout).
+func New(client *http.Client) *Sender {
+	if client == nil {
+		client = &http.Client{Timeout: 30 * time.Second}
+	}
+	return &Sender{client: client}
+}
 
 // Send implements outbox.Sender.
-func (a *AS2) Send(ctx context.Context, m *outbox.Message) outbox.Result {
+func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	u, err := url.Parse(strings.TrimPrefix(m.Destination, "as2+"))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
 		return outbox.Result{Status: outbox.Dead, Err: fmt.Errorf("want as2+https://HOST/PATH?from=…&to=…, got %q", m.Destination)}
@@ -72,7 +80,7 @@ func (a *AS2) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	req.Header.Set("AS2-Version", "1.2")
 	req.Header.Set("Date", date)
 	req.Header.Set("Disposition-Notification-To", "idem@"+host)
-	resp, err := a.h.cfg.Client.Do(req)
+	resp, err := a.client.Do(req)
 	if err != nil {
 		return outbox.Result{Status: outbox.Pending, Err: err}
 	}

@@ -1,4 +1,4 @@
-package edi_test
+package ediout_test
 
 import (
 	"bytes"
@@ -11,7 +11,10 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/idemgo/idem/edi"
+	"github.com/idemgo/idem/edi/ediout"
 	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
 )
 
 func TestEnqueueTxRendersOncePerIntent(t *testing.T) {
@@ -21,7 +24,7 @@ func TestEnqueueTxRendersOncePerIntent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	ob, _ := outbox.NewSQL(db, outbox.SQLite, "")
+	ob, _ := outbox.New(databasesql.New(db, sqldriver.SQLite), outbox.Config{})
 	if err := ob.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +33,7 @@ func TestEnqueueTxRendersOncePerIntent(t *testing.T) {
 	enqueue := func(key string, when time.Time) edi.Controls {
 		tx, _ := db.BeginTx(ctx, nil)
 		defer tx.Commit()
-		c, err := edi.EnqueueTx(ctx, outbox.SQLTx(tx), ob, p, key, "as2+http://partner/as2?from=US&to=THEM", when, doc)
+		c, err := ediout.EnqueueTx(ctx, ob, tx, p, key, "as2+http://partner/as2?from=US&to=THEM", when, doc)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,7 @@
-package senders
+// Package amqpsender delivers outbox messages to an AMQP 0-9-1 broker
+// (RabbitMQ): a persistent publish with publisher confirms to
+// amqp://…?exchange=E&routing_key=R, with the key as the message-id.
+package amqpsender
 
 import (
 	"context"
@@ -12,13 +15,13 @@ import (
 	"github.com/idemgo/idem/outbox"
 )
 
-// AMQP publishes with publisher confirms: destination
+// Sender publishes with publisher confirms: destination
 // amqp://USER:PASS@HOST:PORT/VHOST?exchange=E&routing_key=R (exchange ""
 // is the default exchange, routing to the queue named R), the key in the
 // message-id property, persistent delivery. A confirmed publish is sent; a
 // nack or a lost connection is retried. One connection per server, one
 // confirm channel per send at a time.
-type AMQP struct {
+type Sender struct {
 	mu    sync.Mutex
 	conns map[string]*amqpConn
 }
@@ -28,12 +31,12 @@ type amqpConn struct {
 	pool chan *amqp.Channel
 }
 
-// NewAMQP returns the AMQP sender.
-func NewAMQP() *AMQP { return &AMQP{conns: map[string]*amqpConn{}} }
+// New returns the AMQP sender.
+func New() *Sender { return &Sender{conns: map[string]*amqpConn{}} }
 
-// ParseAMQP splits a destination into the server URL, exchange and routing
+// ParseDestination splits a destination into the server URL, exchange and routing
 // key.
-func ParseAMQP(dest string) (server, exchange, key string, err error) {
+func ParseDestination(dest string) (server, exchange, key string, err error) {
 	u, err := url.Parse(dest)
 	if err != nil || u.Host == "" {
 		return "", "", "", fmt.Errorf("want amqp://…/VHOST?exchange=E&routing_key=R, got %q", dest)
@@ -47,7 +50,7 @@ func ParseAMQP(dest string) (server, exchange, key string, err error) {
 	return u.String(), exchange, key, nil
 }
 
-func (a *AMQP) conn(server string) (*amqpConn, error) {
+func (a *Sender) conn(server string) (*amqpConn, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if c, ok := a.conns[server]; ok && !c.conn.IsClosed() {
@@ -90,8 +93,8 @@ func (c *amqpConn) put(ch *amqp.Channel) {
 }
 
 // Send implements outbox.Sender.
-func (a *AMQP) Send(ctx context.Context, m *outbox.Message) outbox.Result {
-	server, exchange, key, err := ParseAMQP(m.Destination)
+func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
+	server, exchange, key, err := ParseDestination(m.Destination)
 	if err != nil {
 		return outbox.Result{Status: outbox.Dead, Err: err}
 	}
@@ -128,7 +131,7 @@ func (a *AMQP) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 }
 
 // Close closes the connections.
-func (a *AMQP) Close() {
+func (a *Sender) Close() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for k, c := range a.conns {

@@ -1,0 +1,85 @@
+package amqpsender_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/outbox/amqpsender"
+	"github.com/idemgo/idem/outbox/sendertest"
+)
+
+// TestConformance: the receiver is a RabbitMQ queue; AMQP has no duplicate
+// answer and the queue keeps every attempt (the consumer dedups on
+// message-id, as idem's amqpidem does).
+func TestConformance(t *testing.T) {
+	conn, err := amqp.DialConfig(testenv.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	testenv.Need(t, "RabbitMQ", testenv.AMQPURL, err)
+	defer conn.Close()
+	s := amqpsender.New()
+	defer s.Close()
+	sendertest.Run(t, sendertest.Target{
+		Sender: s,
+		Destination: func(t *testing.T) (string, func() []sendertest.Delivery) {
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ch.Close() })
+			q := testenv.RandomName("idemsend.")
+			if _, err := ch.QueueDeclare(q, false, true, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			var got []sendertest.Delivery
+			return testenv.AMQPURL + "?routing_key=" + q, func() []sendertest.Delivery {
+				mu.Lock()
+				defer mu.Unlock()
+				for {
+					d, ok, err := ch.Get(q, true)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !ok {
+						return append([]sendertest.Delivery(nil), got...)
+					}
+					got = append(got, sendertest.Delivery{KeyField: d.MessageId, Payload: d.Body})
+				}
+			}
+		},
+		KeyField:    func(key string) string { return key },
+		Unreachable: func(*testing.T) string { return "amqp://guest:guest@127.0.0.1:1/?routing_key=orders" },
+		Refused: func(*testing.T) []string {
+			return []string{testenv.AMQPURL, "amqp:///?routing_key=orders"}
+		},
+	})
+}
+
+func TestAMQPMessageID(t *testing.T) {
+	conn, err := amqp.DialConfig(testenv.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	testenv.Need(t, "RabbitMQ", testenv.AMQPURL, err)
+	defer conn.Close()
+	ch, _ := conn.Channel()
+	q := testenv.RandomName("idemout.")
+	if _, err := ch.QueueDeclare(q, false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	s := amqpsender.New()
+	defer s.Close()
+	res := s.Send(context.Background(), &outbox.Message{Key: "ORD-7", Destination: testenv.AMQPURL + "?routing_key=" + q, Payload: []byte("order 7")})
+	if res.Status != outbox.Sent {
+		t.Fatalf("send: %s %v", res.Status, res.Err)
+	}
+	d, ok, err := ch.Get(q, true)
+	if err != nil || !ok || d.MessageId != "ORD-7" || string(d.Body) != "order 7" || d.DeliveryMode != amqp.Persistent {
+		t.Fatalf("delivered %+v %v %v", d.MessageId, ok, err)
+	}
+	if res := s.Send(context.Background(), &outbox.Message{Key: "k", Destination: testenv.AMQPURL}); res.Status != outbox.Dead {
+		t.Fatalf("no exchange or routing key: %s", res.Status)
+	}
+}

@@ -1,0 +1,109 @@
+package httpsender_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/outbox/httpsender"
+	"github.com/idemgo/idem/outbox/sendertest"
+	"github.com/idemgo/idem/store/memstore"
+)
+
+// TestConformance: the receiver is an Idempotency-Key server (httpidem over
+// a memory store) in front of a handler that records what it got; a retry
+// of a delivered key is answered by the replay.
+func TestConformance(t *testing.T) {
+	sendertest.Run(t, sendertest.Target{
+		Sender:   httpsender.New(httpsender.Config{Timeout: 5 * time.Second}),
+		Features: sendertest.Features{DuplicateAnswer: true, ReceiverDedups: true},
+		Destination: func(t *testing.T) (string, func() []sendertest.Delivery) {
+			var mu sync.Mutex
+			var got []sendertest.Delivery
+			record := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				mu.Lock()
+				got = append(got, sendertest.Delivery{KeyField: r.Header.Get(httpidem.HeaderName), Payload: b})
+				mu.Unlock()
+				w.WriteHeader(http.StatusCreated)
+			})
+			mw, err := httpidem.New(httpidem.Config{Store: memstore.New(memstore.Config{})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(mw(record))
+			t.Cleanup(srv.Close)
+			return srv.URL + "/orders", func() []sendertest.Delivery {
+				mu.Lock()
+				defer mu.Unlock()
+				return append([]sendertest.Delivery(nil), got...)
+			}
+		},
+		KeyField:    httpidem.FormatKey,
+		Unreachable: func(*testing.T) string { return "http://127.0.0.1:1/orders" },
+		Refused: func(t *testing.T) []string {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Error(w, "unknown product", http.StatusUnprocessableEntity)
+			}))
+			t.Cleanup(srv.Close)
+			return []string{srv.URL + "/orders", "http://[::1/orders"}
+		},
+	})
+}
+
+func TestHTTPOutcomes(t *testing.T) {
+	var mu sync.Mutex
+	var gotKey, gotBody string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		gotKey, gotBody = r.Header.Get("Idempotency-Key"), string(b)
+		mu.Unlock()
+		switch r.URL.Path {
+		case "/ok":
+			w.WriteHeader(201)
+		case "/replayed":
+			w.Header().Set("Idempotent-Replayed", "true")
+			w.WriteHeader(200)
+		case "/conflict":
+			w.WriteHeader(409)
+		case "/bad":
+			w.WriteHeader(400)
+			io.WriteString(w, "unknown product")
+		case "/down":
+			w.WriteHeader(503)
+		case "/slow":
+			time.Sleep(300 * time.Millisecond)
+		}
+	}))
+	defer srv.Close()
+	h := httpsender.New(httpsender.Config{Timeout: 100 * time.Millisecond})
+	for path, want := range map[string]outbox.Status{
+		"/ok": outbox.Acked, "/replayed": outbox.Acked, "/conflict": outbox.Pending, "/bad": outbox.Dead,
+		"/down": outbox.Pending, "/slow": outbox.Pending,
+	} {
+		res := h.Send(context.Background(), &outbox.Message{Key: `ORD-"1"`, Destination: srv.URL + path, Payload: []byte("body")})
+		if res.Status != want {
+			t.Errorf("%s: %s (%v), want %s", path, res.Status, res.Err, want)
+		}
+		if path == "/bad" && !strings.Contains(res.Err.Error(), "unknown product") {
+			t.Errorf("the 4xx answer is not recorded: %v", res.Err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if gotKey != `"ORD-\"1\""` || gotBody != "body" {
+		t.Fatalf("key header %q, body %q", gotKey, gotBody)
+	}
+	if res := h.Send(context.Background(), &outbox.Message{Key: "k", Destination: "http://127.0.0.1:1/refused"}); res.Status != outbox.Pending {
+		t.Fatalf("connection refused: %s", res.Status)
+	}
+}
+

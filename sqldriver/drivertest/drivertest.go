@@ -1,0 +1,359 @@
+// Package drivertest is the conformance suite of sqldriver drivers: every
+// driver runs it against a real database (river's riverdrivertest is the
+// model). The inbox, the outbox and the migrations rely on exactly what it
+// checks.
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem/sqldriver"
+)
+
+// Open returns a driver on a fresh database, and the schema ("" for none)
+// in which the suite may create tables.
+type Open[TTx any] func(t *testing.T) (driver sqldriver.Driver[TTx], schema string)
+
+// Run runs every case, each on a fresh database from open.
+func Run[TTx any](t *testing.T, open Open[TTx]) {
+	cases := []struct {
+		name string
+		fn   func(t *testing.T, d sqldriver.Driver[TTx], schema string)
+	}{
+		{"ExecQueryAndRows", testExecQuery[TTx]},
+		{"TransactionsCommitAndRollBack", testTransactions[TTx]},
+		{"LockedExcludesAndRollsBack", testLocked[TTx]},
+		{"TimeFragments", testTime[TTx]},
+		{"InInt64s", testInInt64s[TTx]},
+		{"RowIDDeletesALimitedSet", testRowID[TTx]},
+		{"SkipLockedClaimsDisjointRows", testSkipLocked[TTx]},
+		{"SchemaAndIndex", testSchemaAndIndex[TTx]},
+		{"ErrorsKeepTheirCause", testErrors[TTx]},
+		{"ListenerWakesOnTrigger", testListener[TTx]},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d, schema := open(t)
+			c.fn(t, d, schema)
+		})
+	}
+}
+
+func table(schema, name string) string {
+	if schema == "" {
+		return name
+	}
+	return schema + "." + name
+}
+
+func mustExec(t *testing.T, ex sqldriver.Executor, q string, args ...any) int64 {
+	t.Helper()
+	n, err := ex.Exec(context.Background(), q, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+func count(t *testing.T, ex sqldriver.Executor, tbl string) int {
+	t.Helper()
+	var n int
+	if err := ex.QueryRow(context.Background(), `SELECT count(*) FROM `+tbl).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func create(t *testing.T, d sqldriver.Dialect, ex sqldriver.Executor, tbl string) {
+	t.Helper()
+	mustExec(t, ex, `CREATE TABLE `+tbl+` (id `+d.SerialKey()+`, name text NOT NULL, data `+d.BinaryType()+`, status text NOT NULL DEFAULT 'pending', at `+d.TimeType()+`)`)
+}
+
+func testExecQuery[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
+	ctx := context.Background()
+	ex, tbl := d.Executor(), table(schema, "things")
+	create(t, d.Dialect(), ex, tbl)
+	for i := range 3 {
+		if n := mustExec(t, ex, `INSERT INTO `+tbl+` (name, data) VALUES ($1, $2)`, fmt.Sprint("n", i), []byte{byte(i), 0, 0xff}); n != 1 {
+			t.Fatalf("rows affected %d, want 1", n)
+		}
+	}
+	if n := mustExec(t, ex, `UPDATE `+tbl+` SET status = 'done' WHERE name <> $1`, "n0"); n != 2 {
+		t.Fatalf("rows affected %d, want 2", n)
+	}
+	var data []byte
+	if err := ex.QueryRow(ctx, `SELECT data FROM `+tbl+` WHERE name = $1`, "n2").Scan(&data); err != nil || string(data) != "\x02\x00\xff" {
+		t.Fatalf("bytes %q %v", data, err)
+	}
+	if err := ex.QueryRow(ctx, `SELECT data FROM `+tbl+` WHERE name = $1`, "absent").Scan(&data); err == nil {
+		t.Fatal("a row was scanned from an empty result")
+	}
+	rows, err := ex.Query(ctx, `SELECT id, name FROM `+tbl+` WHERE status = $1 ORDER BY id`, "done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var id int64
+		var name string
+		if err := rows.Scan(&id, &name); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, name)
+	}
+	if err := rows.Err(); err != nil || fmt.Sprint(names) != "[n1 n2]" {
+		t.Fatalf("rows %v %v", names, err)
+	}
+}
+
+func testTransactions[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
+	ctx := context.Background()
+	tbl := table(schema, "things")
+	create(t, d.Dialect(), d.Executor(), tbl)
+	for _, commit := range []bool{false, true} {
+		tx, err := d.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, d.UnwrapExecutor(tx), `INSERT INTO `+tbl+` (name) VALUES ($1)`, fmt.Sprint(commit))
+		if got := count(t, d.UnwrapExecutor(tx), tbl); got != 1 {
+			t.Fatalf("the transaction does not see its own row (%d)", got)
+		}
+		if commit {
+			if err := d.Commit(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := d.Rollback(ctx, tx); err != nil {
+			t.Fatalf("rollback (after commit: %v): %v", commit, err)
+		}
+	}
+	var name string
+	if err := d.Executor().QueryRow(ctx, `SELECT name FROM `+tbl).Scan(&name); err != nil || name != "true" {
+		t.Fatalf("after a rollback and a commit the table holds %q (%v), want only the committed row", name, err)
+	}
+}
+
+// testLocked: Locked sections never overlap, across goroutines each with
+// its own connection, and an error rolls the section back.
+func testLocked[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
+	ctx := context.Background()
+	tbl := table(schema, "things")
+	create(t, d.Dialect(), d.Executor(), tbl)
+	var inside, overlaps atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := d.Locked(ctx, func(ex sqldriver.Executor) error {
+				if inside.Add(1) > 1 {
+					overlaps.Add(1)
+				}
+				defer inside.Add(-1)
+				_, err := ex.Exec(ctx, `INSERT INTO `+tbl+` (name) VALUES ($1)`, fmt.Sprint("locked-", i))
+				time.Sleep(5 * time.Millisecond) // widen the window a second holder would share
+				return err
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if overlaps.Load() != 0 {
+		t.Fatalf("%d Locked sections overlapped", overlaps.Load())
+	}
+	boom := errors.New("boom")
+	err := d.Locked(ctx, func(ex sqldriver.Executor) error {
+		if _, err := ex.Exec(ctx, `INSERT INTO `+tbl+` (name) VALUES ('rolled back')`); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Locked returned %v, want fn's error", err)
+	}
+	if got := count(t, d.Executor(), tbl); got != 8 {
+		t.Fatalf("%d rows, want the 8 committed sections only", got)
+	}
+}
+
+// testTime: Now and NowPlusMillis are comparable points in time that scan
+// into a time.Time close to the clock's.
+func testTime[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
+	ctx := context.Background()
+	dl, ex, tbl := d.Dialect(), d.Executor(), table(schema, "things")
+	create(t, dl, ex, tbl)
+	mustExec(t, ex, `INSERT INTO `+tbl+` (name, at) VALUES ('now', `+dl.Now()+`), ('later', `+dl.NowPlusMillis("$1")+`), ('earlier', `+dl.NowPlusMillis("-$1")+`)`, 60_000)
+	rows, err := ex.Query(ctx, `SELECT name, at FROM `+tbl+` ORDER BY at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	var ats []time.Time
+	for rows.Next() {
+		var name string
+		var at time.Time
+		if err := rows.Scan(&name, sqldriver.Time(&at)); err != nil {
+			t.Fatal(err)
+		}
+		got, ats = append(got, name), append(ats, at)
+	}
+	if fmt.Sprint(got) != "[earlier now later]" {
+		t.Fatalf("order %v", got)
+	}
+	if skew := time.Since(ats[1]); skew < -5*time.Second || skew > 5*time.Second {
+		t.Fatalf("Now scanned as %v, %v from the clock", ats[1], skew)
+	}
+	if gap := ats[2].Sub(ats[1]); gap < 59*time.Second || gap > 61*time.Second {
+		t.Fatalf("NowPlusMillis(60000) is %v after Now", gap)
+	}
+	var null time.Time
+	if err := ex.QueryRow(ctx, `SELECT at FROM `+tbl+` WHERE name = 'now' AND at IS NULL UNION ALL SELECT NULL`).Scan(sqldriver.Time(&null)); err != nil || !null.IsZero() {
+		t.Fatalf("NULL scanned as %v (%v)", null, err)
+	}
+}
+
+func testInInt64s[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
+	dl, ex, tbl := d.Dialect(), d.Executor(), table(schema, "things")
+	create(t, dl, ex, tbl)
+	for i := range 5 {
+		mustExec(t, ex, `INSERT INTO `+tbl+` (name) VALUES ($1)`, fmt.Sprint(i))
+	}
+	cond, args := dl.InInt64s("id", 2, []int64{2, 4, 99})
+	if n := mustExec(t, ex, `UPDATE `+tbl+` SET status = $1 WHERE `+cond, append([]any{"picked"}, args...)...); n != 2 {
+		t.Fatalf("%s picked %d rows, want 2", cond, n)
+	}
+}
+
+func testRowID[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
+	dl, ex, tbl := d.Dialect(), d.Executor(), table(schema, "things")
+	create(t, dl, ex, tbl)
+	for i := range 7 {
+		mustExec(t, ex, `INSERT INTO `+tbl+` (name) VALUES ($1)`, fmt.Sprint(i))
+	}
+	del := `DELETE FROM ` + tbl + ` WHERE ` + dl.RowID() + ` IN (SELECT ` + dl.RowID() + ` FROM ` + tbl + ` LIMIT $1)`
+	if n := mustExec(t, ex, del, 3); n != 3 {
+		t.Fatalf("deleted %d, want 3", n)
+	}
+	if got := count(t, ex, tbl); got != 4 {
+		t.Fatalf("%d rows left, want 4", got)
+	}
+}
+
+// testSkipLocked: two transactions claiming "the first n pending rows" at
+// once get disjoint rows — by skipping each other's locks where the
+// database locks rows, by waiting for the other's commit where it locks
+// the whole database.
+func testSkipLocked[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
+	ctx := context.Background()
+	dl, tbl := d.Dialect(), table(schema, "things")
+	create(t, dl, d.Executor(), tbl)
+	for i := range 10 {
+		mustExec(t, d.Executor(), `INSERT INTO `+tbl+` (name) VALUES ($1)`, fmt.Sprint(i))
+	}
+	claim := `UPDATE ` + tbl + ` SET status = $1 WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status = 'pending' ORDER BY id LIMIT 4` + dl.SkipLocked() + `)`
+	first, err := d.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := mustExec(t, d.UnwrapExecutor(first), claim, "first"); n != 4 {
+		t.Fatalf("first claim took %d rows", n)
+	}
+	second := make(chan int64, 1)
+	go func() {
+		n, err := d.Executor().Exec(ctx, claim, "second")
+		if err != nil {
+			t.Error(err)
+		}
+		second <- n
+	}()
+	if dl.SkipLocked() != "" {
+		// Row locks: the second claim does not wait for the first.
+		if n := <-second; n != 4 {
+			t.Fatalf("second claim took %d rows while the first held 4, want 4 others", n)
+		}
+		if err := d.Commit(ctx, first); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		if err := d.Commit(ctx, first); err != nil {
+			t.Fatal(err)
+		}
+		if n := <-second; n != 4 {
+			t.Fatalf("second claim took %d rows after the first committed 4, want 4 others", n)
+		}
+	}
+	var firsts, seconds int
+	if err := d.Executor().QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM `+tbl+` WHERE status = 'first'),
+		(SELECT count(*) FROM `+tbl+` WHERE status = 'second')`).Scan(&firsts, &seconds); err != nil || firsts != 4 || seconds != 4 {
+		t.Fatalf("first %d, second %d (%v); want 4 and 4", firsts, seconds, err)
+	}
+}
+
+func testSchemaAndIndex[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
+	dl, ex := d.Dialect(), d.Executor()
+	if schema != "" {
+		if ddl := dl.CreateSchema(schema + "_extra"); ddl != "" {
+			mustExec(t, ex, ddl)
+			mustExec(t, ex, ddl) // idempotent
+			t.Cleanup(func() { d.Executor().Exec(context.Background(), `DROP SCHEMA `+schema+`_extra CASCADE`) })
+			create(t, dl, ex, table(schema+"_extra", "things"))
+		}
+	}
+	create(t, dl, ex, table(schema, "things"))
+	idx := dl.CreateIndex(schema, "things_status", "things", "(status) WHERE status = 'pending'")
+	mustExec(t, ex, idx)
+	mustExec(t, ex, idx) // idempotent
+	if q := sqldriver.Qualify(schema, "things"); count(t, ex, q) != 0 {
+		t.Fatalf("%s is not the table", q)
+	}
+}
+
+func testErrors[TTx any](t *testing.T, d sqldriver.Driver[TTx], _ string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := d.Executor().Exec(ctx, `SELECT 1`); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a cancelled statement: %v, want context.Canceled in the chain", err)
+	}
+	if _, err := d.Executor().Exec(context.Background(), `SELECT * FROM no_such_table`); err == nil || errors.Is(err, context.Canceled) {
+		t.Fatalf("a missing table: %v", err)
+	}
+}
+
+func testListener[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
+	l, ok := any(d).(sqldriver.Listener)
+	trigger := d.Dialect().NotifyTrigger(schema, "things", "drivertest")
+	if !ok || trigger == "" {
+		t.Skipf("%T does not listen (readers poll)", d)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	create(t, d.Dialect(), d.Executor(), table(schema, "things"))
+	mustExec(t, d.Executor(), trigger)
+	if l.Wait(ctx, "drivertest", 50*time.Millisecond) {
+		t.Fatal("woke without a notification")
+	}
+	woke := make(chan bool, 1)
+	listening := make(chan struct{})
+	go func() {
+		// The first Wait above subscribed; this one waits for the insert.
+		close(listening)
+		woke <- l.Wait(ctx, "drivertest", 10*time.Second)
+	}()
+	<-listening
+	mustExec(t, d.Executor(), `INSERT INTO `+table(schema, "things")+` (name) VALUES ('wake')`)
+	if !<-woke {
+		t.Fatal("the insert's notification did not wake the listener")
+	}
+}

@@ -1,0 +1,166 @@
+// Package pgxv5 is the sqldriver.Driver of PostgreSQL through a pgx v5
+// pool. Its users hold pgx.Tx transactions; it listens for notifications
+// (LISTEN/NOTIFY), so readers such as the outbox relay wake as soon as a
+// row commits.
+package pgxv5
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgo/idem/sqldriver"
+)
+
+// Driver reaches PostgreSQL through a pgx pool.
+type Driver struct {
+	pool *pgxpool.Pool
+
+	mu     sync.Mutex
+	listen *pgxpool.Conn // held while a Wait listens
+	chans  map[string]bool
+}
+
+// New returns the driver of pool. The pool stays the caller's to close;
+// Close releases only the driver's listening connection.
+func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
+
+var (
+	_ sqldriver.Driver[pgx.Tx] = (*Driver)(nil)
+	_ sqldriver.Listener       = (*Driver)(nil)
+)
+
+// Dialect is sqldriver.Postgres.
+func (*Driver) Dialect() sqldriver.Dialect { return sqldriver.Postgres }
+
+// Executor runs on the pool.
+func (d *Driver) Executor() sqldriver.Executor { return executor{d.pool} }
+
+// UnwrapExecutor runs in tx.
+func (*Driver) UnwrapExecutor(tx pgx.Tx) sqldriver.Executor { return executor{tx} }
+
+// Begin starts a transaction on the pool.
+func (d *Driver) Begin(ctx context.Context) (pgx.Tx, error) { return d.pool.Begin(ctx) }
+
+// Commit commits tx.
+func (*Driver) Commit(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }
+
+// Rollback rolls tx back; after Commit it is a no-op.
+func (*Driver) Rollback(ctx context.Context, tx pgx.Tx) error {
+	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return err
+	}
+	return nil
+}
+
+// lockMigrations is the one advisory lock every idem migration takes.
+const lockMigrations = `SELECT pg_advisory_xact_lock(hashtext('idem_migrate'))`
+
+// Locked runs fn in a transaction holding idem's migration advisory lock.
+func (d *Driver) Locked(ctx context.Context, fn func(sqldriver.Executor) error) error {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, lockMigrations); err != nil {
+		return err
+	}
+	if err := fn(executor{tx}); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// Wait blocks until channel is notified (true), or d passes or the
+// listening connection fails (false). One connection of the pool listens
+// while Wait runs; it is kept between calls and replaced when it fails.
+func (d *Driver) Wait(ctx context.Context, channel string, timeout time.Duration) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.listen == nil {
+		c, err := d.pool.Acquire(ctx)
+		if err != nil {
+			sleep(ctx, timeout)
+			return false
+		}
+		d.listen, d.chans = c, map[string]bool{}
+	}
+	if !d.chans[channel] {
+		if _, err := d.listen.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+			d.dropListener()
+			sleep(ctx, timeout)
+			return false
+		}
+		d.chans[channel] = true
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	n, err := d.listen.Conn().WaitForNotification(wctx)
+	if err == nil {
+		_ = n // any notification on a listened channel is a reason to look
+		return true
+	}
+	if wctx.Err() == nil || ctx.Err() != nil {
+		// The connection failed, or we are stopping mid-wait (the
+		// connection's state is unknown): start again next time.
+		d.dropListener()
+	}
+	return false
+}
+
+func (d *Driver) dropListener() {
+	d.listen.Conn().Close(context.Background())
+	d.listen.Release()
+	d.listen, d.chans = nil, nil
+}
+
+// Close releases the listening connection, if any.
+func (d *Driver) Close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.listen != nil {
+		d.listen.Release()
+		d.listen, d.chans = nil, nil
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// querier is what pgx.Tx, *pgxpool.Pool and *pgx.Conn have in common.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+type executor struct{ q querier }
+
+func (e executor) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	tag, err := e.q.Exec(ctx, sql, args...)
+	return tag.RowsAffected(), err
+}
+
+func (e executor) Query(ctx context.Context, sql string, args ...any) (sqldriver.Rows, error) {
+	rows, err := e.q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+func (e executor) QueryRow(ctx context.Context, sql string, args ...any) sqldriver.Row {
+	return e.q.QueryRow(ctx, sql, args...)
+}
