@@ -106,4 +106,3 @@ func TestHTTPOutcomes(t *testing.T) {
 		t.Fatalf("connection refused: %s", res.Status)
 	}
 }
-

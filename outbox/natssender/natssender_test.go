@@ -95,4 +95,3 @@ func TestNATSMsgIDAndDuplicate(t *testing.T) {
 		t.Fatalf("no subject: %s", res.Status)
 	}
 }
-
