@@ -17,7 +17,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -r
 trap cleanup EXIT
 
 go build -o "$tmp/idem" ./cmd/idem
-go build -o "$tmp/httpbench" ./scripts/httpbench
+(cd scripts && go build -o "$tmp/httpbench" ./httpbench)
 
 cat >"$tmp/fresh.lua" <<'LUA'
 local threads = 0

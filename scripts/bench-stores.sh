@@ -19,9 +19,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 go build -o "$tmp/idem" ./cmd/idem
-go run ./scripts/benchscripts pgbench idem_bench >"$tmp/lifecycle.sql"
-go run ./scripts/benchscripts redis-acquire >"$tmp/acquire.lua"
-go run ./scripts/benchscripts redis-owned >"$tmp/owned.lua"
+(cd scripts && go run ./benchscripts) pgbench idem_bench >"$tmp/lifecycle.sql"
+(cd scripts && go run ./benchscripts) redis-acquire >"$tmp/acquire.lua"
+(cd scripts && go run ./benchscripts) redis-owned >"$tmp/owned.lua"
 ncpu=$(nproc)
 echo "== $secs s per run, $conc concurrent workers, $ncpu cores"
 
