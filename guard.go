@@ -131,6 +131,9 @@ func NewGuard(cfg Config) (*Guard, error) {
 // Store returns the guard's store.
 func (g *Guard) Store() Store { return g.cfg.Store }
 
+// Retention is how long the guard's completed records are replayed.
+func (g *Guard) Retention() time.Duration { return g.cfg.Retention }
+
 // StorageKey returns the string the guard's store indexes for k.
 func (g *Guard) StorageKey(k Key) string { return k.Storage(g.cfg.CompactKeys) }
 
@@ -229,7 +232,7 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	}
 
 	value, workErr := g.runOwned(ctx, skey, acq.Fence, work)
-	disp := g.cfg.Classify(workErr)
+	disp := classify(g.cfg.Classify, workErr)
 	res.Disposition = disp
 	res.Value = value
 	settleErr := g.settle(ctx, skey, acq.Fence, disp, value, workErr, &res)

@@ -378,3 +378,32 @@ func TestCallerCancelKeepsLease(t *testing.T) {
 		t.Fatalf("after the work finished: %v %q %v", a.Outcome, a.Record.Result, err)
 	}
 }
+
+// TestWithDispositionOverridesClassify: a disposition the work decided
+// applies whatever the Guard's policy says.
+func TestWithDispositionOverridesClassify(t *testing.T) {
+	ctx := context.Background()
+	g, s := newGuard(t, idem.Config{Classify: func(error) idem.Disposition { return idem.Release }})
+	for _, c := range []struct {
+		id   string
+		d    idem.Disposition
+		want idem.State
+	}{
+		{"complete", idem.Complete, idem.StateCompleted},
+		{"fail", idem.Fail, idem.StateFailed},
+		{"hold", idem.Hold, idem.StateInFlight},
+		{"release", idem.Release, idem.StateReleased},
+	} {
+		k := idem.Key{Scope: "test", ID: c.id}
+		cause := errors.New("decided by the work")
+		res, err := g.Run(ctx, k, nil, func(context.Context, uint64) ([]byte, error) {
+			return []byte("v"), idem.WithDisposition(c.d, cause)
+		})
+		if !errors.Is(err, cause) || res.Disposition != c.d {
+			t.Fatalf("%s: disposition %v, err %v", c.id, res.Disposition, err)
+		}
+		if rec, err := s.Get(ctx, g.StorageKey(k)); err != nil || rec.State != c.want {
+			t.Fatalf("%s: record %+v (%v), want %v", c.id, rec, err, c.want)
+		}
+	}
+}

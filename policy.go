@@ -66,6 +66,39 @@ func Ambiguous(err error) error {
 	return ambiguousError{err}
 }
 
+// WithDisposition marks err with the disposition the work decided for
+// itself: the Guard applies d whatever its Config.Classify says (an adapter
+// with its own policy — httpidem maps status codes — works on any Guard).
+// With a nil err the disposition still applies (Complete stores the value,
+// Fail stores "failed").
+func WithDisposition(d Disposition, err error) error {
+	return &decidedError{d: d, err: err}
+}
+
+type decidedError struct {
+	d   Disposition
+	err error
+}
+
+func (e *decidedError) Error() string {
+	if e.err == nil {
+		return "idem: " + e.d.String()
+	}
+	return e.err.Error()
+}
+
+func (e *decidedError) Unwrap() error { return e.err }
+
+// classify applies a disposition the work decided (WithDisposition), else
+// the guard's policy.
+func classify(policy func(error) Disposition, err error) Disposition {
+	var de *decidedError
+	if errors.As(err, &de) {
+		return de.d
+	}
+	return policy(err)
+}
+
 // DefaultClassify is the default failure policy: nil → Complete; an error
 // marked Permanent → Fail; an error marked Ambiguous, a deadline exceeded or
 // a cancellation (context.Canceled: the caller gave up, or the lease was lost,

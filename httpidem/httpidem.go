@@ -36,11 +36,19 @@ const (
 	PassOversized
 )
 
-// Config configures the middleware. Store is required; every other field
-// has a documented default.
+// Config configures the middleware. Store (or Guard) is required; every
+// other field has a documented default.
 type Config struct {
-	// Store holds the keys and the stored responses. Required.
+	// Store holds the keys and the stored responses. Required unless Guard
+	// is set.
 	Store idem.Store
+	// Guard, if set, runs the requests: a Guard configured like any other
+	// (its store, lease, heartbeat interval, retention, cache, observer),
+	// shared with the rest of the application if you like. The middleware
+	// applies its own Policy whatever the Guard's Classify. With a Guard,
+	// leave Store, Lease, Retention, MaxAttempts, CompactKeys and
+	// StoreObserver unset: they are the Guard's.
+	Guard *idem.Guard
 	// Methods the middleware applies to; others pass through untouched.
 	// Defaults to POST and PATCH.
 	Methods []string
@@ -150,8 +158,12 @@ type middleware struct {
 
 // New validates cfg and returns the middleware.
 func New(cfg Config) (func(http.Handler) http.Handler, error) {
-	if cfg.Store == nil {
-		return nil, errors.New("idem/httpidem: Config.Store is required")
+	if cfg.Guard != nil {
+		if cfg.Store != nil || cfg.Lease != 0 || cfg.Retention != 0 || cfg.MaxAttempts != 0 || cfg.CompactKeys || cfg.StoreObserver != nil {
+			return nil, errors.New("idem/httpidem: with Config.Guard, leave Store, Lease, Retention, MaxAttempts, CompactKeys and StoreObserver unset: configure them on the Guard")
+		}
+	} else if cfg.Store == nil {
+		return nil, errors.New("idem/httpidem: Config.Store (or Config.Guard) is required")
 	}
 	if len(cfg.Methods) == 0 {
 		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
@@ -195,16 +207,21 @@ func New(cfg Config) (func(http.Handler) http.Handler, error) {
 	if cfg.ProblemTypeBase == "" {
 		cfg.ProblemTypeBase = DefaultProblemTypeBase
 	}
-	if cfg.Retention == 0 {
-		cfg.Retention = 24 * time.Hour
+	g := cfg.Guard
+	if g == nil {
+		if cfg.Retention == 0 {
+			cfg.Retention = 24 * time.Hour
+		}
+		var err error
+		g, err = idem.NewGuard(idem.Config{
+			Store: cfg.Store, Lease: cfg.Lease, Retention: cfg.Retention, MaxAttempts: cfg.MaxAttempts,
+			CompactKeys: cfg.CompactKeys, Observer: cfg.StoreObserver,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("idem/httpidem: %w", err)
+		}
 	}
-	g, err := idem.NewGuard(idem.Config{
-		Store: cfg.Store, Lease: cfg.Lease, Retention: cfg.Retention, MaxAttempts: cfg.MaxAttempts,
-		CompactKeys: cfg.CompactKeys, Observer: cfg.StoreObserver, Classify: classify,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("idem/httpidem: %w", err)
-	}
+	cfg.Retention = g.Retention()
 	m := &middleware{cfg: cfg, guard: g, methods: map[string]bool{}}
 	for _, meth := range cfg.Methods {
 		m.methods[strings.ToUpper(meth)] = true
@@ -233,7 +250,8 @@ func DefaultFingerprint(r *http.Request, body []byte) string {
 	return idem.Fingerprint([]byte(r.Method), []byte(r.URL.RequestURI()), body)
 }
 
-// dispositionError carries the policy's decision out of the guarded work.
+// dispositionError carries the policy's decision out of the guarded work
+// (wrapped by idem.WithDisposition, so any Guard applies it).
 type dispositionError struct {
 	d      idem.Disposition
 	reason string
@@ -241,12 +259,8 @@ type dispositionError struct {
 
 func (e *dispositionError) Error() string { return e.reason }
 
-func classify(err error) idem.Disposition {
-	var de *dispositionError
-	if errors.As(err, &de) {
-		return de.d
-	}
-	return idem.DefaultClassify(err)
+func decided(d idem.Disposition, reason string) error {
+	return idem.WithDisposition(d, &dispositionError{d, reason})
 }
 
 func (m *middleware) scope(r *http.Request) string {
@@ -363,22 +377,19 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			if !rec.wroteFinal {
 				rec.WriteHeader(http.StatusServiceUnavailable)
 			}
-			return nil, idem.Ambiguous(&dispositionError{idem.Hold, "handler cancelled: " + context.Cause(hctx).Error()})
+			return nil, decided(idem.Hold, "handler cancelled: "+context.Cause(hctx).Error())
 		}
 		if !rec.wroteFinal {
 			rec.WriteHeader(http.StatusOK)
 		}
 		d := m.cfg.Policy(rec.status)
 		if d == idem.Complete && rec.overflow {
-			return nil, &dispositionError{idem.Release, "response too large to store"}
+			return nil, decided(idem.Release, "response too large to store")
 		}
 		if d == idem.Complete {
-			return encodeResponse(rec.status, storable(rec.header, m.cfg.StoreSetCookie), rec.body.Bytes()), nil
+			return encodeResponse(rec.status, storable(rec.header, m.cfg.StoreSetCookie), rec.body.Bytes()), decided(d, "status "+strconv.Itoa(rec.status))
 		}
-		if d == idem.Hold {
-			return nil, idem.Ambiguous(&dispositionError{idem.Hold, "status " + strconv.Itoa(rec.status)})
-		}
-		return nil, &dispositionError{d, "status " + strconv.Itoa(rec.status)}
+		return nil, decided(d, "status "+strconv.Itoa(rec.status))
 	}
 	res, err := m.guard.Run(r.Context(), key, &idem.RunOptions{Fingerprint: fp}, work)
 	if res.Outcome.Owns() {

@@ -48,7 +48,7 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func serve(t *testing.T, h http.Handler, cfg httpidem.Config) *httptest.Server {
 	t.Helper()
-	if cfg.Store == nil {
+	if cfg.Store == nil && cfg.Guard == nil {
 		s := memstore.New(memstore.Config{})
 		t.Cleanup(func() { s.Close() })
 		cfg.Store = s
