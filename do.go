@@ -8,8 +8,9 @@ import (
 
 type fenceKey struct{}
 
-// FenceFrom returns the fencing token of the guarded call running in ctx, so
-// a business write inside Do can be conditioned on it.
+// FenceFrom returns the fencing token of the guarded call running in ctx
+// (the context Guard.Run hands its work, and Do its fn), so a business write
+// can be conditioned on it.
 func FenceFrom(ctx context.Context) (uint64, bool) {
 	f, ok := ctx.Value(fenceKey{}).(uint64)
 	return f, ok
@@ -33,7 +34,7 @@ func DoWith[T any](ctx context.Context, g *Guard, key Key, opts *RunOptions, fn 
 	var zero T
 	var out T
 	res, err := g.Run(ctx, key, opts, func(ctx context.Context, fence uint64) ([]byte, error) {
-		v, err := fn(context.WithValue(ctx, fenceKey{}, fence))
+		v, err := fn(ctx)
 		if err != nil {
 			return nil, err
 		}

@@ -248,6 +248,7 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 // runOwned runs work under heartbeats; a panic holds the record and
 // continues.
 func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, work Work) (value []byte, err error) {
+	ctx = context.WithValue(ctx, fenceKey{}, fence)
 	if g.cfg.HeartbeatInterval <= 0 {
 		defer g.holdOnPanic(skey, fence)
 		return work(ctx, fence)

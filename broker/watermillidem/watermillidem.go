@@ -27,6 +27,8 @@ func (w msg) Body() []byte              { return w.m.Payload }
 
 // Middleware returns the middleware. Keys are scoped by scope and extracted by
 // key from the metadata or the payload (broker.HeaderKey, broker.JSONKey).
+// The handler's m.Context() is the guard's while it runs: idem.FenceFrom
+// gives the fencing token, and it is cancelled if the lease is lost.
 // Messages the handler produces on the first run are not replayed to
 // duplicates: they were published already.
 func Middleware(g *idem.Guard, scope string, key broker.KeyFunc) (message.HandlerMiddleware, error) {
@@ -42,6 +44,12 @@ func Middleware(g *idem.Guard, scope string, key broker.KeyFunc) (message.Handle
 			var produced []*message.Message
 			res, err := g.Run(m.Context(), idem.Key{Scope: scope, ID: id}, &idem.RunOptions{Fingerprint: idem.Fingerprint(m.Payload)},
 				func(ctx context.Context, fence uint64) ([]byte, error) {
+					// The handler runs in the guard's context: the fence
+					// (idem.FenceFrom) and a cancellation when the lease is
+					// lost. The message's own context comes back after.
+					orig := m.Context()
+					m.SetContext(ctx)
+					defer m.SetContext(orig)
 					out, err := h(m)
 					produced = out
 					return nil, err

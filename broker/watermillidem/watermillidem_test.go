@@ -103,3 +103,54 @@ func TestRetriesAfterFailureUnlikeDeduplicator(t *testing.T) {
 	}
 	t.Logf("after a failed first attempt: idem ran the redelivery (%d runs), Watermill's Deduplicator dropped it (%d run)", runs["flaky"], wm["flaky"])
 }
+
+// TestHandlerGetsTheGuardContext: the handler sees the fence in
+// m.Context(), and its context ends when the lease is lost (here: a
+// store that refuses the heartbeat because another owner took the key).
+func TestHandlerGetsTheGuardContext(t *testing.T) {
+	store := memstore.New(memstore.Config{})
+	defer store.Close()
+	g, err := idem.NewGuard(idem.Config{Store: store, Lease: 300 * time.Millisecond, HeartbeatInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := watermillidem.Middleware(g, "credits", broker.HeaderKey("correlation_id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := message.NewMessage(watermill.NewUUID(), []byte("credit 10"))
+	m.Metadata.Set("correlation_id", "PAY-ctx")
+	type ctxKey struct{}
+	m.SetContext(context.WithValue(context.Background(), ctxKey{}, "router"))
+	var fence uint64
+	var lost error
+	_, err = mw(func(m *message.Message) ([]*message.Message, error) {
+		f, ok := idem.FenceFrom(m.Context())
+		if !ok || f == 0 {
+			t.Error("no fence in the handler's context")
+		}
+		fence = f
+		// Another owner deletes the record and claims the key: the next
+		// heartbeat is refused and the handler's context ends.
+		skey := g.StorageKey(idem.Key{Scope: "credits", ID: "PAY-ctx"})
+		if err := store.Delete(context.Background(), skey); err != nil {
+			t.Error(err)
+		}
+		if _, err := store.Acquire(context.Background(), idem.AcquireRequest{Key: skey, Fingerprint: "other", Lease: time.Minute, Retention: time.Hour}); err != nil {
+			t.Error(err)
+		}
+		select {
+		case <-m.Context().Done():
+			lost = context.Cause(m.Context())
+		case <-time.After(5 * time.Second):
+			t.Error("the handler's context outlived the lost lease")
+		}
+		return nil, lost
+	})(m)
+	if err == nil || lost == nil {
+		t.Fatalf("the lost lease reached neither the handler (%v) nor the router (%v)", lost, err)
+	}
+	if fence == 0 || m.Context().Value(ctxKey{}) != "router" {
+		t.Fatal("the message's own context was not given back")
+	}
+}
