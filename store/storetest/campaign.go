@@ -72,6 +72,10 @@ type CampaignConfig struct {
 	// cold round trip at the end of the retention). Nothing runs twice; a
 	// retry gets the key as new.
 	InProgressAtExpiry bool
+	// SettleExtendsLease: a Complete or Fail that fails may have extended
+	// the owner's lease by up to this much first (the tiered store does,
+	// so that no takeover meets its cold archive).
+	SettleExtendsLease time.Duration
 }
 
 // CampaignReport counts what a campaign did.
@@ -230,7 +234,7 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 	}
 	logs.close()
 	rep.Stalls = int(stats.stalls.Load())
-	checkCampaign(t, dir, ledger, killedAt, cfg.InProgressAtExpiry, &rep)
+	checkCampaign(t, dir, ledger, killedAt, cfg, &rep)
 	t.Logf("campaign report: %+v", rep)
 	return rep
 }
@@ -484,11 +488,12 @@ func readHistory(t *testing.T, dir string, killedAt map[int]int64) []porcupine.O
 	return ops
 }
 
-func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]int64, lax bool, rep *CampaignReport) {
+func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]int64, cfg CampaignConfig, rep *CampaignReport) {
 	ops := readHistory(t, dir, killedAt)
 	for i := range ops {
 		in := ops[i].Input.(opInput)
-		in.LaxExpiry = lax
+		in.LaxExpiry = cfg.InProgressAtExpiry
+		in.SettleLease = cfg.SettleExtendsLease.Milliseconds()
 		ops[i].Input = in
 	}
 	rep.Operations = len(ops)
@@ -696,13 +701,18 @@ type segment struct {
 	init mstate
 }
 
-// segments cuts one key's history before every Delete that overlaps no
-// other operation of the key (unknown results included, with their whole
-// window): whatever came before, the record is absent after it, so the rest
-// can be checked from there — with every fence known to be issued before
-// as the floor that new fences must exceed. Short segments keep the check's
-// memory bounded on long campaigns; a history without such a delete is one
-// segment.
+// segments cuts one key's history where its state is known whatever came
+// before, at operations that overlap no other operation of the key
+// (unknown results included, with their whole window):
+//   - before a Delete that succeeded: the record is absent after it;
+//   - after an acquisition that succeeded and handed out a claim: the
+//     record is exactly what its answer says (state, fence, fingerprint,
+//     lease, expiry), so the next segment starts from there, while the
+//     acquisition itself is checked as the last operation of its segment.
+//
+// Every new segment keeps the largest fence issued before it as the floor
+// new fences must exceed. Short segments keep the check's memory and time
+// bounded on long campaigns; a history without such points is one segment.
 func segments(h []porcupine.Operation) []segment {
 	ops := slices.Clone(h)
 	sort.SliceStable(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
@@ -710,19 +720,23 @@ func segments(h []porcupine.Operation) []segment {
 	start := 0
 	var maxReturn int64 = math.MinInt64
 	var maxFence uint64
-	cutFence := uint64(0)
+	init := mstate{}
 	for i, op := range ops {
 		in, o := op.Input.(opInput), op.Output.(opOutput)
-		isolated := in.Kind == opDelete && o.Res == resOK && i > start && maxReturn < op.Call &&
-			(i+1 == len(ops) || ops[i+1].Call > op.Return)
-		if isolated {
-			out = append(out, segment{ops: ops[start:i], init: mstate{MaxFence: cutFence}})
-			start, cutFence = i, maxFence
+		isolated := i > start && maxReturn < op.Call && (i+1 == len(ops) || ops[i+1].Call > op.Return)
+		if isolated && in.Kind == opDelete && o.Res == resOK {
+			out = append(out, segment{ops: ops[start:i], init: init})
+			start, init = i, mstate{MaxFence: maxFence}
 		}
 		maxReturn = max(maxReturn, op.Return)
 		if in.Kind == opAcquire && o.Res == resOK && o.Outcome.Owns() {
 			maxFence = max(maxFence, o.Fence)
+			if isolated && i+1 < len(ops) {
+				out = append(out, segment{ops: ops[start : i+1], init: init})
+				start, init = i+1, claimed(mstate{}, in, o)
+				init.MaxFence = maxFence
+			}
 		}
 	}
-	return append(out, segment{ops: ops[start:], init: mstate{MaxFence: cutFence}})
+	return append(out, segment{ops: ops[start:], init: init})
 }

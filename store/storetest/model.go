@@ -41,6 +41,9 @@ type opInput struct {
 	// LaxExpiry allows InProgress or Mismatch for a settled record at its
 	// expiry.
 	LaxExpiry bool `json:"-"`
+	// SettleLease (ms): a complete or fail with an unknown result may have
+	// extended the lease by this much (CampaignConfig.SettleExtendsLease).
+	SettleLease int64 `json:"-"`
 }
 
 // Results of an operation.
@@ -201,10 +204,17 @@ func stepOwned(s mstate, in opInput, out opOutput) []mstate {
 			return []mstate{s}
 		}
 	case resUnknown:
-		if applicable {
-			return []mstate{s, applied}
+		if !applicable {
+			return []mstate{s}
 		}
-		return []mstate{s}
+		if in.SettleLease > 0 && (in.Kind == opComplete || in.Kind == opFail) {
+			// The settle extended the lease, then failed.
+			ext := s
+			ext.LeaseHi = max(s.LeaseHi, addSat(in.Return, in.SettleLease)+slackMs)
+			ext.ExpHi = max(s.ExpHi, ext.LeaseHi)
+			return []mstate{s, applied, ext}
+		}
+		return []mstate{s, applied}
 	}
 	return nil
 }

@@ -182,3 +182,47 @@ func openShared(t *testing.T, prefix, coldPath string) *tieredstore.Store {
 	}
 	return s
 }
+
+// TestSettleNeverMeetsATakeover: an owner settles as its lease runs out; a
+// duplicate arrives between the settle's hot check and its cold archive.
+// Without the lease extension the duplicate took the key over, the archive
+// still landed, the hot settle was refused — and the cold tier replayed
+// the result of a settle its owner was told was refused.
+func TestSettleNeverMeetsATakeover(t *testing.T) {
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: time.Hour, SettleTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: 200 * time.Millisecond, Retention: time.Hour}
+	a, err := s.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	var dup idem.Acquisition
+	tieredstore.SetBeforeArchive(s, func() {
+		time.Sleep(time.Until(a.Record.LeaseUntil) + 100*time.Millisecond) // the original lease is over
+		dup, err = s.Acquire(ctx, req)
+		if err != nil {
+			t.Error(err)
+		}
+	})
+	settleErr := s.Complete(ctx, "PAY-9", a.Fence, []byte("first owner's booking"), time.Hour)
+	tieredstore.SetBeforeArchive(s, nil)
+	if dup.Outcome.Owns() {
+		t.Errorf("a duplicate took the key over (%v) while its owner's archive was in flight", dup.Outcome)
+	}
+	later, err := s.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if settleErr != nil && later.Outcome == idem.Replayed && string(later.Record.Result) == "first owner's booking" {
+		t.Fatalf("the settle was refused (%v) but its result is replayed", settleErr)
+	}
+	if settleErr != nil {
+		t.Fatalf("the owner's settle failed: %v", settleErr)
+	}
+}

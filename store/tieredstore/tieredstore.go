@@ -21,6 +21,12 @@ type Config struct {
 	// HotRetention caps how long a record stays in the hot store. Defaults
 	// to 1h.
 	HotRetention time.Duration
+	// SettleTimeout bounds the cold archive of a Complete or Fail. Before
+	// archiving, the settle extends the owner's hot lease to at least this
+	// long (a fenced heartbeat), so no takeover can happen while the
+	// archive is in flight, and the archive is given half of it. Defaults
+	// to 10s.
+	SettleTimeout time.Duration
 }
 
 // Store is a tiered idem.Store.
@@ -30,18 +36,21 @@ type Config struct {
 // cold tier before it is returned: a settled record there is replayed, and a
 // cold tier that cannot answer fails the acquisition closed (the hot claim
 // is given back). A completion or definite failure is written to the cold
-// tier first — with the owner's fence, after checking it in the hot tier —
+// tier first — with the owner's fence, after checking it and extending its
+// lease in the hot tier, so no takeover can meet the archive in flight —
 // and then settled in the hot tier: when Complete returns nil the result is
 // durable for the full retention, and an owner killed between the two
 // writes leaves a hot claim whose takeover finds the result in the cold
 // tier. Unsettled records (in flight, released, poisoned) keep the full
 // retention in the hot tier; settled ones stay there for HotRetention.
 type Store struct {
-	hot, cold idem.Store
-	archive   idem.Archiver
-	hotKeep   time.Duration
+	hot, cold     idem.Store
+	archive       idem.Archiver
+	hotKeep       time.Duration
+	settleTimeout time.Duration
 
-	afterArchive func() // test hook: between the two writes of a settle
+	afterArchive  func() // test hook: between the two writes of a settle
+	beforeArchive func() // test hook: after the settle's lease check
 }
 
 // New validates cfg and returns a Store. Close closes both tiers.
@@ -56,10 +65,16 @@ func New(cfg Config) (*Store, error) {
 	if cfg.HotRetention < 0 {
 		return nil, errors.New("idem/tieredstore: Config.HotRetention must not be negative")
 	}
+	if cfg.SettleTimeout < 0 {
+		return nil, errors.New("idem/tieredstore: Config.SettleTimeout must not be negative")
+	}
+	if cfg.SettleTimeout == 0 {
+		cfg.SettleTimeout = 10 * time.Second
+	}
 	if cfg.HotRetention == 0 {
 		cfg.HotRetention = time.Hour
 	}
-	return &Store{hot: cfg.Hot, cold: cfg.Cold, archive: a, hotKeep: cfg.HotRetention}, nil
+	return &Store{hot: cfg.Hot, cold: cfg.Cold, archive: a, hotKeep: cfg.HotRetention, settleTimeout: cfg.SettleTimeout}, nil
 }
 
 func (s *Store) hotRetention(d time.Duration) time.Duration { return min(d, s.hotKeep) }
@@ -170,8 +185,22 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 	if err != nil {
 		return err
 	}
+	// The archive must land while the claim is still ours: once the lease
+	// ended, a takeover could claim the key and the cold tier would then
+	// hold the result of a settle the hot tier refuses. A fenced heartbeat
+	// keeps the lease for at least SettleTimeout (never shortening it) and
+	// the archive gets half of that.
+	if err := s.hot.Heartbeat(ctx, key, fence, max(s.settleTimeout, time.Until(cur.LeaseUntil))); err != nil {
+		return err
+	}
+	if s.beforeArchive != nil {
+		s.beforeArchive()
+	}
 	rec := idem.Record{Key: key, State: st, Fence: fence, Fingerprint: cur.Fingerprint, Attempts: cur.Attempts, Result: result}
-	if err := s.archive.Archive(ctx, rec, retention); err != nil {
+	actx, cancel := context.WithTimeout(ctx, s.settleTimeout/2)
+	err = s.archive.Archive(actx, rec, retention)
+	cancel()
+	if err != nil {
 		return fmt.Errorf("idem/tieredstore: not settled, the cold tier refused the archive: %w", err)
 	}
 	if s.afterArchive != nil {

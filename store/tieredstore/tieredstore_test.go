@@ -96,12 +96,13 @@ func TestConformanceRedisOverPostgres(t *testing.T) {
 func TestCampaign(t *testing.T) {
 	testenv.ProbePostgres(t)
 	testenv.RedisClient(t).Close()
-	cfg := storetest.CampaignConfig{TestName: "TestCampaign", Processes: 2, InProgressAtExpiry: true,
+	const settle = 300 * time.Millisecond
+	cfg := storetest.CampaignConfig{TestName: "TestCampaign", Processes: 2, InProgressAtExpiry: true, SettleExtendsLease: settle,
 		Open: func(t testing.TB, location string) idem.Store {
 			parts := strings.SplitN(location, " ", 3)
 			hot := testenv.OpenRedis(t, parts[0])
 			cold := testenv.OpenPostgres(t, parts[1], pgstore.Config{ConnString: parts[2]})
-			s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: 300 * time.Millisecond})
+			s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: 300 * time.Millisecond, SettleTimeout: settle})
 			if err != nil {
 				t.Fatal(err)
 			}
