@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/store/memstore"
+	"github.com/idemgo/idem/store/storetest"
 )
 
 const goldenCompact = "Hx7HSuvJh2Lxx775NEpvog"
@@ -301,22 +302,12 @@ func TestCacheAndObserver(t *testing.T) {
 	}
 }
 
-// manualClock is a clock a test moves by hand.
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *manualClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-
-func (c *manualClock) Add(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }
-
 // TestCallerCancelKeepsLease: the caller gives up (its context is cancelled)
 // while the work keeps running (it ignores ctx, or calls a payment API with
 // context.WithoutCancel). The lease must be kept for as long as the work
 // runs, or a duplicate takes over and the work runs twice at once.
 func TestCallerCancelKeepsLease(t *testing.T) {
-	clock := &manualClock{now: time.Unix(1_800_000_000, 0)}
+	clock := storetest.NewManualClock(time.Unix(1_800_000_000, 0))
 	s := memstore.New(memstore.Config{Clock: clock, SweepInterval: -1})
 	t.Cleanup(func() { s.Close() })
 	beats := make(chan error, 1000)
@@ -361,7 +352,7 @@ func TestCallerCancelKeepsLease(t *testing.T) {
 	}
 	dup := idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Second, Retention: time.Hour}
 	for range 3 { // three leases long, past the first lease's end
-		clock.Add(800 * time.Millisecond)
+		clock.Advance(800 * time.Millisecond)
 		for len(beats) > 0 {
 			<-beats
 		}

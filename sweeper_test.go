@@ -7,10 +7,12 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/store/memstore"
+	"github.com/idemgo/idem/store/storetest"
 )
 
 func TestSweeper(t *testing.T) {
-	s := memstore.New(memstore.Config{SweepInterval: -1})
+	clock := storetest.NewManualClock(time.Now())
+	s := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
 	defer s.Close()
 	ctx := context.Background()
 	for i := range 25 {
@@ -27,7 +29,7 @@ func TestSweeper(t *testing.T) {
 	if _, err := s.Acquire(ctx, idem.AcquireRequest{Key: live, Lease: time.Minute, Retention: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Millisecond)
+	clock.Advance(5 * time.Millisecond)
 	passes := make(chan int, 10)
 	sw, err := idem.NewSweeper(idem.SweeperConfig{Store: s, Interval: 10 * time.Millisecond, Batch: 10,
 		OnPass: func(n int, err error) {

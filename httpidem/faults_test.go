@@ -12,17 +12,8 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/httpidem"
 	"github.com/idemgo/idem/store/memstore"
+	"github.com/idemgo/idem/store/storetest"
 )
-
-// manualClock is a store clock a test moves by hand.
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *manualClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-
-func (c *manualClock) Add(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }
 
 // postAndGiveUp sends a request whose client gives up after it reached the
 // handler (entered).
@@ -51,7 +42,7 @@ func postAndGiveUp(t *testing.T, url, key string, entered <-chan struct{}) {
 // runs (three leases long here), retries get 409, and once the handler
 // answers, its answer is stored and replayed. The handler runs once.
 func TestHandlerFinishesAfterClientLeft(t *testing.T) {
-	clock := &manualClock{now: time.Unix(1_800_000_000, 0)}
+	clock := storetest.NewManualClock(time.Unix(1_800_000_000, 0))
 	store := memstore.New(memstore.Config{Clock: clock, SweepInterval: -1})
 	t.Cleanup(func() { store.Close() })
 	beats := make(chan error, 1000)
@@ -84,7 +75,7 @@ func TestHandlerFinishesAfterClientLeft(t *testing.T) {
 		}})
 	postAndGiveUp(t, srv.URL, `"gone"`, entered)
 	for range 3 {
-		clock.Add(800 * time.Millisecond)
+		clock.Advance(800 * time.Millisecond)
 		for len(beats) > 0 {
 			<-beats
 		}

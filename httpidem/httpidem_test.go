@@ -16,20 +16,25 @@ import (
 
 	"github.com/idemgo/idem/httpidem"
 	"github.com/idemgo/idem/store/memstore"
+	"github.com/idemgo/idem/store/storetest"
 )
 
 // app is a handler that counts executions and answers with the body it got.
 type app struct {
-	runs   atomic.Int32
-	status int
-	delay  time.Duration
-	panics bool
+	runs    atomic.Int32
+	status  int
+	panics  bool
+	entered chan struct{} // if set, told when a run starts
+	release chan struct{} // if set, every run waits for it
 }
 
 func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := a.runs.Add(1)
-	if a.delay > 0 {
-		time.Sleep(a.delay)
+	if a.entered != nil {
+		a.entered <- struct{}{}
+	}
+	if a.release != nil {
+		<-a.release
 	}
 	if a.panics {
 		panic("handler bug")
@@ -210,14 +215,13 @@ func TestMismatch(t *testing.T) {
 }
 
 func TestConflictWhileInFlight(t *testing.T) {
-	a := &app{delay: 1500 * time.Millisecond}
+	a := &app{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	srv := serve(t, a, httpidem.Config{})
 	done := make(chan reply)
 	go func() { done <- do(t, srv, "POST", `"slow"`, "", "") }()
-	for a.runs.Load() == 0 { // the first request is running
-		time.Sleep(5 * time.Millisecond)
-	}
+	<-a.entered // the first request is running
 	r := do(t, srv, "POST", `"slow"`, "", "")
+	close(a.release)
 	if r.status != 409 || r.header.Get("Retry-After") == "" || !strings.HasSuffix(problemType(t, r), "#conflict") {
 		t.Fatalf("duplicate in flight: %+v", r)
 	}
@@ -251,7 +255,10 @@ func TestOutcomePolicy(t *testing.T) {
 
 func TestHoldOnGatewayTimeoutAndPanic(t *testing.T) {
 	for _, a := range []*app{{status: 504}, {panics: true}} {
-		srv := serve(t, a, httpidem.Config{Lease: 1500 * time.Millisecond})
+		clock := storetest.NewManualClock(time.Now())
+		store := memstore.New(memstore.Config{Clock: clock})
+		t.Cleanup(func() { store.Close() })
+		srv := serve(t, a, httpidem.Config{Store: store, Lease: 1500 * time.Millisecond})
 		srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the panic is expected
 		req, _ := http.NewRequest("POST", srv.URL+"/payments", nil)
 		req.Header.Set("Idempotency-Key", `"k"`)
@@ -262,8 +269,8 @@ func TestHoldOnGatewayTimeoutAndPanic(t *testing.T) {
 		if r := do(t, srv, "POST", `"k"`, "", ""); r.status != 409 {
 			t.Fatalf("retry right after an ambiguous outcome: %d, want 409", r.status)
 		}
-		// …and runs again once it expired.
-		time.Sleep(1800 * time.Millisecond)
+		// …and runs again once it expired (on the store's clock).
+		clock.Advance(1800 * time.Millisecond)
 		req, _ = http.NewRequest("POST", srv.URL+"/payments", nil)
 		req.Header.Set("Idempotency-Key", `"k"`)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -302,7 +309,9 @@ func TestBodyLimits(t *testing.T) {
 }
 
 func TestStorm(t *testing.T) {
-	a := &app{delay: 50 * time.Millisecond}
+	// The handler runs until every other request has been answered: all
+	// 49 duplicates arrive while it is in flight.
+	a := &app{release: make(chan struct{})}
 	srv := serve(t, a, httpidem.Config{})
 	var wg sync.WaitGroup
 	var ok, conflict atomic.Int32
@@ -314,7 +323,9 @@ func TestStorm(t *testing.T) {
 			case 201:
 				ok.Add(1)
 			case 409:
-				conflict.Add(1)
+				if conflict.Add(1) == 49 {
+					close(a.release)
+				}
 			default:
 				t.Errorf("status %d", r.status)
 			}
@@ -324,7 +335,9 @@ func TestStorm(t *testing.T) {
 	if a.runs.Load() != 1 {
 		t.Fatalf("50 concurrent identical requests ran the handler %d times", a.runs.Load())
 	}
-	t.Logf("50 concurrent requests: %d answered 201 (1 executed, the rest replayed), %d answered 409", ok.Load(), conflict.Load())
+	if ok.Load() != 1 || conflict.Load() != 49 {
+		t.Fatalf("%d answered 201 and %d 409, want 1 and 49", ok.Load(), conflict.Load())
+	}
 }
 
 func TestStreamingThroughRecorder(t *testing.T) {

@@ -103,11 +103,12 @@ func TestListenNotifyWakesTheRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	idle := outbox.ArmIdleSignal(r)
 	if err := r.Start(ctx, func(err error) { t.Error(err) }); err != nil {
 		t.Fatal(err)
 	}
 	defer r.Stop(ctx)
-	time.Sleep(300 * time.Millisecond) // the relay is idle, listening
+	idle.WaitOrTimeout(t) // the relay is idle, listening
 	for i := range 2 {
 		start := time.Now()
 		if err := s.Enqueue(ctx, outbox.Message{Key: fmt.Sprint("wake-", i), Destination: "test://x"}); err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testsignal"
 )
 
 // Result is a sender's verdict on one attempt.
@@ -85,8 +86,17 @@ type RelayConfig struct {
 
 // Relay claims due rows, sends them and records the outcomes.
 type Relay struct {
-	cfg RelayConfig
-	w   idem.Worker
+	cfg     RelayConfig
+	w       idem.Worker
+	signals relaySignals
+}
+
+// relaySignals tell tests what the relay does (inert unless a test arms
+// them).
+type relaySignals struct {
+	// Idle: nothing was due; the relay waits for a notification or the
+	// poll interval.
+	Idle testsignal.Signal[struct{}]
 }
 
 // NewRelay validates cfg and returns a stopped relay.
@@ -225,6 +235,7 @@ func (r *Relay) send(ctx context.Context, m *Message) (res Result) {
 // elsewhere). Errors are retried after PollInterval; onError hears them.
 func (r *Relay) Start(ctx context.Context, onError func(error)) error {
 	return r.w.Start(ctx, func(ctx context.Context) {
+		r.cfg.Store.listenEarly(ctx)
 		for ctx.Err() == nil {
 			n, err := r.RunOnce(ctx)
 			if err != nil && onError != nil && ctx.Err() == nil {
@@ -234,6 +245,7 @@ func (r *Relay) Start(ctx context.Context, onError func(error)) error {
 				continue // more may be due
 			}
 			if err == nil {
+				r.signals.Idle.Signal(struct{}{})
 				r.cfg.Store.wait(ctx, r.cfg.PollInterval)
 			} else {
 				sleep(ctx, r.cfg.PollInterval)

@@ -74,6 +74,11 @@ type Driver[TTx any] interface {
 // Listener is implemented by drivers that can wake a waiter when another
 // session signals a channel (PostgreSQL LISTEN/NOTIFY through pgx).
 type Listener interface {
+	// Listen subscribes to channel now: a notification sent after it
+	// returns nil wakes the next Wait. (Wait subscribes too; a reader that
+	// looks for work before its first Wait calls Listen first, so nothing
+	// committed in between is missed.)
+	Listen(ctx context.Context, channel string) error
 	// Wait blocks until channel is notified (true), or until d passes or
 	// the connection fails (false: poll).
 	Wait(ctx context.Context, channel string, d time.Duration) bool

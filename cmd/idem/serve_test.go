@@ -187,13 +187,13 @@ func TestGatewayKill9MidRequestHoldsLease(t *testing.T) {
 }
 
 func TestGatewaySIGTERMFinishesInFlight(t *testing.T) {
-	up := &upstream{delay: 500 * time.Millisecond}
+	up := &upstream{delay: 500 * time.Millisecond, got: make(chan struct{}, 1)}
 	srv := httptest.NewServer(up)
 	defer srv.Close()
 	g := startGateway(t, "--upstream", srv.URL, "--store", "sqlite:"+filepath.Join(t.TempDir(), "gw.db"))
 	done := make(chan int)
 	go func() { st, _, _ := g.post(t, `"slow"`, ""); done <- st }()
-	time.Sleep(150 * time.Millisecond)
+	<-up.got // the request is in the upstream
 	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

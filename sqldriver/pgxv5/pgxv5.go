@@ -77,34 +77,46 @@ func (d *Driver) Locked(ctx context.Context, fn func(sqldriver.Executor) error) 
 	return tx.Commit(ctx)
 }
 
-// Wait blocks until channel is notified (true), or d passes or the
-// listening connection fails (false). One connection of the pool listens
-// while Wait runs; it is kept between calls and replaced when it fails.
-func (d *Driver) Wait(ctx context.Context, channel string, timeout time.Duration) bool {
+// Listen subscribes the listening connection to channel (acquiring the
+// connection from the pool the first time).
+func (d *Driver) Listen(ctx context.Context, channel string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.listenLocked(ctx, channel)
+}
+
+func (d *Driver) listenLocked(ctx context.Context, channel string) error {
 	if d.listen == nil {
 		c, err := d.pool.Acquire(ctx)
 		if err != nil {
-			sleep(ctx, timeout)
-			return false
+			return err
 		}
 		d.listen, d.chans = c, map[string]bool{}
 	}
 	if !d.chans[channel] {
 		if _, err := d.listen.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 			d.dropListener()
-			sleep(ctx, timeout)
-			return false
+			return err
 		}
 		d.chans[channel] = true
 	}
+	return nil
+}
+
+// Wait blocks until channel is notified (true), or d passes or the
+// listening connection fails (false). One connection of the pool listens;
+// it is kept between calls and replaced when it fails.
+func (d *Driver) Wait(ctx context.Context, channel string, timeout time.Duration) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.listenLocked(ctx, channel); err != nil {
+		sleep(ctx, timeout)
+		return false
+	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	n, err := d.listen.Conn().WaitForNotification(wctx)
-	if err == nil {
-		_ = n // any notification on a listened channel is a reason to look
-		return true
+	if _, err := d.listen.Conn().WaitForNotification(wctx); err == nil {
+		return true // any notification on a listened channel is a reason to look
 	}
 	if wctx.Err() == nil || ctx.Err() != nil {
 		// The connection failed, or we are stopping mid-wait (the

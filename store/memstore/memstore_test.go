@@ -14,8 +14,14 @@ func newStore(t testing.TB) idem.Store {
 	return s
 }
 
+// TestConformance runs the suite on the store's injected clock: the lease
+// and retention cases advance it instead of sleeping.
 func TestConformance(t *testing.T) {
-	storetest.Run(t, storetest.Capabilities{ListsRecords: true, Archives: true}, newStore)
+	storetest.RunClocked(t, storetest.Capabilities{ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
+		s := memstore.New(memstore.Config{Clock: clock})
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
 }
 
 func BenchmarkStore(b *testing.B) {

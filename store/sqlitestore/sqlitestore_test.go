@@ -28,8 +28,17 @@ func newStore(t testing.TB) idem.Store {
 	return openAt(t, filepath.Join(t.TempDir(), "idem.db"))
 }
 
+// TestConformance runs the suite on the store's injected clock: the lease
+// and retention cases advance it instead of sleeping.
 func TestConformance(t *testing.T) {
-	storetest.Run(t, storetest.Capabilities{Persistent: true, ListsRecords: true, Archives: true}, newStore)
+	storetest.RunClocked(t, storetest.Capabilities{Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
+		s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
 }
 
 func TestMultiProcess(t *testing.T) {

@@ -120,7 +120,7 @@ func testAcquireAbsent(t *testing.T, s idem.Store) {
 	if a.Record.State != idem.StateInFlight || a.Record.Attempts != 1 || a.Record.Fingerprint != "fp" {
 		t.Fatalf("record after acquire = %+v", a.Record)
 	}
-	if !a.Record.LeaseUntil.After(time.Now().Add(longLease / 2)) {
+	if !a.Record.LeaseUntil.After(now(s).Add(longLease / 2)) {
 		t.Fatalf("lease until %v, want about now+%v", a.Record.LeaseUntil, longLease)
 	}
 }
@@ -178,7 +178,7 @@ func expireLease(t *testing.T, s idem.Store) idem.Acquisition {
 	r := req("k")
 	r.Lease = shortLease
 	a := mustAcquire(t, s, r, idem.Acquired)
-	time.Sleep(shortLease + 100*time.Millisecond)
+	pass(s, shortLease + 100*time.Millisecond)
 	return a
 }
 
@@ -337,18 +337,18 @@ func testHeartbeat(t *testing.T, s idem.Store) {
 	r := req("k")
 	r.Lease = shortLease
 	a := mustAcquire(t, s, r, idem.Acquired)
-	time.Sleep(shortLease / 2)
+	pass(s, shortLease / 2)
 	if err := s.Heartbeat(ctx, "k", a.Fence, 3*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(shortLease)
+	pass(s, shortLease)
 	// Past the original lease, before the extended one.
 	mustAcquire(t, s, r, idem.InProgress)
 	rec, err := s.Get(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rec.LeaseUntil.After(time.Now().Add(time.Second)) {
+	if !rec.LeaseUntil.After(now(s).Add(time.Second)) {
 		t.Fatalf("lease until %v, want about 3s after the heartbeat", rec.LeaseUntil)
 	}
 }
@@ -360,7 +360,7 @@ func testRetention(t *testing.T, s idem.Store) {
 		t.Fatal(err)
 	}
 	mustAcquire(t, s, req("k"), idem.Replayed)
-	time.Sleep(1300 * time.Millisecond)
+	pass(s, 1300 * time.Millisecond)
 	if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("Get after retention: %v, want ErrNotFound", err)
 	}
@@ -384,7 +384,7 @@ func testSweep(t *testing.T, s idem.Store, selfExpiring bool) {
 	live.Retention = 50 * time.Millisecond
 	mustAcquire(t, s, live, idem.Acquired)
 	mustAcquire(t, s, req("kept"), idem.Acquired)
-	time.Sleep(300 * time.Millisecond)
+	pass(s, 300 * time.Millisecond)
 	total := 0
 	for {
 		n, err := s.Sweep(ctx, 2)
@@ -439,7 +439,7 @@ func testPoison(t *testing.T, s idem.Store) {
 	r2.MaxAttempts = 1
 	r2.Lease = shortLease
 	mustAcquire(t, s, r2, idem.Acquired)
-	time.Sleep(shortLease + 100*time.Millisecond)
+	pass(s, shortLease + 100*time.Millisecond)
 	mustAcquire(t, s, r2, idem.Poisoned)
 }
 
@@ -523,7 +523,7 @@ func testGetDelete(t *testing.T, s idem.Store) {
 		t.Fatal(err)
 	}
 	if rec.Key != "k" || rec.State != idem.StateCompleted || string(rec.Result) != "v" || rec.Fence != a.Fence ||
-		rec.Fingerprint != "fp" || !rec.LeaseUntil.IsZero() || rec.ExpiresAt.Before(time.Now().Add(retention/2)) {
+		rec.Fingerprint != "fp" || !rec.LeaseUntil.IsZero() || rec.ExpiresAt.Before(now(s).Add(retention/2)) {
 		t.Fatalf("Get = %+v", rec)
 	}
 	if err := s.Delete(ctx, "k"); err != nil {
@@ -760,7 +760,7 @@ func testFenceAcrossSweep(t *testing.T, s idem.Store) {
 	if err := s.Complete(ctx, "k", a.Fence, []byte("v"), 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(150 * time.Millisecond)
+	pass(s, 150 * time.Millisecond)
 	if _, err := s.Sweep(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -773,7 +773,7 @@ func testFenceAcrossExpiry(t *testing.T, s idem.Store) {
 	r := req("k")
 	r.Lease, r.Retention = shortLease, shortLease
 	a := mustAcquire(t, s, r, idem.Acquired)
-	time.Sleep(shortLease + 100*time.Millisecond)
+	pass(s, shortLease + 100*time.Millisecond)
 	checkNewGeneration(t, s, "k", a.Fence)
 }
 
@@ -790,7 +790,7 @@ func testSettlePastRetention(t *testing.T, s idem.Store) {
 		r.Key = "k-" + op
 		fences[op] = mustAcquire(t, s, r, idem.Acquired).Fence
 	}
-	time.Sleep(shortLease + 100*time.Millisecond)
+	pass(s, shortLease + 100*time.Millisecond)
 	for _, op := range ops {
 		key, fence := "k-"+op, fences[op]
 		var err error
