@@ -178,7 +178,7 @@ func expireLease(t *testing.T, s idem.Store) idem.Acquisition {
 	r := req("k")
 	r.Lease = shortLease
 	a := mustAcquire(t, s, r, idem.Acquired)
-	pass(s, shortLease + 100*time.Millisecond)
+	pass(s, shortLease+100*time.Millisecond)
 	return a
 }
 
@@ -337,7 +337,7 @@ func testHeartbeat(t *testing.T, s idem.Store) {
 	r := req("k")
 	r.Lease = shortLease
 	a := mustAcquire(t, s, r, idem.Acquired)
-	pass(s, shortLease / 2)
+	pass(s, shortLease/2)
 	if err := s.Heartbeat(ctx, "k", a.Fence, 3*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +360,7 @@ func testRetention(t *testing.T, s idem.Store) {
 		t.Fatal(err)
 	}
 	mustAcquire(t, s, req("k"), idem.Replayed)
-	pass(s, 1300 * time.Millisecond)
+	pass(s, 1300*time.Millisecond)
 	if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("Get after retention: %v, want ErrNotFound", err)
 	}
@@ -384,7 +384,7 @@ func testSweep(t *testing.T, s idem.Store, selfExpiring bool) {
 	live.Retention = 50 * time.Millisecond
 	mustAcquire(t, s, live, idem.Acquired)
 	mustAcquire(t, s, req("kept"), idem.Acquired)
-	pass(s, 300 * time.Millisecond)
+	pass(s, 300*time.Millisecond)
 	total := 0
 	for {
 		n, err := s.Sweep(ctx, 2)
@@ -439,7 +439,7 @@ func testPoison(t *testing.T, s idem.Store) {
 	r2.MaxAttempts = 1
 	r2.Lease = shortLease
 	mustAcquire(t, s, r2, idem.Acquired)
-	pass(s, shortLease + 100*time.Millisecond)
+	pass(s, shortLease+100*time.Millisecond)
 	mustAcquire(t, s, r2, idem.Poisoned)
 }
 
@@ -760,7 +760,7 @@ func testFenceAcrossSweep(t *testing.T, s idem.Store) {
 	if err := s.Complete(ctx, "k", a.Fence, []byte("v"), 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	pass(s, 150 * time.Millisecond)
+	pass(s, 150*time.Millisecond)
 	if _, err := s.Sweep(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -773,7 +773,7 @@ func testFenceAcrossExpiry(t *testing.T, s idem.Store) {
 	r := req("k")
 	r.Lease, r.Retention = shortLease, shortLease
 	a := mustAcquire(t, s, r, idem.Acquired)
-	pass(s, shortLease + 100*time.Millisecond)
+	pass(s, shortLease+100*time.Millisecond)
 	checkNewGeneration(t, s, "k", a.Fence)
 }
 
@@ -790,7 +790,7 @@ func testSettlePastRetention(t *testing.T, s idem.Store) {
 		r.Key = "k-" + op
 		fences[op] = mustAcquire(t, s, r, idem.Acquired).Fence
 	}
-	pass(s, shortLease + 100*time.Millisecond)
+	pass(s, shortLease+100*time.Millisecond)
 	for _, op := range ops {
 		key, fence := "k-"+op, fences[op]
 		var err error
