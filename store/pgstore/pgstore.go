@@ -22,10 +22,16 @@ var (
 	_ idem.Archiver = (*Store)(nil)
 )
 
-// Config configures a Store opened by Open.
+// Config configures a Store: New takes Pool, Open takes ConnString (or
+// Pool).
 type Config struct {
+	// Pool is a pool you own (New; Close leaves it open). For PgBouncer in
+	// transaction mode, configure it with DefaultQueryExecMode =
+	// pgx.QueryExecModeExec.
+	Pool *pgxpool.Pool
 	// ConnString is a pgx connection string (postgres://… or key=value),
-	// including pool settings such as pool_max_conns. Required.
+	// including pool settings such as pool_max_conns, from which Open
+	// connects a pool of its own (Close closes it).
 	ConnString string
 	// Schema holds the tables. Defaults to the connection's search_path.
 	Schema string
@@ -53,11 +59,24 @@ type statements struct {
 	acquire, heartbeat, settle, release, get, del, sweep, list, archive string
 }
 
-// Open connects a new pool from cfg (and migrates unless SkipMigrate). Close
-// closes the pool.
+// Open connects a pool from cfg.ConnString (or uses cfg.Pool) and migrates
+// the schema unless SkipMigrate. Close closes the pool it connected.
 func Open(ctx context.Context, cfg Config) (*Store, error) {
+	if cfg.Pool != nil {
+		if cfg.ConnString != "" {
+			return nil, errors.New("idem/pgstore: Config.Pool and Config.ConnString are exclusive")
+		}
+		s, err := New(cfg)
+		if err == nil && !cfg.SkipMigrate {
+			err = s.Migrate(ctx)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
 	if cfg.ConnString == "" {
-		return nil, errors.New("idem/pgstore: Config.ConnString is required")
+		return nil, errors.New("idem/pgstore: Config.ConnString (or Config.Pool) is required")
 	}
 	pc, err := pgxpool.ParseConfig(cfg.ConnString)
 	if err != nil {
@@ -70,7 +89,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idem/pgstore: %w", err)
 	}
-	s := New(pool, cfg.Schema, cfg.Limits)
+	s := newStore(pool, cfg.Schema, cfg.Limits)
 	s.owned = true
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
@@ -81,10 +100,19 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// New returns a store on an existing pool; Close leaves the pool open. For
-// PgBouncer in transaction mode, configure the pool with
-// DefaultQueryExecMode = pgx.QueryExecModeExec. Run Migrate once before use.
-func New(pool *pgxpool.Pool, schema string, limits idem.Limits) *Store {
+// New returns a store on cfg.Pool, without any I/O; Close leaves the pool
+// open. Run Migrate (or Open) once before use.
+func New(cfg Config) (*Store, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("idem/pgstore: Config.Pool is required (Open connects from Config.ConnString)")
+	}
+	if cfg.ConnString != "" || cfg.PgBouncer {
+		return nil, errors.New("idem/pgstore: Config.ConnString and Config.PgBouncer are Open's: configure the pool itself")
+	}
+	return newStore(cfg.Pool, cfg.Schema, cfg.Limits), nil
+}
+
+func newStore(pool *pgxpool.Pool, schema string, limits idem.Limits) *Store {
 	table := pgx.Identifier{"idem_records"}
 	if schema != "" {
 		table = pgx.Identifier{schema, "idem_records"}

@@ -43,7 +43,13 @@ func TestExistingPool(t *testing.T) {
 	defer pool.Close()
 	schema := testenv.RandomName("idemtest_")
 	defer pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
-	s := pgstore.New(pool, schema, idem.Limits{})
+	if _, err := pgstore.New(pgstore.Config{Schema: schema}); err == nil {
+		t.Fatal("New without a pool was accepted")
+	}
+	s, err := pgstore.New(pgstore.Config{Pool: pool, Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
