@@ -241,3 +241,59 @@ func TestBadEvents(t *testing.T) {
 		t.Fatal("an event without a correlation id was accepted")
 	}
 }
+
+// TestMigrateAdoptsAndRunsConcurrently: tables made by the first release's
+// Migrate (the same DDL, without a version table) are adopted as version 1
+// with their rows, and eight inboxes migrating a fresh schema at once all
+// succeed.
+func TestMigrateAdoptsAndRunsConcurrently(t *testing.T) {
+	ctx := context.Background()
+	pool, schema := pgSchema(t)
+	driver := pgxv5.New(pool)
+	cfg := inbox.Config{Table: schema + ".processed_events", VersionTable: schema + ".entity_versions"}
+	first, err := inbox.New(driver, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first release created the tables with Schema() directly.
+	if _, err := pool.Exec(ctx, first.Schema()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+cfg.Table+` (consumer, correlation_id, processed_at) VALUES ('c', 'PAY-old', now())`); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.idem_migrations WHERE component = $1 AND version = 1`, "inbox:"+cfg.Table).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("version 1 recorded %d times (%v)", n, err)
+	}
+	if out, err := first.Process(ctx, inbox.Event{Consumer: "c", CorrelationID: "PAY-old"}, func(context.Context, pgx.Tx) error { return nil }); err != nil || out != inbox.Duplicate {
+		t.Fatalf("a key of the first release: %v %v, want duplicate", out, err)
+	}
+
+	// Eight starts at once on a fresh schema.
+	fresh := testenv.RandomName("idemtest_")
+	t.Cleanup(func() { pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+fresh+` CASCADE`) })
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ib, err := inbox.New(driver, inbox.Config{Table: fresh + ".processed_events", VersionTable: fresh + ".entity_versions"})
+			if err == nil {
+				err = ib.Migrate(ctx)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("a concurrent start failed: %v", err)
+		}
+	}
+}
