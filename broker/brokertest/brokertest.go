@@ -164,15 +164,23 @@ func is(key string, v broker.Verdict) func(Event) bool {
 	return func(e Event) bool { return e.Key == key && e.Verdict == v }
 }
 
-func testDuplicate(t *testing.T, h Harness) {
+// counting consumes a fresh topic through g with work that counts its
+// runs per key and returns fail; it returns the topic, the counts and the
+// decisions.
+func counting(t *testing.T, h Harness, g *idem.Guard, fail error) (string, *recorder, chan Event) {
 	topic := h.NewTopic(t)
-	var rec recorder
+	rec := &recorder{}
 	events := make(chan Event, 1024)
-	stop := h.Consume(t, topic, newGuard(t, idem.Config{}), fast, func(ctx context.Context, key string, _ []byte) error {
+	stop := h.Consume(t, topic, g, fast, func(ctx context.Context, key string, _ []byte) error {
 		rec.add(key)
-		return nil
+		return fail
 	}, events)
-	defer stop()
+	t.Cleanup(stop)
+	return topic, rec, events
+}
+
+func testDuplicate(t *testing.T, h Harness) {
+	topic, rec, events := counting(t, h, newGuard(t, idem.Config{}), nil)
 	h.Publish(t, topic, "PAY-1", []byte("credit 10"))
 	await(t, events, "the first copy acked", is("PAY-1", broker.Ack))
 	h.Publish(t, topic, "PAY-1", []byte("credit 10")) // the producer's retry: a new broker id
@@ -185,15 +193,8 @@ func testDuplicate(t *testing.T, h Harness) {
 // testInProgress: another consumer (here: the test, through the same
 // Guard) holds the key while the message arrives.
 func testInProgress(t *testing.T, h Harness) {
-	topic := h.NewTopic(t)
-	var rec recorder
-	events := make(chan Event, 1024)
 	g := newGuard(t, idem.Config{Lease: 10 * time.Second})
-	stop := h.Consume(t, topic, g, fast, func(ctx context.Context, key string, _ []byte) error {
-		rec.add(key)
-		return nil
-	}, events)
-	defer stop()
+	topic, rec, events := counting(t, h, g, nil)
 	release, started := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
@@ -223,14 +224,7 @@ func testInProgress(t *testing.T, h Harness) {
 }
 
 func testDeadLetter(t *testing.T, h Harness) {
-	topic := h.NewTopic(t)
-	var rec recorder
-	events := make(chan Event, 1024)
-	stop := h.Consume(t, topic, newGuard(t, idem.Config{}), fast, func(ctx context.Context, key string, _ []byte) error {
-		rec.add(key)
-		return nil
-	}, events)
-	defer stop()
+	topic, rec, events := counting(t, h, newGuard(t, idem.Config{}), nil)
 	h.Publish(t, topic, "", []byte("no key"))
 	await(t, events, "the keyless message dead-lettered", is("", broker.DeadLetter))
 	h.Publish(t, topic, "PAY-3", []byte("credit 30"))
@@ -246,15 +240,8 @@ func testDeadLetter(t *testing.T, h Harness) {
 }
 
 func testPoison(t *testing.T, h Harness) {
-	topic := h.NewTopic(t)
-	var rec recorder
-	events := make(chan Event, 1024)
 	const maxAttempts = 3
-	stop := h.Consume(t, topic, newGuard(t, idem.Config{MaxAttempts: maxAttempts}), fast, func(ctx context.Context, key string, _ []byte) error {
-		rec.add(key)
-		return errors.New("ledger unavailable") // transient: released, retried
-	}, events)
-	defer stop()
+	topic, rec, events := counting(t, h, newGuard(t, idem.Config{MaxAttempts: maxAttempts}), errors.New("ledger unavailable")) // transient: released, retried
 	h.Publish(t, topic, "PAY-4", []byte("credit 40"))
 	e := await(t, events, "the failing message dead-lettered", is("PAY-4", broker.DeadLetter))
 	if !strings.Contains(e.Reason, "poison") {
