@@ -77,11 +77,18 @@ type Lister interface {
 // Archiver is implemented by stores that can hold a settled record written
 // by another tier (see store/tieredstore): the cold store of a tiered pair.
 type Archiver interface {
-	// Archive stores rec — completed or failed — for retention, in one
-	// atomic operation. A live settled record already held for rec.Key with
-	// a fence at least rec.Fence is kept (for one fence the first result
-	// wins; a later owner's larger fence replaces it); anything else under
-	// the key is replaced.
+	// Archive stores rec for retention, in one atomic operation. rec is
+	// completed or failed — a settled record — or released: a tombstone
+	// that removes the key's records up to its fence and keeps a late
+	// archive of those fences out (the tiered store's Delete writes one
+	// with the hot tier's fence, so an archive in flight when the key was
+	// deleted cannot bring the record back).
+	//
+	// A live settled record or tombstone already held for rec.Key is kept
+	// if its fence is larger than rec.Fence, or equal and rec is settled
+	// (for one fence the first result wins, and a tombstone wins over its
+	// own generation's late result); anything else under the key is
+	// replaced. The stored fence never decreases.
 	Archive(ctx context.Context, rec Record, retention time.Duration) error
 }
 
@@ -191,8 +198,8 @@ func (l Limits) CheckSettle(key string, result []byte, retention time.Duration) 
 // CheckArchive validates the arguments of Archiver.Archive: a completed or
 // failed record that fits the limits.
 func (l Limits) CheckArchive(rec Record, retention time.Duration) error {
-	if rec.State != StateCompleted && rec.State != StateFailed {
-		return fmt.Errorf("idem: Archive takes a completed or failed record, not %v", rec.State)
+	if rec.State != StateCompleted && rec.State != StateFailed && rec.State != StateReleased {
+		return fmt.Errorf("idem: Archive takes a completed or failed record, or a released one (a tombstone), not %v", rec.State)
 	}
 	if len(rec.Fingerprint) > MaxFingerprintBytes {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidFingerprint, len(rec.Fingerprint), MaxFingerprintBytes)

@@ -280,7 +280,9 @@ func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Dur
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[rec.Key]
-	if ok && (e.state == idem.StateCompleted || e.state == idem.StateFailed) && now.Before(e.expiresAt) && e.fence >= rec.Fence {
+	held := ok && (e.state == idem.StateCompleted || e.state == idem.StateFailed || e.state == idem.StateReleased) && now.Before(e.expiresAt)
+	settled := rec.State == idem.StateCompleted || rec.State == idem.StateFailed
+	if held && (e.fence > rec.Fence || (e.fence == rec.Fence && settled)) {
 		return nil
 	}
 	fence := rec.Fence

@@ -199,7 +199,8 @@ VALUES ($1, $2, $3, $4, $5, $6, now(), now() + $7::float8 * interval '1 millisec
 ON CONFLICT (k) DO UPDATE SET state = EXCLUDED.state, fence = greatest(r.fence, EXCLUDED.fence), fp = EXCLUDED.fp,
 	attempts = EXCLUDED.attempts, result = EXCLUDED.result, lease_until = now(),
 	expires_at = EXCLUDED.expires_at, updated_at = now()
-WHERE NOT (r.state IN (2, 3) AND r.expires_at > now() AND r.fence >= EXCLUDED.fence)`,
+WHERE NOT (r.state IN (2, 3, 5) AND r.expires_at > now()
+	AND (r.fence > EXCLUDED.fence OR (r.fence = EXCLUDED.fence AND EXCLUDED.state IN (2, 3))))`,
 	}
 }
 

@@ -198,7 +198,8 @@ func (s *Store) prepare(ctx context.Context) error {
 			ON CONFLICT (k) DO UPDATE SET state = excluded.state, fence = max(fence, excluded.fence), fp = excluded.fp,
 				attempts = excluded.attempts, result = excluded.result, lease_until = 0,
 				expires_at = excluded.expires_at, updated_at = excluded.updated_at
-			WHERE NOT (state IN (2, 3) AND expires_at > ?7 AND fence >= excluded.fence)`},
+			WHERE NOT (state IN (2, 3, 5) AND expires_at > ?7
+				AND (fence > excluded.fence OR (fence = excluded.fence AND excluded.state IN (2, 3))))`},
 	}
 	for _, st := range stmts {
 		p, err := s.db.PrepareContext(ctx, st.sql)

@@ -655,6 +655,35 @@ func testArchive(t *testing.T, s idem.Store) {
 	if err := a.Archive(ctx, bad, retention); err == nil {
 		t.Fatal("archived an in-flight record")
 	}
+	// A tombstone (released) with fence 8 removes the result of fence 8 and
+	// keeps that generation's late archive out; a later fence passes.
+	tomb := idem.Record{Key: "arch", State: idem.StateReleased, Fence: 8}
+	if err := a.Archive(ctx, tomb, retention); err != nil {
+		t.Fatal(err)
+	}
+	late := later
+	late.Result = []byte("late archive of a deleted generation")
+	if err := a.Archive(ctx, late, retention); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(ctx, "arch"); err != nil || rec.State != idem.StateReleased || len(rec.Result) != 0 {
+		t.Fatalf("after the tombstone and a late archive of its fence: %+v %v", rec, err)
+	}
+	next := rec
+	next.Fence, next.Result = 9, []byte("next generation")
+	if err := a.Archive(ctx, next, retention); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(ctx, "arch"); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "next generation" {
+		t.Fatalf("a larger fence over the tombstone: %+v %v", rec, err)
+	}
+	// An older tombstone does not remove a newer generation's result.
+	if err := a.Archive(ctx, idem.Record{Key: "arch", State: idem.StateReleased, Fence: 8}, retention); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(ctx, "arch"); err != nil || rec.State != idem.StateCompleted || rec.Fence != 9 {
+		t.Fatalf("an older tombstone replaced a newer result: %+v %v", rec, err)
+	}
 }
 
 func testGuardCacheCompact(t *testing.T, s idem.Store) {

@@ -2,6 +2,7 @@ package tieredstore_test
 
 import (
 	"bufio"
+	"errors"
 	"context"
 	"fmt"
 	"os"
@@ -224,5 +225,61 @@ func TestSettleNeverMeetsATakeover(t *testing.T) {
 	}
 	if settleErr != nil {
 		t.Fatalf("the owner's settle failed: %v", settleErr)
+	}
+}
+
+// TestDeleteDuringSettle: an operator deletes a key while its owner is
+// between the settle's hot check and its cold archive. Found by the fault
+// campaign: the archive landed after the cold delete, the hot settle was
+// refused, and the cold tier replayed the refused settle's result. Now the
+// delete leaves a tombstone that keeps the late archive out: the owner is
+// refused and the key is new again.
+func TestDeleteDuringSettle(t *testing.T) {
+	for _, coldKind := range []string{"memory", "postgres"} {
+		t.Run(coldKind, func(t *testing.T) {
+			hot := memstore.New(memstore.Config{SweepInterval: -1})
+			var cold idem.Store = memstore.New(memstore.Config{SweepInterval: -1})
+			if coldKind == "postgres" {
+				cold = testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: testenv.PostgresURL})
+			}
+			s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			ctx := context.Background()
+			req := idem.AcquireRequest{Key: "PAY-7", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+			a, err := s.Acquire(ctx, req)
+			if err != nil || a.Outcome != idem.Acquired {
+				t.Fatal(a.Outcome, err)
+			}
+			tieredstore.SetBeforeArchive(s, func() {
+				if err := s.Delete(ctx, "PAY-7"); err != nil {
+					t.Error(err)
+				}
+			})
+			settleErr := s.Complete(ctx, "PAY-7", a.Fence, []byte("deleted owner's booking"), time.Hour)
+			tieredstore.SetBeforeArchive(s, nil)
+			if settleErr == nil {
+				t.Fatal("the owner of a deleted key settled it")
+			}
+			if _, err := s.Get(ctx, "PAY-7"); !errors.Is(err, idem.ErrNotFound) {
+				t.Fatalf("Get after the delete: %v, want ErrNotFound", err)
+			}
+			b, err := s.Acquire(ctx, req)
+			if err != nil || b.Outcome != idem.Acquired || b.Fence <= a.Fence {
+				t.Fatalf("after the delete the key must be new: %v fence %d (old %d), %v; result %q", b.Outcome, b.Fence, a.Fence, err, b.Record.Result)
+			}
+			// The next generation settles and is replayed from the cold tier.
+			if err := s.Complete(ctx, "PAY-7", b.Fence, []byte("second booking"), time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if err := hot.Delete(ctx, "PAY-7"); err != nil { // the hot tier forgets (its retention)
+				t.Fatal(err)
+			}
+			if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "second booking" {
+				t.Fatalf("the next generation's result: %v %q %v", r.Outcome, r.Record.Result, err)
+			}
+		})
 	}
 }

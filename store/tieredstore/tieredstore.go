@@ -219,7 +219,10 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	rec, err := s.hot.Get(ctx, key)
 	if errors.Is(err, idem.ErrNotFound) {
-		return s.cold.Get(ctx, key)
+		rec, err = s.cold.Get(ctx, key)
+		if err == nil && rec.State != idem.StateCompleted && rec.State != idem.StateFailed {
+			return idem.Record{}, idem.ErrNotFound // a Delete's tombstone
+		}
 	}
 	return rec, err
 }
@@ -227,9 +230,31 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 // Delete implements idem.Store: the cold tier first, then the hot one, so
 // that a claim taken meanwhile cannot re-warm the hot tier from a cold
 // record that is about to go.
+//
+// An owner may be settling: its archive, already past the hot check, could
+// land in the cold tier after a plain delete there and bring the record
+// back. So the cold record is replaced by a tombstone carrying the largest
+// fence either tier holds for the key (every settle in flight holds that
+// fence or an older one), which keeps those archives out for as long as a
+// settle may take (SettleTimeout); the next generation's fences are larger.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := s.cold.Delete(ctx, key); err != nil {
-		return err
+	var fence uint64
+	found := false
+	for _, tier := range []idem.Store{s.hot, s.cold} {
+		rec, err := tier.Get(ctx, key)
+		if errors.Is(err, idem.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		fence, found = max(fence, rec.Fence), true
+	}
+	if found {
+		tomb := idem.Record{Key: key, State: idem.StateReleased, Fence: fence}
+		if err := s.archive.Archive(ctx, tomb, s.settleTimeout); err != nil {
+			return err
+		}
 	}
 	return s.hot.Delete(ctx, key)
 }
