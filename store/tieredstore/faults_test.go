@@ -2,8 +2,8 @@ package tieredstore_test
 
 import (
 	"bufio"
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
