@@ -7,9 +7,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -281,43 +283,60 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 // List implements idem.Lister with SCAN over the prefix (on every master of
 // a Cluster). It reads the whole key space of the prefix: for operators.
 func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Record, error) {
-	var names []string
-	scan := func(ctx context.Context, c redis.Cmdable) error {
-		it := c.Scan(ctx, 0, escapeGlob(s.prefix)+"{*", 1000).Iterator()
+	// Redis keeps no order: every page scans the prefix (on a cluster, each
+	// master separately, each into its own slice) and keeps the smallest
+	// keys after the cursor; the records are then read in one pipeline.
+	pattern := escapeGlob(s.prefix) + "{*"
+	scan := func(ctx context.Context, c redis.Cmdable) ([]string, error) {
+		var keys []string
+		it := c.Scan(ctx, 0, pattern, 1000).Iterator()
 		for it.Next(ctx) {
-			names = append(names, it.Val())
+			if k := s.storageKey(it.Val()); k > after {
+				keys = append(keys, k)
+			}
 		}
-		return it.Err()
+		return keys, it.Err()
 	}
+	var keys []string
 	var err error
 	if cc, ok := s.c.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+		var mu sync.Mutex
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			found, err := scan(ctx, c)
+			mu.Lock()
+			keys = append(keys, found...)
+			mu.Unlock()
+			return err
+		})
 	} else {
-		err = scan(ctx, s.c)
+		keys, err = scan(ctx, s.c)
 	}
 	if err != nil {
 		return nil, wrap("list", err)
 	}
-	keys := names[:0]
-	for _, n := range names {
-		if k := s.storageKey(n); k > after {
-			keys = append(keys, k)
+	sort.Strings(keys)
+	keys = slices.Compact(keys) // a key met twice while a slot migrates
+	if limit > 0 && len(keys) > limit {
+		keys = keys[:limit]
+	}
+	cmds := make([]*redis.SliceCmd, len(keys))
+	pipe := s.c.Pipeline()
+	for i, k := range keys {
+		cmds[i] = pipe.HMGet(ctx, s.KeyName(k), fields...)
+	}
+	if len(keys) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, wrap("list", err)
 		}
 	}
-	sort.Strings(keys)
-	var out []idem.Record
-	for _, k := range keys {
-		if limit > 0 && len(out) >= limit {
-			break
+	out := make([]idem.Record, 0, len(keys))
+	for i, k := range keys {
+		if rec, ok := s.parseFields(k, cmds[i].Val()); ok {
+			out = append(out, rec) // a record that expired since the scan is skipped
 		}
-		rec, err := s.Get(ctx, k)
-		if errors.Is(err, idem.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, rec)
+	}
+	if len(out) == 0 && limit > 0 && len(keys) == limit {
+		return s.List(ctx, keys[len(keys)-1], limit) // the whole page expired meanwhile: the next one
 	}
 	return out, nil
 }

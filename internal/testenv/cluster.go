@@ -1,0 +1,117 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisCluster is a Redis Cluster of real redis-server processes on
+// loopback, torn down when the test ends.
+type RedisCluster struct {
+	// Addrs are the nodes' addresses, masters first (as created).
+	Addrs []string
+	procs map[string]*exec.Cmd
+}
+
+// StartRedisCluster starts masters×(1+replicas) redis-server processes
+// with cluster mode on free loopback ports, joins them with
+// `redis-cli --cluster create`, and waits until every slot is served.
+func StartRedisCluster(t testing.TB, masters, replicas int) *RedisCluster {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		Need(t, "redis-server (for a Redis Cluster)", "PATH", err)
+	}
+	dir := t.TempDir()
+	c := &RedisCluster{procs: map[string]*exec.Cmd{}}
+	t.Cleanup(func() {
+		for _, p := range c.procs {
+			_ = p.Process.Kill()
+			_ = p.Wait()
+		}
+	})
+	for range masters * (1 + replicas) {
+		port := freePort(t)
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, fmt.Sprintf("nodes-%d.conf", port)),
+			"--cluster-node-timeout", "1000", "--dir", dir, "--save", "", "--appendonly", "no",
+			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		c.procs[addr] = cmd
+		c.Addrs = append(c.Addrs, addr)
+		waitPort(t, addr)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs...)
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c.waitHealthy(t)
+	return c
+}
+
+// Client returns a cluster client that does not resend commands (see
+// redisstore.Config.Client), closed when the test ends.
+func (c *RedisCluster) Client(t testing.TB) *redis.ClusterClient {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs, MaxRetries: -1})
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// waitHealthy waits until every node reports cluster_state:ok.
+func (c *RedisCluster) waitHealthy(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, addr := range c.Addrs {
+		rc := redis.NewClient(&redis.Options{Addr: addr})
+		for {
+			info, err := rc.ClusterInfo(context.Background()).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				rc.Close()
+				t.Fatalf("cluster node %s not healthy: %v %s", addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond) // the cluster bus converges on its own
+		}
+		rc.Close()
+	}
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func waitPort(t testing.TB, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server on %s did not start: %v", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond) // the process is starting
+	}
+}

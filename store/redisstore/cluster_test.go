@@ -1,0 +1,127 @@
+package redisstore_test
+
+import (
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store/redisstore"
+	"github.com/idemgo/idem/store/storetest"
+	"github.com/idemgo/idem/store/storeurl"
+)
+
+// TestCluster runs on a real Redis Cluster of 3 masters and 3 replicas
+// (redis-server processes on loopback): the conformance suite, and List
+// over many records spread on every master.
+func TestCluster(t *testing.T) {
+	cluster := testenv.StartRedisCluster(t, 3, 1)
+	open := func(t testing.TB) *redisstore.Store {
+		s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	t.Run("Conformance", func(t *testing.T) {
+		storetest.Run(t, storetest.Capabilities{ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store { return open(t) })
+	})
+	t.Run("OpensWithADeadSeed", func(t *testing.T) {
+		// The first seed is a port nothing listens on (a node that is
+		// down); the others let the client find the cluster.
+		dead := "127.0.0.1:1"
+		url := "redis://" + dead + "?idem_cluster=1&idem_prefix=" + testenv.RandomName("idemtest:") + ":"
+		for _, a := range cluster.Addrs[1:] {
+			url += "&addr=" + a
+		}
+		s, err := storeurl.Open(context.Background(), url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if _, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("ListVisitsEveryRecordOnce", func(t *testing.T) {
+		const n = 20_000
+		s := open(t)
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		errs := make(chan error, 16)
+		for w := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < n; i += 16 {
+					k := fmt.Sprintf("rec-%06d", i)
+					a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+					if err == nil {
+						err = s.Complete(ctx, k, a.Fence, []byte("r"), time.Hour)
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		seen := map[string]int{}
+		after := ""
+		for {
+			page, err := s.List(ctx, after, 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page) == 0 {
+				break
+			}
+			for _, r := range page {
+				seen[r.Key]++
+			}
+			after = page[len(page)-1].Key
+		}
+		if len(seen) != n {
+			t.Fatalf("List visited %d of %d records", len(seen), n)
+		}
+		for k, c := range seen {
+			if c != 1 {
+				t.Fatalf("List visited %s %d times", k, c)
+			}
+		}
+	})
+}
+
+// TestClusterCampaign runs the fault campaign on a Redis Cluster of 3
+// masters and 3 replicas: worker processes killed with SIGKILL, deletes,
+// sweeps, stalled owners, keys on every master.
+func TestClusterCampaign(t *testing.T) {
+	cfg := storetest.CampaignConfig{TestName: "TestClusterCampaign", Processes: 2,
+		Open: func(t testing.TB, location string) idem.Store {
+			prefix, addrs, _ := strings.Cut(location, " ")
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ","), MaxRetries: -1})
+			s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, CloseClient: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}}
+	if !storetest.IsChild() {
+		cluster := testenv.StartRedisCluster(t, 3, 1)
+		cfg.Location = testenv.RandomName("idemtest:") + ": " + strings.Join(cluster.Addrs, ",")
+	}
+	storetest.Campaign(t, cfg)
+}
