@@ -1,15 +1,14 @@
 package redisstore_test
 
 import (
-	"strings"
-
-	"github.com/redis/go-redis/v9"
-
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
