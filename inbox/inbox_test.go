@@ -86,6 +86,27 @@ func newPgx(t *testing.T) backend {
 	})
 }
 
+// newPgxBouncer: the inbox through a real PgBouncer in transaction pooling
+// mode (exec mode: no prepared statements).
+func newPgxBouncer(t *testing.T) backend {
+	pool, schema := pgSchema(t)
+	_ = pool // the schema and its business table, made directly
+	cfg, err := pgxpool.ParseConfig(testenv.StartPgBouncer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	bounced, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bounced.Close)
+	return newBackend(t, pgxv5.New(bounced, pgxv5.WithoutListen()), schema+".", func(ctx context.Context, tx pgx.Tx, ref string) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.credits (ref) VALUES ($1)`, ref)
+		return err
+	})
+}
+
 func sqlBackend(t *testing.T, db *sql.DB, d sqldriver.Dialect, prefix string) backend {
 	return newBackend(t, databasesql.New(db, d), prefix, func(ctx context.Context, tx *sql.Tx, ref string) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO `+prefix+`credits (ref) VALUES ($1)`, ref)
@@ -118,6 +139,7 @@ func newSQLite(t *testing.T) backend {
 
 var backends = map[string]func(t *testing.T) backend{
 	"pgx":             newPgx,
+	"pgx-pgbouncer":   newPgxBouncer,
 	"database-sql-pg": newSQLPostgres,
 	"sqlite":          newSQLite,
 }

@@ -64,6 +64,27 @@ func TestPgx(t *testing.T) {
 	})
 }
 
+// TestThroughPgBouncer runs the suite through a real PgBouncer in
+// transaction pooling mode: exec mode (no prepared statements) and no
+// LISTEN (the relay polls).
+func TestThroughPgBouncer(t *testing.T) {
+	bouncer := testenv.StartPgBouncer(t)
+	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend[pgx.Tx] {
+		_, schema := pgPool(t) // creates and drops the schema, directly
+		cfg, err := pgxpool.ParseConfig(bouncer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return backend(t, pgxv5.New(pool, pgxv5.WithoutListen()), schema)
+	})
+}
+
 func TestDatabaseSQLPostgres(t *testing.T) {
 	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend[*sql.Tx] {
 		_, schema := pgPool(t)

@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -58,14 +59,27 @@ func openOutbox(ctx context.Context, raw string) (*outbox.Store, func(), error) 
 		}
 		q := u.Query()
 		schema := q.Get("idem_schema")
+		bouncer := q.Get("idem_pgbouncer") == "1" || q.Get("idem_pgbouncer") == "true"
 		q.Del("idem_schema")
 		q.Del("idem_pgbouncer")
 		u.RawQuery = q.Encode()
-		pool, err := pgxpool.New(ctx, u.String())
+		cfg, err := pgxpool.ParseConfig(u.String())
 		if err != nil {
 			return nil, nil, err
 		}
-		ob, err := outbox.New(pgxv5.New(pool), outbox.Config{Schema: schema})
+		var opts []pgxv5.Option
+		if bouncer {
+			// Transaction pooling: no prepared statements, and no LISTEN
+			// (it would land on a server connection handed to someone
+			// else): the relay polls every --poll.
+			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+			opts = append(opts, pgxv5.WithoutListen())
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		ob, err := outbox.New(pgxv5.New(pool, opts...), outbox.Config{Schema: schema})
 		if err != nil {
 			pool.Close()
 			return nil, nil, err

@@ -19,7 +19,8 @@ import (
 
 // Driver reaches PostgreSQL through a pgx pool.
 type Driver struct {
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	noWake bool // WithoutListen
 
 	mu     sync.Mutex
 	listen *pgxpool.Conn // held while a Wait listens
@@ -28,7 +29,23 @@ type Driver struct {
 
 // New returns the driver of pool. The pool stays the caller's to close;
 // Close releases only the driver's listening connection.
-func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
+func New(pool *pgxpool.Pool, opts ...Option) *Driver {
+	d := &Driver{pool: pool}
+	for _, o := range opts {
+		o(d)
+	}
+	return d
+}
+
+// Option configures a Driver.
+type Option func(*Driver)
+
+// WithoutListen makes readers poll instead of listening for notifications:
+// for a pool behind PgBouncer in transaction pooling mode, where LISTEN
+// runs on a server connection the pool hands to someone else right after
+// (configure that pool with DefaultQueryExecMode = pgx.QueryExecModeExec
+// too: prepared statements do not survive transaction pooling).
+func WithoutListen() Option { return func(d *Driver) { d.noWake = true } }
 
 var (
 	_ sqldriver.Driver[pgx.Tx] = (*Driver)(nil)
@@ -80,6 +97,9 @@ func (d *Driver) Locked(ctx context.Context, fn func(sqldriver.Executor) error) 
 // Listen subscribes the listening connection to channel (acquiring the
 // connection from the pool the first time).
 func (d *Driver) Listen(ctx context.Context, channel string) error {
+	if d.noWake {
+		return nil
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.listenLocked(ctx, channel)
@@ -107,6 +127,10 @@ func (d *Driver) listenLocked(ctx context.Context, channel string) error {
 // listening connection fails (false). One connection of the pool listens;
 // it is kept between calls and replaced when it fails.
 func (d *Driver) Wait(ctx context.Context, channel string, timeout time.Duration) bool {
+	if d.noWake {
+		sleep(ctx, timeout)
+		return false
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.listenLocked(ctx, channel); err != nil {

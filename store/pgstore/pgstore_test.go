@@ -27,9 +27,13 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Capabilities{Persistent: true, ListsRecords: true, Archives: true}, newStore)
 }
 
-func TestConformancePgBouncerMode(t *testing.T) {
+// TestConformanceThroughPgBouncer runs the suite through a real PgBouncer
+// in transaction pooling mode (started by the test), with the store's
+// PgBouncer option.
+func TestConformanceThroughPgBouncer(t *testing.T) {
+	bouncer := testenv.StartPgBouncer(t)
 	storetest.Run(t, storetest.Capabilities{Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) idem.Store {
-		return testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{PgBouncer: true})
+		return testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: bouncer, PgBouncer: true})
 	})
 }
 
