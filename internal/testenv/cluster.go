@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -114,4 +115,101 @@ func waitPort(t testing.TB, addr string) {
 		}
 		time.Sleep(20 * time.Millisecond) // the process is starting
 	}
+}
+
+// RedisSentinel is a Redis master with one replica watched by three
+// Sentinels, real processes on loopback, torn down when the test ends.
+type RedisSentinel struct {
+	MasterName    string
+	Master        string // the first master's address
+	Replica       string
+	SentinelAddrs []string
+	procs         map[string]*exec.Cmd
+}
+
+// StartRedisSentinel starts the master, the replica and three Sentinels
+// (quorum 2, down after 1s) and waits until the Sentinels know the replica.
+func StartRedisSentinel(t testing.TB) *RedisSentinel {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		Need(t, "redis-server (for Redis Sentinel)", "PATH", err)
+	}
+	dir := t.TempDir()
+	s := &RedisSentinel{MasterName: "idemmaster", procs: map[string]*exec.Cmd{}}
+	t.Cleanup(func() {
+		for _, p := range s.procs {
+			_ = p.Process.Kill()
+			_ = p.Wait()
+		}
+	})
+	start := func(args ...string) string {
+		port := freePort(t)
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		cmd := exec.Command("redis-server", append(args, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		s.procs[addr] = cmd
+		waitPort(t, addr)
+		return addr
+	}
+	s.Master = start("--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0")
+	host, port, _ := strings.Cut(s.Master, ":")
+	s.Replica = start("--save", "", "--appendonly", "no", "--replicaof", host, port)
+	for i := range 3 {
+		conf := filepath.Join(dir, fmt.Sprintf("sentinel-%d.conf", i))
+		body := fmt.Sprintf("sentinel monitor %s %s %s 2\nsentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n",
+			s.MasterName, host, port, s.MasterName, s.MasterName)
+		if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		s.SentinelAddrs = append(s.SentinelAddrs, start(conf, "--sentinel"))
+	}
+	// Wait until the replica is in sync and a Sentinel sees it (so a
+	// failover can promote it).
+	deadline := time.Now().Add(30 * time.Second)
+	rc := redis.NewClient(&redis.Options{Addr: s.Replica})
+	defer rc.Close()
+	for {
+		info, err := rc.Info(context.Background(), "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica did not sync: %v %s", err, info)
+		}
+		time.Sleep(50 * time.Millisecond) // the replica syncs on its own schedule
+	}
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.SentinelAddrs[0]})
+	defer sc.Close()
+	for {
+		reps, err := sc.Replicas(context.Background(), s.MasterName).Result()
+		if err == nil && len(reps) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Sentinels do not see the replica: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond) // Sentinels discover replicas on their own schedule
+	}
+	return s
+}
+
+// Client returns a Sentinel-aware client that does not resend commands.
+func (s *RedisSentinel) Client(t testing.TB) *redis.Client {
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.SentinelAddrs, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// KillMaster kills the first master's process with SIGKILL.
+func (s *RedisSentinel) KillMaster(t testing.TB) {
+	t.Helper()
+	p := s.procs[s.Master]
+	if err := p.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Wait()
+	delete(s.procs, s.Master)
 }
