@@ -117,25 +117,31 @@ func waitPort(t testing.TB, addr string) {
 	}
 }
 
-// RedisSentinel is a Redis master with one replica watched by three
+// RedisSentinel is a Redis master with two replicas watched by three
 // Sentinels, real processes on loopback, torn down when the test ends.
+// (Two replicas, so that after a failover the promoted one still has a
+// replica: a WAIT for one replica can succeed again without restarting
+// the dead master — which, restarted empty without persistence before
+// every Sentinel agreed on the promotion, could wipe the others.)
 type RedisSentinel struct {
 	MasterName    string
 	Master        string // the first master's address
-	Replica       string
+	Replicas      []string
 	SentinelAddrs []string
 	procs         map[string]*exec.Cmd
+	args          map[string][]string
 }
 
-// StartRedisSentinel starts the master, the replica and three Sentinels
-// (quorum 2, down after 1s) and waits until the Sentinels know the replica.
+// StartRedisSentinel starts the master, two replicas and three Sentinels
+// (quorum 2, down after 1s) and waits until the replicas are in sync and
+// the Sentinels know them.
 func StartRedisSentinel(t testing.TB) *RedisSentinel {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		Need(t, "redis-server (for Redis Sentinel)", "PATH", err)
 	}
 	dir := t.TempDir()
-	s := &RedisSentinel{MasterName: "idemmaster", procs: map[string]*exec.Cmd{}}
+	s := &RedisSentinel{MasterName: "idemmaster", procs: map[string]*exec.Cmd{}, args: map[string][]string{}}
 	t.Cleanup(func() {
 		for _, p := range s.procs {
 			_ = p.Process.Kill()
@@ -145,18 +151,16 @@ func StartRedisSentinel(t testing.TB) *RedisSentinel {
 	start := func(args ...string) string {
 		port := freePort(t)
 		addr := "127.0.0.1:" + strconv.Itoa(port)
-		cmd := exec.Command("redis-server", append(args, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))...)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		s.procs[addr] = cmd
-		waitPort(t, addr)
+		s.args[addr] = append(args, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))
+		s.run(t, addr)
 		return addr
 	}
 	s.Master = start("--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0")
 	host, port, _ := strings.Cut(s.Master, ":")
-	s.Replica = start("--save", "", "--appendonly", "no", "--replicaof", host, port)
+	for range 2 {
+		s.Replicas = append(s.Replicas, start("--save", "", "--appendonly", "no", "--replicaof", host, port))
+	}
 	for i := range 3 {
 		conf := filepath.Join(dir, fmt.Sprintf("sentinel-%d.conf", i))
 		body := fmt.Sprintf("sentinel monitor %s %s %s 2\nsentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n",
@@ -169,23 +173,26 @@ func StartRedisSentinel(t testing.TB) *RedisSentinel {
 	// Wait until the replica is in sync and a Sentinel sees it (so a
 	// failover can promote it).
 	deadline := time.Now().Add(30 * time.Second)
-	rc := redis.NewClient(&redis.Options{Addr: s.Replica})
-	defer rc.Close()
-	for {
-		info, err := rc.Info(context.Background(), "replication").Result()
-		if err == nil && strings.Contains(info, "master_link_status:up") {
-			break
+	for _, r := range s.Replicas {
+		rc := redis.NewClient(&redis.Options{Addr: r})
+		for {
+			info, err := rc.Info(context.Background(), "replication").Result()
+			if err == nil && strings.Contains(info, "master_link_status:up") {
+				break
+			}
+			if time.Now().After(deadline) {
+				rc.Close()
+				t.Fatalf("replica %s did not sync: %v %s", r, err, info)
+			}
+			time.Sleep(50 * time.Millisecond) // the replica syncs on its own schedule
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the replica did not sync: %v %s", err, info)
-		}
-		time.Sleep(50 * time.Millisecond) // the replica syncs on its own schedule
+		rc.Close()
 	}
 	sc := redis.NewSentinelClient(&redis.Options{Addr: s.SentinelAddrs[0]})
 	defer sc.Close()
 	for {
 		reps, err := sc.Replicas(context.Background(), s.MasterName).Result()
-		if err == nil && len(reps) > 0 {
+		if err == nil && len(reps) == len(s.Replicas) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -201,6 +208,15 @@ func (s *RedisSentinel) Client(t testing.TB) *redis.Client {
 	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.SentinelAddrs, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+func (s *RedisSentinel) run(t testing.TB, addr string) {
+	cmd := exec.Command("redis-server", s.args[addr]...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.procs[addr] = cmd
+	waitPort(t, addr)
 }
 
 // KillMaster kills the first master's process with SIGKILL.

@@ -60,7 +60,23 @@ type Config struct {
 	Limits idem.Limits
 	// CloseClient makes Close close Client too. Defaults to false.
 	CloseClient bool
+	// WaitReplicas makes every transition wait until this many replicas
+	// acknowledged its write (WAIT, sent in the same round trip as the
+	// script, to the key's master). Redis replicates asynchronously: without
+	// it, a write acknowledged by a master that dies a moment later can be
+	// lost in the failover. A shortfall is ErrReplicationShortfall: the
+	// write is on the master but may not survive it (an Acquire's claim is
+	// not handed out; a settle reports the error). Defaults to 0: no wait.
+	WaitReplicas int
+	// WaitTimeout bounds each WAIT. Defaults to 1s.
+	WaitTimeout time.Duration
 }
+
+// ErrReplicationShortfall: fewer replicas than Config.WaitReplicas
+// acknowledged a write within Config.WaitTimeout. It wraps
+// idem.ErrStoreUnavailable (the call failed closed), and the write may or
+// may not survive a failover.
+var ErrReplicationShortfall = fmt.Errorf("%w: fewer replicas than required acknowledged the write", idem.ErrStoreUnavailable)
 
 // Store is a Redis idem.Store.
 //
@@ -76,6 +92,9 @@ type Store struct {
 
 	nonces  atomic.Uint64
 	process string // random, per Store: nonces of two processes never meet
+
+	waitReplicas int
+	waitTimeout  time.Duration
 }
 
 // nonce returns a string unique to one call of this Store.
@@ -95,8 +114,14 @@ func New(cfg Config) (*Store, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, fmt.Errorf("idem/redisstore: %w", err)
 	}
+	if cfg.WaitReplicas < 0 || cfg.WaitTimeout < 0 {
+		return nil, errors.New("idem/redisstore: Config.WaitReplicas and Config.WaitTimeout must not be negative")
+	}
+	if cfg.WaitTimeout == 0 {
+		cfg.WaitTimeout = time.Second
+	}
 	return &Store{c: cfg.Client, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient,
-		process: base64.RawURLEncoding.EncodeToString(b[:]) + "."}, nil
+		process: base64.RawURLEncoding.EncodeToString(b[:]) + ".", waitReplicas: cfg.WaitReplicas, waitTimeout: cfg.WaitTimeout}, nil
 }
 
 // Client returns the store's client.
@@ -150,6 +175,45 @@ func msTime(ms int64) time.Time {
 	return time.UnixMilli(ms)
 }
 
+// run runs script on key: alone, or with Config.WaitReplicas followed by
+// WAIT in one pipeline on the key's master (one round trip).
+func (s *Store) run(ctx context.Context, script *redis.Script, key string, args ...any) *redis.Cmd {
+	if s.waitReplicas == 0 {
+		return script.Run(ctx, s.c, []string{key}, args...)
+	}
+	var node redis.Cmdable = s.c
+	if cc, ok := s.c.(*redis.ClusterClient); ok {
+		m, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			cmd := redis.NewCmd(ctx)
+			cmd.SetErr(err)
+			return cmd
+		}
+		node = m
+	}
+	for try := 0; ; try++ {
+		pipe := node.Pipeline()
+		cmd := script.EvalSha(ctx, pipe, []string{key}, args...)
+		wait := pipe.Do(ctx, "WAIT", s.waitReplicas, s.waitTimeout.Milliseconds())
+		_, _ = pipe.Exec(ctx)
+		if err := cmd.Err(); err != nil && try == 0 && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			if err := script.Load(ctx, node).Err(); err != nil {
+				cmd.SetErr(err)
+				return cmd
+			}
+			continue // the script did not run: safe to send again
+		}
+		if cmd.Err() == nil {
+			if n, err := wait.Int64(); err != nil {
+				cmd.SetErr(err)
+			} else if int(n) < s.waitReplicas {
+				cmd.SetErr(fmt.Errorf("%w (%d of %d within %v)", ErrReplicationShortfall, n, s.waitReplicas, s.waitTimeout))
+			}
+		}
+		return cmd
+	}
+}
+
 // Acquire implements idem.Store with one script.
 func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
 	if err := s.limits.CheckAcquire(req); err != nil {
@@ -158,7 +222,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := ctx.Err(); err != nil {
 		return idem.Acquisition{}, err
 	}
-	v, err := acquireScript.Run(ctx, s.c, []string{s.KeyName(req.Key)}, req.Fingerprint,
+	v, err := s.run(ctx, acquireScript, s.KeyName(req.Key), req.Fingerprint,
 		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts, s.nonce()).Slice()
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
@@ -189,7 +253,7 @@ func (s *Store) owned(ctx context.Context, op, code string, key string, fence ui
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := ownedScript.Run(ctx, s.c, []string{s.KeyName(key)}, code, fence, ms, result, s.nonce()).Int()
+	n, err := s.run(ctx, ownedScript, s.KeyName(key), code, fence, ms, result, s.nonce()).Int()
 	if err != nil {
 		return wrap(op, err)
 	}

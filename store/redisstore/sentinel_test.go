@@ -14,62 +14,86 @@ import (
 )
 
 // TestSentinel runs on a real Redis master with a replica and three
-// Sentinels, through go-redis's FailoverClient: the conformance suite, then
-// a failover — the master killed with SIGKILL mid-run.
+// Sentinels, through go-redis's FailoverClient: the conformance suite, the
+// WAIT knob, and failovers — the master killed with SIGKILL mid-run.
 func TestSentinel(t *testing.T) {
 	sentinel := testenv.StartRedisSentinel(t)
-	open := func(t testing.TB) *redisstore.Store {
-		s, err := redisstore.New(redisstore.Config{Client: sentinel.Client(t), Prefix: testenv.RandomName("idemtest:") + ":"})
+	open := func(t testing.TB, cfg redisstore.Config) *redisstore.Store {
+		cfg.Client, cfg.Prefix = sentinel.Client(t), testenv.RandomName("idemtest:")+":"
+		s, err := redisstore.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s
 	}
 	t.Run("Conformance", func(t *testing.T) {
-		storetest.Run(t, storetest.Capabilities{ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store { return open(t) })
+		storetest.Run(t, storetest.Capabilities{ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store { return open(t, redisstore.Config{}) })
 	})
-	t.Run("FailoverFailsClosedThenResumes", func(t *testing.T) {
-		s := open(t)
-		g, err := idem.NewGuard(idem.Config{Store: s, Lease: 5 * time.Second})
+	t.Run("WaitReplicas", func(t *testing.T) {
+		ctx := context.Background()
+		one := open(t, redisstore.Config{WaitReplicas: 1})
+		a, err := one.Acquire(ctx, idem.AcquireRequest{Key: "w", Lease: time.Minute, Retention: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx := context.Background()
-		var done []string // completions acknowledged to the caller
-		runs := map[string]int{}
-		lifecycle := func(i int) error {
-			id := fmt.Sprintf("pay-%05d", i)
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			_, err := g.Run(cctx, idem.Key{Scope: "failover", ID: id}, nil, func(context.Context, uint64) ([]byte, error) {
-				runs[id]++
-				return []byte("ok"), nil
-			})
-			if err == nil {
-				done = append(done, id)
-			}
-			return err
+		if err := one.Complete(ctx, "w", a.Fence, []byte("r"), time.Hour); err != nil {
+			t.Fatal(err)
 		}
-		for i := range 200 {
-			if err := lifecycle(i); err != nil {
-				t.Fatal(err)
-			}
+		// Three replicas asked, two exist: a shortfall, failing closed.
+		three := open(t, redisstore.Config{WaitReplicas: 3, WaitTimeout: 50 * time.Millisecond})
+		_, err = three.Acquire(ctx, idem.AcquireRequest{Key: "w2", Lease: time.Minute, Retention: time.Hour})
+		if !errors.Is(err, redisstore.ErrReplicationShortfall) || !errors.Is(err, idem.ErrStoreUnavailable) {
+			t.Fatalf("WAIT for 3 replicas of 2: %v, want ErrReplicationShortfall", err)
 		}
-		sentinel.KillMaster(t)
-		killed := time.Now()
-		var failures int
-		var recovered time.Duration
-		for i := 200; ; i++ {
-			err := lifecycle(i)
-			if err == nil {
-				if recovered == 0 {
-					recovered = time.Since(killed)
-				}
-				if i > 400 && recovered > 0 {
-					break
-				}
-				continue
-			}
+	})
+	t.Run("FailoverWithoutWait", func(t *testing.T) { failover(t, testenv.StartRedisSentinel(t), 0) })
+	t.Run("FailoverWithWait", func(t *testing.T) { failover(t, testenv.StartRedisSentinel(t), 1) })
+}
+
+// failover runs 500 lifecycles, kills the master with SIGKILL (one replica
+// is promoted, the other follows it), runs on until 300 more succeeded, and
+// reports: calls failed closed (and that they
+// all failed with ErrStoreUnavailable), seconds to recovery, acknowledged
+// completions lost, and lifecycles/s before the kill.
+func failover(t *testing.T, sentinel *testenv.RedisSentinel, waitReplicas int) {
+	s, err := redisstore.New(redisstore.Config{Client: sentinel.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", WaitReplicas: waitReplicas})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := idem.NewGuard(idem.Config{Store: s, Lease: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var done []string // completions acknowledged to the caller
+	runs := map[string]int{}
+	lifecycle := func(i int) error {
+		id := fmt.Sprintf("pay-%05d", i)
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_, err := g.Run(cctx, idem.Key{Scope: "failover", ID: id}, nil, func(context.Context, uint64) ([]byte, error) {
+			runs[id]++
+			return []byte("ok"), nil
+		})
+		if err == nil {
+			done = append(done, id)
+		}
+		return err
+	}
+	const before = 500
+	start := time.Now()
+	for i := range before {
+		if err := lifecycle(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rate := float64(before) / time.Since(start).Seconds()
+	sentinel.KillMaster(t)
+	killed := time.Now()
+	var failures, after int
+	var recovered time.Duration
+	for i := before; after < 300; i++ {
+		if err := lifecycle(i); err != nil {
 			failures++
 			if !errors.Is(err, idem.ErrStoreUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("a failure during the failover that is not 'unavailable': %v", err)
@@ -77,21 +101,28 @@ func TestSentinel(t *testing.T) {
 			if time.Since(killed) > 60*time.Second {
 				t.Fatalf("no recovery 60s after the master was killed (%d failures)", failures)
 			}
+			continue
 		}
-		for id, n := range runs {
-			if n > 1 {
-				t.Fatalf("%s ran %d times", id, n)
-			}
+		if recovered == 0 {
+			recovered = time.Since(killed)
 		}
-		// What the promoted replica lost of the acknowledged completions
-		// (replication is asynchronous).
-		lost := 0
-		for _, id := range done {
-			if _, err := s.Get(ctx, g.StorageKey(idem.Key{Scope: "failover", ID: id})); errors.Is(err, idem.ErrNotFound) {
-				lost++
-			}
+		after++
+	}
+	for id, n := range runs {
+		if n > 1 {
+			t.Fatalf("%s ran %d times", id, n)
 		}
-		t.Logf("failover: %d calls failed closed, recovered %v after the SIGKILL, %d of %d acknowledged completions lost (no WAIT)",
-			failures, recovered.Round(time.Millisecond), lost, len(done))
-	})
+	}
+	// What the promoted replica lost of the acknowledged completions.
+	lost := 0
+	for _, id := range done {
+		if _, err := s.Get(ctx, g.StorageKey(idem.Key{Scope: "failover", ID: id})); errors.Is(err, idem.ErrNotFound) {
+			lost++
+		}
+	}
+	if waitReplicas > 0 && lost > 0 {
+		t.Errorf("with WAIT %d, %d acknowledged completions were lost in the failover", waitReplicas, lost)
+	}
+	t.Logf("failover (WAIT %d): %d calls failed closed, recovered %v after the SIGKILL, %d of %d acknowledged completions lost; %.0f lifecycles/s before the kill",
+		waitReplicas, failures, recovered.Round(time.Millisecond), lost, len(done), rate)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,6 +19,7 @@ import (
 //
 //	idem_prefix=P      key prefix (default "idem:")
 //	idem_cluster=1     Redis Cluster: the URL is a go-redis cluster URL (addr=… for more seeds)
+//	idem_wait_replicas=N  every transition waits for N replicas (WAIT; redisstore.Config.WaitReplicas)
 //
 // Unless the URL sets max_retries, go-redis's resending of a command whose
 // connection broke is turned off (see redisstore.Config.Client).
@@ -30,8 +32,15 @@ func init() {
 		q := u.Query()
 		prefix := q.Get("idem_prefix")
 		cluster := q.Get("idem_cluster")
+		wait := 0
+		if w := q.Get("idem_wait_replicas"); w != "" {
+			if wait, err = strconv.Atoi(w); err != nil || wait < 0 {
+				return nil, fmt.Errorf("idem: store URL: idem_wait_replicas is %q, want a number of replicas", w)
+			}
+		}
 		q.Del("idem_prefix")
 		q.Del("idem_cluster")
+		q.Del("idem_wait_replicas")
 		u.RawQuery = q.Encode()
 		var c redis.UniversalClient
 		switch cluster {
@@ -62,6 +71,6 @@ func init() {
 			c.Close()
 			return nil, fmt.Errorf("%w: redis at %s: %v", idem.ErrStoreUnavailable, u.Host, err)
 		}
-		return redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true})
+		return redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait})
 	}
 }
