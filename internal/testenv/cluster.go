@@ -44,7 +44,7 @@ func StartRedisCluster(t testing.TB, masters, replicas int) *RedisCluster {
 		addr := "127.0.0.1:" + strconv.Itoa(port)
 		cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, fmt.Sprintf("nodes-%d.conf", port)),
-			"--cluster-node-timeout", "1000", "--dir", dir, "--save", "", "--appendonly", "no",
+			"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0", "--dir", dir, "--save", "", "--appendonly", "no",
 			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -70,7 +70,8 @@ func (c *RedisCluster) Client(t testing.TB) *redis.ClusterClient {
 	return cc
 }
 
-// waitHealthy waits until every node reports cluster_state:ok.
+// waitHealthy waits until every node reports cluster_state:ok and every
+// replica is in sync with its master.
 func (c *RedisCluster) waitHealthy(t testing.TB) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
@@ -78,7 +79,9 @@ func (c *RedisCluster) waitHealthy(t testing.TB) {
 		rc := redis.NewClient(&redis.Options{Addr: addr})
 		for {
 			info, err := rc.ClusterInfo(context.Background()).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
+			repl, rerr := rc.Info(context.Background(), "replication").Result()
+			if err == nil && rerr == nil && strings.Contains(info, "cluster_state:ok") &&
+				(strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up")) {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -228,4 +231,18 @@ func (s *RedisSentinel) KillMaster(t testing.TB) {
 	}
 	_ = p.Wait()
 	delete(s.procs, s.Master)
+}
+
+// Kill stops the node at addr with SIGKILL.
+func (c *RedisCluster) Kill(t testing.TB, addr string) {
+	t.Helper()
+	p, ok := c.procs[addr]
+	if !ok {
+		t.Fatalf("no cluster node at %s", addr)
+	}
+	if err := p.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Wait()
+	delete(c.procs, addr)
 }

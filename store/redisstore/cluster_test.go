@@ -49,6 +49,31 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	t.Run("WaitCost", func(t *testing.T) {
+		// Lifecycles per second, one caller, without and with WAIT for one
+		// replica (each transition waits for its master's replica).
+		var rates [2]float64
+		for wait := range 2 {
+			s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", WaitReplicas: wait})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			start := time.Now()
+			for i := range 500 {
+				k := fmt.Sprintf("w-%d", i)
+				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+				if err == nil {
+					err = s.Complete(ctx, k, a.Fence, []byte("r"), time.Hour)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			rates[wait] = 500 / time.Since(start).Seconds()
+		}
+		t.Logf("one caller on the cluster: %.0f lifecycles/s without WAIT, %.0f with WAIT 1 (%.2fx)", rates[0], rates[1], rates[1]/rates[0])
+	})
 	t.Run("ListVisitsEveryRecordOnce", func(t *testing.T) {
 		const n = 20_000
 		s := open(t)
@@ -100,6 +125,16 @@ func TestCluster(t *testing.T) {
 				t.Fatalf("List visited %s %d times", k, c)
 			}
 		}
+	})
+	// Last: it kills a master for good.
+	t.Run("FailoverFailsClosedThenResumes", func(t *testing.T) {
+		failover(t, cluster.Client(t), func(s *redisstore.Store, g *idem.Guard) {
+			m, err := cluster.Client(t).MasterForKey(context.Background(), s.KeyName(g.StorageKey(idem.Key{Scope: "failover", ID: "pay-00000"})))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cluster.Kill(t, m.Options().Addr)
+		}, 0)
 	})
 }
 

@@ -178,6 +178,27 @@ func msTime(ms int64) time.Time {
 // run runs script on key: alone, or with Config.WaitReplicas followed by
 // WAIT in one pipeline on the key's master (one round trip).
 func (s *Store) run(ctx context.Context, script *redis.Script, key string, args ...any) *redis.Cmd {
+	cmd := s.runOnce(ctx, script, key, args...)
+	if err := cmd.Err(); err != nil && ctx.Err() == nil {
+		if cc, ok := s.c.(*redis.ClusterClient); ok && !isReply(err) {
+			// A node did not answer: it may be dead and its replica promoted.
+			// go-redis learns new slot owners from MOVED answers, which a
+			// dead node never gives: ask the cluster again (the calls fail
+			// closed until then).
+			cc.ReloadState(ctx)
+		}
+	}
+	return cmd
+}
+
+// isReply: err is an answer of the server (a script error, NOSCRIPT…), not
+// a failure to reach it.
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && !errors.Is(err, ErrReplicationShortfall)
+}
+
+func (s *Store) runOnce(ctx context.Context, script *redis.Script, key string, args ...any) *redis.Cmd {
 	if s.waitReplicas == 0 {
 		return script.Run(ctx, s.c, []string{key}, args...)
 	}
