@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -152,4 +153,26 @@ func TestSchemaErrorsKeepTheirCause(t *testing.T) {
 	if errors.Is(err, idem.ErrStoreUnavailable) {
 		t.Fatalf("a missing table reported as unavailable: %v", err)
 	}
+}
+
+// TestCampaignThroughPgBouncer runs the fault campaign through a real
+// PgBouncer in transaction pooling mode, the connection to it cut now and
+// then through a proxy.
+func TestCampaignThroughPgBouncer(t *testing.T) {
+	cfg := storetest.CampaignConfig{TestName: "TestCampaignThroughPgBouncer", Processes: 2,
+		Open: func(t testing.TB, location string) idem.Store {
+			schema, conn, _ := strings.Cut(location, " ")
+			return testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: conn, PgBouncer: true})
+		}}
+	if !storetest.IsChild() {
+		bouncer := testenv.StartPgBouncer(t)
+		u, err := url.Parse(bouncer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := testenv.StartProxy(t, u.Host)
+		cfg.Cut, cfg.Restore = p.Cut, p.Restore
+		cfg.Location = testenv.RandomName("idemtest_") + " " + strings.Replace(bouncer, u.Host, p.Addr(), 1)
+	}
+	storetest.Campaign(t, cfg)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,4 +133,25 @@ func failover(t *testing.T, client redis.UniversalClient, kill func(*redisstore.
 	}
 	t.Logf("failover (WAIT %d): %d calls failed closed, recovered %v after the SIGKILL, %d of %d acknowledged completions lost; %.0f lifecycles/s before the kill",
 		waitReplicas, failures, recovered.Round(time.Millisecond), lost, len(done), rate)
+}
+
+// TestSentinelCampaign runs the fault campaign through Sentinel
+// (FailoverClient) on a master with two replicas.
+func TestSentinelCampaign(t *testing.T) {
+	cfg := storetest.CampaignConfig{TestName: "TestSentinelCampaign", Processes: 2,
+		Open: func(t testing.TB, location string) idem.Store {
+			f := strings.Fields(location)
+			c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: f[1], SentinelAddrs: strings.Split(f[2], ","), MaxRetries: -1})
+			s, err := redisstore.New(redisstore.Config{Client: c, Prefix: f[0], CloseClient: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}}
+	if !storetest.IsChild() {
+		s := testenv.StartRedisSentinel(t)
+		cfg.Location = testenv.RandomName("idemtest:") + ": " + s.MasterName + " " + strings.Join(s.SentinelAddrs, ",")
+	}
+	storetest.Campaign(t, cfg)
 }
