@@ -157,14 +157,21 @@ const (
 	recordCols   = `k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at`
 )
 
+// floorAtExecution is the fence floor of the moment the statement runs,
+// not of its call: a call may wait for another process's write lock while
+// that process issues fences. SQLite's clock has milliseconds; rounding up
+// to the next one keeps the floor above every fence issued before (each at
+// most the microseconds of its own moment).
+const floorAtExecution = `((CAST(unixepoch('subsec') * 1000 AS INTEGER) + 1) * 1000)`
+
 var acquireSQL = `INSERT INTO idem_records (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
-VALUES (?1, 1, ?7, ?2, 1, NULL, ?3 + ?4, ?3 + ?5, ?3, 1)
+VALUES (?1, 1, max(?7, ` + floorAtExecution + `), ?2, 1, NULL, ?3 + ?4, ?3 + ?5, ?3, 1)
 ON CONFLICT (k) DO UPDATE SET
 	outcome = CASE WHEN ` + condExpired + ` THEN 1 WHEN ` + condMismatch + ` THEN 5 WHEN ` + condLive + ` THEN 3
 		WHEN state IN (2, 3) THEN 4 WHEN state = 4 THEN 6 WHEN ` + condLimit + ` THEN 6
 		WHEN state = 1 THEN 2 ELSE 1 END,
 	state = CASE WHEN ` + condTake + ` THEN 1 WHEN ` + condPoison + ` THEN 4 ELSE state END,
-	fence = CASE WHEN ` + condTake + ` THEN max(fence + 1, ?7) ELSE fence END,
+	fence = CASE WHEN ` + condTake + ` THEN max(fence + 1, ?7, ` + floorAtExecution + `) ELSE fence END,
 	fp = CASE WHEN ` + condExpired + ` THEN ?2 ELSE fp END,
 	attempts = CASE WHEN ` + condExpired + ` THEN 1 WHEN ` + condTake + ` THEN attempts + 1 ELSE attempts END,
 	result = CASE WHEN ` + condExpired + ` THEN NULL ELSE result END,
@@ -212,8 +219,9 @@ func (s *Store) prepare(ctx context.Context) error {
 }
 
 // fences is shared by every Store of the process, so fences stay strictly
-// increasing even for a file opened twice; between processes on one file
-// the clock floor keeps them growing (see idem.FenceFloor).
+// increasing even for a file opened twice and with an injected clock;
+// between processes on one file, the floor of the moment the statement runs
+// (SQLite's clock, floorAtExecution) keeps them growing.
 var fences idem.FenceSequence
 
 func (s *Store) nowMs() int64 { return s.clock.Now().UnixMilli() }

@@ -115,3 +115,44 @@ func TestErrorsKeepTheirCause(t *testing.T) {
 		t.Fatalf("after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestFenceFloorAtExecution: a statement may run long after its call (it
+// waits for another process's write lock), and meanwhile another process
+// may issue a fence; after a Delete, the next generation's fence must still
+// exceed it. Found by the fault campaign in CI (seed 18063639851766149526):
+// the floor was taken from the caller's clock at call time, so a claim that
+// waited got a smaller fence than one issued while it waited, and that
+// stale owner's release was accepted. Simulated here: another process's
+// claim (a fence of the clock now), a delete, and a claim whose call-time
+// clock reads 10 s earlier.
+func TestFenceFloorAtExecution(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	late := storetest.NewManualClock(time.Now().Add(-10 * time.Second))
+	s, err := sqlitestore.Open(ctx, sqlitestore.Config{Path: path, Clock: late})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	other := idem.FenceFloor(time.Now()) // another process's claim, just issued
+	now := time.Now().UnixMilli()
+	if _, err := db.Exec(`INSERT INTO idem_records (k, state, fence, fp, attempts, lease_until, expires_at, updated_at, outcome)
+		VALUES ('k', 1, ?, 'fp', 1, ?, ?, ?, 1)`, int64(other), now+60_000, now+3_600_000, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	if a.Fence <= other {
+		t.Fatalf("the next generation's fence %d is not above %d, issued before it", a.Fence, other)
+	}
+}
