@@ -246,3 +246,60 @@ func (c *RedisCluster) Kill(t testing.TB, addr string) {
 	_ = p.Wait()
 	delete(c.procs, addr)
 }
+
+// RedisServer is one redis-server process on loopback that a test can
+// kill and start again on the same address and directory.
+type RedisServer struct {
+	Addr string
+	args []string
+	proc *exec.Cmd
+}
+
+// StartRedisServer starts redis-server with extra arguments (persistence
+// settings) on a free port, in a directory of its own.
+func StartRedisServer(t testing.TB, extra ...string) *RedisServer {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		Need(t, "redis-server", "PATH", err)
+	}
+	dir := t.TempDir()
+	port := freePort(t)
+	r := &RedisServer{Addr: "127.0.0.1:" + strconv.Itoa(port),
+		args: append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+			"--logfile", filepath.Join(dir, "redis.log")}, extra...)}
+	r.Start(t)
+	t.Cleanup(func() {
+		if r.proc != nil {
+			_ = r.proc.Process.Kill()
+			_ = r.proc.Wait()
+		}
+	})
+	return r
+}
+
+// Start starts the server (again), waiting until it loaded its data.
+func (r *RedisServer) Start(t testing.TB) {
+	t.Helper()
+	r.proc = exec.Command("redis-server", r.args...)
+	if err := r.proc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitPort(t, r.Addr)
+	rc := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer rc.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for rc.Ping(context.Background()).Err() != nil { // LOADING while it reads its files
+		if time.Now().After(deadline) {
+			t.Fatal("redis-server did not load its data")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill stops the server with SIGKILL.
+func (r *RedisServer) Kill(t testing.TB) {
+	t.Helper()
+	_ = r.proc.Process.Kill()
+	_ = r.proc.Wait()
+	r.proc = nil
+}
