@@ -74,6 +74,18 @@ type Lister interface {
 	List(ctx context.Context, after string, limit int) ([]Record, error)
 }
 
+// Scanner is implemented by stores that keep no order of their keys (Redis:
+// SCAN, per node of a cluster). Walking them with Lister costs a scan of
+// the whole key space per page; Scan continues from a cursor instead.
+type Scanner interface {
+	// Scan returns up to about limit live records from cursor ("" starts
+	// a walk) and the cursor of the next page ("" when the walk is done),
+	// in no particular order. Every record live for the whole walk is
+	// returned at least once; one may be returned twice (a caller that
+	// must visit each record once keeps the keys it has seen).
+	Scan(ctx context.Context, cursor string, limit int) (recs []Record, next string, err error)
+}
+
 // Archiver is implemented by stores that can hold a settled record written
 // by another tier (see store/tieredstore): the cold store of a tiered pair.
 type Archiver interface {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -152,6 +153,48 @@ func newKeysGetCmd() *cobra.Command {
 	return cmd
 }
 
+// walk calls page for every live record of s, once each: through Scan
+// where the store has it (no order; a key met twice is skipped), else
+// through List in key order.
+func walk(ctx context.Context, s idem.Store, batch int, page func([]idem.Record) (more bool, err error)) error {
+	if sc, ok := s.(idem.Scanner); ok {
+		seen := map[string]bool{}
+		cursor := ""
+		for {
+			recs, next, err := sc.Scan(ctx, cursor, batch)
+			if err != nil {
+				return err
+			}
+			fresh := recs[:0]
+			for _, r := range recs {
+				if !seen[r.Key] {
+					seen[r.Key] = true
+					fresh = append(fresh, r)
+				}
+			}
+			if more, err := page(fresh); err != nil || !more || next == "" {
+				return err
+			}
+			cursor = next
+		}
+	}
+	l, err := lister(s)
+	if err != nil {
+		return err
+	}
+	after := ""
+	for {
+		recs, err := l.List(ctx, after, batch)
+		if err != nil || len(recs) == 0 {
+			return err
+		}
+		after = recs[len(recs)-1].Key
+		if more, err := page(recs); err != nil || !more {
+			return err
+		}
+	}
+}
+
 func lister(s idem.Store) (idem.Lister, error) {
 	l, ok := s.(idem.Lister)
 	if !ok {
@@ -186,20 +229,8 @@ func newKeysLsCmd() *cobra.Command {
 			return err
 		}
 		defer s.Close()
-		l, err := lister(s)
-		if err != nil {
-			return err
-		}
-		after, shown, header := "", 0, true
-		for {
-			page, err := l.List(cmd.Context(), after, 500)
-			if err != nil {
-				return err
-			}
-			if len(page) == 0 {
-				break
-			}
-			after = page[len(page)-1].Key
+		shown, header := 0, true
+		err = walk(cmd.Context(), s, 500, func(page []idem.Record) (bool, error) {
 			keep := page[:0]
 			for _, r := range page {
 				if (want == 0 || r.State == want) && (limit == 0 || shown < limit) {
@@ -208,12 +239,13 @@ func newKeysLsCmd() *cobra.Command {
 				}
 			}
 			if err := printRecords(cmd.OutOrStdout(), keep, asJSON, header); err != nil {
-				return err
+				return false, err
 			}
 			header = false
-			if limit > 0 && shown >= limit {
-				break
-			}
+			return limit == 0 || shown < limit, nil
+		})
+		if err != nil {
+			return err
 		}
 		if shown == 0 && !asJSON {
 			fmt.Fprintln(cmd.ErrOrStderr(), "no records")
@@ -289,25 +321,18 @@ func newKeysPurgeCmd() *cobra.Command {
 		total := 0
 		const batch = 1000
 		if all {
-			l, err := lister(s)
-			if err != nil {
-				return err
-			}
-			for {
-				page, err := l.List(cmd.Context(), "", batch)
-				if err != nil {
-					return err
-				}
-				if len(page) == 0 {
-					break
-				}
+			err := walk(cmd.Context(), s, batch, func(page []idem.Record) (bool, error) {
 				for _, r := range page {
 					if err := s.Delete(cmd.Context(), r.Key); err != nil {
-						return err
+						return false, err
 					}
 				}
 				total += len(page)
 				_ = bar.Add(len(page))
+				return true, nil
+			})
+			if err != nil {
+				return err
 			}
 		}
 		// Records past retention (with --all, the ones List does not show).

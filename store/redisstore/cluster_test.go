@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"strings"
 	"sync"
@@ -74,34 +75,37 @@ func TestCluster(t *testing.T) {
 		}
 		t.Logf("one caller on the cluster: %.0f lifecycles/s without WAIT, %.0f with WAIT 1 (%.2fx)", rates[0], rates[1], rates[1]/rates[0])
 	})
+	t.Run("ScanVisitsEveryRecord", func(t *testing.T) {
+		s := open(t)
+		fill(t, s, *clusterRecords)
+		seen, dups := map[string]int{}, 0
+		cursor, pages := "", 0
+		for {
+			recs, next, err := s.Scan(context.Background(), cursor, 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range recs {
+				if seen[r.Key]++; seen[r.Key] > 1 {
+					dups++
+				}
+			}
+			pages++
+			if next == "" {
+				break
+			}
+			cursor = next
+		}
+		if len(seen) != *clusterRecords {
+			t.Fatalf("Scan visited %d of %d records", len(seen), *clusterRecords)
+		}
+		t.Logf("Scan: %d records in %d pages, %d met twice", len(seen), pages, dups)
+	})
 	t.Run("ListVisitsEveryRecordOnce", func(t *testing.T) {
 		const n = 20_000
 		s := open(t)
 		ctx := context.Background()
-		var wg sync.WaitGroup
-		errs := make(chan error, 16)
-		for w := range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := w; i < n; i += 16 {
-					k := fmt.Sprintf("rec-%06d", i)
-					a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
-					if err == nil {
-						err = s.Complete(ctx, k, a.Fence, []byte("r"), time.Hour)
-					}
-					if err != nil {
-						errs <- err
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
+		fill(t, s, n)
 		seen := map[string]int{}
 		after := ""
 		for {
@@ -136,6 +140,40 @@ func TestCluster(t *testing.T) {
 			cluster.Kill(t, m.Options().Addr)
 		}, 0)
 	})
+}
+
+// clusterRecords is how many records the cluster's Scan test writes
+// (about 20 s under -race on this 2-core machine).
+var clusterRecords = flag.Int("cluster.records", 200_000, "records written for the cluster's scan test")
+
+// fill completes n records rec-000000… in s, with 16 writers.
+func fill(t *testing.T, s *redisstore.Store, n int) {
+	t.Helper()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 16 {
+				k := fmt.Sprintf("rec-%06d", i)
+				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+				if err == nil {
+					err = s.Complete(ctx, k, a.Fence, []byte("r"), time.Hour)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
 }
 
 // TestClusterCampaign runs the fault campaign on a Redis Cluster of 3

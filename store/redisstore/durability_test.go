@@ -20,8 +20,8 @@ import (
 // matrix states.
 func TestServerCrash(t *testing.T) {
 	for _, c := range []struct {
-		name    string
-		args    []string
+		name             string
+		args             []string
 		minLost, maxLost int // of 2,000
 	}{
 		// Nothing on disk: everything is gone.

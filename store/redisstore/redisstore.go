@@ -21,8 +21,9 @@ import (
 )
 
 var (
-	_ idem.Store  = (*Store)(nil)
-	_ idem.Lister = (*Store)(nil)
+	_ idem.Store   = (*Store)(nil)
+	_ idem.Lister  = (*Store)(nil)
+	_ idem.Scanner = (*Store)(nil)
 )
 
 //go:embed acquire.lua
@@ -189,6 +190,110 @@ func (s *Store) run(ctx context.Context, script *redis.Script, key string, args 
 		}
 	}
 	return cmd
+}
+
+// Scan implements idem.Scanner: SCAN on each node (each master of a
+// cluster, in address order), continuing from the cursor, then one
+// pipeline reading the page's records. The cursor names every node and its
+// SCAN cursor; if a cluster's masters change during a walk (a failover),
+// Scan says so and the walk starts again.
+func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Record, string, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	nodes := map[string]redis.Cmdable{}
+	var addrs []string
+	if cc, ok := s.c.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			nodes[c.Options().Addr] = c
+			addrs = append(addrs, c.Options().Addr)
+			return nil
+		})
+		if err != nil {
+			return nil, "", wrap("scan", err)
+		}
+		sort.Strings(addrs)
+	} else {
+		nodes[""], addrs = s.c, []string{""}
+	}
+	// The cursor: "addr=cursor" per node, ";"-separated; "-" marks a node
+	// whose scan is done.
+	cursors := map[string]string{}
+	if cursor != "" {
+		for _, part := range strings.Split(cursor, ";") {
+			addr, c, ok := strings.Cut(part, "=")
+			if !ok {
+				return nil, "", fmt.Errorf("idem/redisstore: scan: malformed cursor %q", cursor)
+			}
+			if _, known := nodes[addr]; !known {
+				return nil, "", fmt.Errorf("%w: idem/redisstore: scan: node %s is no longer a master (a failover during the walk): start again", idem.ErrStoreUnavailable, addr)
+			}
+			cursors[addr] = c
+		}
+		if len(cursors) != len(addrs) {
+			return nil, "", fmt.Errorf("%w: idem/redisstore: scan: the cluster's masters changed during the walk: start again", idem.ErrStoreUnavailable)
+		}
+	}
+	pattern := escapeGlob(s.prefix) + "{*"
+	var keys []string
+	for _, addr := range addrs {
+		c := cursors[addr]
+		for c != "-" && len(keys) < limit {
+			pos, _ := strconv.ParseUint(c, 10, 64)
+			found, next, err := nodes[addr].Scan(ctx, pos, pattern, int64(limit)).Result()
+			if err != nil {
+				return nil, "", wrap("scan", err)
+			}
+			for _, name := range found {
+				keys = append(keys, s.storageKey(name))
+			}
+			c = strconv.FormatUint(next, 10)
+			if next == 0 {
+				c = "-"
+			}
+		}
+		cursors[addr] = c
+	}
+	next := make([]string, 0, len(addrs))
+	done := true
+	for _, addr := range addrs {
+		c := cursors[addr]
+		if c == "" {
+			c = "0"
+		}
+		done = done && c == "-"
+		next = append(next, addr+"="+c)
+	}
+	recs, err := s.read(ctx, keys)
+	if err != nil || done {
+		return recs, "", err
+	}
+	return recs, strings.Join(next, ";"), nil
+}
+
+// read gets the records of keys in one pipeline, skipping those gone.
+func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	cmds := make([]*redis.SliceCmd, len(keys))
+	pipe := s.c.Pipeline()
+	for i, k := range keys {
+		cmds[i] = pipe.HMGet(ctx, s.KeyName(k), fields...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, wrap("read", err)
+	}
+	out := make([]idem.Record, 0, len(keys))
+	for i, k := range keys {
+		if rec, ok := s.parseFields(k, cmds[i].Val()); ok {
+			out = append(out, rec) // a record that expired since the scan is skipped
+		}
+	}
+	return out, nil
 }
 
 // isReply: err is an answer of the server (a script error, NOSCRIPT…), not
@@ -404,21 +509,9 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	if limit > 0 && len(keys) > limit {
 		keys = keys[:limit]
 	}
-	cmds := make([]*redis.SliceCmd, len(keys))
-	pipe := s.c.Pipeline()
-	for i, k := range keys {
-		cmds[i] = pipe.HMGet(ctx, s.KeyName(k), fields...)
-	}
-	if len(keys) > 0 {
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, wrap("list", err)
-		}
-	}
-	out := make([]idem.Record, 0, len(keys))
-	for i, k := range keys {
-		if rec, ok := s.parseFields(k, cmds[i].Val()); ok {
-			out = append(out, rec) // a record that expired since the scan is skipped
-		}
+	out, err := s.read(ctx, keys)
+	if err != nil {
+		return nil, err
 	}
 	if len(out) == 0 && limit > 0 && len(keys) == limit {
 		return s.List(ctx, keys[len(keys)-1], limit) // the whole page expired meanwhile: the next one
