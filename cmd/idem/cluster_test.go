@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +13,8 @@ import (
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/storeurl"
 )
+
+var clusterKeys = flag.Int("cluster.keys", 200_000, "records TestKeysOnACluster writes, lists and purges")
 
 // TestKeysOnACluster: idem keys ls and purge --all on a real Redis Cluster
 // (3 masters, 3 replicas) visit every record exactly once, walking each
@@ -25,17 +29,31 @@ func TestKeysOnACluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n = 3000
+	n := *clusterKeys
 	ctx := context.Background()
-	for i := range n {
-		k := idem.Key{Scope: "orders", ID: fmt.Sprintf("ORD-%05d", i)}.Storage(false)
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
-		if err == nil {
-			err = s.Complete(ctx, k, a.Fence, []byte("ok"), time.Hour)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 16 {
+				k := idem.Key{Scope: "orders", ID: fmt.Sprintf("ORD-%06d", i)}.Storage(false)
+				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+				if err == nil {
+					err = s.Complete(ctx, k, a.Fence, []byte("ok"), time.Hour)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 	s.Close()
 	out, err := run(t, "keys", "ls", "--store", url, "--json")
