@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -302,4 +303,55 @@ func (r *RedisServer) Kill(t testing.TB) {
 	_ = r.proc.Process.Kill()
 	_ = r.proc.Wait()
 	r.proc = nil
+}
+
+// ReplicasOf returns the addresses of the replicas of the master at addr,
+// as the cluster reports them (CLUSTER NODES).
+func (c *RedisCluster) ReplicasOf(t testing.TB, master string) []string {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: master})
+	defer rc.Close()
+	nodes, err := rc.ClusterNodes(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	for _, line := range strings.Split(nodes, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 2 && strings.Contains(f[2], "myself") {
+			id = f[0]
+		}
+	}
+	var out []string
+	for _, line := range strings.Split(nodes, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 3 && f[3] == id {
+			addr, _, _ := strings.Cut(f[1], "@")
+			out = append(out, addr)
+		}
+	}
+	return out
+}
+
+// Pause stops the node at addr (SIGSTOP) until Resume: a replica that
+// falls behind.
+func (c *RedisCluster) Pause(t testing.TB, addr string) { signal(t, c.procs[addr], syscall.SIGSTOP) }
+
+// Resume continues a paused node (SIGCONT).
+func (c *RedisCluster) Resume(t testing.TB, addr string) { signal(t, c.procs[addr], syscall.SIGCONT) }
+
+// Pause stops the node at addr (SIGSTOP) until Resume.
+func (s *RedisSentinel) Pause(t testing.TB, addr string) { signal(t, s.procs[addr], syscall.SIGSTOP) }
+
+// Resume continues a paused node (SIGCONT).
+func (s *RedisSentinel) Resume(t testing.TB, addr string) { signal(t, s.procs[addr], syscall.SIGCONT) }
+
+func signal(t testing.TB, p *exec.Cmd, sig syscall.Signal) {
+	t.Helper()
+	if p == nil {
+		t.Fatal("no such process")
+	}
+	if err := p.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -132,13 +132,7 @@ func TestCluster(t *testing.T) {
 	})
 	// Last: it kills a master for good.
 	t.Run("FailoverFailsClosedThenResumes", func(t *testing.T) {
-		failover(t, cluster.Client(t), func(s *redisstore.Store, g *idem.Guard) {
-			m, err := cluster.Client(t).MasterForKey(context.Background(), s.KeyName(g.StorageKey(idem.Key{Scope: "failover", ID: "pay-00000"})))
-			if err != nil {
-				t.Fatal(err)
-			}
-			cluster.Kill(t, m.Options().Addr)
-		}, 0)
+		failover(t, cluster.Client(t), 0, clusterPlan(t, cluster))
 	})
 }
 
@@ -196,4 +190,42 @@ func TestClusterCampaign(t *testing.T) {
 		cfg.Location = testenv.RandomName("idemtest:") + ": " + strings.Join(cluster.Addrs, ",")
 	}
 	storetest.Campaign(t, cfg)
+}
+
+// TestClusterFailoverWait: the durability knob on a cluster of 3 masters
+// with 2 replicas each (so the promoted replica keeps one): 1,000
+// completions, a master killed with SIGKILL right after, and what was
+// lost, without and with WAIT for one replica.
+func TestClusterFailoverWait(t *testing.T) {
+	for _, wait := range []int{0, 1} {
+		t.Run(fmt.Sprintf("Wait%d", wait), func(t *testing.T) {
+			cluster := testenv.StartRedisCluster(t, 3, 2)
+			failover(t, cluster.Client(t), wait, clusterPlan(t, cluster))
+		})
+	}
+}
+
+// clusterPlan: the master of the first lagging key falls behind and dies.
+func clusterPlan(t *testing.T, cluster *testenv.RedisCluster) func(*redisstore.Store, *idem.Guard) (func(), func()) {
+	return func(s *redisstore.Store, g *idem.Guard) (func(), func()) {
+		m, err := cluster.Client(t).MasterForKey(context.Background(), s.KeyName(g.StorageKey(idem.Key{Scope: "failover", ID: "pay-01000"})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		master := m.Options().Addr
+		replicas := cluster.ReplicasOf(t, master)
+		lag := func() {
+			for _, r := range replicas {
+				cluster.Pause(t, r)
+			}
+			cutReplicas(t, master)
+		}
+		kill := func() {
+			cluster.Kill(t, master)
+			for _, r := range replicas {
+				cluster.Resume(t, r)
+			}
+		}
+		return lag, kill
+	}
 }

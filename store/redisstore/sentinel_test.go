@@ -52,18 +52,51 @@ func TestSentinel(t *testing.T) {
 	for _, wait := range []int{0, 1} {
 		t.Run(fmt.Sprintf("FailoverWait%d", wait), func(t *testing.T) {
 			s := testenv.StartRedisSentinel(t)
-			failover(t, s.Client(t), func(*redisstore.Store, *idem.Guard) { s.KillMaster(t) }, wait)
+			failover(t, s.Client(t), wait, func(*redisstore.Store, *idem.Guard) (func(), func()) {
+				lag := func() {
+					for _, r := range s.Replicas {
+						s.Pause(t, r)
+					}
+					cutReplicas(t, s.Master)
+				}
+				kill := func() {
+					s.KillMaster(t)
+					for _, r := range s.Replicas {
+						s.Resume(t, r)
+					}
+				}
+				return lag, kill
+			})
 		})
 	}
 }
 
-// failover runs 500 lifecycles, kills a master with SIGKILL (a replica is
-// promoted), runs on until 300 in a row succeeded, and reports: calls
-// failed closed (each with ErrStoreUnavailable: no work ran without a
-// claim), the time from the kill to the start of that run of successes,
-// acknowledged completions lost, and lifecycles/s before the kill.
-func failover(t *testing.T, client redis.UniversalClient, kill func(*redisstore.Store, *idem.Guard), waitReplicas int) {
-	s, err := redisstore.New(redisstore.Config{Client: client, Prefix: testenv.RandomName("idemtest:") + ":", WaitReplicas: waitReplicas})
+// cutReplicas closes the master's replication links (CLIENT KILL TYPE
+// replica): with the replicas paused, what the master writes next reaches
+// none of them.
+func cutReplicas(t *testing.T, master string) {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: master})
+	defer rc.Close()
+	if err := rc.ClientKillByFilter(context.Background(), "TYPE", "replica").Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// failover runs 1,000 lifecycles; then the replicas of the master about to
+// die fall behind (SIGSTOP, their links cut) for 50 more; then that master is killed with
+// SIGKILL and the replicas continue (one is promoted, behind). It runs on
+// until 300 lifecycles in a row succeed, and reports: calls failed closed
+// (each with ErrStoreUnavailable: no work ran without a claim), the time
+// from the kill to the start of that run of successes, acknowledged
+// completions lost, and lifecycles/s before the lag. With WAIT, the
+// lifecycles during the lag are refused (not acknowledged), so nothing
+// acknowledged is lost; without it, those acknowledged on the lagging
+// master are.
+func failover(t *testing.T, client redis.UniversalClient, waitReplicas int,
+	plan func(s *redisstore.Store, g *idem.Guard) (lag, kill func())) {
+	s, err := redisstore.New(redisstore.Config{Client: client, Prefix: testenv.RandomName("idemtest:") + ":",
+		WaitReplicas: waitReplicas, WaitTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +107,7 @@ func failover(t *testing.T, client redis.UniversalClient, kill func(*redisstore.
 	ctx := context.Background()
 	var done []string // completions acknowledged to the caller
 	runs := map[string]int{}
+	failures := 0
 	lifecycle := func(i int) error {
 		id := fmt.Sprintf("pay-%05d", i)
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -84,10 +118,16 @@ func failover(t *testing.T, client redis.UniversalClient, kill func(*redisstore.
 		})
 		if err == nil {
 			done = append(done, id)
+			return nil
+		}
+		failures++
+		if !errors.Is(err, idem.ErrStoreUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a failure that is not 'unavailable': %v", err)
 		}
 		return err
 	}
-	const before = 500
+	lag, kill := plan(s, g)
+	const before, lagging = 1000, 50
 	start := time.Now()
 	for i := range before {
 		if err := lifecycle(i); err != nil {
@@ -95,17 +135,18 @@ func failover(t *testing.T, client redis.UniversalClient, kill func(*redisstore.
 		}
 	}
 	rate := float64(before) / time.Since(start).Seconds()
-	kill(s, g)
+	lag()
+	for i := before; i < before+lagging; i++ {
+		_ = lifecycle(i)
+	}
+	refused := failures
+	kill()
 	killed := time.Now()
-	var failures, after int
+	var after int
 	var recovered time.Duration
-	for i := before; after < 300; i++ {
+	for i := before + lagging; after < 300; i++ {
 		if err := lifecycle(i); err != nil {
-			failures++
 			after = 0 // recovered means 300 in a row
-			if !errors.Is(err, idem.ErrStoreUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("a failure during the failover that is not 'unavailable': %v", err)
-			}
 			if time.Since(killed) > 20*time.Second { // a promotion takes seconds here (node timeout 1s)
 				t.Fatalf("no recovery 20s after the master was killed (%d failures)", failures)
 			}
@@ -121,7 +162,6 @@ func failover(t *testing.T, client redis.UniversalClient, kill func(*redisstore.
 			t.Fatalf("%s ran %d times", id, n)
 		}
 	}
-	// What the promoted replica lost of the acknowledged completions.
 	lost := 0
 	for _, id := range done {
 		if _, err := s.Get(ctx, g.StorageKey(idem.Key{Scope: "failover", ID: id})); errors.Is(err, idem.ErrNotFound) {
@@ -131,8 +171,11 @@ func failover(t *testing.T, client redis.UniversalClient, kill func(*redisstore.
 	if waitReplicas > 0 && lost > 0 {
 		t.Errorf("with WAIT %d, %d acknowledged completions were lost in the failover", waitReplicas, lost)
 	}
-	t.Logf("failover (WAIT %d): %d calls failed closed, recovered %v after the SIGKILL, %d of %d acknowledged completions lost; %.0f lifecycles/s before the kill",
-		waitReplicas, failures, recovered.Round(time.Millisecond), lost, len(done), rate)
+	if waitReplicas == 0 && lost == 0 {
+		t.Errorf("without WAIT nothing was lost: the replicas did not fall behind, the test shows nothing")
+	}
+	t.Logf("failover (WAIT %d): %d of %d lifecycles refused while the replicas lagged; after the SIGKILL %d calls failed closed, recovered in %v; %d of %d acknowledged completions lost; %.0f lifecycles/s before the lag",
+		waitReplicas, refused, lagging, failures-refused, recovered.Round(time.Millisecond), lost, len(done), rate)
 }
 
 // TestSentinelCampaign runs the fault campaign through Sentinel
