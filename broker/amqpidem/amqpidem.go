@@ -27,6 +27,11 @@ type Config struct {
 	Context context.Context
 	// OnDecision, if set, hears every decision once it is applied.
 	OnDecision func(d *amqp.Delivery, dec broker.Decision)
+	// Concurrency is how many deliveries the handler runs at once.
+	// Defaults to 1. Above 1, deliveries complete out of order (the keys
+	// keep the duplicates apart); set the channel's prefetch (Qos) at least
+	// this high, or the broker sends no more than that many unacked.
+	Concurrency int
 }
 
 func (c *Config) validate() error {
@@ -35,6 +40,12 @@ func (c *Config) validate() error {
 	}
 	if c.Context == nil {
 		c.Context = context.Background()
+	}
+	if c.Concurrency < 0 {
+		return errors.New("idem/amqpidem: Config.Concurrency must not be negative")
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 1
 	}
 	return nil
 }
@@ -97,9 +108,25 @@ func InboxHandler(cfg Config, process func(ctx context.Context, d *amqp.Delivery
 	}), nil
 }
 
-// handler extracts the key (a delivery without one is dead-lettered), runs
-// decide and applies the decision.
+// handler runs one delivery at a time, or Concurrency at once; one
+// extracts the key (a delivery without one is dead-lettered), runs decide
+// and applies the decision.
 func (c *Config) handler(decide func(d *amqp.Delivery, id string) broker.Decision) func(amqp.Delivery) {
+	h := c.one(decide)
+	if c.Concurrency <= 1 {
+		return h
+	}
+	slots := make(chan struct{}, c.Concurrency) // the delivery loop waits for a free slot
+	return func(d amqp.Delivery) {
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots }()
+			h(d)
+		}()
+	}
+}
+
+func (c *Config) one(decide func(d *amqp.Delivery, id string) broker.Decision) func(amqp.Delivery) {
 	return func(d amqp.Delivery) {
 		id, err := c.Key(message{&d})
 		if err != nil {

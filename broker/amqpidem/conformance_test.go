@@ -25,7 +25,12 @@ func dial(t testing.TB) *amqp.Connection {
 // (dead-lettering into topic.dead), every consumer on its own connection
 // and channel (prefetch 1), so a killed consumer's unacked delivery is
 // requeued to another.
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { conformance(t, 1) }
+
+// TestConformanceConcurrent: the same suite with 8 deliveries at once.
+func TestConformanceConcurrent(t *testing.T) { conformance(t, 8) }
+
+func conformance(t *testing.T, concurrency int) {
 	admin := dial(t)
 	defer admin.Close()
 	pub, err := admin.Channel()
@@ -56,12 +61,12 @@ func TestConformance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := ch.Qos(1, 0, false); err != nil {
+			if err := ch.Qos(concurrency, 0, false); err != nil {
 				t.Fatal(err)
 			}
 			key := func(d *amqp.Delivery) string { s, _ := d.Headers[brokertest.KeyHeader].(string); return s }
 			h, err := amqpidem.GuardHandler(g, amqpidem.Config{
-				Scope: brokertest.Scope, Key: broker.HeaderKey(brokertest.KeyHeader), Policy: policy,
+				Scope: brokertest.Scope, Key: broker.HeaderKey(brokertest.KeyHeader), Policy: policy, Concurrency: concurrency,
 				OnDecision: func(d *amqp.Delivery, dec broker.Decision) {
 					events <- brokertest.Event{Key: key(d), Decision: dec}
 				},

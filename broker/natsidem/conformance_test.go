@@ -19,7 +19,12 @@ import (
 // TestConformance runs the broker suite on JetStream: a stream per topic,
 // one durable pull consumer shared by every consumer of the topic (in
 // this process and in the crash test's child), redelivery after AckWait.
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { conformance(t, 1) }
+
+// TestConformanceConcurrent: the same suite with 8 messages at once.
+func TestConformanceConcurrent(t *testing.T) { conformance(t, 8) }
+
+func conformance(t *testing.T, concurrency int) {
 	nc, err := nats.Connect(testenv.NATSURL, nats.Timeout(3*time.Second))
 	testenv.Need(t, "NATS", testenv.NATSURL, err)
 	defer nc.Close()
@@ -49,7 +54,7 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			h, err := natsidem.GuardHandler(g, natsidem.Config{
-				Scope: brokertest.Scope, Key: broker.HeaderKey(brokertest.KeyHeader), Policy: policy,
+				Scope: brokertest.Scope, Key: broker.HeaderKey(brokertest.KeyHeader), Policy: policy, Concurrency: concurrency,
 				OnDecision: func(msg jetstream.Msg, d broker.Decision) {
 					events <- brokertest.Event{Key: msg.Headers().Get(brokertest.KeyHeader), Decision: d}
 				},

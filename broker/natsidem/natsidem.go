@@ -39,6 +39,16 @@ type Config struct {
 	Context context.Context
 	// OnDecision, if set, hears every decision (for logs and metrics).
 	OnDecision func(msg jetstream.Msg, d broker.Decision)
+	// Concurrency is how many messages the handler runs at once. Defaults
+	// to 1. Above 1, messages complete out of order (the keys keep the
+	// duplicates apart: a copy that meets its key in progress is retried
+	// later); keep the consumer's MaxAckPending at least this high.
+	Concurrency int
+	// ConfirmAcks waits for the server to confirm every ack (DoubleAck).
+	// Defaults to false: a plain ack. With an idempotent handler a lost ack
+	// costs only a redelivery, which is acknowledged as a duplicate, while
+	// a confirmed ack costs a round trip per message.
+	ConfirmAcks bool
 }
 
 func (c *Config) validate() error {
@@ -53,6 +63,12 @@ func (c *Config) validate() error {
 	}
 	if c.Context == nil {
 		c.Context = context.Background()
+	}
+	if c.Concurrency < 0 {
+		return errors.New("idem/natsidem: Config.Concurrency must not be negative")
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 1
 	}
 	return nil
 }
@@ -95,9 +111,28 @@ func InboxHandler(cfg Config, process func(ctx context.Context, msg jetstream.Ms
 	}), nil
 }
 
-// handler extracts the key (a message without one is dead-lettered), runs
-// decide while reporting progress, and applies the decision.
+// handler runs one message at a time, or Concurrency at once.
 func (c *Config) handler(decide func(msg jetstream.Msg, id string) broker.Decision) jetstream.MessageHandler {
+	h := c.one(decide)
+	if c.Concurrency <= 1 {
+		return h
+	}
+	// Up to Concurrency messages at once; the subscription waits for a
+	// free slot (back pressure).
+	slots := make(chan struct{}, c.Concurrency)
+	return func(msg jetstream.Msg) {
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots }()
+			h(msg)
+		}()
+	}
+}
+
+// one handles one message: extracts the key (a message without one is
+// dead-lettered), runs decide while reporting progress, and applies the
+// decision.
+func (c *Config) one(decide func(msg jetstream.Msg, id string) broker.Decision) jetstream.MessageHandler {
 	return func(msg jetstream.Msg) {
 		id, err := c.Key(message{msg})
 		if err != nil {
@@ -141,9 +176,10 @@ func (c *Config) apply(msg jetstream.Msg, d broker.Decision) {
 	}
 	switch d.Verdict {
 	case broker.Ack:
-		// Wait for the server to confirm: an ack lost on the way would
-		// only cause a redelivery (a duplicate, acked then), but a confirmed
-		// ack makes the consumer's progress observable.
+		if !c.ConfirmAcks {
+			_ = msg.Ack() // lost on the way: a redelivery, acked as a duplicate
+			return
+		}
 		ctx, cancel := context.WithTimeout(c.Context, 5*time.Second)
 		defer cancel()
 		if err := msg.DoubleAck(ctx); err != nil {

@@ -57,20 +57,21 @@ func main() {
 	dbURL := flag.String("db", "", "postgres://… (required)")
 	ackWait := flag.Duration("ack-wait", 30*time.Second, "JetStream AckWait: a message unacked this long is redelivered")
 	consumer := flag.String("consumer", "credit-transfers", "durable consumer name (and the inbox's consumer)")
+	concurrency := flag.Int("concurrency", 8, "messages processed at once (each in its own transaction)")
 	flag.Parse()
 	if *brokerURL == "" || *dbURL == "" {
-		fmt.Fprintln(os.Stderr, "usage: payments-consumer --broker URL --db URL [--ack-wait D] [--consumer NAME]")
+		fmt.Fprintln(os.Stderr, "usage: payments-consumer --broker URL --db URL [--ack-wait D] [--consumer NAME] [--concurrency N]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logger := log.New(os.Stderr, "payments-consumer: ", log.LstdFlags|log.Lmicroseconds)
-	if err := run(ctx, logger, *brokerURL, *dbURL, *ackWait, *consumer); err != nil {
+	if err := run(ctx, logger, *brokerURL, *dbURL, *ackWait, *consumer, *concurrency); err != nil {
 		logger.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, logger *log.Logger, brokerURL, dbURL string, ackWait time.Duration, consumer string) error {
+func run(ctx context.Context, logger *log.Logger, brokerURL, dbURL string, ackWait time.Duration, consumer string, concurrency int) error {
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return fmt.Errorf("--db: %w", err)
@@ -107,9 +108,9 @@ func run(ctx context.Context, logger *log.Logger, brokerURL, dbURL string, ackWa
 	cfg := broker.Policy{InProgressDelay: time.Second, BackoffMin: 100 * time.Millisecond, BackoffMax: 10 * time.Second}
 	switch {
 	case strings.HasPrefix(brokerURL, "nats://"), strings.HasPrefix(brokerURL, "tls://"):
-		return runNATS(ctx, logger, brokerURL, ackWait, consumer, cfg, book)
+		return runNATS(ctx, logger, brokerURL, ackWait, consumer, concurrency, cfg, book)
 	case strings.HasPrefix(brokerURL, "amqp://"), strings.HasPrefix(brokerURL, "amqps://"):
-		return runAMQP(ctx, logger, brokerURL, consumer, cfg, book)
+		return runAMQP(ctx, logger, brokerURL, consumer, concurrency, cfg, book)
 	}
 	return fmt.Errorf("--broker %q: want nats://… or amqp://…", brokerURL)
 }
@@ -135,7 +136,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, ib *inbox.Inbox[pgx.Tx]) e
 
 type bookFunc func(ctx context.Context, id string, body []byte) (inbox.Outcome, error)
 
-func runNATS(ctx context.Context, logger *log.Logger, url string, ackWait time.Duration, consumer string, policy broker.Policy, book bookFunc) error {
+func runNATS(ctx context.Context, logger *log.Logger, url string, ackWait time.Duration, consumer string, concurrency int, policy broker.Policy, book bookFunc) error {
 	nc, err := nats.Connect(url, nats.Name("payments-consumer"))
 	if err != nil {
 		return fmt.Errorf("--broker: %w", err)
@@ -155,7 +156,7 @@ func runNATS(ctx context.Context, logger *log.Logger, url string, ackWait time.D
 		return fmt.Errorf("consumer %s: %w", consumer, err)
 	}
 	h, err := natsidem.InboxHandler(natsidem.Config{Scope: consumer, Key: broker.JSONKey("correlation_id"), Policy: policy,
-		ProgressInterval: max(ackWait/3, time.Second), Context: context.WithoutCancel(ctx)},
+		ProgressInterval: max(ackWait/3, time.Second), Context: context.WithoutCancel(ctx), Concurrency: concurrency},
 		func(ctx context.Context, msg jetstream.Msg, id string) (inbox.Outcome, error) {
 			return book(ctx, id, msg.Data())
 		})
@@ -173,7 +174,7 @@ func runNATS(ctx context.Context, logger *log.Logger, url string, ackWait time.D
 	return nil
 }
 
-func runAMQP(ctx context.Context, logger *log.Logger, url, consumer string, policy broker.Policy, book bookFunc) error {
+func runAMQP(ctx context.Context, logger *log.Logger, url, consumer string, concurrency int, policy broker.Policy, book bookFunc) error {
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		return fmt.Errorf("--broker: %w", err)
@@ -186,10 +187,10 @@ func runAMQP(ctx context.Context, logger *log.Logger, url, consumer string, poli
 	if _, err := ch.QueueDeclare(queueName, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("queue %s: %w", queueName, err)
 	}
-	if err := ch.Qos(64, 0, false); err != nil {
+	if err := ch.Qos(max(64, concurrency), 0, false); err != nil {
 		return err
 	}
-	h, err := amqpidem.InboxHandler(amqpidem.Config{Scope: consumer, Key: broker.JSONKey("correlation_id"), Policy: policy, Context: context.WithoutCancel(ctx)},
+	h, err := amqpidem.InboxHandler(amqpidem.Config{Scope: consumer, Key: broker.JSONKey("correlation_id"), Policy: policy, Context: context.WithoutCancel(ctx), Concurrency: concurrency},
 		func(ctx context.Context, d *amqp.Delivery, id string) (inbox.Outcome, error) {
 			return book(ctx, id, d.Body)
 		})
