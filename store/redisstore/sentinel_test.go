@@ -146,7 +146,7 @@ func failover(t *testing.T, client redis.UniversalClient, waitReplicas int,
 	var recovered time.Duration
 	for i := before + lagging; after < 300; i++ {
 		if err := lifecycle(i); err != nil {
-			after = 0 // recovered means 300 in a row
+			after = 0                                // recovered means 300 in a row
 			if time.Since(killed) > 20*time.Second { // a promotion takes seconds here (node timeout 1s)
 				t.Fatalf("no recovery 20s after the master was killed (%d failures)", failures)
 			}
