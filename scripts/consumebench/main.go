@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,11 +22,13 @@ import (
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/broker/natsidem"
 	"github.com/idemgo/idem/store/memstore"
+	"github.com/idemgo/idem/store/storeurl"
 )
 
 func main() {
 	n := flag.Int("n", 20000, "messages per run")
 	url := flag.String("nats", "nats://127.0.0.1:4222", "NATS URL")
+	redisURL := flag.String("redis", "redis://127.0.0.1:6379/0", "Redis URL (the Redis runs)")
 	flag.Parse()
 	nc, err := nats.Connect(*url)
 	check(err)
@@ -72,9 +75,14 @@ func main() {
 		return float64(*n) / elapsed.Seconds()
 	}
 
-	guarded := func(concurrency int, confirm bool) func(done func()) jetstream.MessageHandler {
+	openRedis := func() idem.Store {
+		s, err := storeurl.Open(ctx, *redisURL+"?pool_size=64&idem_prefix="+fmt.Sprintf("consumebench%d:", time.Now().UnixNano()), nil)
+		check(err)
+		return s
+	}
+	guarded := func(concurrency int, confirm bool, open func() idem.Store) func(done func()) jetstream.MessageHandler {
 		return func(done func()) jetstream.MessageHandler {
-			s := memstore.New(memstore.Config{})
+			s := open()
 			g, err := idem.NewGuard(idem.Config{Store: s})
 			check(err)
 			h, err := natsidem.GuardHandler(g, natsidem.Config{Scope: "bench", Key: broker.HeaderKey("correlation_id"),
@@ -90,6 +98,7 @@ func main() {
 	})
 	fmt.Printf("== %d messages, one durable pull consumer, NATS at %s\n", *n, *url)
 	fmt.Printf("bare JetStream, plain ack                 %8.0f msg/s  1.00\n", bare)
+	mem := func() idem.Store { return memstore.New(memstore.Config{}) }
 	for _, c := range []struct {
 		name        string
 		concurrency int
@@ -99,9 +108,32 @@ func main() {
 		{"natsidem+memstore, plain acks, 1 at once", 1, false},
 		{"natsidem+memstore, plain acks, 8 at once", 8, false},
 	} {
-		r := run(fmt.Sprintf("idem%d%v", c.concurrency, c.confirm), guarded(c.concurrency, c.confirm))
+		r := run(fmt.Sprintf("idem%d%v", c.concurrency, c.confirm), guarded(c.concurrency, c.confirm, mem))
 		fmt.Printf("%-62s %8.0f msg/s  %.2f of bare\n", c.name, r, r/bare)
 	}
+	// Redis: natsidem at 8 against the store's own lifecycles at 8 workers.
+	viaNATS := run("redis8", guarded(8, false, openRedis))
+	s := openRedis()
+	var lifecycles atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Since(start) < 5*time.Second; i++ {
+				k := fmt.Sprintf("w%d-%d", w, i)
+				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+				check(err)
+				check(s.Complete(ctx, k, a.Fence, nil, time.Hour))
+				lifecycles.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	raw := float64(lifecycles.Load()) / time.Since(start).Seconds()
+	fmt.Printf("%-62s %8.0f msg/s  %.2f of bare\n", "natsidem+redis, plain acks, 8 at once", viaNATS, viaNATS/bare)
+	fmt.Printf("%-62s %8.0f /s     natsidem+redis is %.2f of it\n", "redis lifecycles (Acquire+Complete), 8 workers, no broker", raw, viaNATS/raw)
 }
 
 func check(err error) {
