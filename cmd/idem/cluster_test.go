@@ -5,9 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
@@ -30,31 +28,9 @@ func TestKeysOnACluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := *clusterKeys
-	ctx := context.Background()
-	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	for w := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 16 {
-				k := idem.Key{Scope: "orders", ID: fmt.Sprintf("ORD-%06d", i)}.Storage(false)
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
-				if err == nil {
-					err = s.Complete(ctx, k, a.Fence, []byte("ok"), time.Hour)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	testenv.CompleteMany(t, s, n, func(i int) string {
+		return idem.Key{Scope: "orders", ID: fmt.Sprintf("ORD-%06d", i)}.Storage(false)
+	})
 	s.Close()
 	out, err := run(t, "keys", "ls", "--store", url, "--json")
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -142,32 +141,7 @@ var clusterRecords = flag.Int("cluster.records", 200_000, "records written for t
 
 // fill completes n records rec-000000… in s, with 16 writers.
 func fill(t *testing.T, s *redisstore.Store, n int) {
-	t.Helper()
-	ctx := context.Background()
-	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	for w := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 16 {
-				k := fmt.Sprintf("rec-%06d", i)
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
-				if err == nil {
-					err = s.Complete(ctx, k, a.Fence, []byte("r"), time.Hour)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	testenv.CompleteMany(t, s, n, func(i int) string { return fmt.Sprintf("rec-%06d", i) })
 }
 
 // TestClusterCampaign runs the fault campaign on a Redis Cluster of 3
