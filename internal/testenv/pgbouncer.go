@@ -53,7 +53,7 @@ pidfile = %s
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{filepath.Join(dir, "pgbouncer.ini")}
+	args := []string{"-q", filepath.Join(dir, "pgbouncer.ini")} // -q: the log goes to its file only
 	if os.Geteuid() == 0 {
 		args = append([]string{"-u", "postgres"}, args...)
 	}
