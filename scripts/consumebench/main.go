@@ -1,6 +1,7 @@
-// Command consumebench measures JetStream consumption through natsidem
+// Command consumebench measures consumption through natsidem and amqpidem
 // next to bare consumption, in one run: the same 20,000 messages on one
-// durable pull consumer, each configuration from a fresh stream.
+// durable pull consumer (JetStream) or one queue (RabbitMQ), each
+// configuration from a fresh stream or queue.
 //
 //	(cd scripts && go run ./consumebench -n 20000)
 package main
@@ -29,6 +30,7 @@ func main() {
 	n := flag.Int("n", 20000, "messages per run")
 	url := flag.String("nats", "nats://127.0.0.1:4222", "NATS URL")
 	redisURL := flag.String("redis", "redis://127.0.0.1:6379/0", "Redis URL (the Redis runs)")
+	amqpURL := flag.String("amqp", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL (\"\" skips it)")
 	flag.Parse()
 	nc, err := nats.Connect(*url)
 	check(err)
@@ -134,6 +136,9 @@ func main() {
 	raw := float64(lifecycles.Load()) / time.Since(start).Seconds()
 	fmt.Printf("%-62s %8.0f msg/s  %.2f of bare\n", "natsidem+redis, plain acks, 8 at once", viaNATS, viaNATS/bare)
 	fmt.Printf("%-62s %8.0f /s     natsidem+redis is %.2f of it\n", "redis lifecycles (Acquire+Complete), 8 workers, no broker", raw, viaNATS/raw)
+	if *amqpURL != "" {
+		benchAMQP(*amqpURL, *n)
+	}
 }
 
 func check(err error) {
