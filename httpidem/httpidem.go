@@ -259,6 +259,10 @@ type dispositionError struct {
 
 func (e *dispositionError) Error() string { return e.reason }
 
+// storeResponse tells any Guard to complete with the recorded response: one
+// shared value, so the common path allocates no error.
+var storeResponse = decided(idem.Complete, "response stored")
+
 func decided(d idem.Disposition, reason string) error {
 	return idem.WithDisposition(d, &dispositionError{d, reason})
 }
@@ -387,7 +391,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return nil, decided(idem.Release, "response too large to store")
 		}
 		if d == idem.Complete {
-			return encodeResponse(rec.status, storable(rec.header, m.cfg.StoreSetCookie), rec.body.Bytes()), decided(d, "status "+strconv.Itoa(rec.status))
+			return encodeResponse(rec.status, storable(rec.header, m.cfg.StoreSetCookie), rec.body.Bytes()), storeResponse
 		}
 		return nil, decided(d, "status "+strconv.Itoa(rec.status))
 	}

@@ -14,7 +14,6 @@ var SQLite Dialect = sqlite{}
 
 type postgres struct{}
 
-func (postgres) Name() string       { return "postgres" }
 func (postgres) Now() string        { return "now()" }
 func (postgres) TimeType() string   { return "timestamptz" }
 func (postgres) BinaryType() string { return "bytea" }
@@ -51,7 +50,6 @@ CREATE TRIGGER ` + table + `_notify AFTER INSERT OR UPDATE OF status ON ` + dott
 
 type sqlite struct{}
 
-func (sqlite) Name() string       { return "sqlite" }
 func (sqlite) Now() string        { return "CAST(unixepoch('subsec') * 1000 AS INTEGER)" }
 func (sqlite) TimeType() string   { return "INTEGER" }
 func (sqlite) BinaryType() string { return "BLOB" }

@@ -89,8 +89,6 @@ type Listener interface {
 // Dialect holds the SQL fragments in which database families differ.
 // Components write each statement once around them.
 type Dialect interface {
-	// Name is "postgres" or "sqlite".
-	Name() string
 	// Now is the current time as a value of a TimeType column.
 	Now() string
 	// NowPlusMillis is Now plus the number of milliseconds in param (a

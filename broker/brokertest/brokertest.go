@@ -19,22 +19,20 @@
 package brokertest
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/sqlitestore"
 )
@@ -281,25 +279,10 @@ func runChild(t *testing.T, h Harness) {
 func testCrash(t *testing.T, h Harness) {
 	topic := h.NewTopic(t)
 	store := filepath.Join(t.TempDir(), "records.db")
-	cmd := exec.Command(os.Args[0], "-test.run=^"+strings.Split(t.Name(), "/")[0]+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envChild+"=1", envTopic+"="+topic, envStore+"="+store)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	child := testenv.StartChild(t, strings.Split(t.Name(), "/")[0], envChild+"=1", envTopic+"="+topic, envStore+"="+store)
 	h.Publish(t, topic, "PAY-5", []byte("credit 50"))
-	sc := bufio.NewScanner(out)
-	for sc.Scan() && !strings.HasPrefix(sc.Text(), working) {
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
+	child.WaitFor(t, working)
+	child.Kill(t)
 	killed := time.Now()
 
 	// Another consumer gets the redelivery and takes the key over once the

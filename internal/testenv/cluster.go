@@ -21,38 +21,23 @@ import (
 type RedisCluster struct {
 	// Addrs are the nodes' addresses, masters first (as created).
 	Addrs []string
-	procs map[string]*exec.Cmd
+	nodes map[string]*RedisServer
 }
 
 // StartRedisCluster starts masters×(1+replicas) redis-server processes
 // with cluster mode on free loopback ports, joins them with
-// `redis-cli --cluster create`, and waits until every slot is served.
+// `redis-cli --cluster create`, and waits until every slot is served and
+// every replica is in sync. Replicas fail over whatever their data's age
+// (validity factor 0) within a second of their master's death.
 func StartRedisCluster(t testing.TB, masters, replicas int) *RedisCluster {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		Need(t, "redis-server (for a Redis Cluster)", "PATH", err)
-	}
-	dir := t.TempDir()
-	c := &RedisCluster{procs: map[string]*exec.Cmd{}}
-	t.Cleanup(func() {
-		for _, p := range c.procs {
-			_ = p.Process.Kill()
-			_ = p.Wait()
-		}
-	})
+	c := &RedisCluster{nodes: map[string]*RedisServer{}}
 	for range masters * (1 + replicas) {
-		port := freePort(t)
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, fmt.Sprintf("nodes-%d.conf", port)),
-			"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0", "--dir", dir, "--save", "", "--appendonly", "no",
-			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		c.procs[addr] = cmd
-		c.Addrs = append(c.Addrs, addr)
-		waitPort(t, addr)
+		n := StartRedisServer(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0",
+			"--repl-diskless-sync-delay", "0", "--save", "", "--appendonly", "no")
+		c.nodes[n.Addr] = n
+		c.Addrs = append(c.Addrs, n.Addr)
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
@@ -61,6 +46,16 @@ func StartRedisCluster(t testing.TB, masters, replicas int) *RedisCluster {
 	}
 	c.waitHealthy(t)
 	return c
+}
+
+// Node returns the node at addr.
+func (c *RedisCluster) Node(t testing.TB, addr string) *RedisServer {
+	t.Helper()
+	n, ok := c.nodes[addr]
+	if !ok {
+		t.Fatalf("no cluster node at %s", addr)
+	}
+	return n
 }
 
 // Client returns a cluster client that does not resend commands (see
@@ -75,22 +70,23 @@ func (c *RedisCluster) Client(t testing.TB) *redis.ClusterClient {
 // replica is in sync with its master.
 func (c *RedisCluster) waitHealthy(t testing.TB) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
 	for _, addr := range c.Addrs {
 		rc := redis.NewClient(&redis.Options{Addr: addr})
-		for {
+		Eventually(t, 30*time.Second, "cluster node "+addr+" healthy", func() error {
 			info, err := rc.ClusterInfo(context.Background()).Result()
-			repl, rerr := rc.Info(context.Background(), "replication").Result()
-			if err == nil && rerr == nil && strings.Contains(info, "cluster_state:ok") &&
-				(strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up")) {
-				break
+			if err != nil {
+				return err
 			}
-			if time.Now().After(deadline) {
-				rc.Close()
-				t.Fatalf("cluster node %s not healthy: %v %s", addr, err, info)
+			repl, err := rc.Info(context.Background(), "replication").Result()
+			if err != nil {
+				return err
 			}
-			time.Sleep(50 * time.Millisecond) // the cluster bus converges on its own
-		}
+			if !strings.Contains(info, "cluster_state:ok") ||
+				!(strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up")) {
+				return fmt.Errorf("not yet:\n%s\n%s", info, repl)
+			}
+			return nil
+		})
 		rc.Close()
 	}
 }
@@ -107,18 +103,13 @@ func freePort(t testing.TB) int {
 
 func waitPort(t testing.TB, addr string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	Eventually(t, 10*time.Second, "a server listening on "+addr, func() error {
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s did not start: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond) // the process is starting
-	}
+		return err
+	})
 }
 
 // RedisSentinel is a Redis master with two replicas watched by three
@@ -132,8 +123,7 @@ type RedisSentinel struct {
 	Master        string // the first master's address
 	Replicas      []string
 	SentinelAddrs []string
-	procs         map[string]*exec.Cmd
-	args          map[string][]string
+	nodes         map[string]*RedisServer
 }
 
 // StartRedisSentinel starts the master, two replicas and three Sentinels
@@ -141,24 +131,12 @@ type RedisSentinel struct {
 // the Sentinels know them.
 func StartRedisSentinel(t testing.TB) *RedisSentinel {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		Need(t, "redis-server (for Redis Sentinel)", "PATH", err)
-	}
-	dir := t.TempDir()
-	s := &RedisSentinel{MasterName: "idemmaster", procs: map[string]*exec.Cmd{}, args: map[string][]string{}}
-	t.Cleanup(func() {
-		for _, p := range s.procs {
-			_ = p.Process.Kill()
-			_ = p.Wait()
-		}
-	})
+	dir := t.TempDir() // the Sentinels' configuration files, which they rewrite
+	s := &RedisSentinel{MasterName: "idemmaster", nodes: map[string]*RedisServer{}}
 	start := func(args ...string) string {
-		port := freePort(t)
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		s.args[addr] = append(args, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))
-		s.run(t, addr)
-		return addr
+		n := StartRedisServer(t, args...)
+		s.nodes[n.Addr] = n
+		return n.Addr
 	}
 	s.Master = start("--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0")
 	host, port, _ := strings.Cut(s.Master, ":")
@@ -176,34 +154,26 @@ func StartRedisSentinel(t testing.TB) *RedisSentinel {
 	}
 	// Wait until the replica is in sync and a Sentinel sees it (so a
 	// failover can promote it).
-	deadline := time.Now().Add(30 * time.Second)
 	for _, r := range s.Replicas {
 		rc := redis.NewClient(&redis.Options{Addr: r})
-		for {
+		Eventually(t, 30*time.Second, "replica "+r+" in sync", func() error {
 			info, err := rc.Info(context.Background(), "replication").Result()
-			if err == nil && strings.Contains(info, "master_link_status:up") {
-				break
+			if err == nil && !strings.Contains(info, "master_link_status:up") {
+				err = fmt.Errorf("not yet:\n%s", info)
 			}
-			if time.Now().After(deadline) {
-				rc.Close()
-				t.Fatalf("replica %s did not sync: %v %s", r, err, info)
-			}
-			time.Sleep(50 * time.Millisecond) // the replica syncs on its own schedule
-		}
+			return err
+		})
 		rc.Close()
 	}
 	sc := redis.NewSentinelClient(&redis.Options{Addr: s.SentinelAddrs[0]})
 	defer sc.Close()
-	for {
+	Eventually(t, 30*time.Second, "the Sentinels see the replicas", func() error {
 		reps, err := sc.Replicas(context.Background(), s.MasterName).Result()
-		if err == nil && len(reps) == len(s.Replicas) {
-			break
+		if err == nil && len(reps) != len(s.Replicas) {
+			err = fmt.Errorf("%d of %d replicas known", len(reps), len(s.Replicas))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the Sentinels do not see the replica: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond) // Sentinels discover replicas on their own schedule
-	}
+		return err
+	})
 	return s
 }
 
@@ -214,38 +184,14 @@ func (s *RedisSentinel) Client(t testing.TB) *redis.Client {
 	return c
 }
 
-func (s *RedisSentinel) run(t testing.TB, addr string) {
-	cmd := exec.Command("redis-server", s.args[addr]...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s.procs[addr] = cmd
-	waitPort(t, addr)
-}
-
-// KillMaster kills the first master's process with SIGKILL.
-func (s *RedisSentinel) KillMaster(t testing.TB) {
+// Node returns the master, replica or Sentinel at addr.
+func (s *RedisSentinel) Node(t testing.TB, addr string) *RedisServer {
 	t.Helper()
-	p := s.procs[s.Master]
-	if err := p.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = p.Wait()
-	delete(s.procs, s.Master)
-}
-
-// Kill stops the node at addr with SIGKILL.
-func (c *RedisCluster) Kill(t testing.TB, addr string) {
-	t.Helper()
-	p, ok := c.procs[addr]
+	n, ok := s.nodes[addr]
 	if !ok {
-		t.Fatalf("no cluster node at %s", addr)
+		t.Fatalf("no node at %s", addr)
 	}
-	if err := p.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = p.Wait()
-	delete(c.procs, addr)
+	return n
 }
 
 // RedisServer is one redis-server process on loopback that a test can
@@ -256,18 +202,23 @@ type RedisServer struct {
 	proc *exec.Cmd
 }
 
-// StartRedisServer starts redis-server with extra arguments (persistence
-// settings) on a free port, in a directory of its own.
+// StartRedisServer starts redis-server with extra arguments (persistence,
+// cluster or replication settings; a configuration file first, as
+// redis-server wants it) on a free port, in a directory of its own.
 func StartRedisServer(t testing.TB, extra ...string) *RedisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		Need(t, "redis-server", "PATH", err)
 	}
+	var conf []string
+	if len(extra) > 0 && !strings.HasPrefix(extra[0], "--") {
+		conf, extra = extra[:1], extra[1:]
+	}
 	dir := t.TempDir()
 	port := freePort(t)
 	r := &RedisServer{Addr: "127.0.0.1:" + strconv.Itoa(port),
-		args: append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-			"--logfile", filepath.Join(dir, "redis.log")}, extra...)}
+		args: append(append(conf, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+			"--logfile", filepath.Join(dir, "redis.log")), extra...)}
 	r.Start(t)
 	t.Cleanup(func() {
 		if r.proc != nil {
@@ -288,13 +239,9 @@ func (r *RedisServer) Start(t testing.TB) {
 	waitPort(t, r.Addr)
 	rc := redis.NewClient(&redis.Options{Addr: r.Addr})
 	defer rc.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for rc.Ping(context.Background()).Err() != nil { // LOADING while it reads its files
-		if time.Now().After(deadline) {
-			t.Fatal("redis-server did not load its data")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	Eventually(t, 30*time.Second, "redis-server loaded its data", func() error { // LOADING while it reads its files
+		return rc.Ping(context.Background()).Err()
+	})
 }
 
 // Kill stops the server with SIGKILL.
@@ -333,25 +280,19 @@ func (c *RedisCluster) ReplicasOf(t testing.TB, master string) []string {
 	return out
 }
 
-// Pause stops the node at addr (SIGSTOP) until Resume: a replica that
-// falls behind.
-func (c *RedisCluster) Pause(t testing.TB, addr string) { signal(t, c.procs[addr], syscall.SIGSTOP) }
+// Pause stops the server (SIGSTOP) until Resume: a replica that falls
+// behind.
+func (r *RedisServer) Pause(t testing.TB) { r.signal(t, syscall.SIGSTOP) }
 
-// Resume continues a paused node (SIGCONT).
-func (c *RedisCluster) Resume(t testing.TB, addr string) { signal(t, c.procs[addr], syscall.SIGCONT) }
+// Resume continues a paused server (SIGCONT).
+func (r *RedisServer) Resume(t testing.TB) { r.signal(t, syscall.SIGCONT) }
 
-// Pause stops the node at addr (SIGSTOP) until Resume.
-func (s *RedisSentinel) Pause(t testing.TB, addr string) { signal(t, s.procs[addr], syscall.SIGSTOP) }
-
-// Resume continues a paused node (SIGCONT).
-func (s *RedisSentinel) Resume(t testing.TB, addr string) { signal(t, s.procs[addr], syscall.SIGCONT) }
-
-func signal(t testing.TB, p *exec.Cmd, sig syscall.Signal) {
+func (r *RedisServer) signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
-	if p == nil {
-		t.Fatal("no such process")
+	if r.proc == nil {
+		t.Fatalf("redis-server %s is not running", r.Addr)
 	}
-	if err := p.Process.Signal(sig); err != nil {
+	if err := r.proc.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
 }

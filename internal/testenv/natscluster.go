@@ -67,19 +67,13 @@ func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	Eventually(t, 30*time.Second, "a JetStream meta leader", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
 		_, err := js.AccountInfo(ctx)
-		cancel()
-		if err == nil {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the JetStream cluster has no meta leader: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond) // the servers elect a leader on their own schedule
-	}
+		return err
+	})
+	return c
 }
 
 // Kill stops server i with SIGKILL.

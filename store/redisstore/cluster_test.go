@@ -190,14 +190,14 @@ func clusterPlan(t *testing.T, cluster *testenv.RedisCluster) func(*redisstore.S
 		replicas := cluster.ReplicasOf(t, master)
 		lag := func() {
 			for _, r := range replicas {
-				cluster.Pause(t, r)
+				cluster.Node(t, r).Pause(t)
 			}
 			cutReplicas(t, master)
 		}
 		kill := func() {
-			cluster.Kill(t, master)
+			cluster.Node(t, master).Kill(t)
 			for _, r := range replicas {
-				cluster.Resume(t, r)
+				cluster.Node(t, r).Resume(t)
 			}
 		}
 		return lag, kill

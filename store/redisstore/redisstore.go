@@ -300,7 +300,7 @@ func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) 
 // a failure to reach it.
 func isReply(err error) bool {
 	var re redis.Error
-	return errors.As(err, &re) && !errors.Is(err, ErrReplicationShortfall)
+	return errors.As(err, &re)
 }
 
 func (s *Store) runOnce(ctx context.Context, script *redis.Script, key string, args ...any) *redis.Cmd {

@@ -55,14 +55,14 @@ func TestSentinel(t *testing.T) {
 			failover(t, s.Client(t), wait, func(*redisstore.Store, *idem.Guard) (func(), func()) {
 				lag := func() {
 					for _, r := range s.Replicas {
-						s.Pause(t, r)
+						s.Node(t, r).Pause(t)
 					}
 					cutReplicas(t, s.Master)
 				}
 				kill := func() {
-					s.KillMaster(t)
+					s.Node(t, s.Master).Kill(t)
 					for _, r := range s.Replicas {
-						s.Resume(t, r)
+						s.Node(t, r).Resume(t)
 					}
 				}
 				return lag, kill

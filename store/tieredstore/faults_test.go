@@ -1,15 +1,11 @@
 package tieredstore_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -115,35 +111,9 @@ func TestCompletionSurvivesKill9BetweenTiers(t *testing.T) {
 	prefix = testenv.RandomName("idemtest:") + ":"
 	coldPath = filepath.Join(t.TempDir(), "cold.db")
 	s := openShared(t, prefix, coldPath)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCompletionSurvivesKill9BetweenTiers$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "IDEM_TIERED_CHILD=1", "IDEM_TIERED_PREFIX="+prefix, "IDEM_TIERED_COLD="+coldPath)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(out)
-	between := false
-	for sc.Scan() {
-		if strings.HasPrefix(sc.Text(), "ERROR") {
-			t.Fatalf("child: %s", sc.Text())
-		}
-		if sc.Text() == "BETWEEN" {
-			between = true
-			break
-		}
-	}
-	if !between {
-		_ = cmd.Process.Kill()
-		t.Fatal("the child never reached the point between the two writes")
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
+	child := testenv.StartChild(t, "TestCompletionSurvivesKill9BetweenTiers", "IDEM_TIERED_CHILD=1", "IDEM_TIERED_PREFIX="+prefix, "IDEM_TIERED_COLD="+coldPath)
+	child.WaitFor(t, "BETWEEN") // the child is between the two writes
+	child.Kill(t)
 	ctx := context.Background()
 	req := idem.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: time.Minute, Retention: 72 * time.Hour}
 	deadline := time.Now().Add(lease + 10*time.Second)
