@@ -1,9 +1,15 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/maphash"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
 )
 
 type fenceKey struct{}
@@ -17,7 +23,7 @@ func FenceFrom(ctx context.Context) (uint64, bool) {
 }
 
 // Do runs fn at most once for key and returns its result, JSON-encoded in the
-// store and decoded for every duplicate:
+// store and decoded for duplicates:
 //
 //	booking, err := idem.Do(ctx, guard, key, func(ctx context.Context) (Booking, error) { … })
 //
@@ -25,6 +31,11 @@ func FenceFrom(ctx context.Context) (uint64, bool) {
 // fn. The errors are ErrInProgress (another owner is running it: retry
 // later), ErrFingerprintMismatch, ErrPoisoned, a *ReplayedFailure (the first
 // run failed definitely), fn's own error, or a store failure (fn did not run).
+//
+// When T holds no references (no pointer, slice, map, interface, channel or
+// function, time.Time allowed), a value decoded from a stored result is
+// remembered by the Guard and handed out again, as a copy, to the
+// duplicates that replay the same bytes: a hot duplicate costs no decoding.
 func Do[T any](ctx context.Context, g *Guard, key Key, fn func(context.Context) (T, error)) (T, error) {
 	return DoWith(ctx, g, key, nil, fn)
 }
@@ -55,10 +66,7 @@ func DoWith[T any](ctx context.Context, g *Guard, key Key, opts *RunOptions, fn 
 		if res.Failed {
 			return zero, &ReplayedFailure{Message: string(res.Value)}
 		}
-		if err := json.Unmarshal(res.Value, &out); err != nil {
-			return zero, fmt.Errorf("idem: decode stored result of %s: %w", key, err)
-		}
-		return out, nil
+		return decodeStored[T](g, key, res)
 	case InProgress:
 		return zero, ErrInProgress
 	case Mismatch:
@@ -67,4 +75,100 @@ func DoWith[T any](ctx context.Context, g *Guard, key Key, opts *RunOptions, fn 
 		return zero, ErrPoisoned
 	}
 	return zero, fmt.Errorf("idem: unexpected outcome %v", res.Outcome)
+}
+
+// decodeStored decodes a replayed result, or hands out the copy decoded the
+// last time the same key replayed the same bytes.
+func decodeStored[T any](g *Guard, key Key, res Result) (T, error) {
+	var out T
+	share := copyable(reflect.TypeFor[T]())
+	if share {
+		if v, ok := g.decoded.get(res.Record.Key, res.Value).(T); ok {
+			return v, nil
+		}
+	}
+	if err := json.Unmarshal(res.Value, &out); err != nil {
+		var zero T
+		return zero, fmt.Errorf("idem: decode stored result of %s: %w", key, err)
+	}
+	if share && res.Record.Key != "" {
+		g.decoded.put(res.Record.Key, res.Value, out)
+	}
+	return out, nil
+}
+
+// decodedValues remembers one decoded result per slot (a key hashes to its
+// slot; a newer key takes the slot over), so its memory is bounded whatever
+// the number of keys. Entries are immutable: a reader compares the key and
+// the bytes, so a value is only ever handed out for exactly the bytes it was
+// decoded from.
+type decodedValues struct {
+	once  sync.Once
+	seed  maphash.Seed
+	slots []atomic.Pointer[decodedValue]
+}
+
+type decodedValue struct {
+	key   string
+	raw   []byte
+	value any
+}
+
+const decodedSlots = 1024
+
+func (d *decodedValues) slot(key string) *atomic.Pointer[decodedValue] {
+	d.once.Do(func() {
+		d.seed = maphash.MakeSeed()
+		d.slots = make([]atomic.Pointer[decodedValue], decodedSlots)
+	})
+	return &d.slots[maphash.String(d.seed, key)%decodedSlots]
+}
+
+func (d *decodedValues) get(key string, raw []byte) any {
+	if e := d.slot(key).Load(); e != nil && e.key == key && bytes.Equal(e.raw, raw) {
+		return e.value
+	}
+	return nil
+}
+
+func (d *decodedValues) put(key string, raw []byte, value any) {
+	d.slot(key).Store(&decodedValue{key: key, raw: bytes.Clone(raw), value: value})
+}
+
+var copyableTypes sync.Map // reflect.Type → bool
+
+// copyable reports whether a value of t can be copied and handed to two
+// callers without them sharing anything mutable.
+func copyable(t reflect.Type) bool {
+	if v, ok := copyableTypes.Load(t); ok {
+		return v.(bool)
+	}
+	ok := copyableKind(t, 0)
+	copyableTypes.Store(t, ok)
+	return ok
+}
+
+func copyableKind(t reflect.Type, depth int) bool {
+	if depth > 32 {
+		return false
+	}
+	if t == reflect.TypeFor[time.Time]() {
+		return true // its *Location is immutable
+	}
+	switch t.Kind() {
+	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
+		reflect.Float32, reflect.Float64, reflect.Complex64, reflect.Complex128, reflect.String:
+		return true
+	case reflect.Array:
+		return copyableKind(t.Elem(), depth+1)
+	case reflect.Struct:
+		for i := range t.NumField() {
+			if !copyableKind(t.Field(i).Type, depth+1) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
 }

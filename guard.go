@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
+
+	"github.com/idemgo/idem/internal/ticks"
 )
 
 // Config configures a Guard. The zero value of every field but Store works.
@@ -73,6 +74,9 @@ type Event struct {
 type Guard struct {
 	cfg   Config
 	cache *cache
+	beats *ticks.Scheduler // nil when heartbeats are off
+
+	decoded decodedValues // idem.Do's decoded results
 }
 
 // NewGuard validates cfg, applies the defaults and returns a Guard. Errors
@@ -122,6 +126,9 @@ func NewGuard(cfg Config) (*Guard, error) {
 		cfg.Clock = SystemClock{}
 	}
 	g := &Guard{cfg: cfg}
+	if cfg.HeartbeatInterval > 0 {
+		g.beats = ticks.New(cfg.HeartbeatInterval)
+	}
 	if cfg.CacheSize > 0 {
 		g.cache = newCache(cfg.CacheSize, cfg.CacheTTL)
 	}
@@ -142,6 +149,10 @@ type RunOptions struct {
 	// Fingerprint of the request (see Fingerprint). Same key with another
 	// fingerprint is a Mismatch, never a replay.
 	Fingerprint string
+	// Progress, if set, is called after every heartbeat that extended the
+	// lease while the work runs — to tell a broker the message is still in
+	// progress, on the same schedule. Keep it fast.
+	Progress func()
 }
 
 // Work is the guarded function. fence is the owner's fencing token: a
@@ -189,8 +200,9 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 		return Result{}, err
 	}
 	var fp string
+	var progress func()
 	if opts != nil {
-		fp = opts.Fingerprint
+		fp, progress = opts.Fingerprint, opts.Progress
 	}
 	skey := key.Storage(g.cfg.CompactKeys)
 
@@ -231,7 +243,7 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 		return res, nil
 	}
 
-	value, workErr := g.runOwned(ctx, skey, acq.Fence, work)
+	value, workErr := g.runOwned(ctx, skey, acq.Fence, progress, work)
 	disp := classify(g.cfg.Classify, workErr)
 	res.Disposition = disp
 	res.Value = value
@@ -247,23 +259,72 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 
 // runOwned runs work under heartbeats; a panic holds the record and
 // continues.
-func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, work Work) (value []byte, err error) {
-	ctx = context.WithValue(ctx, fenceKey{}, fence)
-	if g.cfg.HeartbeatInterval <= 0 {
+func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, progress func(), work Work) (value []byte, err error) {
+	if g.beats == nil {
 		defer g.holdOnPanic(skey, fence)
-		return work(ctx, fence)
+		return work(&fenceContext{ctx, fence}, fence)
 	}
 	wctx, cancel := context.WithCancelCause(ctx)
+	r := &ownedRun{g: g, parent: ctx, cancel: cancel, key: skey, fence: fence, progress: progress}
+	r.ctx = fenceContext{wctx, fence}
 	// The heartbeats outlive the caller: if the caller gives up while the
 	// work keeps running, the lease must live as long as the work does.
-	hb := &heartbeat{g: g, ctx: context.WithoutCancel(ctx), cancel: cancel, key: skey, fence: fence}
-	hb.start()
+	g.beats.Start(&r.tick, r)
 	defer func() {
-		hb.stop()
+		g.beats.Stop(&r.tick)
 		cancel(nil)
 	}()
 	defer g.holdOnPanic(skey, fence)
-	return work(wctx, fence)
+	return work(&r.ctx, fence)
+}
+
+// fenceContext hands the owner's fence to FenceFrom without a context.WithValue.
+type fenceContext struct {
+	context.Context
+	fence uint64
+}
+
+func (c *fenceContext) Value(key any) any {
+	if key == (fenceKey{}) {
+		return c.fence
+	}
+	return c.Context.Value(key)
+}
+
+// ownedRun is one run in flight: its lease is extended by the Guard's
+// heartbeat scheduler (one timer for every run) for as long as the work runs
+// — not as long as the caller waits: its store calls do not end with the
+// caller's context. When the store says the fence is stale, the lease is
+// lost: the work's context is cancelled with ErrStaleFence as its cause.
+type ownedRun struct {
+	tick     ticks.Tick
+	g        *Guard
+	parent   context.Context
+	ctx      fenceContext
+	cancel   context.CancelCauseFunc
+	key      string
+	fence    uint64
+	progress func()
+}
+
+// Tick beats once; false ends the heartbeats (the lease is lost).
+func (r *ownedRun) Tick() bool {
+	g := r.g
+	start := g.cfg.Clock.Now()
+	// One beat may take at most the time left before the lease would end
+	// had this beat been skipped; a hung store call must not delay the next.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.parent), g.cfg.Lease-g.cfg.HeartbeatInterval)
+	err := g.cfg.Store.Heartbeat(ctx, r.key, r.fence, g.cfg.Lease)
+	cancel()
+	g.observe(Event{Phase: "heartbeat", Key: r.key, Fence: r.fence, Duration: g.since(start), Err: err})
+	if errors.Is(err, ErrStaleFence) {
+		r.cancel(ErrStaleFence)
+		return false
+	}
+	if err == nil && r.progress != nil {
+		r.progress()
+	}
+	return true
 }
 
 func (g *Guard) holdOnPanic(skey string, fence uint64) {
@@ -274,7 +335,10 @@ func (g *Guard) holdOnPanic(skey string, fence uint64) {
 }
 
 func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disposition, value []byte, workErr error, res *Result) error {
-	sctx := context.WithoutCancel(ctx)
+	sctx := ctx
+	if ctx.Done() != nil {
+		sctx = context.WithoutCancel(ctx)
+	}
 	start := g.cfg.Clock.Now()
 	var err error
 	switch disp {
@@ -333,52 +397,4 @@ func (g *Guard) Forget(ctx context.Context, key Key) error {
 		g.cache.remove(skey)
 	}
 	return g.cfg.Store.Delete(ctx, skey)
-}
-
-// heartbeat extends the lease every HeartbeatInterval for as long as the work
-// runs — not as long as the caller waits: its store calls do not end with the
-// caller's context. When the store says the fence is stale, the lease is
-// lost: the work's context is cancelled with ErrStaleFence as its cause.
-type heartbeat struct {
-	g      *Guard
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	key    string
-	fence  uint64
-
-	mu      sync.Mutex
-	timer   *time.Timer
-	stopped bool
-}
-
-func (h *heartbeat) start() {
-	h.mu.Lock()
-	h.timer = time.AfterFunc(h.g.cfg.HeartbeatInterval, h.beat)
-	h.mu.Unlock()
-}
-
-func (h *heartbeat) beat() {
-	start := h.g.cfg.Clock.Now()
-	// One beat may take at most the time left before the lease would end
-	// had this beat been skipped; a hung store call must not delay the next.
-	ctx, cancel := context.WithTimeout(h.ctx, h.g.cfg.Lease-h.g.cfg.HeartbeatInterval)
-	err := h.g.cfg.Store.Heartbeat(ctx, h.key, h.fence, h.g.cfg.Lease)
-	cancel()
-	h.g.observe(Event{Phase: "heartbeat", Key: h.key, Fence: h.fence, Duration: h.g.since(start), Err: err})
-	if errors.Is(err, ErrStaleFence) {
-		h.cancel(ErrStaleFence)
-		return
-	}
-	h.mu.Lock()
-	if !h.stopped {
-		h.timer.Reset(h.g.cfg.HeartbeatInterval)
-	}
-	h.mu.Unlock()
-}
-
-func (h *heartbeat) stop() {
-	h.mu.Lock()
-	h.stopped = true
-	h.timer.Stop()
-	h.mu.Unlock()
 }

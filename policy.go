@@ -92,9 +92,11 @@ func (e *decidedError) Unwrap() error { return e.err }
 // classify applies a disposition the work decided (WithDisposition), else
 // the guard's policy.
 func classify(policy func(error) Disposition, err error) Disposition {
-	var de *decidedError
-	if errors.As(err, &de) {
-		return de.d
+	if err != nil {
+		var de *decidedError
+		if errors.As(err, &de) {
+			return de.d
+		}
 	}
 	return policy(err)
 }

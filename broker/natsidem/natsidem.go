@@ -11,6 +11,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/internal/ticks"
 )
 
 // ReasonHeader carries why a message was dead-lettered.
@@ -30,9 +31,12 @@ type Config struct {
 	// JetStream must be set too.
 	DeadLetterSubject string
 	JetStream         jetstream.JetStream
-	// ProgressInterval is how often a running message is reported in
-	// progress. Defaults to 10s (keep it under the consumer's AckWait);
-	// negative disables.
+	// ProgressInterval is how often a running message of an InboxHandler is
+	// reported in progress (one timer for the handler, not one per message).
+	// Defaults to 10s (keep it under the consumer's AckWait); negative
+	// disables. A GuardHandler reports progress with every heartbeat of its
+	// Guard instead (keep the Guard's HeartbeatInterval under the AckWait);
+	// a negative ProgressInterval disables that too.
 	ProgressInterval time.Duration
 	// Context is the parent of every handler's context. Defaults to
 	// context.Background().
@@ -49,6 +53,8 @@ type Config struct {
 	// costs only a redelivery, which is acknowledged as a duplicate, while
 	// a confirmed ack costs a round trip per message.
 	ConfirmAcks bool
+
+	progress *ticks.Scheduler // InboxHandler's in-progress signals
 }
 
 func (c *Config) validate() error {
@@ -69,6 +75,9 @@ func (c *Config) validate() error {
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = 1
+	}
+	if c.ProgressInterval > 0 {
+		c.progress = ticks.New(c.ProgressInterval)
 	}
 	return nil
 }
@@ -91,8 +100,14 @@ func GuardHandler(g *idem.Guard, cfg Config, work func(ctx context.Context, msg 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	report := cfg.ProgressInterval >= 0
+	cfg.progress = nil // the Guard's heartbeats report progress
 	return cfg.handler(func(msg jetstream.Msg, id string) broker.Decision {
-		res, err := g.Run(cfg.Context, idem.Key{Scope: cfg.Scope, ID: id}, &idem.RunOptions{Fingerprint: idem.Fingerprint(msg.Data())},
+		opts := idem.RunOptions{Fingerprint: idem.Fingerprint(msg.Data())}
+		if report {
+			opts.Progress = func() { _ = msg.InProgress() }
+		}
+		res, err := g.Run(cfg.Context, idem.Key{Scope: cfg.Scope, ID: id}, &opts,
 			func(ctx context.Context, fence uint64) ([]byte, error) { return work(ctx, msg, fence) })
 		return cfg.Policy.FromGuard(res, err, attempt(msg))
 	}), nil
@@ -130,8 +145,8 @@ func (c *Config) handler(decide func(msg jetstream.Msg, id string) broker.Decisi
 }
 
 // one handles one message: extracts the key (a message without one is
-// dead-lettered), runs decide while reporting progress, and applies the
-// decision.
+// dead-lettered), runs decide while reporting progress (InboxHandler), and
+// applies the decision.
 func (c *Config) one(decide func(msg jetstream.Msg, id string) broker.Decision) jetstream.MessageHandler {
 	return func(msg jetstream.Msg) {
 		id, err := c.Key(message{msg})
@@ -139,36 +154,26 @@ func (c *Config) one(decide func(msg jetstream.Msg, id string) broker.Decision) 
 			c.apply(msg, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
 			return
 		}
-		stop := c.progress(msg)
+		if c.progress == nil {
+			c.apply(msg, decide(msg, id))
+			return
+		}
+		p := &inProgress{msg: msg}
+		c.progress.Start(&p.tick, p)
 		d := decide(msg, id)
-		stop()
+		c.progress.Stop(&p.tick)
 		c.apply(msg, d)
 	}
 }
 
-// progress reports the message in progress until the returned stop is
-// called.
-func (c *Config) progress(msg jetstream.Msg) (stop func()) {
-	if c.ProgressInterval < 0 {
-		return func() {}
-	}
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(c.ProgressInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				_ = msg.InProgress()
-			}
-		}
-	}()
-	return func() { close(done); <-finished }
+// inProgress tells JetStream, on every tick, that a message is still being
+// worked on.
+type inProgress struct {
+	tick ticks.Tick
+	msg  jetstream.Msg
 }
+
+func (p *inProgress) Tick() bool { _ = p.msg.InProgress(); return true }
 
 func (c *Config) apply(msg jetstream.Msg, d broker.Decision) {
 	if c.OnDecision != nil {

@@ -15,12 +15,18 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/broker/natsidem"
+	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/memstore"
 )
 
 // stream creates a stream and a durable consumer with unique names.
 func stream(t *testing.T) (jetstream.JetStream, jetstream.Consumer, string) {
+	t.Helper()
+	return streamAckWait(t, 5*time.Second)
+}
+
+func streamAckWait(t *testing.T, ackWait time.Duration) (jetstream.JetStream, jetstream.Consumer, string) {
 	t.Helper()
 	nc, err := nats.Connect(testenv.NATSURL, nats.Timeout(3*time.Second))
 	testenv.Need(t, "NATS", testenv.NATSURL, err)
@@ -37,7 +43,7 @@ func stream(t *testing.T) (jetstream.JetStream, jetstream.Consumer, string) {
 	}
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
 	cons, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
-		Durable: "worker", FilterSubject: subject, AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second,
+		Durable: "worker", FilterSubject: subject, AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -184,5 +190,74 @@ func TestInProgressNaksWithDelay(t *testing.T) {
 	}
 	if gap := time.Since(start); gap < 250*time.Millisecond {
 		t.Fatalf("redelivered after %v, want the in-progress delay of 300ms", gap)
+	}
+}
+
+// TestWorkLongerThanAckWait runs a message for three times the consumer's
+// AckWait: the in-progress signals (the Guard's heartbeats for a
+// GuardHandler, the handler's ticks for an InboxHandler) keep JetStream from
+// redelivering it. Without them (ProgressInterval < 0) it is redelivered
+// while it runs — the control that shows the test can fail.
+func TestWorkLongerThanAckWait(t *testing.T) {
+	const ackWait = time.Second
+	for _, c := range []struct {
+		name        string
+		inbox       bool
+		progress    time.Duration
+		redelivered bool
+	}{
+		{"guard", false, 0, false},
+		{"inbox", true, 200 * time.Millisecond, false},
+		{"guard without progress", false, -1, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			js, cons, name := streamAckWait(t, ackWait)
+			s := memstore.New(memstore.Config{})
+			defer s.Close()
+			var runs atomic.Int32
+			deliveries := make(chan struct{}, 10)
+			work := func() {
+				runs.Add(1)
+				time.Sleep(3 * ackWait) // the server's AckWait runs on its own clock
+			}
+			cfg := natsidem.Config{Scope: "long", Key: broker.JSONKey("correlation_id"), ProgressInterval: c.progress, Concurrency: 2,
+				Policy:     broker.Policy{InProgressDelay: 100 * time.Millisecond},
+				OnDecision: func(jetstream.Msg, broker.Decision) { deliveries <- struct{}{} }}
+			var h jetstream.MessageHandler
+			var err error
+			if c.inbox {
+				h, err = natsidem.InboxHandler(cfg, func(ctx context.Context, msg jetstream.Msg, id string) (inbox.Outcome, error) {
+					work()
+					return inbox.Processed, nil
+				})
+			} else {
+				g, _ := idem.NewGuard(idem.Config{Store: s, Lease: 600 * time.Millisecond, HeartbeatInterval: 150 * time.Millisecond})
+				h, err = natsidem.GuardHandler(g, cfg, func(ctx context.Context, msg jetstream.Msg, fence uint64) ([]byte, error) {
+					work()
+					return nil, nil
+				})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc, err := cons.Consume(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Stop()
+			publish(t, js, name+".in", "only", `{"correlation_id":"slow"}`)
+			<-deliveries // the run's decision
+			info, err := cons.Info(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := info.NumRedelivered > 0 || len(deliveries) > 0; got != c.redelivered {
+				t.Fatalf("redelivered while running: %v (NumRedelivered %d, %d more decisions), want %v", got, info.NumRedelivered, len(deliveries), c.redelivered)
+			}
+			if !c.inbox && runs.Load() != 1 {
+				t.Fatalf("ran %d times", runs.Load())
+			}
+		})
 	}
 }

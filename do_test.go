@@ -1,0 +1,106 @@
+package idem_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// counted is a copyable result whose decodings are counted.
+type counted struct{ N int }
+
+var decodings int
+
+func (c *counted) UnmarshalJSON(b []byte) error {
+	decodings++
+	var v struct{ N int }
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	c.N = v.N
+	return nil
+}
+
+func TestDoReplayDecodesOncePerStoredResult(t *testing.T) {
+	g, _ := newGuard(t, idem.Config{})
+	ctx := context.Background()
+	k := idem.Key{Scope: "test", ID: "decode-once"}
+	decodings = 0
+	first := func(context.Context) (counted, error) { return counted{N: 7}, nil }
+	if _, err := idem.Do(ctx, g, k, first); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		v, err := idem.Do(ctx, g, k, func(context.Context) (counted, error) { t.Fatal("ran twice"); return counted{}, nil })
+		if err != nil || v.N != 7 {
+			t.Fatalf("replay = %+v, %v", v, err)
+		}
+	}
+	if decodings != 1 {
+		t.Fatalf("10 replays of one stored result decoded it %d times, want 1", decodings)
+	}
+	// A new generation of the key stores other bytes: they are decoded, not
+	// mistaken for the remembered value.
+	if err := g.Forget(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idem.Do(ctx, g, k, func(context.Context) (counted, error) { return counted{N: 8}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	v, err := idem.Do(ctx, g, k, first)
+	if err != nil || v.N != 8 {
+		t.Fatalf("replay of the new generation = %+v, %v; want N 8", v, err)
+	}
+	// Another type on the same key decodes for itself.
+	type other struct{ N float64 }
+	o, err := idem.Do(ctx, g, k, func(context.Context) (other, error) { return other{}, nil })
+	if err != nil || o.N != 8 {
+		t.Fatalf("replay as another type = %+v, %v", o, err)
+	}
+}
+
+func TestDoReplayNeverSharesMutableValues(t *testing.T) {
+	g, _ := newGuard(t, idem.Config{})
+	ctx := context.Background()
+	type withSlice struct{ Lines []string }
+	type withMap struct{ Tags map[string]string }
+	type withTime struct {
+		At time.Time
+		ID string
+	}
+	k := idem.Key{Scope: "test", ID: "slices"}
+	if _, err := idem.Do(ctx, g, k, func(context.Context) (withSlice, error) { return withSlice{Lines: []string{"a"}}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := idem.Do(ctx, g, k, func(context.Context) (withSlice, error) { return withSlice{}, nil })
+	a.Lines[0] = "changed by the first caller"
+	b, _ := idem.Do(ctx, g, k, func(context.Context) (withSlice, error) { return withSlice{}, nil })
+	if b.Lines[0] != "a" {
+		t.Fatalf("a caller's change reached another caller: %q", b.Lines[0])
+	}
+	km := idem.Key{Scope: "test", ID: "maps"}
+	if _, err := idem.Do(ctx, g, km, func(context.Context) (withMap, error) { return withMap{Tags: map[string]string{"k": "v"}}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	m1, _ := idem.Do(ctx, g, km, func(context.Context) (withMap, error) { return withMap{}, nil })
+	m1.Tags["k"] = "changed"
+	m2, _ := idem.Do(ctx, g, km, func(context.Context) (withMap, error) { return withMap{}, nil })
+	if m2.Tags["k"] != "v" {
+		t.Fatalf("a caller's change reached another caller: %q", m2.Tags["k"])
+	}
+	// time.Time is copyable: replays agree.
+	kt := idem.Key{Scope: "test", ID: "times"}
+	at := time.Date(2026, 11, 30, 8, 0, 0, 0, time.FixedZone("X", 3600))
+	if _, err := idem.Do(ctx, g, kt, func(context.Context) (withTime, error) { return withTime{At: at, ID: "x"}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		v, err := idem.Do(ctx, g, kt, func(context.Context) (withTime, error) { return withTime{}, nil })
+		if err != nil || !v.At.Equal(at) || v.ID != "x" {
+			t.Fatalf("replay = %+v, %v", v, err)
+		}
+	}
+}

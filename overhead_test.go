@@ -1,0 +1,130 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store/memstore"
+)
+
+// BenchmarkGuardOverhead measures, in one run on the memory store, what the
+// Guard adds to the store calls it makes: a first run (Guard.Run against the
+// raw Acquire+Complete with the same requests) and a replay (idem.Do, which
+// decodes the stored result, against Guard.Run's replay). The heartbeats are
+// on, at their defaults. It prints both ratios (targets: lifecycle ≤ 1.3,
+// Do replay ≤ 1.5).
+func BenchmarkGuardOverhead(b *testing.B) {
+	type payment struct {
+		ID     string `json:"id"`
+		Amount int64  `json:"amount"`
+		Status string `json:"status"`
+	}
+	result := []byte(`{"id":"PAY-1","amount":100,"status":"captured"}`)
+	fp := idem.Fingerprint(result)
+	ns := map[string]float64{}
+	perOp := func(name string, b *testing.B) { ns[name] = float64(b.Elapsed().Nanoseconds()) / float64(b.N) }
+	newStore := func(b *testing.B) *memstore.Store {
+		s := memstore.New(memstore.Config{SweepInterval: -1})
+		b.Cleanup(func() { s.Close() })
+		return s
+	}
+	newGuard := func(b *testing.B) *idem.Guard {
+		g, err := idem.NewGuard(idem.Config{Store: newStore(b)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return g
+	}
+	var seq atomic.Uint64
+	nextKey := func(buf []byte) idem.Key {
+		return idem.Key{Scope: "payments", ID: string(strconv.AppendUint(buf[:0], seq.Add(1), 10))}
+	}
+
+	b.Run("raw-lifecycle", func(b *testing.B) {
+		s := newStore(b)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			buf := make([]byte, 0, 24)
+			for pb.Next() {
+				k := nextKey(buf).Storage(false)
+				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Fingerprint: fp, Lease: 30 * time.Second, Retention: 24 * time.Hour})
+				if err != nil || a.Outcome != idem.Acquired {
+					b.Fatal(a.Outcome, err)
+				}
+				if err := s.Complete(ctx, k, a.Fence, result, 24*time.Hour); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		perOp("raw-lifecycle", b)
+	})
+	b.Run("guard-lifecycle", func(b *testing.B) {
+		g := newGuard(b)
+		work := func(context.Context, uint64) ([]byte, error) { return result, nil }
+		opts := &idem.RunOptions{Fingerprint: fp}
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			buf := make([]byte, 0, 24)
+			for pb.Next() {
+				res, err := g.Run(ctx, nextKey(buf), opts, work)
+				if err != nil || res.Outcome != idem.Acquired {
+					b.Fatal(res.Outcome, err)
+				}
+			}
+		})
+		perOp("guard-lifecycle", b)
+	})
+
+	// The replays read one completed key again and again.
+	replayGuard := func(b *testing.B) (*idem.Guard, idem.Key) {
+		g := newGuard(b)
+		k := idem.Key{Scope: "payments", ID: "PAY-1"}
+		if _, err := g.Run(context.Background(), k, nil, func(context.Context, uint64) ([]byte, error) { return result, nil }); err != nil {
+			b.Fatal(err)
+		}
+		return g, k
+	}
+	b.Run("guard-replay", func(b *testing.B) {
+		g, k := replayGuard(b)
+		work := func(context.Context, uint64) ([]byte, error) { b.Fatal("ran twice"); return nil, nil }
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			for pb.Next() {
+				res, err := g.Run(ctx, k, nil, work)
+				if err != nil || res.Outcome != idem.Replayed || len(res.Value) == 0 {
+					b.Fatal(res.Outcome, err)
+				}
+			}
+		})
+		perOp("guard-replay", b)
+	})
+	b.Run("do-replay", func(b *testing.B) {
+		g, k := replayGuard(b)
+		fn := func(context.Context) (payment, error) { b.Fatal("ran twice"); return payment{}, nil }
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			for pb.Next() {
+				p, err := idem.Do(ctx, g, k, fn)
+				if err != nil || p.Amount != 100 {
+					b.Fatal(p, err)
+				}
+			}
+		})
+		perOp("do-replay", b)
+	})
+	if ns["raw-lifecycle"] > 0 && ns["guard-replay"] > 0 {
+		fmt.Printf("GuardOverhead: Guard.Run lifecycle %.0f ns/op, raw Acquire+Complete %.0f ns/op, ratio %.2f (target ≤ 1.3); "+
+			"Do replay %.0f ns/op, Guard.Run replay %.0f ns/op, ratio %.2f (target ≤ 1.5)\n",
+			ns["guard-lifecycle"], ns["raw-lifecycle"], ns["guard-lifecycle"]/ns["raw-lifecycle"],
+			ns["do-replay"], ns["guard-replay"], ns["do-replay"]/ns["guard-replay"])
+	}
+}
