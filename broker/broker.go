@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -33,29 +32,18 @@ func HeaderKey(name string) KeyFunc {
 	}
 }
 
-// JSONKey reads the id from a top-level string (or number) field of a JSON
-// body.
-func JSONKey(field string) KeyFunc {
-	return func(m Message) (string, error) {
-		var doc map[string]json.RawMessage
-		if err := json.Unmarshal(m.Body(), &doc); err != nil {
-			return "", fmt.Errorf("idem/broker: the body is not a JSON object: %v", err)
-		}
-		raw, ok := doc[field]
-		if !ok {
-			return "", fmt.Errorf("idem/broker: the body has no %q field", field)
-		}
-		var s string
-		if err := json.Unmarshal(raw, &s); err == nil && s != "" {
-			return s, nil
-		}
-		var n json.Number
-		if err := json.Unmarshal(raw, &n); err == nil {
-			return n.String(), nil
-		}
-		return "", fmt.Errorf("idem/broker: the %q field is not a non-empty string or a number", field)
-	}
-}
+// FingerprintFunc tells a message's payload apart, so that a key reused
+// with another payload is a Mismatch (dead-lettered) rather than a replay.
+type FingerprintFunc func(Message) string
+
+// BodyFingerprint is the SHA-256/128 of the body (idem.Fingerprint): the
+// default.
+func BodyFingerprint(m Message) string { return idem.Fingerprint(m.Body()) }
+
+// NoFingerprint trusts the producer's keys: a key reused with another
+// payload replays the first result instead of being dead-lettered, and no
+// body is hashed.
+func NoFingerprint(Message) string { return "" }
 
 // Verdict is what to tell the broker.
 type Verdict uint8

@@ -20,6 +20,9 @@ type Config struct {
 	// Key extracts the producer's id (broker.JSONKey, broker.HeaderKey,
 	// CorrelationIDKey…). Required.
 	Key broker.KeyFunc
+	// Fingerprint tells payloads apart under one key (GuardHandler).
+	// Defaults to broker.BodyFingerprint; broker.NoFingerprint skips it.
+	Fingerprint broker.FingerprintFunc
 	// Policy maps outcomes to acks and nacks.
 	Policy broker.Policy
 	// Context is the parent of every handler's context. Defaults to
@@ -40,6 +43,9 @@ func (c *Config) validate() error {
 	}
 	if c.Context == nil {
 		c.Context = context.Background()
+	}
+	if c.Fingerprint == nil {
+		c.Fingerprint = broker.BodyFingerprint
 	}
 	if c.Concurrency < 0 {
 		return errors.New("idem/amqpidem: Config.Concurrency must not be negative")
@@ -90,7 +96,7 @@ func GuardHandler(g *idem.Guard, cfg Config, work func(ctx context.Context, d *a
 		return nil, err
 	}
 	return cfg.handler(func(d *amqp.Delivery, id string) broker.Decision {
-		res, err := g.Run(cfg.Context, idem.Key{Scope: cfg.Scope, ID: id}, &idem.RunOptions{Fingerprint: idem.Fingerprint(d.Body)},
+		res, err := g.Run(cfg.Context, idem.Key{Scope: cfg.Scope, ID: id}, &idem.RunOptions{Fingerprint: cfg.Fingerprint(message{d})},
 			func(ctx context.Context, fence uint64) ([]byte, error) { return work(ctx, d, fence) })
 		return cfg.Policy.FromGuard(res, err, attempt(d))
 	}), nil

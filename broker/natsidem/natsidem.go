@@ -24,6 +24,9 @@ type Config struct {
 	// Key extracts the producer's id (broker.JSONKey, broker.HeaderKey…).
 	// Required.
 	Key broker.KeyFunc
+	// Fingerprint tells payloads apart under one key (GuardHandler).
+	// Defaults to broker.BodyFingerprint; broker.NoFingerprint skips it.
+	Fingerprint broker.FingerprintFunc
 	// Policy maps outcomes to acks, naks and terms.
 	Policy broker.Policy
 	// DeadLetterSubject, if set, receives a copy of every terminated
@@ -70,6 +73,9 @@ func (c *Config) validate() error {
 	if c.Context == nil {
 		c.Context = context.Background()
 	}
+	if c.Fingerprint == nil {
+		c.Fingerprint = broker.BodyFingerprint
+	}
 	if c.Concurrency < 0 {
 		return errors.New("idem/natsidem: Config.Concurrency must not be negative")
 	}
@@ -103,7 +109,7 @@ func GuardHandler(g *idem.Guard, cfg Config, work func(ctx context.Context, msg 
 	report := cfg.ProgressInterval >= 0
 	cfg.progress = nil // the Guard's heartbeats report progress
 	return cfg.handler(func(msg jetstream.Msg, id string) broker.Decision {
-		opts := idem.RunOptions{Fingerprint: idem.Fingerprint(msg.Data())}
+		opts := idem.RunOptions{Fingerprint: cfg.Fingerprint(message{msg})}
 		if report {
 			opts.Progress = func() { _ = msg.InProgress() }
 		}

@@ -261,3 +261,45 @@ func TestWorkLongerThanAckWait(t *testing.T) {
 		})
 	}
 }
+
+// TestFingerprintChoice: by default a key reused with another payload is
+// dead-lettered; with broker.NoFingerprint the key alone decides, and the
+// second payload is acked as a replay.
+func TestFingerprintChoice(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		fp   broker.FingerprintFunc
+		want broker.Verdict
+	}{{"body", nil, broker.DeadLetter}, {"none", broker.NoFingerprint, broker.Ack}} {
+		t.Run(c.name, func(t *testing.T) {
+			js, cons, name := stream(t)
+			s := memstore.New(memstore.Config{})
+			defer s.Close()
+			g, _ := idem.NewGuard(idem.Config{Store: s})
+			var runs atomic.Int32
+			decisions := make(chan broker.Decision, 10)
+			h, err := natsidem.GuardHandler(g, natsidem.Config{Scope: "credits", Key: broker.JSONKey("correlation_id"), Fingerprint: c.fp,
+				OnDecision: func(_ jetstream.Msg, d broker.Decision) { decisions <- d }},
+				func(ctx context.Context, msg jetstream.Msg, fence uint64) ([]byte, error) { runs.Add(1); return nil, nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc, err := cons.Consume(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Stop()
+			publish(t, js, name+".in", "a", `{"correlation_id":"PAY-9","amount":1}`)
+			if d := <-decisions; d.Verdict != broker.Ack {
+				t.Fatalf("first: %v", d)
+			}
+			publish(t, js, name+".in", "b", `{"correlation_id":"PAY-9","amount":2}`)
+			if d := <-decisions; d.Verdict != c.want {
+				t.Fatalf("same key, other payload: %v, want %v", d, c.want)
+			}
+			if runs.Load() != 1 {
+				t.Fatalf("ran %d times", runs.Load())
+			}
+		})
+	}
+}
