@@ -280,7 +280,10 @@ func TestFingerprintChoice(t *testing.T) {
 			decisions := make(chan broker.Decision, 10)
 			h, err := natsidem.GuardHandler(g, natsidem.Config{Scope: "credits", Key: broker.JSONKey("correlation_id"), Fingerprint: c.fp,
 				OnDecision: func(_ jetstream.Msg, d broker.Decision) { decisions <- d }},
-				func(ctx context.Context, msg jetstream.Msg, fence uint64) ([]byte, error) { runs.Add(1); return nil, nil })
+				func(ctx context.Context, msg jetstream.Msg, fence uint64) ([]byte, error) {
+					runs.Add(1)
+					return nil, nil
+				})
 			if err != nil {
 				t.Fatal(err)
 			}
