@@ -83,7 +83,7 @@ type Inbox[TTx any] struct {
 	cfg    Config
 	driver sqldriver.Driver[TTx]
 	schema string // of Table, "" for none
-	sql    struct{ claim, version, sweep string }
+	sql    struct{ claim, claimMany, unclaim, version, sweep string }
 }
 
 var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
@@ -109,6 +109,8 @@ func New[TTx any](driver sqldriver.Driver[TTx], cfg Config) (*Inbox[TTx], error)
 	d := driver.Dialect()
 	i.sql.claim = `INSERT INTO ` + cfg.Table + ` (consumer, correlation_id, event_type, processed_at, consumer_version)
 VALUES ($1, $2, $3, ` + d.Now() + `, $4) ON CONFLICT (consumer, correlation_id) DO NOTHING`
+	i.sql.claimMany = `INSERT INTO ` + cfg.Table + ` (consumer, correlation_id, event_type, processed_at, consumer_version) VALUES `
+	i.sql.unclaim = `DELETE FROM ` + cfg.Table + ` WHERE consumer = $1 AND correlation_id = $2`
 	i.sql.version = `INSERT INTO ` + cfg.VersionTable + ` AS v (entity, version, updated_at) VALUES ($1, $2, ` + d.Now() + `)
 ON CONFLICT (entity) DO UPDATE SET version = EXCLUDED.version, updated_at = EXCLUDED.updated_at
 WHERE v.version < EXCLUDED.version`

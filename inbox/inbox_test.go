@@ -26,8 +26,13 @@ import (
 type backend struct {
 	// process runs ev; fn adds one row to the business table in the same
 	// transaction.
-	process      func(ctx context.Context, ev inbox.Event, fail error) (inbox.Outcome, error)
+	process func(ctx context.Context, ev inbox.Event, fail error) (inbox.Outcome, error)
+	// processBatch runs evs in one batch; each item adds one row, then
+	// returns fail[its id].
+	processBatch func(ctx context.Context, evs []inbox.Event, fail map[string]error) ([]inbox.BatchResult, error)
 	rows         func(ctx context.Context) int
+	// rowsOf counts the business rows of one id.
+	rowsOf       func(ctx context.Context, ref string) int
 	applyVersion func(ctx context.Context, entity string, v int64) (bool, error)
 	sweep        func(ctx context.Context, olderThan time.Duration, limit int) (int, error)
 }
@@ -50,6 +55,22 @@ func newBackend[TTx any](t *testing.T, driver sqldriver.Driver[TTx], prefix stri
 				}
 				return fail
 			})
+		},
+		processBatch: func(ctx context.Context, evs []inbox.Event, fail map[string]error) ([]inbox.BatchResult, error) {
+			items := make([]inbox.BatchItem[TTx], len(evs))
+			for n, ev := range evs {
+				items[n] = inbox.BatchItem[TTx]{Event: ev, Fn: func(ctx context.Context, tx TTx) error {
+					if err := insert(ctx, tx, ev.CorrelationID); err != nil {
+						return err
+					}
+					return fail[ev.CorrelationID]
+				}}
+			}
+			return ib.ProcessBatch(ctx, items)
+		},
+		rowsOf: func(ctx context.Context, ref string) (n int) {
+			_ = driver.Executor().QueryRow(ctx, `SELECT count(*) FROM `+prefix+`credits WHERE ref = $1`, ref).Scan(&n)
+			return n
 		},
 		rows: func(ctx context.Context) (n int) {
 			_ = driver.Executor().QueryRow(ctx, `SELECT count(*) FROM `+prefix+`credits`).Scan(&n)
@@ -248,6 +269,115 @@ func TestInbox(t *testing.T) {
 				}
 				if out, _ := b.process(ctx, inbox.Event{Consumer: "credits", CorrelationID: "PAY-1"}, nil); out != inbox.Processed {
 					t.Fatalf("a swept key is new again: %v", out)
+				}
+			})
+		})
+	}
+}
+
+func TestProcessBatch(t *testing.T) {
+	for name, open := range backends {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := open(t)
+			ctx := context.Background()
+			ev := func(id string) inbox.Event { return inbox.Event{Consumer: "credits", CorrelationID: id} }
+			t.Run("OneCommitManyOutcomes", func(t *testing.T) {
+				for _, id := range []string{"old-1", "old-2"} {
+					if out, err := b.process(ctx, ev(id), nil); err != nil || out != inbox.Processed {
+						t.Fatal(out, err)
+					}
+				}
+				boom := errors.New("ledger refused")
+				evs := []inbox.Event{
+					ev("new-1"), ev("old-1"), ev("fails"), ev("new-2"), ev("new-1"), // new-1 twice: the copy is a duplicate
+					ev("fails"),           // its first copy failed: redeliver this one too
+					{Consumer: "credits"}, // invalid: no id
+					ev("old-2"), ev("new-3"),
+				}
+				res, err := b.processBatch(ctx, evs, map[string]error{"fails": boom})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := []string{"processed", "duplicate", "error", "processed", "duplicate", "earlier", "error", "duplicate", "processed"}
+				for n, r := range res {
+					got := r.Outcome.String()
+					switch {
+					case errors.Is(r.Err, inbox.ErrEarlierCopyFailed):
+						got = "earlier"
+					case r.Err != nil:
+						got = "error"
+					}
+					if got != want[n] {
+						t.Errorf("item %d (%q): %s (%v), want %s", n, evs[n].CorrelationID, got, r.Err, want[n])
+					}
+				}
+				if !errors.Is(res[2].Err, boom) {
+					t.Errorf("the failing item's error is %v, want its own", res[2].Err)
+				}
+				for id, rows := range map[string]int{"new-1": 1, "new-2": 1, "new-3": 1, "old-1": 1, "fails": 0} {
+					if got := b.rowsOf(ctx, id); got != rows {
+						t.Errorf("%s: %d business rows, want %d", id, got, rows)
+					}
+				}
+				// The failed item was unclaimed: its redelivery runs.
+				if out, err := b.process(ctx, ev("fails"), nil); err != nil || out != inbox.Processed {
+					t.Fatalf("redelivery of the failed item: %v %v, want processed", out, err)
+				}
+			})
+			t.Run("ConcurrentBatchesCommitEachKeyOnce", func(t *testing.T) {
+				// 8 consumers take overlapping batches of the same 200 keys.
+				var wg sync.WaitGroup
+				var mu sync.Mutex
+				processed := map[string]int{}
+				for w := range 8 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for start := 0; start < 200; start += 20 {
+							var evs []inbox.Event
+							for k := range 25 {
+								evs = append(evs, ev(fmt.Sprint("c-", (start+k+w*7)%200)))
+							}
+							res, err := b.processBatch(ctx, evs, nil)
+							if err != nil {
+								t.Error(err) // batches claim in key order: no deadlock
+								continue
+							}
+							mu.Lock()
+							for n, r := range res {
+								if r.Err != nil {
+									t.Error(r.Err)
+								}
+								if r.Outcome == inbox.Processed {
+									processed[evs[n].CorrelationID]++
+								}
+							}
+							mu.Unlock()
+						}
+					}()
+				}
+				wg.Wait()
+				for k := range 200 {
+					id := fmt.Sprint("c-", k)
+					if processed[id] > 1 || b.rowsOf(ctx, id) != processed[id] {
+						t.Fatalf("%s: processed %d times, %d business rows", id, processed[id], b.rowsOf(ctx, id))
+					}
+				}
+			})
+			t.Run("VersionGuardPerItem", func(t *testing.T) {
+				vev := func(id string, v int64) inbox.Event {
+					return inbox.Event{Consumer: "prices", CorrelationID: id, Entity: "sku-1", Version: v}
+				}
+				res, err := b.processBatch(ctx, []inbox.Event{vev("v2", 2), vev("v1", 1), vev("v3", 3)}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := fmt.Sprint(res[0].Outcome, res[1].Outcome, res[2].Outcome); got != "processed stale processed" {
+					t.Fatalf("outcomes %s", got)
+				}
+				if b.rowsOf(ctx, "v1") != 0 {
+					t.Fatal("a stale item changed data")
 				}
 			})
 		})

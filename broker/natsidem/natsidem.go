@@ -227,3 +227,112 @@ func truncate(s string) string {
 	}
 	return s
 }
+
+// Batch configures InboxBatches: the transactional inbox, run for many
+// messages in one transaction.
+type Batch[TTx any] struct {
+	// Inbox records the keys. Required.
+	Inbox *inbox.Inbox[TTx]
+	// Process makes one message's business change in tx, under the
+	// message's own savepoint. Required.
+	Process func(ctx context.Context, tx TTx, msg jetstream.Msg) error
+	// Size is the most messages one transaction runs. Defaults to 50 (at
+	// most 64 on PostgreSQL: see inbox.Inbox.ProcessBatch).
+	Size int
+	// Event maps a message and its key to its inbox event (for the version
+	// guard or the event type). Defaults to {Consumer: Scope, CorrelationID:
+	// key}.
+	Event func(msg jetstream.Msg, key string) inbox.Event
+}
+
+// BatchHandler runs the messages of a subscription through a transactional
+// inbox in batches: Concurrency workers each take the messages waiting (up
+// to Batch.Size, without waiting for more) and run them in one transaction
+// with one commit (inbox.Inbox.ProcessBatch). A message whose Process fails
+// is rolled back alone and retried per the Policy; the others are acked
+// once the transaction commits; if the transaction fails, all are retried.
+type BatchHandler[TTx any] struct {
+	cfg     Config
+	b       Batch[TTx]
+	batcher *broker.Batcher[jetstream.Msg]
+}
+
+// InboxBatches returns a BatchHandler; hand its Handle to Consume, and call
+// Close after the subscription stopped. Keep the consumer's MaxAckPending at
+// least Size × Concurrency.
+func InboxBatches[TTx any](cfg Config, b Batch[TTx]) (*BatchHandler[TTx], error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if b.Inbox == nil || b.Process == nil {
+		return nil, errors.New("idem/natsidem: Batch.Inbox and Batch.Process are required")
+	}
+	if b.Size == 0 {
+		b.Size = 50
+	}
+	if b.Size < 0 || b.Size > inbox.MaxBatch {
+		return nil, errors.New("idem/natsidem: Batch.Size must be 1 to inbox.MaxBatch")
+	}
+	if b.Event == nil {
+		scope := cfg.Scope
+		b.Event = func(_ jetstream.Msg, key string) inbox.Event { return inbox.Event{Consumer: scope, CorrelationID: key} }
+	}
+	h := &BatchHandler[TTx]{cfg: cfg, b: b}
+	h.batcher = broker.NewBatcher(b.Size, cfg.Concurrency, h.run)
+	return h, nil
+}
+
+// Handle queues msg for a batch (a jetstream.MessageHandler). It blocks
+// while every worker is busy and the queue is full.
+func (h *BatchHandler[TTx]) Handle(msg jetstream.Msg) { h.batcher.Add(msg) }
+
+// Close runs the messages already handed over and waits for them.
+func (h *BatchHandler[TTx]) Close() { h.batcher.Close() }
+
+// batchProgress tells JetStream, on every tick, that the messages of a
+// batch in flight are still being worked on.
+type batchProgress struct {
+	tick ticks.Tick
+	msgs []jetstream.Msg
+}
+
+func (p *batchProgress) Tick() bool {
+	for _, m := range p.msgs {
+		_ = m.InProgress()
+	}
+	return true
+}
+
+func (h *BatchHandler[TTx]) run(msgs []jetstream.Msg) {
+	items := make([]inbox.BatchItem[TTx], 0, len(msgs))
+	keyed := make([]jetstream.Msg, 0, len(msgs))
+	for _, msg := range msgs {
+		id, err := h.cfg.Key(message{msg})
+		if err != nil {
+			h.cfg.apply(msg, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
+			continue
+		}
+		items = append(items, inbox.BatchItem[TTx]{Event: h.b.Event(msg, id),
+			Fn: func(ctx context.Context, tx TTx) error { return h.b.Process(ctx, tx, msg) }})
+		keyed = append(keyed, msg)
+	}
+	if len(items) == 0 {
+		return
+	}
+	var p *batchProgress
+	if h.cfg.progress != nil {
+		p = &batchProgress{msgs: keyed}
+		h.cfg.progress.Start(&p.tick, p)
+	}
+	results, err := h.b.Inbox.ProcessBatch(h.cfg.Context, items)
+	if p != nil {
+		h.cfg.progress.Stop(&p.tick)
+	}
+	for n, msg := range keyed {
+		if err != nil {
+			h.cfg.apply(msg, h.cfg.Policy.FromInbox(nil, err, attempt(msg)))
+			continue
+		}
+		h.cfg.apply(msg, h.cfg.Policy.FromInbox(results[n].Outcome, results[n].Err, attempt(msg)))
+	}
+}

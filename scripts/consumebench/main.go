@@ -11,7 +11,11 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"os"
+	"runtime/pprof"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,8 +34,19 @@ func main() {
 	n := flag.Int("n", 20000, "messages per run")
 	url := flag.String("nats", "nats://127.0.0.1:4222", "NATS URL")
 	redisURL := flag.String("redis", "redis://127.0.0.1:6379/0", "Redis URL (the Redis runs)")
+	pgURL := flag.String("postgres", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL URL (the inbox runs; \"\" skips them)")
 	amqpURL := flag.String("amqp", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL (\"\" skips it)")
+	redisWorkers := flag.Int("redis-workers", 8, "consumers at once in the Redis runs (natsidem and the bare lifecycles alike)")
+	sections := flag.String("sections", "guard,inbox,amqp", "what to run: guard (natsidem over a Guard), inbox (PostgreSQL), amqp")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		check(err)
+		check(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
+	want := func(section string) bool { return slices.Contains(strings.Split(*sections, ","), section) }
 	nc, err := nats.Connect(*url)
 	check(err)
 	defer nc.Close()
@@ -39,46 +54,27 @@ func main() {
 	check(err)
 	ctx := context.Background()
 
-	// run consumes n messages of a fresh stream with handler(acked) and
-	// returns messages per second.
 	run := func(name string, handler func(done func()) jetstream.MessageHandler) float64 {
-		stream := "CONSUMEBENCH_" + name
-		_ = js.DeleteStream(ctx, stream)
-		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{stream + ".>"}})
-		check(err)
-		defer js.DeleteStream(ctx, stream)
-		for i := range *n {
-			m := nats.NewMsg(stream + ".in")
-			m.Data = []byte(`{"correlation_id":"PAY-` + strconv.Itoa(i) + `","amount":100}`)
-			m.Header.Set("correlation_id", "PAY-"+strconv.Itoa(i))
-			_, err := js.PublishMsgAsync(m)
-			check(err)
-		}
-		<-js.PublishAsyncComplete()
-		cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "bench", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1000})
-		check(err)
-		var count atomic.Int64
-		finished := make(chan struct{})
-		done := func() {
-			if count.Add(1) == int64(*n) {
-				close(finished)
-			}
-		}
-		start := time.Now()
-		cc, err := cons.Consume(handler(done))
-		check(err)
-		select {
-		case <-finished:
-		case <-time.After(5 * time.Minute):
-			log.Fatalf("%s: %d of %d consumed", name, count.Load(), *n)
-		}
-		elapsed := time.Since(start)
-		cc.Stop()
-		return float64(*n) / elapsed.Seconds()
+		return runJS(ctx, js, *n, name, func(done func()) (jetstream.MessageHandler, func()) { return handler(done), func() {} })
 	}
 
+	if want("guard") {
+		benchGuard(ctx, js, *n, *url, *redisURL, *redisWorkers, run)
+	}
+	if *pgURL != "" && want("inbox") {
+		benchInbox(ctx, js, *n, *pgURL)
+	}
+	if *amqpURL != "" && want("amqp") {
+		benchAMQP(*amqpURL, *n)
+	}
+}
+
+// benchGuard: bare JetStream consumption, natsidem over a Guard on the
+// memory store (confirmed and plain acks, 1 and 8 at once) and on Redis
+// (against the store's own lifecycles at 8 workers).
+func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url, redisURL string, redisWorkers int, run func(string, func(func()) jetstream.MessageHandler) float64) {
 	openRedis := func() idem.Store {
-		s, err := storeurl.Open(ctx, *redisURL+"?pool_size=64&idem_prefix="+fmt.Sprintf("consumebench%d:", time.Now().UnixNano()), nil)
+		s, err := storeurl.Open(ctx, redisURL+"?pool_size=64&idem_prefix="+fmt.Sprintf("consumebench%d:", time.Now().UnixNano()), nil)
 		check(err)
 		return s
 	}
@@ -98,7 +94,7 @@ func main() {
 	bare := run("bare", func(done func()) jetstream.MessageHandler {
 		return func(msg jetstream.Msg) { _ = msg.Ack(); done() }
 	})
-	fmt.Printf("== %d messages, one durable pull consumer, NATS at %s\n", *n, *url)
+	fmt.Printf("== %d messages, one durable pull consumer, NATS at %s\n", n, url)
 	fmt.Printf("bare JetStream, plain ack                 %8.0f msg/s  1.00\n", bare)
 	mem := func() idem.Store { return memstore.New(memstore.Config{}) }
 	for _, c := range []struct {
@@ -114,12 +110,12 @@ func main() {
 		fmt.Printf("%-62s %8.0f msg/s  %.2f of bare\n", c.name, r, r/bare)
 	}
 	// Redis: natsidem at 8 against the store's own lifecycles at 8 workers.
-	viaNATS := run("redis8", guarded(8, false, openRedis))
+	viaNATS := run("redis8", guarded(redisWorkers, false, openRedis))
 	s := openRedis()
 	var lifecycles atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
-	for w := range 8 {
+	for w := range redisWorkers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -134,11 +130,49 @@ func main() {
 	}
 	wg.Wait()
 	raw := float64(lifecycles.Load()) / time.Since(start).Seconds()
-	fmt.Printf("%-62s %8.0f msg/s  %.2f of bare\n", "natsidem+redis, plain acks, 8 at once", viaNATS, viaNATS/bare)
-	fmt.Printf("%-62s %8.0f /s     natsidem+redis is %.2f of it\n", "redis lifecycles (Acquire+Complete), 8 workers, no broker", raw, viaNATS/raw)
-	if *amqpURL != "" {
-		benchAMQP(*amqpURL, *n)
+	fmt.Printf("%-62s %8.0f msg/s  %.2f of bare\n", fmt.Sprintf("natsidem+redis, plain acks, %d at once", redisWorkers), viaNATS, viaNATS/bare)
+	fmt.Printf("%-62s %8.0f /s     natsidem+redis is %.2f of it\n", fmt.Sprintf("redis lifecycles (Acquire+Complete), %d workers, no broker", redisWorkers), raw, viaNATS/raw)
+}
+
+// runJS consumes n messages of a fresh stream with the handler made by
+// open (which also returns what to call once the subscription stopped) and
+// returns messages per second.
+func runJS(ctx context.Context, js jetstream.JetStream, n int, name string, open func(done func()) (jetstream.MessageHandler, func())) float64 {
+	stream := "CONSUMEBENCH_" + name
+	_ = js.DeleteStream(ctx, stream)
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{stream + ".>"}})
+	check(err)
+	defer js.DeleteStream(ctx, stream)
+	for i := range n {
+		m := nats.NewMsg(stream + ".in")
+		m.Data = []byte(`{"correlation_id":"PAY-` + strconv.Itoa(i) + `","account":"ACC-` + strconv.Itoa(i%10000) + `","amount_cents":100}`)
+		m.Header.Set("correlation_id", "PAY-"+strconv.Itoa(i))
+		_, err := js.PublishMsgAsync(m)
+		check(err)
 	}
+	<-js.PublishAsyncComplete()
+	cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "bench", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1000})
+	check(err)
+	var count atomic.Int64
+	finished := make(chan struct{})
+	done := func() {
+		if count.Add(1) == int64(n) {
+			close(finished)
+		}
+	}
+	handler, closeHandler := open(done)
+	start := time.Now()
+	cc, err := cons.Consume(handler)
+	check(err)
+	select {
+	case <-finished:
+	case <-time.After(5 * time.Minute):
+		log.Fatalf("%s: %d of %d consumed", name, count.Load(), n)
+	}
+	elapsed := time.Since(start)
+	cc.Stop()
+	closeHandler()
+	return float64(n) / elapsed.Seconds()
 }
 
 func check(err error) {
