@@ -21,6 +21,7 @@ type Scheduler struct {
 	mu         sync.Mutex
 	head, tail *Tick // queued ticks, by due time (all share the interval)
 	timer      *time.Timer
+	pending    bool // the timer is set, to fire no later than the head is due
 }
 
 // Handler is called on every tick; it returns whether to go on.
@@ -86,7 +87,11 @@ func (s *Scheduler) push(t *Tick, now time.Time) {
 		s.tail.next = t
 	} else {
 		s.head = t
-		s.arm(s.interval)
+		if !s.pending {
+			// A timer still set for an earlier tick fires before t is due,
+			// finds nothing due and sets itself for t: no reset needed.
+			s.arm(s.interval)
+		}
 	}
 	s.tail = t
 }
@@ -108,6 +113,7 @@ func (s *Scheduler) unlink(t *Tick) {
 // arm sets the timer to fire after d. A fire that finds nothing due only
 // re-arms, so a timer left set for a stopped tick is harmless.
 func (s *Scheduler) arm(d time.Duration) {
+	s.pending = true
 	if s.timer == nil {
 		s.timer = time.AfterFunc(d, s.fire)
 		return
@@ -119,6 +125,7 @@ func (s *Scheduler) arm(d time.Duration) {
 // goroutine.
 func (s *Scheduler) fire() {
 	s.mu.Lock()
+	s.pending = false
 	now := time.Now()
 	var due []*Tick
 	for s.head != nil && !s.head.due.After(now) {
