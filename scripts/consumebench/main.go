@@ -96,6 +96,7 @@ func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url, redisUR
 	})
 	fmt.Printf("== %d messages, one durable pull consumer, NATS at %s\n", n, url)
 	fmt.Printf("bare JetStream, plain ack                 %8.0f msg/s  1.00\n", bare)
+	fmt.Printf("  %s\n", cpu["bare"])
 	mem := func() idem.Store { return memstore.New(memstore.Config{}) }
 	for _, c := range []struct {
 		name        string
@@ -108,9 +109,11 @@ func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url, redisUR
 	} {
 		r := run(fmt.Sprintf("idem%d%v", c.concurrency, c.confirm), guarded(c.concurrency, c.confirm, mem))
 		fmt.Printf("%-62s %8.0f msg/s  %.2f of bare\n", c.name, r, r/bare)
+		fmt.Printf("  %s\n", cpu[fmt.Sprintf("idem%d%v", c.concurrency, c.confirm)])
 	}
 	// Redis: natsidem at 8 against the store's own lifecycles at 8 workers.
 	viaNATS := run("redis8", guarded(redisWorkers, false, openRedis))
+	cpu1 := cpuSeconds()
 	s := openRedis()
 	var lifecycles atomic.Int64
 	start := time.Now()
@@ -130,13 +133,19 @@ func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url, redisUR
 	}
 	wg.Wait()
 	raw := float64(lifecycles.Load()) / time.Since(start).Seconds()
+	cpu2 := cpuSeconds()
 	fmt.Printf("%-62s %8.0f msg/s  %.2f of bare\n", fmt.Sprintf("natsidem+redis, plain acks, %d at once", redisWorkers), viaNATS, viaNATS/bare)
+	fmt.Printf("  %s\n", cpu["redis8"])
 	fmt.Printf("%-62s %8.0f /s     natsidem+redis is %.2f of it\n", fmt.Sprintf("redis lifecycles (Acquire+Complete), %d workers, no broker", redisWorkers), raw, viaNATS/raw)
+	fmt.Printf("  lifecycles: %s\n", cpuPerMessage(cpu1, cpu2, float64(lifecycles.Load())))
 }
 
 // runJS consumes n messages of a fresh stream with the handler made by
 // open (which also returns what to call once the subscription stopped) and
 // returns messages per second.
+// cpu holds each run's CPU per message, by run name.
+var cpu = map[string]string{}
+
 func runJS(ctx context.Context, js jetstream.JetStream, n int, name string, open func(done func()) (jetstream.MessageHandler, func())) float64 {
 	stream := "CONSUMEBENCH_" + name
 	_ = js.DeleteStream(ctx, stream)
@@ -161,6 +170,7 @@ func runJS(ctx context.Context, js jetstream.JetStream, n int, name string, open
 		}
 	}
 	handler, closeHandler := open(done)
+	cpu0 := cpuSeconds()
 	start := time.Now()
 	cc, err := cons.Consume(handler)
 	check(err)
@@ -170,6 +180,7 @@ func runJS(ctx context.Context, js jetstream.JetStream, n int, name string, open
 		log.Fatalf("%s: %d of %d consumed", name, count.Load(), n)
 	}
 	elapsed := time.Since(start)
+	cpu[name] = cpuPerMessage(cpu0, cpuSeconds(), float64(n))
 	cc.Stop()
 	closeHandler()
 	return float64(n) / elapsed.Seconds()
