@@ -150,7 +150,8 @@ func ReadAll(data []byte) ([]*Interchange, error) {
 	}
 }
 
-// skipSpace skips whitespace (and a UTF-8 BOM at the start) before a tag.
+// skipSpace skips whitespace (and a UTF-8 BOM at the start) before a tag,
+// and a final DOS end-of-file mark (Ctrl-Z) after the last interchange.
 func (r *Reader) skipSpace() error {
 	for {
 		b, err := r.br.ReadByte()
@@ -160,6 +161,12 @@ func (r *Reader) skipSpace() error {
 		if b == ' ' || b == '\r' || b == '\n' || b == '\t' {
 			r.off++
 			continue
+		}
+		if b == 0x1A {
+			if _, err := r.br.Peek(1); err == io.EOF {
+				r.off++
+				return io.EOF
+			}
 		}
 		if r.off == 0 && b == 0xEF {
 			if bom, _ := r.br.Peek(2); len(bom) == 2 && bom[0] == 0xBB && bom[1] == 0xBF {

@@ -1,7 +1,10 @@
 package edi
 
 import (
+	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -182,6 +185,7 @@ func FuzzReadEDIFACT(f *testing.F) {
 	for _, s := range []string{edifactUNA, edifactNoUNA, edifactCustom, edifactGroups, "UNA:+.? 'UNB'", "UNB+'"} {
 		f.Add([]byte(s))
 	}
+	addRealSeeds(f, "UN")
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ics, _ := ReadAll(b)
 		for _, ic := range ics {
@@ -195,10 +199,47 @@ func FuzzReadX12(f *testing.F) {
 	for _, s := range []string{x12Sample, x12LF, "ISA*" + strings.Repeat("*", 102) + "~"} {
 		f.Add([]byte(s))
 	}
+	addRealSeeds(f, "IS")
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ics, _ := ReadAll(b)
 		for _, ic := range ics {
 			_ = ic.Key()
 		}
 	})
+}
+
+// TestX12InterchangeServiceSegments: ISB/ISE and TA1 belong between the ISA
+// and the first GS, and an acknowledgment interchange may carry TA1s only
+// (IEA01 = 0); after a GS they are misplaced. A final Ctrl-Z (a DOS
+// end-of-file mark) after the last interchange is not an error.
+func TestX12InterchangeServiceSegments(t *testing.T) {
+	isa := "ISA*00*          *00*          *ZZ*0000BBB        *ZZ*00000AAA       *041214*1129*U*00401*412141129*1*P*:~"
+	for _, tt := range []struct {
+		name, body string
+		problems   int
+	}{
+		{"TA1 only", isa + "TA1*000484889*040709*1339*R*015~IEA*0*412141129~", 0},
+		{"ISB and ISE before GS", isa + "ISB*1~ISE*200601*0515*04~GS*FA*A*B*20050812*1953*5*X*004010~ST*997*0001~AK1*HC*1~SE*3*0001~GE*1*5~IEA*1*412141129~", 0},
+		{"Ctrl-Z after the IEA", isa + "TA1*000484889*040709*1339*A*000~IEA*0*412141129~\r\n\x1a", 0},
+		{"TA1 after a GS", isa + "GS*FA*A*B*20050812*1953*5*X*004010~TA1*000484889*040709*1339*R*015~GE*0*5~IEA*1*412141129~", 1},
+	} {
+		ics, err := ReadAll([]byte(tt.body))
+		if err != nil || len(ics) != 1 {
+			t.Fatalf("%s: %d interchanges, %v", tt.name, len(ics), err)
+		}
+		if got := len(ics[0].Errors); got != tt.problems {
+			t.Errorf("%s: problems %v, want %d", tt.name, ics[0].Errors, tt.problems)
+		}
+	}
+}
+
+// addRealSeeds seeds f with the real interchanges of testdata/edi-real
+// whose first bytes start with prefix.
+func addRealSeeds(f *testing.F, prefix string) {
+	files, _ := filepath.Glob(filepath.Join("testdata", "edi-real", "*.edi"))
+	for _, file := range files {
+		if b, err := os.ReadFile(file); err == nil && bytes.HasPrefix(bytes.TrimLeft(b, "\xef\xbb\xbf \r\n"), []byte(prefix)) {
+			f.Add(b)
+		}
+	}
 }

@@ -159,6 +159,14 @@ func (r *Reader) x12() (*Interchange, error) {
 			return ic, nil
 		case "ISA":
 			problem(start, "ISA inside an interchange (missing IEA)")
+		case "ISB", "ISE", "TA1":
+			// Interchange service segments (grade of service, deferred
+			// delivery) and interchange acknowledgments belong between the
+			// ISA and the first GS; an acknowledgment interchange may hold
+			// TA1s and no group at all (IEA01 = 0).
+			if msg != nil || group != nil || len(ic.Groups) > 0 {
+				problem(start, "segment %s after the first GS (it belongs between ISA and GS)", tag)
+			}
 		default:
 			if msg == nil {
 				problem(start, "segment %s outside a transaction set", clip([]byte(tag)))
