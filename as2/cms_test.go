@@ -1,0 +1,164 @@
+package as2
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// party is a test certificate and key, also written as PEM files for
+// OpenSSL.
+type party struct {
+	cert              *x509.Certificate
+	key               *rsa.PrivateKey
+	certPath, keyPath string
+}
+
+// newParty makes a self-signed RSA certificate for name, valid around now,
+// with the given serial number and issuer name (the issuer is the subject).
+func newParty(t testing.TB, dir, name string, serial int64) *party {
+	t.Helper()
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial),
+		Subject:      pkix.Name{CommonName: "AS2 test CA", Organization: []string{"idem tests"}},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment | x509.KeyUsageDataEncipherment,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	p := &party{cert: cert, key: key, certPath: filepath.Join(dir, name+".pem"), keyPath: filepath.Join(dir, name+".key")}
+	writePEM(t, p.certPath, "CERTIFICATE", der)
+	pk, _ := x509.MarshalPKCS8PrivateKey(key)
+	writePEM(t, p.keyPath, "PRIVATE KEY", pk)
+	return p
+}
+
+func writePEM(t testing.TB, path, typ string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// openssl runs the openssl command with args, feeding stdin, and returns
+// its output.
+func openssl(t *testing.T, stdin []byte, args ...string) []byte {
+	t.Helper()
+	if _, err := exec.LookPath("openssl"); err != nil {
+		t.Skip("openssl is not installed")
+	}
+	cmd := exec.Command("openssl", args...)
+	cmd.Stdin = bytes.NewReader(stdin)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("openssl %s: %v: %s", strings.Join(args, " "), err, errOut.String())
+	}
+	return out.Bytes()
+}
+
+const interchange = "ISA*00*          *00*          *ZZ*SENDERID       *ZZ*RECEIVERID     *260514*1032*^*00501*000000905*0*T*:~\r\n" +
+	"GS*PO*SENDERID*RECEIVERID*20260514*1032*905*X*005010~ST*850*0001~BEG*00*SA*ORD-1**20260514~SE*3*0001~GE*1*905~IEA*1*000000905~\r\n"
+
+func TestEncryptionOpenSSLDecrypts(t *testing.T) {
+	dir := t.TempDir()
+	partner := newParty(t, dir, "partner", 7)
+	for _, alg := range []Encryption{EncryptDES3, EncryptAES128CBC, EncryptAES192CBC, EncryptAES256CBC} {
+		der, err := encrypt([]byte(interchange), partner.cert, alg)
+		if err != nil {
+			t.Fatal(alg, err)
+		}
+		got := openssl(t, der, "cms", "-decrypt", "-inform", "DER", "-binary", "-recip", partner.certPath, "-inkey", partner.keyPath)
+		if string(got) != interchange {
+			t.Fatalf("%v: OpenSSL decrypted %q", alg, got)
+		}
+		if alg != EncryptAES192CBC { // the library lacks AES-192
+			back, err := decrypt(der, partner.cert, partner.key)
+			if err != nil || string(back) != interchange {
+				t.Fatalf("%v: our decrypt: %q, %v", alg, back, err)
+			}
+		}
+	}
+}
+
+// TestDecryptWhatOpenSSLSends: key transport by RSA PKCS#1 v1.5 and by
+// RSAES-OAEP with SHA-1, SHA-256 and SHA-512 (other AS2 products default to
+// OAEP with SHA-512), streamed BER with indefinite lengths as well as DER.
+func TestDecryptWhatOpenSSLSends(t *testing.T) {
+	dir := t.TempDir()
+	us := newParty(t, dir, "us", 9)
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"aes256-cbc pkcs1v15 DER", []string{"-aes256"}},
+		{"des3 pkcs1v15 DER", []string{"-des3"}},
+		{"aes128-cbc oaep sha1", []string{"-aes128", "-keyopt", "rsa_padding_mode:oaep"}},
+		{"aes256-cbc oaep sha256", []string{"-aes256", "-keyopt", "rsa_padding_mode:oaep", "-keyopt", "rsa_oaep_md:sha256"}},
+		{"aes256-cbc oaep sha512", []string{"-aes256", "-keyopt", "rsa_padding_mode:oaep", "-keyopt", "rsa_oaep_md:sha512", "-keyopt", "rsa_mgf1_md:sha512"}},
+		{"aes256-cbc BER indefinite", []string{"-aes256", "-stream", "-indef"}},
+	} {
+		args := append([]string{"cms", "-encrypt", "-binary", "-outform", "DER", "-recip", us.certPath}, c.args...)
+		der := openssl(t, []byte(interchange), args...)
+		got, err := decrypt(der, us.cert, us.key)
+		if err != nil || string(got) != interchange {
+			t.Errorf("%s: %q, %v", c.name, got, err)
+		}
+	}
+}
+
+func TestSignaturesBothWays(t *testing.T) {
+	dir := t.TempDir()
+	us := newParty(t, dir, "us", 11)
+	content := []byte("Content-Type: application/edi-x12\r\n\r\n" + interchange)
+	contentPath := filepath.Join(dir, "content")
+	if err := os.WriteFile(contentPath, content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []crypto.Hash{crypto.SHA1, crypto.SHA256, crypto.SHA384, crypto.SHA512} {
+		sig, err := signDetached(content, us.cert, us.key, h)
+		if err != nil {
+			t.Fatal(h, err)
+		}
+		openssl(t, sig, "cms", "-verify", "-binary", "-inform", "DER", "-content", contentPath, "-CAfile", us.certPath, "-purpose", "any", "-out", os.DevNull)
+		if err := verifyDetached(sig, content, us.cert); err != nil {
+			t.Fatalf("%v: our own signature: %v", h, err)
+		}
+		if err := verifyDetached(sig, append([]byte("X"), content...), us.cert); err == nil {
+			t.Fatalf("%v: a signature verified over other content", h)
+		}
+	}
+	// OpenSSL's signature, DER and streamed BER, verifies; an impostor
+	// certificate with the same issuer and serial number but another key
+	// does not.
+	for _, extra := range [][]string{nil, {"-stream", "-indef"}} {
+		args := append([]string{"cms", "-sign", "-binary", "-outform", "DER", "-md", "sha256", "-signer", us.certPath, "-inkey", us.keyPath, "-in", contentPath}, extra...)
+		sig := openssl(t, nil, args...)
+		if err := verifyDetached(sig, content, us.cert); err != nil {
+			t.Fatalf("OpenSSL's signature %v: %v", extra, err)
+		}
+		impostor := newParty(t, t.TempDir(), "impostor", 11)
+		if err := verifyDetached(sig, content, impostor.cert); err == nil {
+			t.Fatal("a signature verified against a certificate that only shares issuer and serial")
+		}
+	}
+}

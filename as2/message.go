@@ -1,0 +1,307 @@
+package as2
+
+import (
+	"crypto"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// Outgoing is an AS2 message ready to post: its HTTP headers and body, and
+// the MIC the partner's MDN must return.
+type Outgoing struct {
+	Header http.Header
+	Body   []byte
+	// MIC is the base64 digest, with MICAlg, of what the receiver checks
+	// (RFC 4130 §7.3.1): the signed entity, headers included, when signed;
+	// the entity before encryption when only encrypted; the payload alone
+	// otherwise.
+	MIC    string
+	MICAlg crypto.Hash
+}
+
+// Pack builds the message carrying payload (of contentType, e.g.
+// application/edi-x12) to partner under messageID (without angle
+// brackets), per the partner's agreement: signed (multipart/signed,
+// detached, the certificate included) and/or encrypted (application/
+// pkcs7-mime enveloped-data, binary), with the headers that ask for the
+// agreed MDN. date is the Date header (keep it with the message: an AS2
+// Message-ID is reused only with the same content and Date).
+//
+// Every part of a retry's bytes is the same as the first attempt's but for
+// what CMS makes fresh on each call: the content-encryption key and IV of an
+// encrypted message, and the signing-time attribute (and so the signature
+// value) of a signed one.
+func (p *Profile) Pack(partner *Partner, messageID, contentType string, payload []byte, date string) (*Outgoing, error) {
+	if partner == nil {
+		return nil, errors.New("as2: no partner")
+	}
+	out := &Outgoing{Header: http.Header{}, MICAlg: micAlgFor(partner.MDNSign, partner.Sign)}
+	inner := entity(contentType, payload, "Content-Transfer-Encoding", "binary")
+	bodyType, body := contentType, payload
+	out.MIC = mic(payload, out.MICAlg)
+	if partner.Sign != 0 {
+		sig, err := signDetached(inner, p.Certificate, p.Key, partner.Sign)
+		if err != nil {
+			return nil, err
+		}
+		boundary := boundaryFor(messageID, "signed")
+		bodyType = `multipart/signed; protocol="application/pkcs7-signature"; micalg=` + micalgName(partner.Sign) + `; boundary="` + boundary + `"`
+		body = multipartSigned(boundary, inner, sig)
+		out.MIC = mic(inner, out.MICAlg)
+		inner = entity(bodyType, body)
+	} else if partner.Encrypt != EncryptNone {
+		out.MIC = mic(inner, out.MICAlg)
+	}
+	if partner.Encrypt != EncryptNone {
+		der, err := encrypt(inner, partner.Certificate, partner.Encrypt)
+		if err != nil {
+			return nil, err
+		}
+		bodyType = `application/pkcs7-mime; smime-type=enveloped-data; name="smime.p7m"`
+		body = der
+		out.Header.Set("Content-Transfer-Encoding", "binary")
+		out.Header.Set("Content-Disposition", `attachment; filename="smime.p7m"`)
+	}
+	out.Body = body
+	h := out.Header
+	h.Set("Content-Type", bodyType)
+	h.Set("MIME-Version", "1.0")
+	h.Set("Message-ID", "<"+messageID+">")
+	h.Set("AS2-Version", "1.2")
+	h.Set("AS2-From", quoteName(p.AS2ID))
+	h.Set("AS2-To", quoteName(partner.AS2ID))
+	h.Set("Date", date)
+	h.Set("Subject", "EDI message "+messageID)
+	if partner.MDN != MDNNone {
+		h.Set("Disposition-Notification-To", p.AS2ID)
+		if partner.MDNSign != 0 {
+			h.Set("Disposition-Notification-Options", "signed-receipt-protocol=optional, pkcs7-signature; signed-receipt-micalg=optional, "+micalgName(partner.MDNSign))
+		}
+		if partner.MDN == MDNAsync {
+			h.Set("Receipt-Delivery-Option", p.MDNURL)
+		}
+	}
+	return out, nil
+}
+
+// micAlgFor is the MIC algorithm both sides use (RFC 4130 §7.3.1): the one
+// the sender asked for in signed-receipt-micalg, else the signature's, else
+// SHA-1.
+func micAlgFor(requested, signature crypto.Hash) crypto.Hash {
+	switch {
+	case requested != 0:
+		return requested
+	case signature != 0:
+		return signature
+	}
+	return crypto.SHA1
+}
+
+// boundaryFor derives a multipart boundary from the message id, so that
+// retries carry the same one.
+func boundaryFor(messageID, what string) string {
+	sum := sha256.Sum256([]byte(what + "\x00" + messageID))
+	return "idem-" + what + "-" + hex.EncodeToString(sum[:12])
+}
+
+// multipartSigned is the body of a multipart/signed: the signed entity,
+// then the detached signature in base64.
+func multipartSigned(boundary string, signed, sig []byte) []byte {
+	var b strings.Builder
+	b.WriteString("--" + boundary + "\r\n")
+	b.Write(signed)
+	b.WriteString("\r\n--" + boundary + "\r\n")
+	b.WriteString("Content-Type: application/pkcs7-signature; name=\"smime.p7s\"\r\n")
+	b.WriteString("Content-Transfer-Encoding: base64\r\n")
+	b.WriteString("Content-Disposition: attachment; filename=\"smime.p7s\"\r\n\r\n")
+	b.Write(base64Lines(sig))
+	b.WriteString("--" + boundary + "--\r\n")
+	return []byte(b.String())
+}
+
+// quoteName quotes an AS2 name with spaces (RFC 4130 §6.2).
+func quoteName(s string) string {
+	if strings.ContainsAny(s, " \t") {
+		return `"` + s + `"`
+	}
+	return s
+}
+
+// unquoteName reads an AS2-From or AS2-To value.
+func unquoteName(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) >= 2 && s[0] == '"' && s[len(s)-1] == '"' {
+		return strings.ReplaceAll(s[1:len(s)-1], `\"`, `"`)
+	}
+	return s
+}
+
+// Failure is why an incoming message was refused, as the disposition
+// modifier of the error MDN names it (RFC 4130 §7.4.3).
+type Failure struct {
+	// Modifier is authentication-failed, decryption-failed,
+	// integrity-check-failed or unexpected-processing-error.
+	Modifier string
+	Err      error
+}
+
+func (f *Failure) Error() string { return f.Modifier + ": " + f.Err.Error() }
+func (f *Failure) Unwrap() error { return f.Err }
+
+// The disposition modifiers of a failed message.
+const (
+	AuthenticationFailed      = "authentication-failed"
+	DecryptionFailed          = "decryption-failed"
+	IntegrityCheckFailed      = "integrity-check-failed"
+	UnexpectedProcessingError = "unexpected-processing-error"
+)
+
+func fail(modifier string, err error) *Failure { return &Failure{Modifier: modifier, Err: err} }
+
+// Incoming is an AS2 message opened by Unpack.
+type Incoming struct {
+	MessageID string // without angle brackets
+	From, To  string
+	Partner   *Partner
+	// Payload and its Content-Type, transfer encoding undone.
+	Payload     []byte
+	ContentType string
+	Signed      bool
+	Encrypted   bool
+	// MIC of what was received (RFC 4130 §7.3.1), with MICAlg, for the MDN.
+	MIC    string
+	MICAlg crypto.Hash
+	// The receipt asked for: none when MDNTo is "".
+	MDNTo string
+	// MDNSign is the MIC algorithm of the signed MDN asked for (0: unsigned).
+	MDNSign crypto.Hash
+	// ReceiptTo is where to send an asynchronous MDN ("" for a synchronous
+	// one).
+	ReceiptTo string
+}
+
+// Unpack opens an AS2 message posted to us: it finds the partner by
+// AS2-From, decrypts, verifies the partner's signature against the
+// partner's configured certificate, computes the MIC and returns the
+// payload. Whatever fails is a *Failure naming the MDN disposition modifier;
+// the Incoming returned with it carries what was read before the failure
+// (at least the Message-ID and the MDN request when they were present).
+func (p *Profile) Unpack(h http.Header, body []byte) (*Incoming, error) {
+	in := &Incoming{
+		MessageID: strings.Trim(strings.TrimSpace(h.Get("Message-ID")), "<>"),
+		From:      unquoteName(h.Get("AS2-From")),
+		To:        unquoteName(h.Get("AS2-To")),
+		MDNTo:     h.Get("Disposition-Notification-To"),
+		ReceiptTo: strings.TrimSpace(h.Get("Receipt-Delivery-Option")),
+	}
+	in.MDNSign, in.MICAlg = requestedMICAlg(h.Get("Disposition-Notification-Options"))
+	if in.MessageID == "" {
+		return in, fail(UnexpectedProcessingError, errors.New("no Message-ID"))
+	}
+	if in.To != p.AS2ID {
+		return in, fail(AuthenticationFailed, fmt.Errorf("AS2-To %q is not us (%q)", in.To, p.AS2ID))
+	}
+	in.Partner = p.Partners[in.From]
+	if in.Partner == nil {
+		return in, fail(AuthenticationFailed, fmt.Errorf("AS2-From %q is no partner of ours", in.From))
+	}
+	var micData []byte     // what the MIC covers, once known
+	var sigAlg crypto.Hash // the signature's micalg
+	ent := entity(h.Get("Content-Type"), body, "Content-Transfer-Encoding", h.Get("Content-Transfer-Encoding"))
+	hdr, raw, err := splitEntity(ent)
+	if err != nil {
+		return in, fail(UnexpectedProcessingError, err)
+	}
+	data, err := decodeBody(hdr, raw)
+	if err != nil {
+		return in, fail(UnexpectedProcessingError, err)
+	}
+	mt, params, err := mediaType(hdr.Get("Content-Type"))
+	if err != nil {
+		return in, fail(UnexpectedProcessingError, err)
+	}
+	if mt == "application/pkcs7-mime" || mt == "application/x-pkcs7-mime" {
+		plain, err := decrypt(data, p.Certificate, p.Key)
+		if err != nil {
+			return in, fail(DecryptionFailed, err)
+		}
+		in.Encrypted = true
+		micData = plain
+		ent = plain
+		if hdr, raw, err = splitEntity(ent); err != nil {
+			return in, fail(UnexpectedProcessingError, err)
+		}
+		if data, err = decodeBody(hdr, raw); err != nil {
+			return in, fail(UnexpectedProcessingError, err)
+		}
+		if mt, params, err = mediaType(hdr.Get("Content-Type")); err != nil {
+			return in, fail(UnexpectedProcessingError, err)
+		}
+	}
+	if mt == "multipart/signed" {
+		parts, err := splitMultipart(data, params["boundary"])
+		if err != nil || len(parts) != 2 {
+			return in, fail(IntegrityCheckFailed, fmt.Errorf("a multipart/signed body with %d parts: %v", len(parts), err))
+		}
+		sh, sraw, err := splitEntity(parts[1])
+		if err != nil {
+			return in, fail(IntegrityCheckFailed, err)
+		}
+		sig, err := decodeBody(sh, sraw)
+		if err != nil {
+			return in, fail(IntegrityCheckFailed, err)
+		}
+		if err := verifyDetached(sig, parts[0], in.Partner.Certificate); err != nil {
+			return in, fail(AuthenticationFailed, err)
+		}
+		in.Signed = true
+		sigAlg, _ = parseHash(params["micalg"])
+		micData = parts[0]
+		if hdr, raw, err = splitEntity(parts[0]); err != nil {
+			return in, fail(UnexpectedProcessingError, err)
+		}
+		if data, err = decodeBody(hdr, raw); err != nil {
+			return in, fail(UnexpectedProcessingError, err)
+		}
+		if mt, _, err = mediaType(hdr.Get("Content-Type")); err != nil {
+			return in, fail(UnexpectedProcessingError, err)
+		}
+	}
+	if micData == nil {
+		micData = data // neither signed nor encrypted: the content alone
+	}
+	in.MICAlg = micAlgFor(in.MICAlg, sigAlg)
+	in.MIC = mic(micData, in.MICAlg)
+	in.Payload, in.ContentType = data, hdr.Get("Content-Type")
+	return in, nil
+}
+
+// requestedMICAlg reads Disposition-Notification-Options: whether a signed
+// MDN is asked for (its protocol pkcs7-signature) and the first MIC
+// algorithm of signed-receipt-micalg we support.
+func requestedMICAlg(v string) (signed, micAlg crypto.Hash) {
+	for _, opt := range strings.Split(v, ";") {
+		name, val, ok := strings.Cut(opt, "=")
+		if !ok {
+			continue
+		}
+		items := strings.Split(val, ",")
+		switch strings.ToLower(strings.TrimSpace(name)) {
+		case "signed-receipt-micalg":
+			for _, it := range items[1:] {
+				if h, err := parseHash(it); err == nil && h != 0 {
+					micAlg = h
+					break
+				}
+			}
+		}
+	}
+	if micAlg != 0 && strings.Contains(strings.ToLower(v), "pkcs7-signature") {
+		signed = micAlg
+	}
+	return signed, micAlg
+}
