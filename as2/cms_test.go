@@ -3,18 +3,15 @@ package as2
 import (
 	"bytes"
 	"crypto"
-	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/idemgo/idem/as2/as2test"
 )
 
 // party is a test certificate and key, also written as PEM files for
@@ -25,39 +22,12 @@ type party struct {
 	certPath, keyPath string
 }
 
-// newParty makes a self-signed RSA certificate for name, valid around now,
-// with the given serial number and issuer name (the issuer is the subject).
 func newParty(t testing.TB, dir, name string, serial int64) *party {
-	t.Helper()
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial),
-		Subject:      pkix.Name{CommonName: "AS2 test CA", Organization: []string{"idem tests"}},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment | x509.KeyUsageDataEncipherment,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	p := &party{cert: cert, key: key, certPath: filepath.Join(dir, name+".pem"), keyPath: filepath.Join(dir, name+".key")}
-	writePEM(t, p.certPath, "CERTIFICATE", der)
-	pk, _ := x509.MarshalPKCS8PrivateKey(key)
-	writePEM(t, p.keyPath, "PRIVATE KEY", pk)
-	return p
+	p := as2test.NewParty(t, dir, name, serial)
+	return &party{cert: p.Cert, key: p.Key, certPath: p.CertPath, keyPath: p.KeyPath}
 }
 
-func writePEM(t testing.TB, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
+func writePEM(t testing.TB, path, typ string, der []byte) { as2test.WritePEM(t, path, typ, der) }
 
 // openssl runs the openssl command with args, feeding stdin, and returns
 // its output.
