@@ -20,7 +20,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/idemgo/idem/as2"
 	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/outbox/as2sender"
 	"github.com/idemgo/idem/outbox/httpsender"
 	"github.com/idemgo/idem/outbox/senders"
 	"github.com/idemgo/idem/sqldriver"
@@ -106,7 +108,7 @@ func newOutboxEnqueueCmd() *cobra.Command {
 	store := storeFlag(cmd)
 	f := cmd.Flags()
 	f.StringVar(&key, "key", "", "the idempotency key (required)")
-	f.StringVar(&to, "to", "", "destination: http(s)://…, nats://HOST/SUBJECT, amqp://…?exchange=E&routing_key=R (required)")
+	f.StringVar(&to, "to", "", "destination: http(s)://…, nats://HOST/SUBJECT, amqp://…?exchange=E&routing_key=R, as2://PARTNER (required)")
 	f.StringVar(&data, "data", "", "the payload")
 	f.StringVar(&dataFile, "data-file", "", "read the payload from this file")
 	f.StringArrayVar(&headers, "header", nil, "a header NAME=VALUE (repeatable)")
@@ -265,13 +267,14 @@ func newOutboxRetryCmd() *cobra.Command {
 func newRelayCmd() *cobra.Command {
 	var cfg outbox.RelayConfig
 	var httpTimeout, keep time.Duration
-	var admin string
+	var admin, as2File string
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Send outbox messages until SIGTERM, the same key on every attempt",
 		Long: `Claims due outbox rows (several relays may run at once), sends each by its
 destination's scheme — HTTP with Idempotency-Key, NATS JetStream with Nats-Msg-Id,
-AMQP with message-id — and records the outcome: sent, acked (HTTP 2xx), or a retry
+AMQP with message-id, AS2 (as2://PARTNER, with --as2: signed and encrypted per the
+partner's agreement, acked on a verified MDN) — and records the outcome: sent, acked (HTTP 2xx), or a retry
 with exponential backoff and full jitter, dead after --max-tries. A killed relay's
 claims expire after --lease and are retried. SIGTERM finishes the sends in flight.`,
 		Args: cobra.NoArgs,
@@ -287,6 +290,7 @@ claims expire after --lease and are retried. SIGTERM finishes the sends in fligh
 	f.DurationVar(&cfg.Lease, "lease", time.Minute, "how long a claim lives (a killed relay's rows come back after it)")
 	f.DurationVar(&cfg.PollInterval, "poll", time.Second, "longest idle wait (PostgreSQL wakes the relay at once)")
 	f.StringVar(&admin, "admin", "", "address for /metrics and /healthz")
+	f.StringVar(&as2File, "as2", "", "AS2 profile file (YAML): sends as2://PARTNER destinations")
 	f.DurationVar(&keep, "keep", 7*24*time.Hour, "delete sent and acked messages delivered longer ago than this (every minute; 0 keeps them forever)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
@@ -300,6 +304,13 @@ claims expire after --lease and are retried. SIGTERM finishes the sends in fligh
 		}
 		router, closeSenders := senders.New(httpsender.Config{Timeout: httpTimeout})
 		defer closeSenders()
+		if as2File != "" {
+			profile, err := as2.LoadProfile(as2File, time.Now())
+			if err != nil {
+				return fmt.Errorf("--as2: %w", err)
+			}
+			router["as2"] = as2sender.NewProfile(profile, &http.Client{Timeout: httpTimeout})
+		}
 		cfg.Store, cfg.Sender, cfg.SendTimeout = s, router, httpTimeout
 		if cfg.SendTimeout > cfg.Lease*3/4 {
 			cfg.Lease = 2 * cfg.SendTimeout // room to send and to record the outcome

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/as2"
+	"github.com/idemgo/idem/as2/receiver"
+	"github.com/idemgo/idem/httpidem"
+)
+
+func newAS2Cmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "as2", Short: "Receive AS2: an endpoint that delivers each interchange once"}
+	cmd.AddCommand(newAS2ServeCmd())
+	return cmd
+}
+
+func newAS2ServeCmd() *cobra.Command {
+	var listen, as2File, dir, forward string
+	var maxBytes int64
+	var forwardTimeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "serve --as2 FILE --store URL (--dir DIR | --forward URL)",
+		Short: "Accept AS2 messages on POST /as2 and deliver each interchange once",
+		Long: `Accepts AS2 messages (POST /as2) from the partners of the profile: decrypts them,
+verifies the partner's signature, computes the MIC, and deduplicates by Message-ID and
+by EDI interchange key in the store (a retransmission under a new Message-ID is a
+duplicate too; the same control reference with other content gets an error MDN).
+Each interchange is delivered once: --dir writes one file per interchange (atomically),
+--forward posts it upstream with Idempotency-Key set to the interchange key and the
+AS2 headers. The answer is a synchronous MDN, signed when asked, the same again for a
+duplicate. A message that cannot be opened gets an error MDN and is kept: in
+DIR/rejected, or in the store (scope as2-rejected) with --forward.`,
+		Args: cobra.NoArgs,
+	}
+	store := storeFlag(cmd)
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:4080", "address to serve on")
+	f.StringVar(&as2File, "as2", "", "AS2 profile file (YAML; required)")
+	f.StringVar(&dir, "dir", "", "deliver each interchange as a file in this directory")
+	f.StringVar(&forward, "forward", "", "deliver each interchange by POST to this URL")
+	f.DurationVar(&forwardTimeout, "forward-timeout", 30*time.Second, "timeout of one forward")
+	f.Int64Var(&maxBytes, "max-bytes", 64<<20, "largest message accepted (413 above it, before decryption)")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if as2File == "" || (dir == "") == (forward == "") {
+			return errors.New("idem as2 serve needs --as2 FILE and one of --dir DIR or --forward URL")
+		}
+		profile, err := as2.LoadProfile(as2File, time.Now())
+		if err != nil {
+			return fmt.Errorf("--as2: %w", err)
+		}
+		ctx := cmd.Context()
+		s, err := openStore(ctx, *store)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		g, err := idem.NewGuard(idem.Config{Store: s, Retention: 30 * 24 * time.Hour})
+		if err != nil {
+			return err
+		}
+		cfg := receiver.Config{Profile: profile, Guard: g, MaxBytes: maxBytes}
+		if dir != "" {
+			if err := os.MkdirAll(filepath.Join(dir, "rejected"), 0o755); err != nil {
+				return err
+			}
+			cfg.Deliver = func(_ context.Context, d receiver.Delivery) error { return writeFileOnce(dir, d.Key, ".edi", d.Data) }
+			cfg.Reject = func(_ context.Context, h http.Header, body []byte, why *as2.Failure) error {
+				return writeFileOnce(filepath.Join(dir, "rejected"), h.Get("Message-ID")+"\x00"+fmt.Sprint(time.Now().UnixNano()), ".as2", rawMessage(h, body, why))
+			}
+		} else {
+			client := &http.Client{Timeout: forwardTimeout}
+			cfg.Deliver = func(ctx context.Context, d receiver.Delivery) error { return forwardInterchange(ctx, client, forward, d) }
+			cfg.Reject = func(ctx context.Context, h http.Header, body []byte, why *as2.Failure) error {
+				return keepInStore(ctx, s, g.Retention(), h, body, why)
+			}
+		}
+		rv, err := receiver.New(cfg)
+		if err != nil {
+			return err
+		}
+		mux := http.NewServeMux()
+		mux.Handle("POST /as2", rv)
+		ln, err := net.Listen("tcp", listen)
+		if err != nil {
+			return err
+		}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+		fmt.Fprintf(cmd.ErrOrStderr(), "idem as2 serve: %s on http://%s/as2\n", profile.AS2ID, ln.Addr())
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}
+	return cmd
+}
+
+// writeFileOnce writes data as DIR/NAME+ext, the name derived from key
+// (readable characters kept, a digest for uniqueness), atomically: a
+// temporary file, synced, renamed. Writing the same key again replaces the
+// file with the same bytes.
+func writeFileOnce(dir, key, ext string, data []byte) error {
+	sum := sha256.Sum256([]byte(key))
+	readable := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' || r == '_' {
+			return r
+		}
+		return '_'
+	}, key)
+	if len(readable) > 80 {
+		readable = readable[:80]
+	}
+	final := filepath.Join(dir, readable+"-"+hex.EncodeToString(sum[:6])+ext)
+	tmp, err := os.CreateTemp(dir, ".incoming-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), final)
+}
+
+// rawMessage is a refused message as kept for an operator: why, the HTTP
+// headers, a blank line, the body as received.
+func rawMessage(h http.Header, body []byte, why *as2.Failure) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "X-Idem-Refused: %s\r\n", strings.ReplaceAll(why.Error(), "\n", " "))
+	_ = h.Write(&b)
+	b.WriteString("\r\n")
+	b.Write(body)
+	return b.Bytes()
+}
+
+// keepInStore records a refused message in the store as a failed record of
+// scope as2-rejected whose result is the raw message (idem keys ls shows
+// it; it expires with the retention).
+func keepInStore(ctx context.Context, s idem.Store, retention time.Duration, h http.Header, body []byte, why *as2.Failure) error {
+	key := idem.Key{Scope: "as2-rejected", ID: strings.Trim(h.Get("Message-ID"), "<>") + "@" + time.Now().UTC().Format(time.RFC3339Nano)}.Storage(false)
+	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: retention})
+	if err != nil {
+		return err
+	}
+	if !a.Outcome.Owns() {
+		return fmt.Errorf("keeping the refused message: %s is %v", key, a.Outcome)
+	}
+	return s.Fail(ctx, key, a.Fence, rawMessage(h, body, why), retention)
+}
+
+// forwardInterchange posts one interchange upstream with Idempotency-Key
+// set to its key and the AS2 headers; 5xx and network errors are retried
+// (the partner's retransmission), other refusals are permanent.
+func forwardInterchange(ctx context.Context, client *http.Client, url string, d receiver.Delivery) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(d.Data))
+	if err != nil {
+		return idem.Permanent(err)
+	}
+	ct := d.Message.ContentType
+	if ct == "" {
+		ct = "application/octet-stream"
+	}
+	req.Header.Set("Content-Type", ct)
+	req.Header.Set("Idempotency-Key", httpidem.FormatKey(d.Key))
+	req.Header.Set("AS2-From", d.Message.From)
+	req.Header.Set("AS2-To", d.Message.To)
+	req.Header.Set("Message-ID", "<"+d.Message.MessageID+">")
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		return nil
+	case resp.StatusCode >= 500 || resp.StatusCode == 408 || resp.StatusCode == 409 || resp.StatusCode == 429:
+		return fmt.Errorf("upstream %s: %s", resp.Status, bytes.TrimSpace(msg))
+	}
+	return idem.Permanent(fmt.Errorf("upstream %s: %s", resp.Status, bytes.TrimSpace(msg)))
+}

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem/as2/as2test"
+	"github.com/idemgo/idem/outbox"
+)
+
+const as2Interchange = "ISA*00*          *00*          *ZZ*BUYER          *ZZ*SUPPLIER       *260514*1032*^*00501*000000905*0*P*:~\n" +
+	"GS*PO*BUYER*SUPPLIER*20260514*1032*905*X*005010~\nST*850*0001~\nBEG*00*SA*ORD-1**20260514~\nSE*3*0001~\nGE*1*905~\nIEA*1*000000905~"
+
+// startAS2Serve runs `idem as2 serve` as a child process and returns its
+// base URL once it listens.
+func startAS2Serve(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"as2", "serve", "--listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		line := sc.Text()
+		if _, addr, ok := strings.Cut(line, " on http://"); ok {
+			go io.Copy(io.Discard, stderr)
+			return "http://" + strings.TrimSuffix(addr, "/as2")
+		}
+		t.Log(line)
+	}
+	t.Fatal("idem as2 serve ended before it listened")
+	return ""
+}
+
+// TestAS2EndToEnd: an interchange enqueued for as2://SUPPLIER goes through
+// `idem relay --as2` (signed, encrypted, a signed MDN asked for) to `idem
+// as2 serve --dir` behind a proxy that loses the first answer: the relay
+// retries, the receiver replays the same MDN, the row is acked after two
+// tries, and the interchange is written once.
+func TestAS2EndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	as2test.NewParty(t, dir, "buyer", 1)
+	as2test.NewParty(t, dir, "supplier", 2)
+	inbox := filepath.Join(dir, "inbox")
+
+	profile := func(name, us, them, themURL string) string {
+		path := filepath.Join(dir, name)
+		yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s.pem\nprivate_key: %s.key\npartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s.pem\n    sign: sha256\n    encrypt: aes256-cbc\n    mdn: sync\n    mdn_sign: sha256\n",
+			us, strings.ToLower(us), strings.ToLower(us), them, themURL, strings.ToLower(them))
+		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	serve := startAS2Serve(t, "--as2", profile("supplier.yaml", "SUPPLIER", "BUYER", "http://127.0.0.1:1/as2"),
+		"--store", "sqlite:"+filepath.Join(dir, "supplier.db"), "--dir", inbox)
+
+	// The proxy in front of the receiver: the first message is handled,
+	// but its answer is lost.
+	upstream, _ := url.Parse(serve)
+	var posts atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		req, _ := http.NewRequest(http.MethodPost, upstream.String()+"/as2", bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if posts.Add(1) == 1 {
+			c, _, _ := w.(http.Hijacker).Hijack()
+			c.Close()
+			return
+		}
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(resp.StatusCode)
+		w.Write(answer)
+	}))
+	defer proxy.Close()
+
+	store := "sqlite:" + filepath.Join(dir, "outbox.db")
+	data := filepath.Join(dir, "po.x12")
+	if err := os.WriteFile(data, []byte(as2Interchange), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, "outbox", "enqueue", "--store", store, "--key", "PO-1", "--to", "as2://SUPPLIER", "--data-file", data); err != nil {
+		t.Fatal(err)
+	}
+	relay := exec.Command(os.Args[0], "relay", "--store", store, "--as2", profile("buyer.yaml", "BUYER", "SUPPLIER", proxy.URL+"/as2"),
+		"--http-timeout", "5s", "--backoff-min", "50ms", "--backoff-max", "200ms", "--poll", "100ms")
+	relay.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
+	if err := relay.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = relay.Process.Kill(); _ = relay.Wait() }()
+
+	ctx := context.Background()
+	s, closeFn, err := openOutbox(ctx, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeFn()
+	var row outbox.Row
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rows, err := s.List(ctx, "", 0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) == 1 && rows[0].Status != outbox.Pending {
+			row = rows[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not delivered in 30s: %+v", rows)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if row.Status != outbox.Acked || row.Tries != 2 {
+		t.Fatalf("row %s after %d tries (%s); want acked after 2", row.Status, row.Tries, row.LastError)
+	}
+	files, _ := filepath.Glob(filepath.Join(inbox, "*.edi"))
+	if len(files) != 1 {
+		t.Fatalf("%d interchange files, want 1: %v", len(files), files)
+	}
+	got, _ := os.ReadFile(files[0])
+	if string(got) != as2Interchange {
+		t.Fatalf("delivered %q", got)
+	}
+	if rejected, _ := filepath.Glob(filepath.Join(inbox, "rejected", "*")); len(rejected) != 0 {
+		t.Fatalf("rejected %v", rejected)
+	}
+	if posts.Load() != 2 {
+		t.Fatalf("%d posts, want 2", posts.Load())
+	}
+}
