@@ -84,7 +84,9 @@ DIR/rejected, or in the store (scope as2-rejected) with --forward.`,
 			}
 		} else {
 			client := &http.Client{Timeout: forwardTimeout}
-			cfg.Deliver = func(ctx context.Context, d receiver.Delivery) error { return forwardInterchange(ctx, client, forward, d) }
+			cfg.Deliver = func(ctx context.Context, d receiver.Delivery) error {
+				return forwardInterchange(ctx, client, forward, d)
+			}
 			cfg.Reject = func(ctx context.Context, h http.Header, body []byte, why *as2.Failure) error {
 				return keepInStore(ctx, s, g.Retention(), h, body, why)
 			}
