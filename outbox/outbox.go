@@ -56,6 +56,10 @@ type Message struct {
 	Payload []byte
 	// Headers are sent with the payload where the protocol has headers.
 	Headers map[string]string
+	// ExternalID, if set, is the id under which the receiver knows the
+	// message — the AS2 Message-ID, one per message: an asynchronous
+	// receipt finds the row by it (GetByExternalID). At most 255 bytes.
+	ExternalID string
 }
 
 // Row is a message with its delivery state.
@@ -86,6 +90,8 @@ func (m *Message) validate() error {
 		return fmt.Errorf("idem/outbox: the destination must be 1 to %d bytes", MaxDestinationBytes)
 	case !strings.Contains(m.Destination, ":"):
 		return fmt.Errorf("idem/outbox: destination %q has no scheme", m.Destination)
+	case len(m.ExternalID) > MaxKeyBytes:
+		return fmt.Errorf("idem/outbox: the external id must be at most %d bytes", MaxKeyBytes)
 	case len(m.Payload) > MaxPayloadBytes:
 		return fmt.Errorf("idem/outbox: the payload is %d bytes, the limit is %d", len(m.Payload), MaxPayloadBytes)
 	}
@@ -177,7 +183,7 @@ CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
 }
 
 type queries struct {
-	insert, existing, counter, claim, sent, unclaim, failed, ack, retry, list, get, purge string
+	insert, existing, counter, claim, sent, unclaim, failed, ack, retry, list, get, getExternal, refuse, purge string
 }
 
 func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store {
@@ -186,9 +192,9 @@ func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store 
 		s.schema = schema + "."
 	}
 	tbl := s.t("idem_outbox")
-	cols := `id, key, destination, payload, headers, status, tries, last_error, next_attempt_at, created_at, sent_at, acked_at`
+	cols := `id, key, destination, payload, headers, coalesce(external_id, ''), status, tries, last_error, next_attempt_at, created_at, sent_at, acked_at`
 	s.q = queries{
-		insert:   `INSERT INTO ` + tbl + ` (key, destination, payload, headers) VALUES ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING`,
+		insert:   `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id) VALUES ($1, $2, $3, $4, NULLIF($5, '')) ON CONFLICT (key) DO NOTHING`,
 		existing: `SELECT destination, payload FROM ` + tbl + ` WHERE key = $1`,
 		counter: `INSERT INTO ` + s.t("idem_outbox_counters") + ` AS c (name, value) VALUES ($1, 1)
 ON CONFLICT (name) DO UPDATE SET value = c.value + 1 RETURNING value`,
@@ -196,7 +202,7 @@ ON CONFLICT (name) DO UPDATE SET value = c.value + 1 RETURNING value`,
 		claim: `UPDATE ` + tbl + ` SET claimed_by = $1, claimed_until = ` + s.d.NowPlusMillis("$2") + `
 WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status = 'pending' AND next_attempt_at <= ` + s.d.Now() + `
 	AND (claimed_until IS NULL OR claimed_until < ` + s.d.Now() + `) ORDER BY next_attempt_at, id LIMIT $3` + d.SkipLocked() + `)
-RETURNING id, key, destination, payload, headers, tries`,
+RETURNING id, key, destination, payload, headers, coalesce(external_id, ''), tries`,
 		// $1 claim token, $2 status, then ids
 		sent: `UPDATE ` + tbl + ` SET status = $2, tries = tries + 1, last_error = '', sent_at = ` + s.d.Now() + `,
 	acked_at = CASE WHEN $2 = 'acked' THEN ` + s.d.Now() + ` ELSE acked_at END, claimed_by = NULL, claimed_until = NULL
@@ -210,7 +216,11 @@ WHERE claimed_by = $1 AND id = $2 AND status = 'pending'`,
 		ack:   `UPDATE ` + tbl + ` SET status = 'acked', acked_at = ` + s.d.Now() + ` WHERE key = $1 AND status IN ('pending', 'sent', 'acked')`,
 		retry: `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.d.Now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,
 		list:  `SELECT ` + cols + ` FROM ` + tbl + ` WHERE id > $1 AND ($2 = '' OR status = $2) ORDER BY id LIMIT $3`,
-		get:   `SELECT ` + cols + ` FROM ` + tbl + ` WHERE key = $1`,
+		get:         `SELECT ` + cols + ` FROM ` + tbl + ` WHERE key = $1`,
+		getExternal: `SELECT ` + cols + ` FROM ` + tbl + ` WHERE external_id = $1`,
+		// $1 key, $2 reason, $3 new status (pending: retried now; dead)
+		refuse: `UPDATE ` + tbl + ` SET status = $3, last_error = $2, next_attempt_at = ` + s.d.Now() + `, claimed_by = NULL, claimed_until = NULL
+WHERE key = $1 AND status = 'sent'`,
 		// $1 age ms, $2 limit
 		purge: `DELETE FROM ` + tbl + ` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status IN ('sent', 'acked')
 	AND coalesce(acked_at, sent_at) < ` + s.d.NowPlusMillis("-$1") + ` ORDER BY id LIMIT $2)`,
@@ -222,7 +232,11 @@ WHERE claimed_by = $1 AND id = $2 AND status = 'pending'`,
 // schema as first released, so a database created before versioning is
 // adopted as it is).
 func (s *Store) Migrations() []sqlmigrate.Step {
-	return []sqlmigrate.Step{{Version: 1, Name: "outbox and counters", SQL: s.Schema()}}
+	return []sqlmigrate.Step{
+		{Version: 1, Name: "outbox and counters", SQL: s.Schema()},
+		{Version: 2, Name: "external ids (AS2 Message-IDs)", SQL: `ALTER TABLE ` + s.t("idem_outbox") + ` ADD COLUMN external_id text;
+` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_external_id", "idem_outbox", "(external_id)") + `;`},
+	}
 }
 
 // Migrate creates or upgrades the outbox's tables: the missing numbered
@@ -262,7 +276,7 @@ func (s *Store) enqueue(ctx context.Context, tx sqldriver.Executor, m Message) e
 	if payload == nil {
 		payload = []byte{}
 	}
-	n, err := tx.Exec(ctx, s.q.insert, m.Key, m.Destination, payload, headers)
+	n, err := tx.Exec(ctx, s.q.insert, m.Key, m.Destination, payload, headers, m.ExternalID)
 	if err != nil {
 		return fmt.Errorf("idem/outbox: enqueue %s: %w", m.Key, err)
 	}
@@ -333,6 +347,42 @@ func (o *Outbox[TTx]) GetTx(ctx context.Context, tx TTx, key string) (Row, error
 // Get returns the row of key.
 func (s *Store) Get(ctx context.Context, key string) (Row, error) { return s.get(ctx, s.db, key) }
 
+// GetByExternalID returns the row whose Message.ExternalID is id, or
+// ErrNotFound.
+func (s *Store) GetByExternalID(ctx context.Context, id string) (Row, error) {
+	rs, err := s.db.Query(ctx, s.q.getExternal, id)
+	if err != nil {
+		return Row{}, fmt.Errorf("idem/outbox: get by external id: %w", err)
+	}
+	out, err := collect(rs)
+	if err != nil {
+		return Row{}, err
+	}
+	if len(out) == 0 {
+		return Row{}, fmt.Errorf("%w: external id %s", ErrNotFound, id)
+	}
+	return out[0], nil
+}
+
+// Refuse records that the receiver's asynchronous receipt refused a sent
+// message: reason goes to last_error, and the row is retried now
+// (dead=false) or dead. Only a sent row changes (acked and dead are
+// terminal; a pending one is being retried already).
+func (s *Store) Refuse(ctx context.Context, key, reason string, dead bool) error {
+	st := Pending
+	if dead {
+		st = Dead
+	}
+	n, err := s.db.Exec(ctx, s.q.refuse, key, reason, string(st))
+	if err != nil {
+		return fmt.Errorf("idem/outbox: refuse %s: %w", key, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w (or it is not sent): %s", ErrNotFound, key)
+	}
+	return nil
+}
+
 func (s *Store) get(ctx context.Context, tx sqldriver.Executor, key string) (Row, error) {
 	rs, err := tx.Query(ctx, s.q.get, key)
 	if err != nil {
@@ -376,7 +426,7 @@ func (s *Store) claim(ctx context.Context, token string, lease time.Duration, n 
 	for rs.Next() {
 		var c claimed
 		var headers string
-		if err := rs.Scan(&c.ID, &c.Key, &c.Destination, &c.Payload, &headers, &c.Tries); err != nil {
+		if err := rs.Scan(&c.ID, &c.Key, &c.Destination, &c.Payload, &headers, &c.ExternalID, &c.Tries); err != nil {
 			return nil, fmt.Errorf("idem/outbox: claim: %w", err)
 		}
 		if headers != "" && headers != "{}" {
@@ -476,7 +526,7 @@ func collect(rs sqldriver.Rows) ([]Row, error) {
 	for rs.Next() {
 		var r Row
 		var headers, status string
-		if err := rs.Scan(&r.ID, &r.Key, &r.Destination, &r.Payload, &headers, &status, &r.Tries, &r.LastError,
+		if err := rs.Scan(&r.ID, &r.Key, &r.Destination, &r.Payload, &headers, &r.ExternalID, &status, &r.Tries, &r.LastError,
 			sqldriver.Time(&r.NextAttemptAt), sqldriver.Time(&r.CreatedAt), sqldriver.Time(&r.SentAt), sqldriver.Time(&r.AckedAt)); err != nil {
 			return nil, fmt.Errorf("idem/outbox: read rows: %w", err)
 		}

@@ -50,6 +50,7 @@ func Run[TTx any](t *testing.T, open func(t testing.TB) Backend[TTx]) {
 		{"RelaySendsWithTheKey", testRelaySends[TTx]},
 		{"FailuresBackOffThenDie", testFailures[TTx]},
 		{"RetryAndAck", testRetryAck[TTx]},
+		{"AsynchronousReceipts", testAsyncReceipts[TTx]},
 		{"TwoRelaysNeverSendAClaimedRowTwice", testTwoRelays[TTx]},
 		{"ExpiredClaimIsRetried", testExpiredClaim[TTx]},
 		{"PurgeDeliveredOnly", testPurge[TTx]},
@@ -365,6 +366,57 @@ func testRetryAck[TTx any](t *testing.T, b Backend[TTx]) {
 	}
 	if st, _ := b.Outbox.Stats(ctx); st.Pending != 0 || !st.OldestPending.IsZero() {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// testAsyncReceipts: a row sent under an external id (an AS2 Message-ID)
+// is found by it when its receipt arrives; a refused receipt sends it again
+// or makes it dead; only a sent row is refused.
+func testAsyncReceipts[TTx any](t *testing.T, b Backend[TTx]) {
+	ctx := context.Background()
+	for _, k := range []string{"e1", "e2"} {
+		m := msg(k)
+		m.ExternalID = "<" + k + "@idem.as2>"
+		if err := b.Outbox.Enqueue(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.Outbox.GetByExternalID(ctx, "<nobody@idem.as2>"); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("an unknown external id: %v", err)
+	}
+	if err := b.Outbox.Refuse(ctx, "e1", "not sent yet", false); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("refusing a pending row: %v", err)
+	}
+	s := newSink()
+	r := relay(t, b.Outbox.Store, s, outbox.RelayConfig{})
+	r.RunOnce(ctx)
+	row, err := b.Outbox.GetByExternalID(ctx, "<e1@idem.as2>")
+	if err != nil || row.Key != "e1" || row.Status != outbox.Sent || row.ExternalID != "<e1@idem.as2>" {
+		t.Fatalf("by external id: %+v, %v", row, err)
+	}
+	// A refused receipt: sent again at once, with the reason kept.
+	if err := b.Outbox.Refuse(ctx, "e1", "the MDN's MIC differs", false); err != nil {
+		t.Fatal(err)
+	}
+	if row, _ := b.Outbox.Get(ctx, "e1"); row.Status != outbox.Pending || row.LastError != "the MDN's MIC differs" {
+		t.Fatalf("after a refused receipt: %+v", row)
+	}
+	r.RunOnce(ctx)
+	if s.count("e1") != 2 {
+		t.Fatalf("e1 sent %d times, want 2", s.count("e1"))
+	}
+	// A hopeless one: dead. An acked row is never refused.
+	if err := b.Outbox.Refuse(ctx, "e2", "decryption-failed", true); err != nil {
+		t.Fatal(err)
+	}
+	if row, _ := b.Outbox.Get(ctx, "e2"); row.Status != outbox.Dead {
+		t.Fatalf("after a hopeless receipt: %+v", row)
+	}
+	if err := b.Outbox.Ack(ctx, "e1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Outbox.Refuse(ctx, "e1", "late", false); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("refusing an acked row: %v", err)
 	}
 }
 
