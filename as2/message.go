@@ -39,10 +39,10 @@ func (p *Profile) Pack(partner *Partner, messageID, contentType string, payload 
 	if partner == nil {
 		return nil, errors.New("as2: no partner")
 	}
-	out := &Outgoing{Header: http.Header{}, MICAlg: micAlgFor(partner.MDNSign, partner.Sign)}
+	out := &Outgoing{Header: http.Header{}}
 	inner := entity(contentType, payload, "Content-Transfer-Encoding", "binary")
 	bodyType, body := contentType, payload
-	out.MIC = mic(payload, out.MICAlg)
+	out.MIC, out.MICAlg = ExpectedMIC(partner, contentType, payload)
 	if partner.Sign != 0 {
 		sig, err := signDetached(inner, p.Certificate, p.Key, partner.Sign)
 		if err != nil {
@@ -51,10 +51,7 @@ func (p *Profile) Pack(partner *Partner, messageID, contentType string, payload 
 		boundary := boundaryFor(messageID, "signed")
 		bodyType = `multipart/signed; protocol="application/pkcs7-signature"; micalg=` + micalgName(partner.Sign) + `; boundary="` + boundary + `"`
 		body = multipartSigned(boundary, inner, sig)
-		out.MIC = mic(inner, out.MICAlg)
 		inner = entity(bodyType, body)
-	} else if partner.Encrypt != EncryptNone {
-		out.MIC = mic(inner, out.MICAlg)
 	}
 	if partner.Encrypt != EncryptNone {
 		der, err := encrypt(inner, partner.Certificate, partner.Encrypt)
@@ -86,6 +83,17 @@ func (p *Profile) Pack(partner *Partner, messageID, contentType string, payload 
 		}
 	}
 	return out, nil
+}
+
+// ExpectedMIC is the MIC (and its algorithm) a receipt for payload, sent
+// to partner as contentType, must return: Pack's, computed again without
+// the cryptography, so an asynchronous MDN can be checked against the row.
+func ExpectedMIC(partner *Partner, contentType string, payload []byte) (string, crypto.Hash) {
+	alg := micAlgFor(partner.MDNSign, partner.Sign)
+	if partner.Sign == 0 && partner.Encrypt == EncryptNone {
+		return mic(payload, alg), alg
+	}
+	return mic(entity(contentType, payload, "Content-Transfer-Encoding", "binary"), alg), alg
 }
 
 // micAlgFor is the MIC algorithm both sides use (RFC 4130 §7.3.1): the one

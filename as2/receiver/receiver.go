@@ -15,6 +15,7 @@ import (
 	"io"
 	"net/http"
 	"net/textproto"
+	"strings"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -53,6 +54,14 @@ type Config struct {
 	MaxBytes int64
 	// Now tells the time of MDN Date headers. Defaults to time.Now.
 	Now func() time.Time
+	// SendMDN, if set, sends the MDN of a message that asked for an
+	// asynchronous one (Receipt-Delivery-Option) to that address — through
+	// an outbox, so it is retried, the same MDN every time; the message is
+	// then answered with a bare 200. mdn is the serialized MDN: header
+	// lines, a blank line, the body. An error answers 503 (the partner
+	// sends again, and gets the same MDN sent again). Unset, every MDN is
+	// answered synchronously.
+	SendMDN func(ctx context.Context, to string, in *as2.Incoming, mdn []byte) error
 }
 
 // Receiver is the http.Handler of POST /as2.
@@ -70,6 +79,12 @@ func New(cfg Config) (*Receiver, error) {
 		cfg.Now = time.Now
 	}
 	return &Receiver{cfg: cfg}, nil
+}
+
+// SetSendMDN sets Config.SendMDN after New (for an outbox opened later);
+// call it before serving.
+func (rv *Receiver) SetSendMDN(send func(ctx context.Context, to string, in *as2.Incoming, mdn []byte) error) {
+	rv.cfg.SendMDN = send
 }
 
 // ServeHTTP handles one AS2 message.
@@ -101,7 +116,7 @@ func (rv *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "could not keep the refused message: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		rv.answer(w, in, failure)
+		rv.reply(w, ctx, in, rv.mdn(in, failure), failure)
 		return
 	}
 	res, err := rv.cfg.Guard.Run(ctx, idem.Key{Scope: "as2-message:" + in.From, ID: in.MessageID},
@@ -112,14 +127,16 @@ func (rv *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "5")
 		http.Error(w, "not delivered yet, send it again: "+err.Error(), http.StatusServiceUnavailable)
 	case res.Outcome == idem.Replayed || res.Outcome.Owns():
-		writeStored(w, res.Value)
+		rv.reply(w, ctx, in, res.Value, nil)
 	case res.Outcome == idem.InProgress:
 		w.Header().Set("Retry-After", "5")
 		http.Error(w, "the same message is being delivered", http.StatusServiceUnavailable)
-	case res.Outcome == idem.Mismatch:
-		rv.answer(w, in, &as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: errors.New("this Message-ID came before with other content")})
 	default:
-		rv.answer(w, in, &as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: fmt.Errorf("the message is %v", res.Outcome)})
+		f := &as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: fmt.Errorf("the message is %v", res.Outcome)}
+		if res.Outcome == idem.Mismatch {
+			f.Err = errors.New("this Message-ID came before with other content")
+		}
+		rv.reply(w, ctx, in, rv.mdn(in, f), f)
 	}
 }
 
@@ -187,37 +204,51 @@ func (rv *Receiver) mdn(in *as2.Incoming, failure *as2.Failure) []byte {
 	return b.Bytes()
 }
 
-// answer writes a fresh MDN for in (or a plain error when none was asked
-// for and the message failed).
-func (rv *Receiver) answer(w http.ResponseWriter, in *as2.Incoming, failure *as2.Failure) {
-	if m := rv.mdn(in, failure); m != nil {
-		writeStored(w, m)
-		return
-	}
-	if failure != nil {
+// reply answers with the serialized MDN: in the response, or sent to the
+// address of an asynchronous one with a bare 200 here. With no MDN (none
+// was asked for), a failure is a plain 400 and a success a bare 200.
+func (rv *Receiver) reply(w http.ResponseWriter, ctx context.Context, in *as2.Incoming, mdn []byte, failure *as2.Failure) {
+	switch {
+	case len(mdn) > 0 && rv.cfg.SendMDN != nil && (strings.HasPrefix(in.ReceiptTo, "http://") || strings.HasPrefix(in.ReceiptTo, "https://")):
+		if err := rv.cfg.SendMDN(context.WithoutCancel(ctx), in.ReceiptTo, in, mdn); err != nil {
+			w.Header().Set("Retry-After", "5")
+			http.Error(w, "the asynchronous MDN could not be queued: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	case len(mdn) > 0:
+		writeStored(w, mdn)
+	case failure != nil:
 		http.Error(w, failure.Error(), http.StatusBadRequest)
-		return
+	default:
+		w.WriteHeader(http.StatusOK)
 	}
-	w.WriteHeader(http.StatusOK)
 }
 
-// writeStored writes a serialized MDN as the response (an empty one as a
-// bare 200: no MDN was asked for).
-func writeStored(w http.ResponseWriter, stored []byte) {
-	if len(stored) == 0 {
-		w.WriteHeader(http.StatusOK)
-		return
-	}
-	tr := textproto.NewReader(bufio.NewReader(bytes.NewReader(stored)))
-	h, err := tr.ReadMIMEHeader()
+// SplitMDN separates a serialized MDN (as SendMDN gets it) into its header
+// fields and body.
+func SplitMDN(stored []byte) (http.Header, []byte, error) {
+	h, err := textproto.NewReader(bufio.NewReader(bytes.NewReader(stored))).ReadMIMEHeader()
 	if err != nil {
-		http.Error(w, "a stored MDN is unreadable: "+err.Error(), http.StatusInternalServerError)
+		return nil, nil, fmt.Errorf("idem/as2/receiver: a stored MDN is unreadable: %w", err)
+	}
+	i := bytes.Index(stored, []byte("\r\n\r\n"))
+	if i < 0 {
+		return nil, nil, errors.New("idem/as2/receiver: a stored MDN has no body")
+	}
+	return http.Header(h), stored[i+4:], nil
+}
+
+// writeStored writes a serialized MDN as the response.
+func writeStored(w http.ResponseWriter, stored []byte) {
+	h, body, err := SplitMDN(stored)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
 	for k, v := range h {
 		w.Header()[k] = v
 	}
-	i := bytes.Index(stored, []byte("\r\n\r\n"))
 	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(stored[i+4:])
+	_, _ = w.Write(body)
 }

@@ -21,6 +21,10 @@ import (
 	"github.com/idemgo/idem/as2"
 	"github.com/idemgo/idem/as2/receiver"
 	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/outbox/as2sender"
+	"github.com/idemgo/idem/outbox/httpsender"
+	"github.com/idemgo/idem/outbox/senders"
 )
 
 func newAS2Cmd() *cobra.Command {
@@ -30,7 +34,7 @@ func newAS2Cmd() *cobra.Command {
 }
 
 func newAS2ServeCmd() *cobra.Command {
-	var listen, as2File, dir, forward string
+	var listen, as2File, dir, forward, outboxURL string
 	var maxBytes int64
 	var forwardTimeout time.Duration
 	cmd := &cobra.Command{
@@ -44,7 +48,13 @@ Each interchange is delivered once: --dir writes one file per interchange (atomi
 --forward posts it upstream with Idempotency-Key set to the interchange key and the
 AS2 headers. The answer is a synchronous MDN, signed when asked, the same again for a
 duplicate. A message that cannot be opened gets an error MDN and is kept: in
-DIR/rejected, or in the store (scope as2-rejected) with --forward.`,
+DIR/rejected, or in the store (scope as2-rejected) with --forward.
+
+With --outbox URL (the outbox idem relay --as2 sends from): POST /as2/mdn takes the
+asynchronous MDNs of our own messages (verified, checked, and the row acked or refused),
+and the MDNs partners ask to receive asynchronously are sent through that outbox
+(retried, the same MDN every time) instead of in the response; the command relays that
+outbox (every destination, as2:// under this profile), beside any idem relay.`,
 		Args: cobra.NoArgs,
 	}
 	store := storeFlag(cmd)
@@ -55,6 +65,7 @@ DIR/rejected, or in the store (scope as2-rejected) with --forward.`,
 	f.StringVar(&forward, "forward", "", "deliver each interchange by POST to this URL")
 	f.DurationVar(&forwardTimeout, "forward-timeout", 30*time.Second, "timeout of one forward")
 	f.Int64Var(&maxBytes, "max-bytes", 64<<20, "largest message accepted (413 above it, before decryption)")
+	f.StringVar(&outboxURL, "outbox", "", "outbox store: receive our asynchronous MDNs on /as2/mdn and send partners' through it")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if as2File == "" || (dir == "") == (forward == "") {
 			return errors.New("idem as2 serve needs --as2 FILE and one of --dir DIR or --forward URL")
@@ -96,6 +107,38 @@ DIR/rejected, or in the store (scope as2-rejected) with --forward.`,
 			return err
 		}
 		mux := http.NewServeMux()
+		if outboxURL != "" {
+			ob, closeOutbox, err := openOutbox(ctx, outboxURL)
+			if err != nil {
+				return fmt.Errorf("--outbox: %w", err)
+			}
+			defer closeOutbox()
+			if err := ob.Migrate(ctx); err != nil {
+				return err
+			}
+			mux.Handle("POST /as2/mdn", as2sender.AsyncMDNHandler(profile, ob))
+			rv.SetSendMDN(func(ctx context.Context, to string, in *as2.Incoming, mdn []byte) error {
+				return enqueueMDN(ctx, ob, to, in, mdn)
+			})
+			// A relay of that outbox, with every sender (AS2 under this
+			// profile included): another relay may share the outbox.
+			router, closeSenders := senders.New(httpsender.Config{Timeout: forwardTimeout})
+			defer closeSenders()
+			router["as2"] = as2sender.NewProfile(profile, &http.Client{Timeout: forwardTimeout})
+			relay, err := outbox.NewRelay(outbox.RelayConfig{Store: ob, Sender: router, SendTimeout: forwardTimeout, Lease: 2 * forwardTimeout,
+				BackoffMin: 100 * time.Millisecond, BackoffMax: time.Minute, PollInterval: 200 * time.Millisecond})
+			if err != nil {
+				return err
+			}
+			if err := relay.Start(ctx, func(err error) { fmt.Fprintf(cmd.ErrOrStderr(), "idem as2 serve: outbox: %v\n", err) }); err != nil {
+				return err
+			}
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.Background(), forwardTimeout+5*time.Second)
+				defer cancel()
+				_ = relay.Stop(sctx)
+			}()
+		}
 		mux.Handle("POST /as2", rv)
 		ln, err := net.Listen("tcp", listen)
 		if err != nil {
@@ -208,4 +251,19 @@ func forwardInterchange(ctx context.Context, client *http.Client, url string, d 
 		return fmt.Errorf("upstream %s: %s", resp.Status, bytes.TrimSpace(msg))
 	}
 	return idem.Permanent(fmt.Errorf("upstream %s: %s", resp.Status, bytes.TrimSpace(msg)))
+}
+
+// enqueueMDN puts an asynchronous MDN in the outbox, keyed by the message it
+// answers: a duplicate's MDN (the same bytes) enqueues nothing new.
+func enqueueMDN(ctx context.Context, ob *outbox.Store, to string, in *as2.Incoming, mdn []byte) error {
+	h, body, err := receiver.SplitMDN(mdn)
+	if err != nil {
+		return err
+	}
+	headers := map[string]string{}
+	for k := range h {
+		headers[k] = h.Get(k)
+	}
+	sum := sha256.Sum256([]byte(in.From + "\x00" + in.MessageID))
+	return ob.Enqueue(ctx, outbox.Message{Key: "as2-mdn-" + hex.EncodeToString(sum[:16]), Destination: to, Payload: body, Headers: headers})
 }

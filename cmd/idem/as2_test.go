@@ -158,3 +158,72 @@ func TestAS2EndToEnd(t *testing.T) {
 		t.Fatalf("%d posts, want 2", posts.Load())
 	}
 }
+
+// TestAS2AsynchronousMDN: BUYER asks SUPPLIER for a signed asynchronous
+// MDN. SUPPLIER's `idem as2 serve --outbox` answers the POST with a bare 200
+// and sends the MDN through its outbox to BUYER's mdn_url, where BUYER's
+// `idem as2 serve --outbox` (on the relay's outbox) verifies it, finds the
+// row by its stored Message-ID, checks the MIC, and acks it.
+func TestAS2AsynchronousMDN(t *testing.T) {
+	dir := t.TempDir()
+	as2test.NewParty(t, dir, "buyer", 1)
+	as2test.NewParty(t, dir, "supplier", 2)
+	buyerAddr, supplierAddr := freeAddr(t), freeAddr(t)
+	profile := func(name, us, them, themURL string) string {
+		path := filepath.Join(dir, name)
+		yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s.pem\nprivate_key: %s.key\nmdn_url: http://%s/as2/mdn\npartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s.pem\n    sign: sha256\n    encrypt: aes128-cbc\n    mdn: async\n    mdn_sign: sha256\n",
+			us, strings.ToLower(us), strings.ToLower(us), buyerAddr, them, themURL, strings.ToLower(them))
+		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	buyerProfile := profile("buyer.yaml", "BUYER", "SUPPLIER", "http://"+supplierAddr+"/as2")
+	supplierProfile := profile("supplier.yaml", "SUPPLIER", "BUYER", "http://"+buyerAddr+"/as2")
+	outboxStore := "sqlite:" + filepath.Join(dir, "buyer-outbox.db")
+	startAS2Serve(t, "--listen", supplierAddr, "--as2", supplierProfile, "--store", "sqlite:"+filepath.Join(dir, "supplier.db"),
+		"--dir", filepath.Join(dir, "supplier-inbox"), "--outbox", "sqlite:"+filepath.Join(dir, "supplier-outbox.db"))
+	startAS2Serve(t, "--listen", buyerAddr, "--as2", buyerProfile, "--store", "sqlite:"+filepath.Join(dir, "buyer.db"),
+		"--dir", filepath.Join(dir, "buyer-inbox"), "--outbox", outboxStore)
+
+	data := filepath.Join(dir, "po.x12")
+	if err := os.WriteFile(data, []byte(as2Interchange), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, "outbox", "enqueue", "--store", outboxStore, "--key", "PO-9", "--to", "as2://SUPPLIER", "--data-file", data, "--as2", buyerProfile); err != nil {
+		t.Fatal(err)
+	}
+	relay := exec.Command(os.Args[0], "relay", "--store", outboxStore, "--as2", buyerProfile, "--backoff-min", "50ms", "--backoff-max", "200ms", "--poll", "100ms")
+	relay.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
+	if err := relay.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = relay.Process.Kill(); _ = relay.Wait() }()
+
+	ctx := context.Background()
+	s, closeFn, err := openOutbox(ctx, outboxStore)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeFn()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		row, err := s.Get(ctx, "PO-9")
+		if err == nil && row.Status == outbox.Acked {
+			if row.Tries != 1 || row.ExternalID == "" {
+				t.Fatalf("acked after %d tries, external id %q", row.Tries, row.ExternalID)
+			}
+			break
+		}
+		if err == nil && row.Status == outbox.Dead {
+			t.Fatalf("dead: %s", row.LastError)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not acked in 30s: %+v %v", row, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if files, _ := filepath.Glob(filepath.Join(dir, "supplier-inbox", "*.edi")); len(files) != 1 {
+		t.Fatalf("%d interchange files at the supplier", len(files))
+	}
+}

@@ -98,7 +98,7 @@ func newOutboxCmd() *cobra.Command {
 }
 
 func newOutboxEnqueueCmd() *cobra.Command {
-	var key, to, data, dataFile string
+	var key, to, data, dataFile, as2File string
 	var headers []string
 	cmd := &cobra.Command{
 		Use:   "enqueue --key KEY --to DESTINATION (--data STRING | --data-file F)",
@@ -112,6 +112,7 @@ func newOutboxEnqueueCmd() *cobra.Command {
 	f.StringVar(&data, "data", "", "the payload")
 	f.StringVar(&dataFile, "data-file", "", "read the payload from this file")
 	f.StringArrayVar(&headers, "header", nil, "a header NAME=VALUE (repeatable)")
+	f.StringVar(&as2File, "as2", "", "AS2 profile file: for as2://PARTNER, stores the Message-ID its asynchronous MDN will name")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if key == "" || to == "" {
 			return errors.New("--key and --to are required")
@@ -128,6 +129,16 @@ func newOutboxEnqueueCmd() *cobra.Command {
 			payload = b
 		}
 		m := outbox.Message{Key: key, Destination: to, Payload: payload}
+		if as2File != "" {
+			if !strings.HasPrefix(to, "as2://") {
+				return errors.New("--as2 is for as2://PARTNER destinations")
+			}
+			profile, err := as2.LoadProfile(as2File, time.Now())
+			if err != nil {
+				return fmt.Errorf("--as2: %w", err)
+			}
+			m.ExternalID = as2sender.MessageIDFor(profile, key)
+		}
 		for _, h := range headers {
 			k, v, ok := strings.Cut(h, "=")
 			if !ok || k == "" {

@@ -3,6 +3,7 @@ package as2sender
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,15 +18,15 @@ import (
 
 // ProfileSender sends to as2://PARTNER destinations under an AS2 profile
 // (as2.LoadProfile): signed and/or encrypted as the partner's agreement
-// says, with the Message-ID derived from the key (or the row's Message-ID
-// header, set when it was enqueued), the same on every attempt.
+// says, under the row's ExternalID as Message-ID (else one derived from the
+// key, MessageIDFor), the same on every attempt.
 //
 // A row is acked only on a receipt that proves delivery: a synchronous MDN
 // whose signature verifies against the partner's certificate (when a signed
 // one was asked for), that answers our Message-ID, says processed, and
 // returns the MIC we computed; or, for partners that send no MDN, a 2xx.
 // With asynchronous MDNs a 2xx makes the row sent, and the MDN acks it when
-// it arrives. Otherwise last_error says why: a negative disposition that
+// it arrives (AsyncMDNHandler). Otherwise last_error says why: a negative disposition that
 // retrying cannot cure (authentication-failed, decryption-failed, failed/…)
 // makes the row dead; a wrong MIC, a bad signature, an unreadable MDN or any
 // other error is retried.
@@ -43,20 +44,31 @@ func NewProfile(profile *as2.Profile, client *http.Client) *ProfileSender {
 	return &ProfileSender{profile: profile, client: client}
 }
 
-// MessageID is the AS2 Message-ID (without angle brackets) under which the
-// row with key and headers is sent: its Message-ID header, else one derived
-// from the key and our AS2 name.
-func (s *ProfileSender) MessageID(key string, headers map[string]string) string {
-	if id := headers["Message-ID"]; id != "" {
-		return strings.Trim(id, "<>")
-	}
+// MessageIDFor is the AS2 Message-ID (without angle brackets) idem derives
+// for key as profile's AS2 name: the key, and our AS2 name as the host
+// part, so two senders' equal keys never meet at a partner. Store it as the
+// row's Message.ExternalID when enqueueing (idem outbox enqueue --as2 does):
+// an asynchronous MDN finds the row by it.
+func MessageIDFor(profile *as2.Profile, key string) string {
 	host := strings.ToLower(strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' {
 			return r
 		}
 		return '-'
-	}, s.profile.AS2ID)) + ".as2"
+	}, profile.AS2ID)) + ".as2"
 	return strings.Trim(edi.AS2MessageID(key, host), "<>")
+}
+
+// messageID is the Message-ID a row is sent under: its ExternalID, else
+// its Message-ID header, else MessageIDFor.
+func (s *ProfileSender) messageID(m *outbox.Message) string {
+	if m.ExternalID != "" {
+		return strings.Trim(m.ExternalID, "<>")
+	}
+	if id := m.Headers["Message-ID"]; id != "" {
+		return strings.Trim(id, "<>")
+	}
+	return MessageIDFor(s.profile, m.Key)
 }
 
 // Send implements outbox.Sender.
@@ -73,18 +85,15 @@ func (s *ProfileSender) Send(ctx context.Context, m *outbox.Message) outbox.Resu
 	if partner.URL == "" {
 		return outbox.Result{Status: outbox.Dead, Err: fmt.Errorf("partner %q has no url to post to", name)}
 	}
-	ct := m.Headers["Content-Type"]
-	if ct == "" {
-		ct = edi.ContentType(edi.EDIFACT)
-		if bytes.HasPrefix(bytes.TrimSpace(m.Payload), []byte("ISA")) {
-			ct = edi.ContentType(edi.X12)
-		}
-	}
+	ct := contentType(m)
 	date := m.Headers["Date"]
 	if date == "" {
 		date = time.Unix(0, 0).UTC().Format(http.TimeFormat) // stable: the same on every attempt
 	}
-	id := s.MessageID(m.Key, m.Headers)
+	if partner.MDN == as2.MDNAsync && m.ExternalID == "" {
+		return outbox.Result{Status: outbox.Dead, Err: fmt.Errorf("partner %q answers asynchronously, and its MDN finds the row by Message.ExternalID: enqueue with ExternalID = as2sender.MessageIDFor (idem outbox enqueue --as2 FILE)", name)}
+	}
+	id := s.messageID(m)
 	out, err := s.profile.Pack(partner, id, ct, m.Payload, date)
 	if err != nil {
 		return outbox.Result{Status: outbox.Dead, Err: err}
@@ -143,4 +152,71 @@ func clip(b []byte) string {
 		s = s[:200] + "…"
 	}
 	return s
+}
+
+// contentType is the Content-Type a row is sent as: its header, else the
+// EDI type its payload starts with.
+func contentType(m *outbox.Message) string {
+	if ct := m.Headers["Content-Type"]; ct != "" {
+		return ct
+	}
+	if bytes.HasPrefix(bytes.TrimSpace(m.Payload), []byte("ISA")) {
+		return edi.ContentType(edi.X12)
+	}
+	return edi.ContentType(edi.EDIFACT)
+}
+
+// AsyncMDNHandler receives the asynchronous MDNs of rows a ProfileSender
+// sent (serve it at the profile's mdn_url, POST): the MDN must verify
+// against the certificate of the partner named in AS2-From; its
+// Original-Message-ID finds the row (Message.ExternalID), which must be
+// addressed to that partner; then it is checked as a synchronous receipt
+// is — our MIC, processed — and the row is acked, or refused with the
+// reason in last_error: dead when the disposition cannot be cured by
+// sending again, else sent again. An MDN that does not verify changes no
+// row (answered 400).
+func AsyncMDNHandler(profile *as2.Profile, store *outbox.Store) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		from := strings.Trim(strings.TrimSpace(r.Header.Get("AS2-From")), `"`)
+		partner := profile.Partners[from]
+		if partner == nil {
+			http.Error(w, fmt.Sprintf("AS2-From %q is no partner of ours", from), http.StatusForbidden)
+			return
+		}
+		mdn, err := as2.ParseMDN(r.Header, body, partner)
+		if err != nil {
+			http.Error(w, "the MDN is not accepted: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		ctx := r.Context()
+		row, err := store.GetByExternalID(ctx, mdn.OriginalMessageID)
+		if err != nil {
+			http.Error(w, "no message "+mdn.OriginalMessageID+" of ours", http.StatusNotFound)
+			return
+		}
+		if row.Destination != "as2://"+url.PathEscape(from) && row.Destination != "as2://"+from {
+			http.Error(w, "message "+mdn.OriginalMessageID+" was not sent to "+from, http.StatusForbidden)
+			return
+		}
+		out := &as2.Outgoing{}
+		out.MIC, out.MICAlg = as2.ExpectedMIC(partner, contentType(&row.Message), row.Payload)
+		if err := out.Check(mdn, mdn.OriginalMessageID, partner); err != nil {
+			if rerr := store.Refuse(ctx, row.Key, err.Error(), !mdn.Processed() && hopeless(mdn)); rerr != nil && !errors.Is(rerr, outbox.ErrNotFound) {
+				http.Error(w, rerr.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			w.WriteHeader(http.StatusOK) // received; the row says why it was no ack
+			return
+		}
+		if err := store.Ack(ctx, row.Key); err != nil && !errors.Is(err, outbox.ErrNotFound) {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
 }
