@@ -28,19 +28,21 @@ const (
 	EncryptAES128CBC
 	EncryptAES192CBC
 	EncryptAES256CBC
+	EncryptAES128GCM
+	EncryptAES256GCM
 )
 
 var encryptionNames = map[Encryption]string{
 	EncryptNone: "none", EncryptDES3: "des3", EncryptAES128CBC: "aes128-cbc",
 	EncryptAES192CBC: "aes192-cbc", EncryptAES256CBC: "aes256-cbc",
+	EncryptAES128GCM: "aes128-gcm", EncryptAES256GCM: "aes256-gcm",
 }
 
 func (e Encryption) String() string { return encryptionNames[e] }
 
 // ParseEncryption reads an encryption name: none (or empty), des3,
-// aes128-cbc, aes192-cbc, aes256-cbc. AES-GCM (aes128-gcm, aes256-gcm) is
-// named with a clear refusal: CMS carries it in AuthEnvelopedData, which
-// idem does not write yet.
+// aes128-cbc, aes192-cbc, aes256-cbc, aes128-gcm, aes256-gcm (CMS
+// AuthEnvelopedData).
 func ParseEncryption(s string) (Encryption, error) {
 	name := strings.ToLower(strings.TrimSpace(s))
 	if name == "" {
@@ -51,10 +53,7 @@ func ParseEncryption(s string) (Encryption, error) {
 			return e, nil
 		}
 	}
-	if name == "aes128-gcm" || name == "aes256-gcm" {
-		return 0, fmt.Errorf("%q is not supported yet (AES-GCM needs CMS AuthEnvelopedData); use aes128-cbc or aes256-cbc", s)
-	}
-	return 0, fmt.Errorf("%q is not none, des3, aes128-cbc, aes192-cbc or aes256-cbc", s)
+	return 0, fmt.Errorf("%q is not none, des3, aes128-cbc, aes192-cbc, aes256-cbc, aes128-gcm or aes256-gcm", s)
 }
 
 var (
@@ -122,8 +121,12 @@ func verifyDetached(signature, content []byte, partner *x509.Certificate) error 
 }
 
 // decrypt opens a CMS EnvelopedData (DER or BER; RSA PKCS#1 v1.5 or
-// RSAES-OAEP key transport) addressed to cert.
+// RSAES-OAEP key transport) or AuthEnvelopedData with AES-GCM (DER)
+// addressed to cert.
 func decrypt(der []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, error) {
+	if isAuthEnveloped(der) {
+		return decryptGCM(der, cert, key)
+	}
 	p7, err := pkcs7.Parse(der)
 	if err != nil {
 		return nil, fmt.Errorf("as2: not CMS EnvelopedData: %w", err)
@@ -186,6 +189,8 @@ func encrypt(content []byte, recipient *x509.Certificate, alg Encryption) ([]byt
 		oid, keyLen, newBlock = oidAES192CBC, 24, aes.NewCipher
 	case EncryptAES256CBC:
 		oid, keyLen, newBlock = oidAES256CBC, 32, aes.NewCipher
+	case EncryptAES128GCM, EncryptAES256GCM:
+		return encryptGCM(content, recipient, alg)
 	default:
 		return nil, fmt.Errorf("as2: cannot encrypt with %v", alg)
 	}

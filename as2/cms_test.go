@@ -52,7 +52,7 @@ const interchange = "ISA*00*          *00*          *ZZ*SENDERID       *ZZ*RECEI
 func TestEncryptionOpenSSLDecrypts(t *testing.T) {
 	dir := t.TempDir()
 	partner := newParty(t, dir, "partner", 7)
-	for _, alg := range []Encryption{EncryptDES3, EncryptAES128CBC, EncryptAES192CBC, EncryptAES256CBC} {
+	for _, alg := range []Encryption{EncryptDES3, EncryptAES128CBC, EncryptAES192CBC, EncryptAES256CBC, EncryptAES128GCM, EncryptAES256GCM} {
 		der, err := encrypt([]byte(interchange), partner.cert, alg)
 		if err != nil {
 			t.Fatal(alg, err)
@@ -60,6 +60,13 @@ func TestEncryptionOpenSSLDecrypts(t *testing.T) {
 		got := openssl(t, der, "cms", "-decrypt", "-inform", "DER", "-binary", "-recip", partner.certPath, "-inkey", partner.keyPath)
 		if string(got) != interchange {
 			t.Fatalf("%v: OpenSSL decrypted %q", alg, got)
+		}
+		if alg == EncryptAES128GCM || alg == EncryptAES256GCM {
+			bad := append([]byte(nil), der...)
+			bad[len(bad)-1] ^= 1 // the tag
+			if _, err := decrypt(bad, partner.cert, partner.key); err == nil {
+				t.Fatalf("%v: a message with a broken tag decrypted", alg)
+			}
 		}
 		if alg != EncryptAES192CBC { // the library lacks AES-192
 			back, err := decrypt(der, partner.cert, partner.key)
@@ -86,6 +93,9 @@ func TestDecryptWhatOpenSSLSends(t *testing.T) {
 		{"aes256-cbc oaep sha256", []string{"-aes256", "-keyopt", "rsa_padding_mode:oaep", "-keyopt", "rsa_oaep_md:sha256"}},
 		{"aes256-cbc oaep sha512", []string{"-aes256", "-keyopt", "rsa_padding_mode:oaep", "-keyopt", "rsa_oaep_md:sha512", "-keyopt", "rsa_mgf1_md:sha512"}},
 		{"aes256-cbc BER indefinite", []string{"-aes256", "-stream", "-indef"}},
+		{"aes128-gcm pkcs1v15", []string{"-aes-128-gcm"}},
+		{"aes256-gcm oaep sha256", []string{"-aes-256-gcm", "-keyopt", "rsa_padding_mode:oaep", "-keyopt", "rsa_oaep_md:sha256"}},
+		{"aes256-gcm oaep sha512", []string{"-aes-256-gcm", "-keyopt", "rsa_padding_mode:oaep", "-keyopt", "rsa_oaep_md:sha512", "-keyopt", "rsa_mgf1_md:sha512"}},
 	} {
 		args := append([]string{"cms", "-encrypt", "-binary", "-outform", "DER", "-recip", us.certPath}, c.args...)
 		der := openssl(t, []byte(interchange), args...)

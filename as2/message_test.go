@@ -28,7 +28,7 @@ func pair(t testing.TB, ag Partner) (idem, partner *Profile, us, them *party) {
 
 func TestRoundTripEveryAgreement(t *testing.T) {
 	for _, sign := range []crypto.Hash{0, crypto.SHA1, crypto.SHA256, crypto.SHA512} {
-		for _, enc := range []Encryption{EncryptNone, EncryptDES3, EncryptAES128CBC, EncryptAES256CBC} {
+		for _, enc := range []Encryption{EncryptNone, EncryptDES3, EncryptAES128CBC, EncryptAES256CBC, EncryptAES256GCM} {
 			for _, mdnSign := range []crypto.Hash{0, crypto.SHA256} {
 				name := fmt.Sprintf("sign=%s/encrypt=%s/mdn_sign=%s", micalgName(sign), enc, micalgName(mdnSign))
 				t.Run(name, func(t *testing.T) {
