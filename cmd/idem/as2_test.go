@@ -227,3 +227,98 @@ func TestAS2AsynchronousMDN(t *testing.T) {
 		t.Fatalf("%d interchange files at the supplier", len(files))
 	}
 }
+
+// TestAS2Forward: `idem as2 serve --forward` posts each interchange upstream
+// with Idempotency-Key set to its interchange key and the AS2 headers; an
+// upstream 503 is answered 503 (nothing stored), so the relay's retry
+// delivers it; a message from a stranger is kept in the store (scope
+// as2-rejected) and answered with an error MDN.
+func TestAS2Forward(t *testing.T) {
+	dir := t.TempDir()
+	as2test.NewParty(t, dir, "buyer", 1)
+	as2test.NewParty(t, dir, "supplier", 2)
+	var calls atomic.Int64
+	keys := make(chan string, 10)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if string(body) != as2Interchange || r.Header.Get("AS2-From") != "BUYER" || r.Header.Get("Message-ID") == "" {
+			http.Error(w, "unexpected", http.StatusBadRequest)
+			return
+		}
+		keys <- r.Header.Get("Idempotency-Key")
+		if calls.Add(1) == 1 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	profile := func(name, us, them, themURL string) string {
+		path := filepath.Join(dir, name)
+		yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s.pem\nprivate_key: %s.key\npartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s.pem\n    sign: sha256\n    encrypt: aes256-gcm\n    mdn: sync\n    mdn_sign: sha256\n",
+			us, strings.ToLower(us), strings.ToLower(us), them, themURL, strings.ToLower(them))
+		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	supplierStore := "sqlite:" + filepath.Join(dir, "supplier.db")
+	serve := startAS2Serve(t, "--as2", profile("supplier.yaml", "SUPPLIER", "BUYER", "http://127.0.0.1:1/as2"), "--store", supplierStore, "--forward", upstream.URL)
+
+	store := "sqlite:" + filepath.Join(dir, "outbox.db")
+	data := filepath.Join(dir, "po.x12")
+	if err := os.WriteFile(data, []byte(as2Interchange), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, "outbox", "enqueue", "--store", store, "--key", "PO-7", "--to", "as2://SUPPLIER", "--data-file", data); err != nil {
+		t.Fatal(err)
+	}
+	relay := exec.Command(os.Args[0], "relay", "--store", store, "--as2", profile("buyer.yaml", "BUYER", "SUPPLIER", serve+"/as2"),
+		"--backoff-min", "50ms", "--backoff-max", "200ms", "--poll", "100ms")
+	relay.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
+	if err := relay.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = relay.Process.Kill(); _ = relay.Wait() }()
+	ctx := context.Background()
+	s, closeFn, err := openOutbox(ctx, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeFn()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		row, err := s.Get(ctx, "PO-7")
+		if err == nil && row.Status == outbox.Acked {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not acked: %+v %v", row, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	first, second := <-keys, <-keys
+	if first != second || !strings.Contains(first, "X12|ZZ|BUYER|ZZ|SUPPLIER|000000905") || calls.Load() != 2 {
+		t.Fatalf("upstream saw keys %q and %q in %d calls", first, second, calls.Load())
+	}
+	// A stranger's message: an error MDN, and the raw message kept.
+	req, _ := http.NewRequest(http.MethodPost, serve+"/as2", strings.NewReader("not a message"))
+	req.Header.Set("Content-Type", "application/edi-x12")
+	req.Header.Set("Message-ID", "<stranger-1@nowhere>")
+	req.Header.Set("AS2-From", "STRANGER")
+	req.Header.Set("AS2-To", "SUPPLIER")
+	req.Header.Set("Disposition-Notification-To", "ops@nowhere")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mdn, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !bytes.Contains(mdn, []byte("processed/error: authentication-failed")) {
+		t.Fatalf("a stranger got %d %s", resp.StatusCode, mdn)
+	}
+	out, err := run(t, "keys", "ls", "--store", supplierStore)
+	if err != nil || !strings.Contains(out, "as2-rejected/stranger-1@nowhere") {
+		t.Fatalf("the refused message is not in the store: %v\n%s", err, out)
+	}
+}
