@@ -227,22 +227,33 @@ func encrypt(content []byte, recipient *x509.Certificate, alg Encryption) ([]byt
 		return nil, err
 	}
 	ed := envelopedData{
-		Version: 0,
-		RecipientInfos: []keyTransRecipientInfo{{
-			Version:                0,
-			IssuerAndSerialNumber:  issuerAndSerial{IssuerName: asn1.RawValue{FullBytes: recipient.RawIssuer}, SerialNumber: recipient.SerialNumber},
-			KeyEncryptionAlgorithm: pkix.AlgorithmIdentifier{Algorithm: oidRSAEncryption, Parameters: asn1.NullRawValue},
-			EncryptedKey:           encKey,
-		}},
+		Version:        0,
+		RecipientInfos: recipientInfos(recipient, encKey),
 		EncryptedContentInfo: encryptedContentInfo{
 			ContentType:                oidData,
 			ContentEncryptionAlgorithm: pkix.AlgorithmIdentifier{Algorithm: oid, Parameters: asn1.RawValue{FullBytes: ivParam}},
 			EncryptedContent:           sealed,
 		},
 	}
-	inner, err := asn1.Marshal(ed)
+	return wrapContentInfo(oidEnvelopedData, ed)
+}
+
+// recipientInfos names recipient (issuer and serial number) as the one
+// recipient, its content key encrypted with RSA PKCS#1 v1.5.
+func recipientInfos(recipient *x509.Certificate, encKey []byte) []keyTransRecipientInfo {
+	return []keyTransRecipientInfo{{
+		IssuerAndSerialNumber:  issuerAndSerial{IssuerName: asn1.RawValue{FullBytes: recipient.RawIssuer}, SerialNumber: recipient.SerialNumber},
+		KeyEncryptionAlgorithm: pkix.AlgorithmIdentifier{Algorithm: oidRSAEncryption, Parameters: asn1.NullRawValue},
+		EncryptedKey:           encKey,
+	}}
+}
+
+// wrapContentInfo returns the DER of a ContentInfo of type oid around
+// content.
+func wrapContentInfo(oid asn1.ObjectIdentifier, content any) ([]byte, error) {
+	inner, err := asn1.Marshal(content)
 	if err != nil {
 		return nil, err
 	}
-	return asn1.Marshal(contentInfo{ContentType: oidEnvelopedData, Content: asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 0, IsCompound: true, Bytes: inner}})
+	return asn1.Marshal(contentInfo{ContentType: oid, Content: asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 0, IsCompound: true, Bytes: inner}})
 }

@@ -75,11 +75,7 @@ func encryptGCM(content []byte, recipient *x509.Certificate, alg Encryption) ([]
 		return nil, err
 	}
 	ad := authEnvelopedData{
-		RecipientInfos: []keyTransRecipientInfo{{
-			IssuerAndSerialNumber:  issuerAndSerial{IssuerName: asn1.RawValue{FullBytes: recipient.RawIssuer}, SerialNumber: recipient.SerialNumber},
-			KeyEncryptionAlgorithm: pkix.AlgorithmIdentifier{Algorithm: oidRSAEncryption, Parameters: asn1.NullRawValue},
-			EncryptedKey:           encKey,
-		}},
+		RecipientInfos: recipientInfos(recipient, encKey),
 		AuthEncryptedContentInfo: encryptedContentInfo{
 			ContentType:                oidData,
 			ContentEncryptionAlgorithm: pkix.AlgorithmIdentifier{Algorithm: oid, Parameters: asn1.RawValue{FullBytes: params}},
@@ -87,11 +83,7 @@ func encryptGCM(content []byte, recipient *x509.Certificate, alg Encryption) ([]
 		},
 		MAC: tag,
 	}
-	inner, err := asn1.Marshal(ad)
-	if err != nil {
-		return nil, err
-	}
-	return asn1.Marshal(contentInfo{ContentType: oidAuthEnvelopedData, Content: asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 0, IsCompound: true, Bytes: inner}})
+	return wrapContentInfo(oidAuthEnvelopedData, ad)
 }
 
 // isAuthEnveloped reports whether der is a (DER) ContentInfo of

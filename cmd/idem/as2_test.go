@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +22,79 @@ import (
 
 const as2Interchange = "ISA*00*          *00*          *ZZ*BUYER          *ZZ*SUPPLIER       *260514*1032*^*00501*000000905*0*P*:~\n" +
 	"GS*PO*BUYER*SUPPLIER*20260514*1032*905*X*005010~\nST*850*0001~\nBEG*00*SA*ORD-1**20260514~\nSE*3*0001~\nGE*1*905~\nIEA*1*000000905~"
+
+// as2World is a directory with BUYER's and SUPPLIER's certificates, where
+// the tests write profiles, stores and the interchange to send.
+type as2World struct {
+	t   *testing.T
+	dir string
+}
+
+func newAS2World(t *testing.T) *as2World {
+	dir := t.TempDir()
+	as2test.NewParty(t, dir, "buyer", 1)
+	as2test.NewParty(t, dir, "supplier", 2)
+	if err := os.WriteFile(filepath.Join(dir, "po.x12"), []byte(as2Interchange), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &as2World{t: t, dir: dir}
+}
+
+func (w *as2World) path(name string) string { return filepath.Join(w.dir, name) }
+
+// profile writes us's profile with one partner, them, reached at
+// themURL under agreement (the partner entry's sign/encrypt/mdn lines), and
+// top (extra top-level lines), and returns its path.
+func (w *as2World) profile(us, them, themURL, agreement, top string) string {
+	path := w.path(strings.ToLower(us) + ".yaml")
+	yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s.pem\nprivate_key: %s.key\n%spartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s.pem\n%s",
+		us, strings.ToLower(us), strings.ToLower(us), top, them, themURL, strings.ToLower(them), agreement)
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		w.t.Fatal(err)
+	}
+	return path
+}
+
+// enqueue records the interchange for as2://SUPPLIER under key in store.
+func (w *as2World) enqueue(store, key string, extra ...string) {
+	args := append([]string{"outbox", "enqueue", "--store", store, "--key", key, "--to", "as2://SUPPLIER", "--data-file", w.path("po.x12")}, extra...)
+	if _, err := run(w.t, args...); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// relay runs `idem relay --as2 profile` on store until the test ends.
+func (w *as2World) relay(store, profile string) {
+	cmd := exec.Command(os.Args[0], "relay", "--store", store, "--as2", profile, "--backoff-min", "50ms", "--backoff-max", "200ms", "--poll", "100ms")
+	cmd.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
+	if err := cmd.Start(); err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+}
+
+// settled waits until store's row key is acked or dead, and returns it.
+func (w *as2World) settled(store, key string) outbox.Row {
+	ctx := context.Background()
+	s, closeFn, err := openOutbox(ctx, store)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer closeFn()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		row, err := s.Get(ctx, key)
+		if err == nil && (row.Status == outbox.Acked || row.Status == outbox.Dead) {
+			return row
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("%s not settled in 30s: %+v %v", key, row, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+const as2SyncAgreement = "    sign: sha256\n    encrypt: aes256-cbc\n    mdn: sync\n    mdn_sign: sha256\n"
 
 // startAS2Serve runs `idem as2 serve` as a child process and returns its
 // base URL once it listens.
@@ -57,98 +129,49 @@ func startAS2Serve(t *testing.T, args ...string) string {
 // retries, the receiver replays the same MDN, the row is acked after two
 // tries, and the interchange is written once.
 func TestAS2EndToEnd(t *testing.T) {
-	dir := t.TempDir()
-	as2test.NewParty(t, dir, "buyer", 1)
-	as2test.NewParty(t, dir, "supplier", 2)
-	inbox := filepath.Join(dir, "inbox")
-
-	profile := func(name, us, them, themURL string) string {
-		path := filepath.Join(dir, name)
-		yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s.pem\nprivate_key: %s.key\npartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s.pem\n    sign: sha256\n    encrypt: aes256-cbc\n    mdn: sync\n    mdn_sign: sha256\n",
-			us, strings.ToLower(us), strings.ToLower(us), them, themURL, strings.ToLower(them))
-		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
-	serve := startAS2Serve(t, "--as2", profile("supplier.yaml", "SUPPLIER", "BUYER", "http://127.0.0.1:1/as2"),
-		"--store", "sqlite:"+filepath.Join(dir, "supplier.db"), "--dir", inbox)
+	w := newAS2World(t)
+	inbox := w.path("inbox")
+	serve := startAS2Serve(t, "--as2", w.profile("SUPPLIER", "BUYER", "http://127.0.0.1:1/as2", as2SyncAgreement, ""),
+		"--store", "sqlite:"+w.path("supplier.db"), "--dir", inbox)
 
 	// The proxy in front of the receiver: the first message is handled,
 	// but its answer is lost.
-	upstream, _ := url.Parse(serve)
 	var posts atomic.Int64
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	proxy := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		req, _ := http.NewRequest(http.MethodPost, upstream.String()+"/as2", bytes.NewReader(body))
+		req, _ := http.NewRequest(http.MethodPost, serve+"/as2", bytes.NewReader(body))
 		req.Header = r.Header.Clone()
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
+			http.Error(rw, err.Error(), http.StatusBadGateway)
 			return
 		}
 		answer, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if posts.Add(1) == 1 {
-			c, _, _ := w.(http.Hijacker).Hijack()
+			c, _, _ := rw.(http.Hijacker).Hijack()
 			c.Close()
 			return
 		}
 		for k, v := range resp.Header {
-			w.Header()[k] = v
+			rw.Header()[k] = v
 		}
-		w.WriteHeader(resp.StatusCode)
-		w.Write(answer)
+		rw.WriteHeader(resp.StatusCode)
+		rw.Write(answer)
 	}))
 	defer proxy.Close()
 
-	store := "sqlite:" + filepath.Join(dir, "outbox.db")
-	data := filepath.Join(dir, "po.x12")
-	if err := os.WriteFile(data, []byte(as2Interchange), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := run(t, "outbox", "enqueue", "--store", store, "--key", "PO-1", "--to", "as2://SUPPLIER", "--data-file", data); err != nil {
-		t.Fatal(err)
-	}
-	relay := exec.Command(os.Args[0], "relay", "--store", store, "--as2", profile("buyer.yaml", "BUYER", "SUPPLIER", proxy.URL+"/as2"),
-		"--http-timeout", "5s", "--backoff-min", "50ms", "--backoff-max", "200ms", "--poll", "100ms")
-	relay.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
-	if err := relay.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = relay.Process.Kill(); _ = relay.Wait() }()
-
-	ctx := context.Background()
-	s, closeFn, err := openOutbox(ctx, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeFn()
-	var row outbox.Row
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		rows, err := s.List(ctx, "", 0, 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(rows) == 1 && rows[0].Status != outbox.Pending {
-			row = rows[0]
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not delivered in 30s: %+v", rows)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if row.Status != outbox.Acked || row.Tries != 2 {
+	store := "sqlite:" + w.path("outbox.db")
+	w.enqueue(store, "PO-1")
+	w.relay(store, w.profile("BUYER", "SUPPLIER", proxy.URL+"/as2", as2SyncAgreement, ""))
+	if row := w.settled(store, "PO-1"); row.Status != outbox.Acked || row.Tries != 2 {
 		t.Fatalf("row %s after %d tries (%s); want acked after 2", row.Status, row.Tries, row.LastError)
 	}
 	files, _ := filepath.Glob(filepath.Join(inbox, "*.edi"))
 	if len(files) != 1 {
 		t.Fatalf("%d interchange files, want 1: %v", len(files), files)
 	}
-	got, _ := os.ReadFile(files[0])
-	if string(got) != as2Interchange {
+	if got, _ := os.ReadFile(files[0]); string(got) != as2Interchange {
 		t.Fatalf("delivered %q", got)
 	}
 	if rejected, _ := filepath.Glob(filepath.Join(inbox, "rejected", "*")); len(rejected) != 0 {
@@ -165,65 +188,25 @@ func TestAS2EndToEnd(t *testing.T) {
 // `idem as2 serve --outbox` (on the relay's outbox) verifies it, finds the
 // row by its stored Message-ID, checks the MIC, and acks it.
 func TestAS2AsynchronousMDN(t *testing.T) {
-	dir := t.TempDir()
-	as2test.NewParty(t, dir, "buyer", 1)
-	as2test.NewParty(t, dir, "supplier", 2)
+	w := newAS2World(t)
 	buyerAddr, supplierAddr := freeAddr(t), freeAddr(t)
-	profile := func(name, us, them, themURL string) string {
-		path := filepath.Join(dir, name)
-		yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s.pem\nprivate_key: %s.key\nmdn_url: http://%s/as2/mdn\npartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s.pem\n    sign: sha256\n    encrypt: aes128-cbc\n    mdn: async\n    mdn_sign: sha256\n",
-			us, strings.ToLower(us), strings.ToLower(us), buyerAddr, them, themURL, strings.ToLower(them))
-		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
-	buyerProfile := profile("buyer.yaml", "BUYER", "SUPPLIER", "http://"+supplierAddr+"/as2")
-	supplierProfile := profile("supplier.yaml", "SUPPLIER", "BUYER", "http://"+buyerAddr+"/as2")
-	outboxStore := "sqlite:" + filepath.Join(dir, "buyer-outbox.db")
-	startAS2Serve(t, "--listen", supplierAddr, "--as2", supplierProfile, "--store", "sqlite:"+filepath.Join(dir, "supplier.db"),
-		"--dir", filepath.Join(dir, "supplier-inbox"), "--outbox", "sqlite:"+filepath.Join(dir, "supplier-outbox.db"))
-	startAS2Serve(t, "--listen", buyerAddr, "--as2", buyerProfile, "--store", "sqlite:"+filepath.Join(dir, "buyer.db"),
-		"--dir", filepath.Join(dir, "buyer-inbox"), "--outbox", outboxStore)
+	async := "    sign: sha256\n    encrypt: aes128-cbc\n    mdn: async\n    mdn_sign: sha256\n"
+	mdnURL := "mdn_url: http://" + buyerAddr + "/as2/mdn\n"
+	buyer := w.profile("BUYER", "SUPPLIER", "http://"+supplierAddr+"/as2", async, mdnURL)
+	supplier := w.profile("SUPPLIER", "BUYER", "http://"+buyerAddr+"/as2", async, mdnURL)
+	outboxStore := "sqlite:" + w.path("buyer-outbox.db")
+	startAS2Serve(t, "--listen", supplierAddr, "--as2", supplier, "--store", "sqlite:"+w.path("supplier.db"),
+		"--dir", w.path("supplier-inbox"), "--outbox", "sqlite:"+w.path("supplier-outbox.db"))
+	startAS2Serve(t, "--listen", buyerAddr, "--as2", buyer, "--store", "sqlite:"+w.path("buyer.db"),
+		"--dir", w.path("buyer-inbox"), "--outbox", outboxStore)
 
-	data := filepath.Join(dir, "po.x12")
-	if err := os.WriteFile(data, []byte(as2Interchange), 0o600); err != nil {
-		t.Fatal(err)
+	w.enqueue(outboxStore, "PO-9", "--as2", buyer)
+	w.relay(outboxStore, buyer)
+	row := w.settled(outboxStore, "PO-9")
+	if row.Status != outbox.Acked || row.Tries != 1 || row.ExternalID == "" {
+		t.Fatalf("row %s after %d tries (%s), external id %q; want acked after 1", row.Status, row.Tries, row.LastError, row.ExternalID)
 	}
-	if _, err := run(t, "outbox", "enqueue", "--store", outboxStore, "--key", "PO-9", "--to", "as2://SUPPLIER", "--data-file", data, "--as2", buyerProfile); err != nil {
-		t.Fatal(err)
-	}
-	relay := exec.Command(os.Args[0], "relay", "--store", outboxStore, "--as2", buyerProfile, "--backoff-min", "50ms", "--backoff-max", "200ms", "--poll", "100ms")
-	relay.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
-	if err := relay.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = relay.Process.Kill(); _ = relay.Wait() }()
-
-	ctx := context.Background()
-	s, closeFn, err := openOutbox(ctx, outboxStore)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeFn()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		row, err := s.Get(ctx, "PO-9")
-		if err == nil && row.Status == outbox.Acked {
-			if row.Tries != 1 || row.ExternalID == "" {
-				t.Fatalf("acked after %d tries, external id %q", row.Tries, row.ExternalID)
-			}
-			break
-		}
-		if err == nil && row.Status == outbox.Dead {
-			t.Fatalf("dead: %s", row.LastError)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not acked in 30s: %+v %v", row, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if files, _ := filepath.Glob(filepath.Join(dir, "supplier-inbox", "*.edi")); len(files) != 1 {
+	if files, _ := filepath.Glob(filepath.Join(w.path("supplier-inbox"), "*.edi")); len(files) != 1 {
 		t.Fatalf("%d interchange files at the supplier", len(files))
 	}
 }
@@ -234,68 +217,32 @@ func TestAS2AsynchronousMDN(t *testing.T) {
 // delivers it; a message from a stranger is kept in the store (scope
 // as2-rejected) and answered with an error MDN.
 func TestAS2Forward(t *testing.T) {
-	dir := t.TempDir()
-	as2test.NewParty(t, dir, "buyer", 1)
-	as2test.NewParty(t, dir, "supplier", 2)
+	w := newAS2World(t)
 	var calls atomic.Int64
 	keys := make(chan string, 10)
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if string(body) != as2Interchange || r.Header.Get("AS2-From") != "BUYER" || r.Header.Get("Message-ID") == "" {
-			http.Error(w, "unexpected", http.StatusBadRequest)
+			http.Error(rw, "unexpected", http.StatusBadRequest)
 			return
 		}
 		keys <- r.Header.Get("Idempotency-Key")
 		if calls.Add(1) == 1 {
-			http.Error(w, "busy", http.StatusServiceUnavailable)
+			http.Error(rw, "busy", http.StatusServiceUnavailable)
 			return
 		}
-		w.WriteHeader(http.StatusCreated)
+		rw.WriteHeader(http.StatusCreated)
 	}))
 	defer upstream.Close()
-	profile := func(name, us, them, themURL string) string {
-		path := filepath.Join(dir, name)
-		yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s.pem\nprivate_key: %s.key\npartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s.pem\n    sign: sha256\n    encrypt: aes256-gcm\n    mdn: sync\n    mdn_sign: sha256\n",
-			us, strings.ToLower(us), strings.ToLower(us), them, themURL, strings.ToLower(them))
-		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
-	supplierStore := "sqlite:" + filepath.Join(dir, "supplier.db")
-	serve := startAS2Serve(t, "--as2", profile("supplier.yaml", "SUPPLIER", "BUYER", "http://127.0.0.1:1/as2"), "--store", supplierStore, "--forward", upstream.URL)
+	gcm := "    sign: sha256\n    encrypt: aes256-gcm\n    mdn: sync\n    mdn_sign: sha256\n"
+	supplierStore := "sqlite:" + w.path("supplier.db")
+	serve := startAS2Serve(t, "--as2", w.profile("SUPPLIER", "BUYER", "http://127.0.0.1:1/as2", gcm, ""), "--store", supplierStore, "--forward", upstream.URL)
 
-	store := "sqlite:" + filepath.Join(dir, "outbox.db")
-	data := filepath.Join(dir, "po.x12")
-	if err := os.WriteFile(data, []byte(as2Interchange), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := run(t, "outbox", "enqueue", "--store", store, "--key", "PO-7", "--to", "as2://SUPPLIER", "--data-file", data); err != nil {
-		t.Fatal(err)
-	}
-	relay := exec.Command(os.Args[0], "relay", "--store", store, "--as2", profile("buyer.yaml", "BUYER", "SUPPLIER", serve+"/as2"),
-		"--backoff-min", "50ms", "--backoff-max", "200ms", "--poll", "100ms")
-	relay.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
-	if err := relay.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = relay.Process.Kill(); _ = relay.Wait() }()
-	ctx := context.Background()
-	s, closeFn, err := openOutbox(ctx, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeFn()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		row, err := s.Get(ctx, "PO-7")
-		if err == nil && row.Status == outbox.Acked {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not acked: %+v %v", row, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	store := "sqlite:" + w.path("outbox.db")
+	w.enqueue(store, "PO-7")
+	w.relay(store, w.profile("BUYER", "SUPPLIER", serve+"/as2", gcm, ""))
+	if row := w.settled(store, "PO-7"); row.Status != outbox.Acked {
+		t.Fatalf("row %s (%s)", row.Status, row.LastError)
 	}
 	first, second := <-keys, <-keys
 	if first != second || !strings.Contains(first, "X12|ZZ|BUYER|ZZ|SUPPLIER|000000905") || calls.Load() != 2 {
