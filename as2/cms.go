@@ -121,11 +121,14 @@ func verifyDetached(signature, content []byte, partner *x509.Certificate) error 
 }
 
 // decrypt opens a CMS EnvelopedData (DER or BER; RSA PKCS#1 v1.5 or
-// RSAES-OAEP key transport) or AuthEnvelopedData with AES-GCM (DER)
-// addressed to cert.
+// RSAES-OAEP key transport; AES-192-CBC in DER only) or AuthEnvelopedData
+// with AES-GCM (DER) addressed to cert.
 func decrypt(der []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, error) {
 	if isAuthEnveloped(der) {
 		return decryptGCM(der, cert, key)
+	}
+	if out, ok, err := decryptAES192CBC(der, cert, key); ok {
+		return out, err
 	}
 	p7, err := pkcs7.Parse(der)
 	if err != nil {

@@ -108,36 +108,9 @@ func decryptGCM(der []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, 
 	if len(ad.AuthAttrs.FullBytes) > 0 {
 		return nil, errors.New("as2: AuthEnvelopedData with authenticated attributes is not supported")
 	}
-	priv, ok := key.(*rsa.PrivateKey)
-	if !ok {
-		return nil, errors.New("as2: the private key is not RSA")
-	}
-	var contentKey []byte
-	for _, ri := range ad.RecipientInfos {
-		if ri.IssuerAndSerialNumber.SerialNumber == nil || ri.IssuerAndSerialNumber.SerialNumber.Cmp(cert.SerialNumber) != 0 ||
-			string(ri.IssuerAndSerialNumber.IssuerName.FullBytes) != string(cert.RawIssuer) {
-			continue
-		}
-		var err error
-		switch alg := ri.KeyEncryptionAlgorithm; {
-		case alg.Algorithm.Equal(oidRSAEncryption):
-			contentKey, err = rsa.DecryptPKCS1v15(nil, priv, ri.EncryptedKey)
-		case alg.Algorithm.Equal(oidRSAESOAEP):
-			h, mgf, herr := oaepHashes(alg.Parameters.FullBytes)
-			if herr != nil {
-				return nil, herr
-			}
-			contentKey, err = priv.Decrypt(nil, ri.EncryptedKey, &rsa.OAEPOptions{Hash: h, MGFHash: mgf})
-		default:
-			return nil, fmt.Errorf("as2: key transport %v is not supported", alg.Algorithm)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("as2: the content key: %w", err)
-		}
-		break
-	}
-	if contentKey == nil {
-		return nil, errors.New("as2: no recipient of the message is our certificate")
+	contentKey, err := contentKeyFor(ad.RecipientInfos, cert, key)
+	if err != nil {
+		return nil, err
 	}
 	eci := ad.AuthEncryptedContentInfo
 	if !eci.ContentEncryptionAlgorithm.Algorithm.Equal(oidAES128GCM) && !eci.ContentEncryptionAlgorithm.Algorithm.Equal(oidAES256GCM) {
@@ -174,6 +147,82 @@ func decryptGCM(der []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, 
 		return nil, fmt.Errorf("as2: AES-GCM: %w", err)
 	}
 	return plain, nil
+}
+
+// contentKeyFor decrypts the content key of the recipient that is cert
+// (issuer and serial number), transported with RSA PKCS#1 v1.5 or
+// RSAES-OAEP.
+func contentKeyFor(ris []keyTransRecipientInfo, cert *x509.Certificate, key crypto.Signer) ([]byte, error) {
+	priv, ok := key.(*rsa.PrivateKey)
+	if !ok {
+		return nil, errors.New("as2: the private key is not RSA")
+	}
+	for _, ri := range ris {
+		if ri.IssuerAndSerialNumber.SerialNumber == nil || ri.IssuerAndSerialNumber.SerialNumber.Cmp(cert.SerialNumber) != 0 ||
+			string(ri.IssuerAndSerialNumber.IssuerName.FullBytes) != string(cert.RawIssuer) {
+			continue
+		}
+		var contentKey []byte
+		var err error
+		switch alg := ri.KeyEncryptionAlgorithm; {
+		case alg.Algorithm.Equal(oidRSAEncryption):
+			contentKey, err = rsa.DecryptPKCS1v15(nil, priv, ri.EncryptedKey)
+		case alg.Algorithm.Equal(oidRSAESOAEP):
+			h, mgf, herr := oaepHashes(alg.Parameters.FullBytes)
+			if herr != nil {
+				return nil, herr
+			}
+			contentKey, err = priv.Decrypt(nil, ri.EncryptedKey, &rsa.OAEPOptions{Hash: h, MGFHash: mgf})
+		default:
+			return nil, fmt.Errorf("as2: key transport %v is not supported", alg.Algorithm)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("as2: the content key: %w", err)
+		}
+		return contentKey, nil
+	}
+	return nil, errors.New("as2: no recipient of the message is our certificate")
+}
+
+// decryptAES192CBC opens a DER EnvelopedData with AES-192-CBC, which the
+// library does not read.
+func decryptAES192CBC(der []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, bool, error) {
+	var ci contentInfo
+	if _, err := asn1.Unmarshal(der, &ci); err != nil || !ci.ContentType.Equal(oidEnvelopedData) {
+		return nil, false, nil
+	}
+	var ed envelopedData
+	if _, err := asn1.Unmarshal(ci.Content.Bytes, &ed); err != nil ||
+		!ed.EncryptedContentInfo.ContentEncryptionAlgorithm.Algorithm.Equal(oidAES192CBC) {
+		return nil, false, nil
+	}
+	contentKey, err := contentKeyFor(ed.RecipientInfos, cert, key)
+	if err != nil {
+		return nil, true, err
+	}
+	var iv []byte
+	if _, err := asn1.Unmarshal(ed.EncryptedContentInfo.ContentEncryptionAlgorithm.Parameters.FullBytes, &iv); err != nil {
+		return nil, true, fmt.Errorf("as2: the AES-192-CBC IV: %w", err)
+	}
+	block, err := aes.NewCipher(contentKey)
+	if err != nil {
+		return nil, true, err
+	}
+	data := append([]byte(nil), ed.EncryptedContentInfo.EncryptedContent...)
+	if len(iv) != block.BlockSize() || len(data) == 0 || len(data)%block.BlockSize() != 0 {
+		return nil, true, errors.New("as2: malformed AES-192-CBC content")
+	}
+	cipher.NewCBCDecrypter(block, iv).CryptBlocks(data, data)
+	pad := int(data[len(data)-1])
+	if pad == 0 || pad > block.BlockSize() || pad > len(data) {
+		return nil, true, errors.New("as2: bad AES-192-CBC padding")
+	}
+	for _, b := range data[len(data)-pad:] {
+		if int(b) != pad {
+			return nil, true, errors.New("as2: bad AES-192-CBC padding")
+		}
+	}
+	return data[:len(data)-pad], true, nil
 }
 
 // oaepHashes reads RSAES-OAEP-params: the hash and the MGF1 hash (SHA-1
