@@ -27,6 +27,10 @@ func TestDependencyDirections(t *testing.T) {
 		{[]string{"./inbox", "./outbox", "./sqldriver/databasesql"}, []string{"github.com/jackc/pgx/v5", "github.com/nats-io/nats.go", "github.com/rabbitmq/amqp091-go"}},
 		// An HTTP-only relay links neither NATS nor AMQP nor EDI.
 		{[]string{"./outbox", "./outbox/httpsender", "./sqldriver/pgxv5"}, []string{"github.com/nats-io/nats.go", "github.com/rabbitmq/amqp091-go", "github.com/idemgo/idem/edi"}},
+		// AS2 (protocol and receiver) links no database, broker or outbox:
+		// the receiver's store comes through the idem.Guard it is given.
+		{[]string{"./as2", "./as2/receiver"}, []string{"github.com/jackc/pgx/v5", "modernc.org/sqlite", "github.com/redis",
+			"github.com/nats-io/nats.go", "github.com/rabbitmq/amqp091-go", "github.com/idemgo/idem/outbox"}},
 		// The root package is the standard library only.
 		{[]string{"."}, []string{"github.com/jackc", "github.com/redis", "github.com/nats-io", "github.com/rabbitmq",
 			"github.com/ThreeDotsLabs", "modernc.org", "go.opentelemetry.io", "github.com/prometheus", "github.com/idemgo/idem/store"}},
