@@ -121,14 +121,20 @@ func verifyDetached(signature, content []byte, partner *x509.Certificate) error 
 }
 
 // decrypt opens a CMS EnvelopedData (DER or BER; RSA PKCS#1 v1.5 or
-// RSAES-OAEP key transport; AES-192-CBC in DER only) or AuthEnvelopedData
-// with AES-GCM (DER) addressed to cert.
+// RSAES-OAEP key transport) or AuthEnvelopedData with AES-GCM, addressed
+// to cert.
 func decrypt(der []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, error) {
-	if isAuthEnveloped(der) {
-		return decryptGCM(der, cert, key)
+	typ, content, err := contentInfoOf(der)
+	if err != nil {
+		return nil, fmt.Errorf("as2: not CMS: %w", err)
 	}
-	if out, ok, err := decryptAES192CBC(der, cert, key); ok {
-		return out, err
+	switch {
+	case typ.Equal(oidAuthEnvelopedData):
+		return decryptGCM(content, cert, key)
+	case typ.Equal(oidEnvelopedData):
+		if out, ok, err := decryptAES192CBC(content, cert, key); ok {
+			return out, err
+		}
 	}
 	p7, err := pkcs7.Parse(der)
 	if err != nil {

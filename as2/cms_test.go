@@ -93,6 +93,8 @@ func TestDecryptWhatOpenSSLSends(t *testing.T) {
 		{"aes256-cbc oaep sha512", []string{"-aes256", "-keyopt", "rsa_padding_mode:oaep", "-keyopt", "rsa_oaep_md:sha512", "-keyopt", "rsa_mgf1_md:sha512"}},
 		{"aes256-cbc BER indefinite", []string{"-aes256", "-stream", "-indef"}},
 		{"aes128-gcm pkcs1v15", []string{"-aes-128-gcm"}},
+		{"aes256-gcm BER indefinite", []string{"-aes-256-gcm", "-stream", "-indef"}},
+		{"aes192-cbc BER indefinite", []string{"-aes192", "-stream", "-indef"}},
 		{"aes256-gcm oaep sha256", []string{"-aes-256-gcm", "-keyopt", "rsa_padding_mode:oaep", "-keyopt", "rsa_oaep_md:sha256"}},
 		{"aes256-gcm oaep sha512", []string{"-aes-256-gcm", "-keyopt", "rsa_padding_mode:oaep", "-keyopt", "rsa_oaep_md:sha512", "-keyopt", "rsa_mgf1_md:sha512"}},
 	} {
@@ -139,5 +141,26 @@ func TestSignaturesBothWays(t *testing.T) {
 		if err := verifyDetached(sig, content, impostor.cert); err == nil {
 			t.Fatal("a signature verified against a certificate that only shares issuer and serial")
 		}
+	}
+}
+
+func TestBERToDERKeepsDER(t *testing.T) {
+	them := newParty(t, t.TempDir(), "them", 5)
+	for _, alg := range []Encryption{EncryptAES128CBC, EncryptAES256GCM} {
+		der, err := encrypt([]byte(interchange), them.cert, alg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := berToDER(der); err != nil || !bytes.Equal(out, der) {
+			t.Fatalf("%v: DER changed by the BER conversion (%v)", alg, err)
+		}
+	}
+	// Indefinite lengths and a constructed string become definite.
+	out, err := berToDER([]byte{0x30, 0x80, 0x24, 0x80, 0x04, 0x01, 'a', 0x04, 0x01, 'b', 0x00, 0x00, 0x00, 0x00})
+	if err != nil || !bytes.Equal(out, []byte{0x30, 0x08, 0x24, 0x06, 0x04, 0x01, 'a', 0x04, 0x01, 'b'}) {
+		t.Fatalf("%x, %v", out, err)
+	}
+	if joined, err := joinOctets(out[4:], true); err != nil || string(joined) != "ab" {
+		t.Fatalf("joined %q, %v", joined, err)
 	}
 }

@@ -1,6 +1,7 @@
 package as2
 
 import (
+	"bytes"
 	"crypto"
 	"net/http"
 	"testing"
@@ -60,6 +61,31 @@ func FuzzParseMDN(f *testing.F) {
 		hh.Set("Content-Type", contentType)
 		if m, err := ParseMDN(hh, body, idem.Partners["PARTNER"]); err == nil && m.Disposition == "" {
 			t.Fatal("an MDN without a disposition was accepted")
+		}
+	})
+}
+
+// FuzzBERToDER: any input converts or is refused, never a panic; DER (as
+// encoding/asn1 writes it) comes back unchanged.
+func FuzzBERToDER(f *testing.F) {
+	_, _, _, them := pair(f, Partner{})
+	for _, alg := range []Encryption{EncryptAES128CBC, EncryptAES256GCM} {
+		der, err := encrypt([]byte(interchange), them.cert, alg)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(der)
+	}
+	f.Add([]byte{0x30, 0x80, 0x04, 0x02, 'h', 'i', 0x00, 0x00})
+	f.Add([]byte{0x24, 0x80, 0x04, 0x01, 'a', 0x04, 0x01, 'b', 0x00, 0x00})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		out, err := berToDER(b)
+		if err != nil {
+			return
+		}
+		again, err := berToDER(out)
+		if err != nil || !bytes.Equal(again, out) {
+			t.Fatalf("converting the output again changed it: %x → %x (%v)", out, again, err)
 		}
 	})
 }

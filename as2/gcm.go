@@ -86,23 +86,53 @@ func encryptGCM(content []byte, recipient *x509.Certificate, alg Encryption) ([]
 	return wrapContentInfo(oidAuthEnvelopedData, ad)
 }
 
-// isAuthEnveloped reports whether der is a (DER) ContentInfo of
-// AuthEnvelopedData.
-func isAuthEnveloped(der []byte) bool {
+// The reading forms: the encrypted content as a RawValue, primitive (DER)
+// or constructed (streamed BER).
+type encryptedContentInfoIn struct {
+	ContentType                asn1.ObjectIdentifier
+	ContentEncryptionAlgorithm pkix.AlgorithmIdentifier
+	EncryptedContent           asn1.RawValue `asn1:"tag:0,optional"`
+}
+
+type envelopedDataIn struct {
+	Version              int
+	RecipientInfos       []keyTransRecipientInfo `asn1:"set"`
+	EncryptedContentInfo encryptedContentInfoIn
+}
+
+type authEnvelopedDataIn struct {
+	Version                  int
+	RecipientInfos           []keyTransRecipientInfo `asn1:"set"`
+	AuthEncryptedContentInfo encryptedContentInfoIn
+	AuthAttrs                asn1.RawValue `asn1:"optional,tag:1"`
+	MAC                      []byte
+}
+
+func (e encryptedContentInfoIn) content() ([]byte, error) {
+	return joinOctets(e.EncryptedContent.Bytes, e.EncryptedContent.IsCompound)
+}
+
+// contentInfoOf reads the ContentInfo of a CMS message, DER or BER (the
+// BER re-encoded), and returns its type and content.
+func contentInfoOf(b []byte) (asn1.ObjectIdentifier, []byte, error) {
 	var ci contentInfo
-	_, err := asn1.Unmarshal(der, &ci)
-	return err == nil && ci.ContentType.Equal(oidAuthEnvelopedData)
+	if _, err := asn1.Unmarshal(b, &ci); err != nil {
+		der, derr := berToDER(b)
+		if derr != nil {
+			return nil, nil, derr
+		}
+		if _, err := asn1.Unmarshal(der, &ci); err != nil {
+			return nil, nil, err
+		}
+	}
+	return ci.ContentType, ci.Content.Bytes, nil
 }
 
 // decryptGCM opens a DER CMS AuthEnvelopedData with AES-GCM addressed to
 // cert (RSA PKCS#1 v1.5 or RSAES-OAEP key transport).
-func decryptGCM(der []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, error) {
-	var ci contentInfo
-	if _, err := asn1.Unmarshal(der, &ci); err != nil {
-		return nil, fmt.Errorf("as2: AuthEnvelopedData: %w", err)
-	}
-	var ad authEnvelopedData
-	if _, err := asn1.Unmarshal(ci.Content.Bytes, &ad); err != nil {
+func decryptGCM(content []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, error) {
+	var ad authEnvelopedDataIn
+	if _, err := asn1.Unmarshal(content, &ad); err != nil {
 		return nil, fmt.Errorf("as2: AuthEnvelopedData: %w", err)
 	}
 	if len(ad.AuthAttrs.FullBytes) > 0 {
@@ -142,7 +172,11 @@ func decryptGCM(der []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, 
 	if len(ad.MAC) != params.ICVLen {
 		return nil, errors.New("as2: the GCM tag length differs from its parameters")
 	}
-	plain, err := aead.Open(nil, params.Nonce, append(eci.EncryptedContent, ad.MAC...), nil)
+	ciphertext, err := eci.content()
+	if err != nil {
+		return nil, err
+	}
+	plain, err := aead.Open(nil, params.Nonce, append(ciphertext, ad.MAC...), nil)
 	if err != nil {
 		return nil, fmt.Errorf("as2: AES-GCM: %w", err)
 	}
@@ -184,15 +218,11 @@ func contentKeyFor(ris []keyTransRecipientInfo, cert *x509.Certificate, key cryp
 	return nil, errors.New("as2: no recipient of the message is our certificate")
 }
 
-// decryptAES192CBC opens a DER EnvelopedData with AES-192-CBC, which the
-// library does not read.
-func decryptAES192CBC(der []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, bool, error) {
-	var ci contentInfo
-	if _, err := asn1.Unmarshal(der, &ci); err != nil || !ci.ContentType.Equal(oidEnvelopedData) {
-		return nil, false, nil
-	}
-	var ed envelopedData
-	if _, err := asn1.Unmarshal(ci.Content.Bytes, &ed); err != nil ||
+// decryptAES192CBC opens an EnvelopedData with AES-192-CBC, which the
+// library does not read; ok is false for any other content.
+func decryptAES192CBC(content []byte, cert *x509.Certificate, key crypto.Signer) (out []byte, ok bool, err error) {
+	var ed envelopedDataIn
+	if _, err := asn1.Unmarshal(content, &ed); err != nil ||
 		!ed.EncryptedContentInfo.ContentEncryptionAlgorithm.Algorithm.Equal(oidAES192CBC) {
 		return nil, false, nil
 	}
@@ -208,7 +238,11 @@ func decryptAES192CBC(der []byte, cert *x509.Certificate, key crypto.Signer) ([]
 	if err != nil {
 		return nil, true, err
 	}
-	data := append([]byte(nil), ed.EncryptedContentInfo.EncryptedContent...)
+	data, err := ed.EncryptedContentInfo.content()
+	if err != nil {
+		return nil, true, err
+	}
+	data = append([]byte(nil), data...)
 	if len(iv) != block.BlockSize() || len(data) == 0 || len(data)%block.BlockSize() != 0 {
 		return nil, true, errors.New("as2: malformed AES-192-CBC content")
 	}
