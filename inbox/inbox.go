@@ -83,7 +83,7 @@ type Inbox[TTx any] struct {
 	cfg    Config
 	driver sqldriver.Driver[TTx]
 	schema string // of Table, "" for none
-	sql    struct{ claim, claimMany, unclaim, version, sweep string }
+	sql    struct{ claim, claimMany, unclaim, version, sweep, list string }
 }
 
 var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
@@ -114,6 +114,9 @@ VALUES ($1, $2, $3, ` + d.Now() + `, $4) ON CONFLICT (consumer, correlation_id) 
 	i.sql.version = `INSERT INTO ` + cfg.VersionTable + ` AS v (entity, version, updated_at) VALUES ($1, $2, ` + d.Now() + `)
 ON CONFLICT (entity) DO UPDATE SET version = EXCLUDED.version, updated_at = EXCLUDED.updated_at
 WHERE v.version < EXCLUDED.version`
+	i.sql.list = `SELECT consumer, correlation_id, event_type, processed_at, consumer_version FROM ` + cfg.Table + `
+WHERE ($1 = '' OR consumer = $1) AND (consumer > $2 OR (consumer = $2 AND correlation_id > $3))
+ORDER BY consumer, correlation_id LIMIT $4`
 	i.sql.sweep = `DELETE FROM ` + cfg.Table + ` WHERE ` + d.RowID() + ` IN (SELECT ` + d.RowID() + ` FROM ` + cfg.Table + `
 WHERE processed_at < ` + d.NowPlusMillis("-$1") + ` LIMIT $2)`
 	return i, nil
@@ -237,6 +240,36 @@ func (i *Inbox[TTx]) Sweep(ctx context.Context, olderThan time.Duration, limit i
 		return 0, fmt.Errorf("idem/inbox: sweep: %w", err)
 	}
 	return int(n), nil
+}
+
+// Row is one processed key.
+type Row struct {
+	Consumer, CorrelationID, Type, ConsumerVersion string
+	ProcessedAt                                    time.Time
+}
+
+// List returns up to limit processed keys after the key (afterConsumer,
+// afterID) — "" and "" for the first page — in key order, of consumer only
+// when it is set. Pass the last row's Consumer and CorrelationID for the
+// next page (keyset pagination: every page costs the same).
+func (i *Inbox[TTx]) List(ctx context.Context, consumer, afterConsumer, afterID string, limit int) ([]Row, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rs, err := i.driver.Executor().Query(ctx, i.sql.list, consumer, afterConsumer, afterID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("idem/inbox: list: %w", err)
+	}
+	defer rs.Close()
+	var out []Row
+	for rs.Next() {
+		var r Row
+		if err := rs.Scan(&r.Consumer, &r.CorrelationID, &r.Type, sqldriver.Time(&r.ProcessedAt), &r.ConsumerVersion); err != nil {
+			return nil, fmt.Errorf("idem/inbox: list: %w", err)
+		}
+		out = append(out, r)
+	}
+	return out, rs.Err()
 }
 
 // Process runs fn and records ev in one transaction begun by the driver.

@@ -31,11 +31,19 @@ import (
 	"github.com/idemgo/idem/store/storeurl"
 )
 
-// openOutbox opens the outbox tables of a sqlite: or postgres:// store URL.
-func openOutbox(ctx context.Context, raw string) (*outbox.Store, func(), error) {
+// sqlDB is the database of a sqlite: or postgres:// store URL, for the
+// SQL components (outbox, inbox).
+type sqlDB struct {
+	db     *sql.DB       // SQLite, through database/sql
+	pool   *pgxpool.Pool // PostgreSQL, through pgx
+	schema string        // idem_schema
+	pgOpts []pgxv5.Option
+}
+
+func openSQLDB(ctx context.Context, raw, what string) (*sqlDB, error) {
 	spec, err := storeurl.Parse(raw)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	switch spec.Kind {
 	case storeurl.SQLite:
@@ -45,50 +53,69 @@ func openOutbox(ctx context.Context, raw string) (*outbox.Store, func(), error) 
 		}
 		db, err := sql.Open("sqlite", "file:"+spec.Path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous("+sync+")&_txlock=immediate")
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		db.SetMaxOpenConns(1)
-		ob, err := outbox.New(databasesql.New(db, sqldriver.SQLite), outbox.Config{})
-		if err != nil {
-			db.Close()
-			return nil, nil, err
-		}
-		return ob.Store, func() { db.Close() }, nil
+		return &sqlDB{db: db}, nil
 	case storeurl.Postgres:
 		u, err := url.Parse(raw)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		q := u.Query()
-		schema := q.Get("idem_schema")
+		d := &sqlDB{schema: q.Get("idem_schema")}
 		bouncer := q.Get("idem_pgbouncer") == "1" || q.Get("idem_pgbouncer") == "true"
 		q.Del("idem_schema")
 		q.Del("idem_pgbouncer")
 		u.RawQuery = q.Encode()
 		cfg, err := pgxpool.ParseConfig(u.String())
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		var opts []pgxv5.Option
 		if bouncer {
 			// Transaction pooling: no prepared statements, and no LISTEN
 			// (it would land on a server connection handed to someone
 			// else): the relay polls every --poll.
 			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-			opts = append(opts, pgxv5.WithoutListen())
+			d.pgOpts = append(d.pgOpts, pgxv5.WithoutListen())
 		}
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			return nil, nil, err
+		if d.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+			return nil, err
 		}
-		ob, err := outbox.New(pgxv5.New(pool, opts...), outbox.Config{Schema: schema})
-		if err != nil {
-			pool.Close()
-			return nil, nil, err
-		}
-		return ob.Store, func() { ob.Close(); pool.Close() }, nil
+		return d, nil
 	}
-	return nil, nil, fmt.Errorf("the outbox lives in a database: use sqlite:PATH or postgres://…, not %s", spec.Kind)
+	return nil, fmt.Errorf("the %s lives in a database: use sqlite:PATH or postgres://…, not %s", what, spec.Kind)
+}
+
+func (d *sqlDB) Close() {
+	if d.db != nil {
+		d.db.Close()
+	}
+	if d.pool != nil {
+		d.pool.Close()
+	}
+}
+
+// openOutbox opens the outbox tables of a sqlite: or postgres:// store URL.
+func openOutbox(ctx context.Context, raw string) (*outbox.Store, func(), error) {
+	d, err := openSQLDB(ctx, raw, "outbox")
+	if err != nil {
+		return nil, nil, err
+	}
+	if d.db != nil {
+		ob, err := outbox.New(databasesql.New(d.db, sqldriver.SQLite), outbox.Config{})
+		if err != nil {
+			d.Close()
+			return nil, nil, err
+		}
+		return ob.Store, d.Close, nil
+	}
+	ob, err := outbox.New(pgxv5.New(d.pool, d.pgOpts...), outbox.Config{Schema: d.schema})
+	if err != nil {
+		d.Close()
+		return nil, nil, err
+	}
+	return ob.Store, func() { ob.Close(); d.Close() }, nil
 }
 
 func newOutboxCmd() *cobra.Command {

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
+)
+
+// TestInboxCommands: idem inbox ls pages through every processed key (in
+// key order, per consumer on request, hostile ids quoted) and idem inbox
+// sweep deletes only keys older than asked.
+func TestInboxCommands(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.db")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ib, err := inbox.New(databasesql.New(db, sqldriver.SQLite), inbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := ib.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1203 {
+		consumer := "payments"
+		if i%3 == 0 {
+			consumer = "refunds"
+		}
+		if _, err := ib.Process(ctx, inbox.Event{Consumer: consumer, CorrelationID: fmt.Sprintf("PAY-%05d", i)}, func(context.Context, *sql.Tx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := ib.Process(ctx, inbox.Event{Consumer: "payments", CorrelationID: "evil\tid\n"}, func(context.Context, *sql.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	store := "sqlite:" + path
+	out, err := run(t, "inbox", "ls", "--store", store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 1+1204 {
+		t.Fatalf("%d lines, want a header and 1,204 keys", len(lines))
+	}
+	if !strings.Contains(out, `"evil\tid\n"`) {
+		t.Fatal("a hostile id was printed raw")
+	}
+	out, err = run(t, "inbox", "ls", "--store", store, "--consumer", "refunds", "--json", "--limit", "1000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(out, "\n"); n != 401 || strings.Contains(out, `"payments"`) {
+		t.Fatalf("%d refunds listed (want 401), or other consumers' keys among them", n)
+	}
+	if out, err = run(t, "inbox", "sweep", "--store", store, "--older-than", "1h"); err != nil || !strings.Contains(out, "swept 0 keys") {
+		t.Fatalf("sweep of an hour: %q %v", out, err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if out, err = run(t, "inbox", "sweep", "--store", store, "--older-than", "10ms", "--batch", "100"); err != nil || !strings.Contains(out, "swept 1204 keys") {
+		t.Fatalf("sweep: %q %v", out, err)
+	}
+	if _, err := run(t, "inbox", "sweep", "--store", store); err == nil {
+		t.Fatal("a sweep without --older-than ran")
+	}
+}
