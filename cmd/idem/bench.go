@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store/storeurl"
 )
 
 type benchOpts struct {
@@ -54,11 +55,15 @@ last line is one JSON object.`,
 		if o.mode != "both" && o.mode != "lifecycle" && o.mode != "replay" {
 			return fmt.Errorf("--mode is %q, want lifecycle, replay or both", o.mode)
 		}
-		s, err := openStore(cmd.Context(), o.store)
+		// The pool fits the workers unless the URL sizes it.
+		s, err := storeurl.Open(cmd.Context(), o.store, &storeurl.Options{Concurrency: o.concurrency})
 		if err != nil {
 			return err
 		}
 		defer s.Close()
+		if p, ok := s.(interface{ PoolSize() int32 }); ok {
+			fmt.Fprintf(cmd.ErrOrStderr(), "idem bench: %d workers on a pool of %d connections\n", o.concurrency, p.PoolSize())
+		}
 		return runBench(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), s, o)
 	}
 	return cmd

@@ -28,6 +28,7 @@ import (
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
+	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/storeurl"
 )
 
@@ -71,6 +72,9 @@ func openSQLDB(ctx context.Context, raw, what string) (*sqlDB, error) {
 		cfg, err := pgxpool.ParseConfig(u.String())
 		if err != nil {
 			return nil, err
+		}
+		if !q.Has("pool_max_conns") {
+			cfg.MaxConns = pgstore.DefaultMaxConns() // the relay's sends and the tools share it
 		}
 		if bouncer {
 			// Transaction pooling: no prepared statements, and no LISTEN

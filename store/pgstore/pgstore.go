@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +35,13 @@ type Config struct {
 	// including pool settings such as pool_max_conns, from which Open
 	// connects a pool of its own (Close closes it).
 	ConnString string
+	// MaxConns sizes the pool Open connects when ConnString does not set
+	// pool_max_conns. Defaults to DefaultMaxConns: pgx's own default
+	// (max(4, NumCPU)) starves a store that many goroutines share — on a
+	// 2-core machine 32 callers on 4 connections made 3,900 lifecycles/s
+	// where 32 connections made 7,000. Size it to the number of goroutines
+	// that call the store at once.
+	MaxConns int32
 	// Schema holds the tables. Defaults to the connection's search_path.
 	Schema string
 	// PgBouncer makes every statement work behind PgBouncer in transaction
@@ -44,6 +53,15 @@ type Config struct {
 	// Limits bound what the store accepts.
 	Limits idem.Limits
 }
+
+// DefaultMaxConns is the pool size Open chooses when neither the
+// connection string nor Config.MaxConns sets one: 4 per CPU, at least 8 —
+// each call holds a connection for one short round trip, so a few per core
+// keep the server busy without queueing callers.
+func DefaultMaxConns() int32 { return int32(max(8, 4*runtime.GOMAXPROCS(0))) }
+
+// PoolSize returns the most connections the store's pool opens.
+func (s *Store) PoolSize() int32 { return s.pool.Config().MaxConns }
 
 // Store is a PostgreSQL idem.Store.
 type Store struct {
@@ -84,6 +102,12 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if cfg.PgBouncer {
 		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
+	if !strings.Contains(cfg.ConnString, "pool_max_conns") {
+		pc.MaxConns = cfg.MaxConns
+		if pc.MaxConns <= 0 {
+			pc.MaxConns = DefaultMaxConns()
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/storetest"
+	"github.com/idemgo/idem/store/storeurl"
 )
 
 func openAt(t testing.TB, schema string) idem.Store {
@@ -175,4 +176,41 @@ func TestCampaignThroughPgBouncer(t *testing.T) {
 		cfg.Location = testenv.RandomName("idemtest_") + " " + strings.Replace(bouncer, u.Host, p.Addr(), 1)
 	}
 	storetest.Campaign(t, cfg)
+}
+
+// TestPoolSize: without pool_max_conns in the URL, Open sizes the pool to
+// Config.MaxConns, else to DefaultMaxConns; the URL's own setting wins;
+// storeurl passes its Concurrency on.
+func TestPoolSize(t *testing.T) {
+	testenv.ProbePostgres(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		url  string
+		max  int32
+		want int32
+	}{
+		{testenv.PostgresURL, 0, pgstore.DefaultMaxConns()},
+		{testenv.PostgresURL, 32, 32},
+		{testenv.PostgresURL + "&pool_max_conns=3", 32, 3},
+	} {
+		s, err := pgstore.Open(ctx, pgstore.Config{ConnString: c.url, MaxConns: c.max, SkipMigrate: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.PoolSize(); got != c.want {
+			t.Errorf("%s, MaxConns %d: a pool of %d, want %d", c.url, c.max, got, c.want)
+		}
+		s.Close()
+	}
+	if pgstore.DefaultMaxConns() < 8 {
+		t.Fatalf("DefaultMaxConns %d, want at least 8", pgstore.DefaultMaxConns())
+	}
+	s, err := storeurl.Open(ctx, testenv.PostgresURL, &storeurl.Options{Concurrency: 17, SkipMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := s.(*pgstore.Store).PoolSize(); got != 17 {
+		t.Fatalf("storeurl with Concurrency 17: a pool of %d", got)
+	}
 }

@@ -10,8 +10,9 @@ import (
 )
 
 // PostgreSQL URLs are pgx connection strings (pool_max_conns and the other
-// pgxpool settings work) plus idem's own options, removed before the URL is
-// handed to pgx:
+// pgxpool settings work; without pool_max_conns the pool fits
+// Options.Concurrency, else pgstore's default) plus idem's own options,
+// removed before the URL is handed to pgx:
 //
 //	idem_schema=NAME     the schema holding idem's tables (default: search_path)
 //	idem_pgbouncer=1     no named prepared statements (PgBouncer transaction mode)
@@ -22,7 +23,7 @@ func init() {
 			return nil, fmt.Errorf("idem: store URL: %v", err)
 		}
 		q := u.Query()
-		cfg := pgstore.Config{Schema: q.Get("idem_schema"), Limits: o.Limits, SkipMigrate: o.SkipMigrate}
+		cfg := pgstore.Config{Schema: q.Get("idem_schema"), Limits: o.Limits, SkipMigrate: o.SkipMigrate, MaxConns: int32(o.Concurrency)}
 		switch q.Get("idem_pgbouncer") {
 		case "", "0", "false":
 		case "1", "true":

@@ -90,6 +90,10 @@ type Options struct {
 	Limits idem.Limits
 	// SkipMigrate opens a SQL store without migrating its schema.
 	SkipMigrate bool
+	// Concurrency is how many goroutines will call the store at once; a
+	// PostgreSQL store whose URL does not set pool_max_conns gets a pool of
+	// that many connections (0: pgstore's default).
+	Concurrency int
 }
 
 // Open parses raw and opens the store it names. The caller closes it.
