@@ -74,6 +74,12 @@ type Lister interface {
 	List(ctx context.Context, after string, limit int) ([]Record, error)
 }
 
+// StateCounter is implemented by stores that count their live records by
+// state in one query (an operator's overview).
+type StateCounter interface {
+	CountStates(ctx context.Context) (map[State]int64, error)
+}
+
 // Scanner is implemented by stores that keep no order of their keys (Redis:
 // SCAN, per node of a cluster). Walking them with Lister costs a scan of
 // the whole key space per page; Scan continues from a cursor instead.

@@ -350,6 +350,26 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	return n, nil
 }
 
+// CountStates implements idem.StateCounter.
+func (s *Store) CountStates(ctx context.Context) (map[idem.State]int64, error) {
+	now := s.clock.Now()
+	out := map[idem.State]int64{}
+	for i := range s.shards {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.m {
+			if now.Before(e.expiresAt) {
+				out[e.state]++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out, nil
+}
+
 // List implements idem.Lister. It copies and sorts every key: for operators,
 // not for hot paths.
 func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Record, error) {

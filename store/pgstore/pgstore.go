@@ -60,6 +60,26 @@ type Config struct {
 // keep the server busy without queueing callers.
 func DefaultMaxConns() int32 { return int32(max(8, 4*runtime.GOMAXPROCS(0))) }
 
+// CountStates implements idem.StateCounter: live records by state, one
+// query (a scan of the table: an overview, not a hot path).
+func (s *Store) CountStates(ctx context.Context) (map[idem.State]int64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT state, count(*) FROM `+s.table+` WHERE expires_at > now() GROUP BY state`)
+	if err != nil {
+		return nil, fmt.Errorf("idem/pgstore: count: %w", err)
+	}
+	defer rows.Close()
+	out := map[idem.State]int64{}
+	for rows.Next() {
+		var st int16
+		var n int64
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, fmt.Errorf("idem/pgstore: count: %w", err)
+		}
+		out[idem.State(st)] = n
+	}
+	return out, rows.Err()
+}
+
 // PoolSize returns the most connections the store's pool opens.
 func (s *Store) PoolSize() int32 { return s.pool.Config().MaxConns }
 

@@ -401,6 +401,25 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	return out, s.wrap("list", rows.Err())
 }
 
+// CountStates implements idem.StateCounter: live records by state, one
+// query.
+func (s *Store) CountStates(ctx context.Context) (map[idem.State]int64, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT state, count(*) FROM idem_records WHERE expires_at > ? GROUP BY state`, s.nowMs())
+	if err != nil {
+		return nil, s.wrap("count", err)
+	}
+	defer rows.Close()
+	out := map[idem.State]int64{}
+	for rows.Next() {
+		var st, n int64
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, s.wrap("count", err)
+		}
+		out[idem.State(st)] = n
+	}
+	return out, s.wrap("count", rows.Err())
+}
+
 // Archive implements idem.Archiver with one statement.
 func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
 	if err := s.limits.CheckArchive(rec, retention); err != nil {

@@ -79,6 +79,7 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 		{"SettlePastRetentionRefused", testSettlePastRetention},
 		{"PoisonKeepsRetention", testPoisonKeepsRetention},
 		{"ReleaseKeepsRetention", testReleaseKeepsRetention},
+		{"CountStates", testCountStates},
 	}
 	if caps.ListsRecords {
 		cases = append(cases, struct {
@@ -612,6 +613,46 @@ func testList(t *testing.T, s idem.Store) {
 	}
 	if len(recs) != 2 || recs[0].Key != "b" || recs[1].Key != "c" {
 		t.Fatalf("List(after a, 2) = %+v", recs)
+	}
+}
+
+// testCountStates: a store that counts by state (idem.StateCounter)
+// counts each live record once, in its state.
+func testCountStates(t *testing.T, s idem.Store) {
+	c, ok := s.(idem.StateCounter)
+	if !ok {
+		t.Skip("the store does not count by state")
+	}
+	ctx := context.Background()
+	mustAcquire(t, s, req("flight"), idem.Acquired)
+	done := mustAcquire(t, s, req("done"), idem.Acquired)
+	if err := s.Complete(ctx, "done", done.Fence, []byte("ok"), retention); err != nil {
+		t.Fatal(err)
+	}
+	failed := mustAcquire(t, s, req("failed"), idem.Acquired)
+	if err := s.Fail(ctx, "failed", failed.Fence, []byte("no"), retention); err != nil {
+		t.Fatal(err)
+	}
+	rel := mustAcquire(t, s, req("released"), idem.Acquired)
+	if err := s.Release(ctx, "released", rel.Fence); err != nil {
+		t.Fatal(err)
+	}
+	p := req("poisoned")
+	p.MaxAttempts = 1
+	pa := mustAcquire(t, s, p, idem.Acquired)
+	if err := s.Release(ctx, "poisoned", pa.Fence); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, s, p, idem.Poisoned)
+	got, err := c.CountStates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[idem.State]int64{idem.StateInFlight: 1, idem.StateCompleted: 1, idem.StateFailed: 1, idem.StateReleased: 1, idem.StatePoisoned: 1}
+	for st, n := range want {
+		if got[st] != n {
+			t.Fatalf("counts %v, want %v", got, want)
+		}
 	}
 }
 
