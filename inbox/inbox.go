@@ -83,7 +83,7 @@ type Inbox[TTx any] struct {
 	cfg    Config
 	driver sqldriver.Driver[TTx]
 	schema string // of Table, "" for none
-	sql    struct{ claim, claimMany, unclaim, version, sweep, list string }
+	sql    struct{ claim, claimMany, unclaim, version, sweep, list, find string }
 }
 
 var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
@@ -117,6 +117,8 @@ WHERE v.version < EXCLUDED.version`
 	i.sql.list = `SELECT consumer, correlation_id, event_type, processed_at, consumer_version FROM ` + cfg.Table + `
 WHERE ($1 = '' OR consumer = $1) AND (consumer > $2 OR (consumer = $2 AND correlation_id > $3))
 ORDER BY consumer, correlation_id LIMIT $4`
+	i.sql.find = `SELECT consumer, correlation_id, event_type, processed_at, consumer_version FROM ` + cfg.Table + `
+WHERE correlation_id = $1 ORDER BY consumer LIMIT 100`
 	i.sql.sweep = `DELETE FROM ` + cfg.Table + ` WHERE ` + d.RowID() + ` IN (SELECT ` + d.RowID() + ` FROM ` + cfg.Table + `
 WHERE processed_at < ` + d.NowPlusMillis("-$1") + ` LIMIT $2)`
 	return i, nil
@@ -256,7 +258,11 @@ func (i *Inbox[TTx]) List(ctx context.Context, consumer, afterConsumer, afterID 
 	if limit <= 0 {
 		limit = 100
 	}
-	rs, err := i.driver.Executor().Query(ctx, i.sql.list, consumer, afterConsumer, afterID, limit)
+	return i.rows(ctx, i.sql.list, consumer, afterConsumer, afterID, limit)
+}
+
+func (i *Inbox[TTx]) rows(ctx context.Context, query string, args ...any) ([]Row, error) {
+	rs, err := i.driver.Executor().Query(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("idem/inbox: list: %w", err)
 	}
@@ -270,6 +276,13 @@ func (i *Inbox[TTx]) List(ctx context.Context, consumer, afterConsumer, afterID 
 		out = append(out, r)
 	}
 	return out, rs.Err()
+}
+
+// Find returns the rows of correlationID, one per consumer that processed
+// it (at most 100). It reads the whole table when no index leads with
+// correlation_id: an operator's search, not a hot path.
+func (i *Inbox[TTx]) Find(ctx context.Context, correlationID string) ([]Row, error) {
+	return i.rows(ctx, i.sql.find, correlationID)
 }
 
 // Process runs fn and records ev in one transaction begun by the driver.

@@ -213,9 +213,11 @@ WHERE claimed_by = $1 AND status = 'pending' AND `,
 		failed: `UPDATE ` + tbl + ` SET status = $5, tries = tries + 1, last_error = $3,
 	next_attempt_at = ` + s.d.NowPlusMillis("$4") + `, claimed_by = NULL, claimed_until = NULL
 WHERE claimed_by = $1 AND id = $2 AND status = 'pending'`,
-		ack:         `UPDATE ` + tbl + ` SET status = 'acked', acked_at = ` + s.d.Now() + ` WHERE key = $1 AND status IN ('pending', 'sent', 'acked')`,
-		retry:       `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.d.Now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,
-		list:        `SELECT ` + cols + ` FROM ` + tbl + ` WHERE id > $1 AND ($2 = '' OR status = $2) ORDER BY id LIMIT $3`,
+		ack:   `UPDATE ` + tbl + ` SET status = 'acked', acked_at = ` + s.d.Now() + ` WHERE key = $1 AND status IN ('pending', 'sent', 'acked')`,
+		retry: `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.d.Now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,
+		// $1 after id, $2 status or '', $3 limit, $4 destination prefix or ''
+		list: `SELECT ` + cols + ` FROM ` + tbl + ` WHERE id > $1 AND ($2 = '' OR status = $2)
+	AND ($4 = '' OR substr(destination, 1, length($4)) = $4) ORDER BY id LIMIT $3`,
 		get:         `SELECT ` + cols + ` FROM ` + tbl + ` WHERE key = $1`,
 		getExternal: `SELECT ` + cols + ` FROM ` + tbl + ` WHERE external_id = $1`,
 		// $1 key, $2 reason, $3 new status (pending: retried now; dead)
@@ -513,7 +515,16 @@ func (s *Store) List(ctx context.Context, status Status, afterID int64, limit in
 	if limit <= 0 {
 		limit = 1000
 	}
-	rs, err := s.db.Query(ctx, s.q.list, afterID, string(status), limit)
+	return s.ListTo(ctx, status, "", afterID, limit)
+}
+
+// ListTo is List of the rows whose destination starts with destPrefix (""
+// for all).
+func (s *Store) ListTo(ctx context.Context, status Status, destPrefix string, afterID int64, limit int) ([]Row, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	rs, err := s.db.Query(ctx, s.q.list, afterID, string(status), limit, destPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("idem/outbox: list: %w", err)
 	}
@@ -546,6 +557,26 @@ type Stats struct {
 	// OldestPending is the creation time of the oldest pending row (zero
 	// when none): now minus it is the outbox lag.
 	OldestPending time.Time
+}
+
+// CountByStatus counts the rows of each status (one query over the table:
+// an overview, not a hot path).
+func (s *Store) CountByStatus(ctx context.Context) (map[Status]int64, error) {
+	rs, err := s.db.Query(ctx, `SELECT status, count(*) FROM `+s.t("idem_outbox")+` GROUP BY status`)
+	if err != nil {
+		return nil, fmt.Errorf("idem/outbox: count: %w", err)
+	}
+	defer rs.Close()
+	out := map[Status]int64{}
+	for rs.Next() {
+		var st string
+		var n int64
+		if err := rs.Scan(&st, &n); err != nil {
+			return nil, fmt.Errorf("idem/outbox: count: %w", err)
+		}
+		out[Status(st)] = n
+	}
+	return out, rs.Err()
 }
 
 // Stats counts pending and dead rows and finds the oldest pending one.

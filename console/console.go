@@ -1,0 +1,292 @@
+// Package console is the operator's console in the browser: what is stuck,
+// what is dead and why, what happened to an intent, and retrying it —
+// over an idempotency store, an outbox and an inbox, any of them optional.
+//
+// Pages are rendered on the server (html/template: every key, payload and
+// error is escaped) and readable without JavaScript; a small embedded
+// script refreshes the overview. Lists page by keyset (after the last key
+// or id shown), so a page costs the same on a million rows. Every write is
+// a POST carrying a CSRF token; unless the console is served on a loopback
+// listener, a write also needs the admin token, given once on /login and
+// kept in the browser session.
+package console
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/outbox"
+)
+
+//go:embed assets
+var assets embed.FS
+
+// Inbox is what the console reads of a transactional inbox
+// (*inbox.Inbox[TTx] of any driver).
+type Inbox interface {
+	List(ctx context.Context, consumer, afterConsumer, afterID string, limit int) ([]inbox.Row, error)
+	Find(ctx context.Context, correlationID string) ([]inbox.Row, error)
+}
+
+// Config configures a Console; every source is optional.
+type Config struct {
+	// Store holds idempotency records.
+	Store idem.Store
+	// Outbox holds outgoing messages.
+	Outbox *outbox.Store
+	// Inbox holds processed keys.
+	Inbox Inbox
+	// Token is the admin token a browser presents (on /login) before a
+	// write, unless Loopback.
+	Token string
+	// Loopback is true when the console is served on a loopback address
+	// only: writes then need no token (the CSRF token still applies).
+	Loopback bool
+	// PageSize is the rows per page. Defaults to 50.
+	PageSize int
+	// Now tells the time (lease time left, ages). Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Console is the console's http.Handler.
+type Console struct {
+	cfg    Config
+	secret []byte // signs sessions
+	pages  map[string]*template.Template
+	mux    *http.ServeMux
+}
+
+// New checks cfg and returns the console. A console that is not on
+// loopback needs a Token: without one it could never write, and reading
+// keys and payloads from anywhere is a decision for the caller's listener.
+func New(cfg Config) (*Console, error) {
+	if !cfg.Loopback && cfg.Token == "" {
+		return nil, errors.New("idem/console: off loopback, Config.Token is required (writes need it)")
+	}
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = 50
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	c := &Console{cfg: cfg, secret: make([]byte, 32), pages: map[string]*template.Template{}}
+	if _, err := rand.Read(c.secret); err != nil {
+		return nil, err
+	}
+	funcs := template.FuncMap{
+		"display": idem.DisplayKey,
+		"preview": preview,
+		"since":   func(t time.Time) string { return humanDuration(c.cfg.Now().Sub(t)) },
+		"until":   func(t time.Time) string { return humanDuration(t.Sub(c.cfg.Now())) },
+		"stamp":   func(t time.Time) string { return stamp(t) },
+	}
+	for _, name := range []string{"overview", "keys", "confirm", "outbox", "row", "find", "login", "message"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "assets/layout.html", "assets/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("idem/console: template %s: %w", name, err)
+		}
+		c.pages[name] = t
+	}
+	static, _ := fs.Sub(assets, "assets")
+	m := http.NewServeMux()
+	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	m.HandleFunc("GET /{$}", c.overview)
+	m.HandleFunc("GET /keys", c.keys)
+	m.HandleFunc("POST /keys/forget", c.write(c.forget))
+	m.HandleFunc("GET /outbox", c.outboxList)
+	m.HandleFunc("GET /outbox/row", c.outboxRow)
+	m.HandleFunc("POST /outbox/retry", c.write(c.retry))
+	m.HandleFunc("POST /outbox/retry-dead", c.write(c.retryDead))
+	m.HandleFunc("GET /find", c.find)
+	m.HandleFunc("GET /login", c.loginForm)
+	m.HandleFunc("POST /login", c.login)
+	c.mux = m
+	return c, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	c.mux.ServeHTTP(w, r)
+}
+
+// IsLoopback reports whether addr (host:port) listens on loopback only.
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// page is what every template gets.
+type page struct {
+	Title     string
+	CSRF      string
+	CanWrite  bool
+	Flash     string
+	Error     string
+	HasStore  bool
+	HasOutbox bool
+	HasInbox  bool
+	Data      any
+}
+
+func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title string, data any) {
+	p := page{Title: title, CSRF: c.csrfToken(w, r), CanWrite: c.cfg.Loopback || c.session(r),
+		Flash: r.URL.Query().Get("done"), HasStore: c.cfg.Store != nil, HasOutbox: c.cfg.Outbox != nil, HasInbox: c.cfg.Inbox != nil, Data: data}
+	if err, ok := data.(error); ok {
+		p.Error, p.Data = err.Error(), nil
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := c.pages[name].Execute(w, p); err != nil {
+		http.Error(w, "rendering: "+err.Error(), http.StatusInternalServerError)
+	}
+}
+
+// --- sessions and CSRF ---
+
+const sessionCookie, csrfCookie = "idem_console_session", "idem_console_csrf"
+
+func (c *Console) sign(v string) string {
+	m := hmac.New(sha256.New, c.secret)
+	m.Write([]byte(v))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// session reports whether the browser presented the admin token earlier.
+func (c *Console) session(r *http.Request) bool {
+	ck, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return false
+	}
+	exp, sig, ok := strings.Cut(ck.Value, ".")
+	if !ok || !hmac.Equal([]byte(sig), []byte(c.sign("session:"+exp))) {
+		return false
+	}
+	n, err := strconv.ParseInt(exp, 10, 64)
+	return err == nil && c.cfg.Now().Unix() < n
+}
+
+// csrfToken returns the browser's CSRF token, setting a new one when it has
+// none: a random value in a SameSite=Strict cookie, echoed by every form
+// (double submit).
+func (c *Console) csrfToken(w http.ResponseWriter, r *http.Request) string {
+	if ck, err := r.Cookie(csrfCookie); err == nil && len(ck.Value) == 64 {
+		return ck.Value
+	}
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	tok := hex.EncodeToString(b[:])
+	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: tok, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	return tok
+}
+
+// write wraps a POST handler: the CSRF token must match the cookie, and off
+// loopback the session must hold the admin token.
+func (c *Console) write(h func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ck, err := r.Cookie(csrfCookie)
+		if err != nil || subtle.ConstantTimeCompare([]byte(ck.Value), []byte(r.PostFormValue("csrf"))) != 1 {
+			http.Error(w, "the form's CSRF token does not match: reload the page and try again", http.StatusForbidden)
+			return
+		}
+		if !c.cfg.Loopback && !c.session(r) {
+			http.Redirect(w, r, "/login", http.StatusSeeOther)
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
+	c.render(w, r, "login", "Sign in", nil)
+}
+
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	ck, err := r.Cookie(csrfCookie)
+	if err != nil || subtle.ConstantTimeCompare([]byte(ck.Value), []byte(r.PostFormValue("csrf"))) != 1 {
+		http.Error(w, "the form's CSRF token does not match: reload the page and try again", http.StatusForbidden)
+		return
+	}
+	if c.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(r.PostFormValue("token")), []byte(c.cfg.Token)) != 1 {
+		c.render(w, r, "login", "Sign in", errors.New("that is not the admin token"))
+		return
+	}
+	exp := strconv.FormatInt(c.cfg.Now().Add(12*time.Hour).Unix(), 10)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: exp + "." + c.sign("session:"+exp), Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// --- helpers ---
+
+// preview shows at most 200 characters of b as text, or its size when it
+// is not UTF-8.
+func preview(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	if !utf8.Valid(b) {
+		return fmt.Sprintf("(%d bytes of binary)", len(b))
+	}
+	if len(b) > 200 {
+		return string(b[:200]) + "…"
+	}
+	return string(b)
+}
+
+func humanDuration(d time.Duration) string {
+	neg := d < 0
+	if neg {
+		d = -d
+	}
+	var s string
+	switch {
+	case d < time.Second:
+		s = "now"
+		return s
+	case d < time.Minute:
+		s = fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		s = fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		s = fmt.Sprintf("%dh", int(d.Hours()))
+	default:
+		s = fmt.Sprintf("%dd", int(d.Hours()/24))
+	}
+	if neg {
+		return s + " ago"
+	}
+	return s
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2006-01-02 15:04:05")
+}

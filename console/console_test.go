@@ -1,0 +1,214 @@
+package console_test
+
+import (
+	"context"
+	"database/sql"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	_ "modernc.org/sqlite"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/console"
+	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
+	"github.com/idemgo/idem/store/memstore"
+)
+
+const hostile = `<script>alert(1)</script>`
+
+// fixture is a console over a memory store, a SQLite outbox and inbox.
+type fixture struct {
+	store  *memstore.Store
+	outbox *outbox.Store
+	inbox  *inbox.Inbox[*sql.Tx]
+	srv    *httptest.Server
+	client *http.Client
+}
+
+func newFixture(t *testing.T, cfg console.Config) *fixture {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "app.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	ob, err := outbox.New(databasesql.New(db, sqldriver.SQLite), outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := inbox.New(databasesql.New(db, sqldriver.SQLite), inbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ib.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := memstore.New(memstore.Config{})
+	t.Cleanup(func() { s.Close() })
+	cfg.Store, cfg.Outbox, cfg.Inbox = s, ob.Store, ib
+	c, err := console.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c)
+	t.Cleanup(srv.Close)
+	jar, _ := cookiejar.New(nil)
+	return &fixture{store: s, outbox: ob.Store, inbox: ib, srv: srv, client: &http.Client{Jar: jar}}
+}
+
+func (f *fixture) get(t *testing.T, path string) string {
+	t.Helper()
+	resp, err := f.client.Get(f.srv.URL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+	}
+	return string(b)
+}
+
+func (f *fixture) post(t *testing.T, path string, form url.Values) (int, string) {
+	t.Helper()
+	resp, err := f.client.PostForm(f.srv.URL+path, form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`)
+
+func csrfOf(t *testing.T, html string) string {
+	m := csrfField.FindStringSubmatch(html)
+	if m == nil {
+		t.Fatalf("no CSRF token in the page")
+	}
+	return m[1]
+}
+
+// TestEverythingIsEscaped: keys, payloads, errors and headers are
+// attacker-controlled; each renders as text.
+func TestEverythingIsEscaped(t *testing.T) {
+	f := newFixture(t, console.Config{Loopback: true})
+	ctx := context.Background()
+	key := idem.Key{Scope: "web", ID: hostile}.Storage(false)
+	a, err := f.store.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.Complete(ctx, key, a.Fence, []byte(hostile), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.outbox.Enqueue(ctx, outbox.Message{Key: "k-" + hostile[:7], Destination: "https://x.example/" + hostile,
+		Payload: []byte(hostile), Headers: map[string]string{"X-Evil": hostile}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.inbox.Process(ctx, inbox.Event{Consumer: hostile, CorrelationID: "web/" + hostile}, func(context.Context, *sql.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/", "/keys", "/outbox", "/outbox/row?key=" + url.QueryEscape("k-"+hostile[:7]), "/find?q=" + url.QueryEscape("web/"+hostile)} {
+		page := f.get(t, path)
+		if strings.Contains(page, "<script>alert") {
+			t.Fatalf("%s renders the hostile text as markup", path)
+		}
+		if path != "/" && !strings.Contains(page, "&lt;script&gt;alert(1)&lt;/script&gt;") {
+			t.Fatalf("%s does not show the hostile text escaped", path)
+		}
+	}
+}
+
+// TestWritesNeedCSRFAndTheToken: a POST without the form's token is
+// refused; off loopback a POST needs a session signed in with the admin
+// token, and a wrong token signs nobody in.
+func TestWritesNeedCSRFAndTheToken(t *testing.T) {
+	f := newFixture(t, console.Config{Token: "s3cret"})
+	ctx := context.Background()
+	if err := f.outbox.Enqueue(ctx, outbox.Message{Key: "dead-1", Destination: "https://x.example/", Payload: []byte("p")}); err != nil {
+		t.Fatal(err)
+	}
+	page := f.get(t, "/outbox")
+	tok := csrfOf(t, f.get(t, "/login"))
+	_ = page
+	if code, _ := f.post(t, "/outbox/retry", url.Values{"key": {"dead-1"}}); code != http.StatusForbidden {
+		t.Fatalf("a POST without the CSRF token: %d", code)
+	}
+	if code, _ := f.post(t, "/outbox/retry", url.Values{"key": {"dead-1"}, "csrf": {strings.Repeat("0", 64)}}); code != http.StatusForbidden {
+		t.Fatalf("a POST with another CSRF token: %d", code)
+	}
+	// With the right CSRF token but no session: sent to sign in.
+	_, body := f.post(t, "/outbox/retry", url.Values{"key": {"dead-1"}, "csrf": {tok}})
+	if !strings.Contains(body, "Admin token") {
+		t.Fatal("a write without a session was not sent to sign in")
+	}
+	if _, body := f.post(t, "/login", url.Values{"token": {"wrong"}, "csrf": {tok}}); !strings.Contains(body, "not the admin token") {
+		t.Fatal("a wrong token signed in")
+	}
+	if code, _ := f.post(t, "/login", url.Values{"token": {"s3cret"}, "csrf": {tok}}); code != http.StatusOK {
+		t.Fatalf("sign in: %d", code)
+	}
+	// Signed in: a retry of a row that is not dead reaches the outbox,
+	// which says so.
+	if _, body := f.post(t, "/outbox/retry", url.Values{"key": {"dead-1"}, "csrf": {tok}}); !strings.Contains(body, "no message with that key among the dead messages") {
+		t.Fatalf("signed in, the retry did not reach the outbox: %.200s", body)
+	}
+	if _, err := console.New(console.Config{}); err == nil {
+		t.Fatal("a console off loopback without a token was accepted")
+	}
+}
+
+func TestKeysPagesAndFilters(t *testing.T) {
+	f := newFixture(t, console.Config{Loopback: true, PageSize: 10})
+	ctx := context.Background()
+	for i := range 35 {
+		for _, scope := range []string{"orders", "payments"} {
+			key := idem.Key{Scope: scope, ID: "K-" + string(rune('a'+i%26)) + strings.Repeat("x", i/26)}.Storage(false)
+			a, err := f.store.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i%5 == 0 {
+				_ = f.store.Complete(ctx, key, a.Fence, []byte("ok"), time.Hour)
+			}
+		}
+	}
+	seen, next := 0, "/keys?scope=payments"
+	for next != "" {
+		page := f.get(t, next)
+		if strings.Contains(page, "orders/") {
+			t.Fatal("the scope filter let another scope through")
+		}
+		seen += strings.Count(page, `class="key"><a href="/find?q=payments`)
+		m := regexp.MustCompile(`class="next" href="([^"]+)"`).FindStringSubmatch(page)
+		next = ""
+		if m != nil {
+			next = strings.ReplaceAll(m[1], "&amp;", "&")
+		}
+	}
+	if seen != 35 {
+		t.Fatalf("paged through %d payments keys, want 35", seen)
+	}
+	if page := f.get(t, "/keys?state=completed"); strings.Count(page, `class="state completed"`) != 10 {
+		t.Fatalf("the state filter shows %d completed keys, want 10", strings.Count(page, `class="state completed"`))
+	}
+}
