@@ -107,6 +107,9 @@ func New(cfg Config) (*Console, error) {
 	static, _ := fs.Sub(assets, "assets")
 	m := http.NewServeMux()
 	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	m.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/static/favicon.svg", http.StatusMovedPermanently)
+	})
 	m.HandleFunc("GET /{$}", c.overview)
 	m.HandleFunc("GET /keys", c.keys)
 	m.HandleFunc("POST /keys/forget", c.write(c.forget))

@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/inbox"
@@ -358,5 +357,3 @@ func (c *Console) find(w http.ResponseWriter, r *http.Request) {
 	}
 	c.render(w, r, "find", "Find "+q, d)
 }
-
-var _ = time.Second

@@ -50,7 +50,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newDemoCmd(), newServeCmd(), newKeysCmd(), newOutboxCmd(), newRelayCmd(), newEDICmd(), newAS2Cmd(), newInboxCmd(), newMigrateCmd(), newBenchCmd())
+	root.AddCommand(newDemoCmd(), newServeCmd(), newKeysCmd(), newOutboxCmd(), newRelayCmd(), newEDICmd(), newAS2Cmd(), newInboxCmd(), newConsoleCmd(), newMigrateCmd(), newBenchCmd())
 	return root
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem/as2"
+	"github.com/idemgo/idem/console"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/as2sender"
 	"github.com/idemgo/idem/outbox/httpsender"
@@ -309,7 +310,7 @@ func newOutboxRetryCmd() *cobra.Command {
 func newRelayCmd() *cobra.Command {
 	var cfg outbox.RelayConfig
 	var httpTimeout, keep time.Duration
-	var admin, as2File string
+	var admin, as2File, adminToken string
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Send outbox messages until SIGTERM, the same key on every attempt",
@@ -331,8 +332,9 @@ claims expire after --lease and are retried. SIGTERM finishes the sends in fligh
 	f.IntVar(&cfg.Batch, "batch", 100, "rows claimed at once")
 	f.DurationVar(&cfg.Lease, "lease", time.Minute, "how long a claim lives (a killed relay's rows come back after it)")
 	f.DurationVar(&cfg.PollInterval, "poll", time.Second, "longest idle wait (PostgreSQL wakes the relay at once)")
-	f.StringVar(&admin, "admin", "", "address for /metrics and /healthz")
+	f.StringVar(&admin, "admin", "", "address for the console (/), /metrics and /healthz")
 	f.StringVar(&as2File, "as2", "", "AS2 profile file (YAML): sends as2://PARTNER destinations")
+	f.StringVar(&adminToken, "admin-token", os.Getenv("IDEM_ADMIN_TOKEN"), "token for console writes off loopback (default $IDEM_ADMIN_TOKEN)")
 	f.DurationVar(&keep, "keep", 7*24*time.Hour, "delete sent and acked messages delivered longer ago than this (every minute; 0 keeps them forever)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
@@ -378,10 +380,14 @@ claims expire after --lease and are retried. SIGTERM finishes the sends in fligh
 				}
 				fmt.Fprintln(w, "ok")
 			})
+			if err := mountConsole(mux, admin, console.Config{Outbox: s, Token: adminToken}); err != nil {
+				ln.Close()
+				return err
+			}
 			srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 			go srv.Serve(ln)
 			defer srv.Close()
-			logf("admin on http://%s (/metrics, /healthz)", ln.Addr())
+			logf("admin on http://%s (the console at /, /metrics, /healthz)", ln.Addr())
 		}
 		if err := r.Start(ctx, func(err error) { logf("%v", err) }); err != nil {
 			return err

@@ -17,12 +17,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/console"
 	"github.com/idemgo/idem/edi"
 	"github.com/idemgo/idem/httpidem"
 )
 
 type serveOpts struct {
 	listen, upstream, store, admin string
+	adminToken                     string
 	lease, retention, timeout      time.Duration
 	sweep                          time.Duration
 	requireKey                     bool
@@ -49,7 +51,8 @@ The key is forwarded upstream unchanged.`,
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
 	f.StringVar(&o.upstream, "upstream", "", "base URL of the service behind the gateway (required)")
 	f.StringVar(&o.store, "store", "sqlite:idem.db", "store URL")
-	f.StringVar(&o.admin, "admin", "", "address for /metrics (Prometheus) and /healthz; empty: none")
+	f.StringVar(&o.admin, "admin", "", "address for the console (/), /metrics (Prometheus) and /healthz; empty: none")
+	f.StringVar(&o.adminToken, "admin-token", os.Getenv("IDEM_ADMIN_TOKEN"), "token for console writes off loopback (default $IDEM_ADMIN_TOKEN)")
 	f.DurationVar(&o.lease, "lease", time.Minute, "how long a request may run before a retry may take it over (heartbeats extend it)")
 	f.DurationVar(&o.retention, "retention", 24*time.Hour, "how long responses are replayed")
 	f.DurationVar(&o.timeout, "upstream-timeout", 30*time.Second, "wait this long for the upstream's response headers, and let the upstream call run this long after the client left (its answer is stored for the retry); then 504 and the key is held until its lease expires")
@@ -221,9 +224,14 @@ func runServe(ctx context.Context, o serveOpts) error {
 			}
 			fmt.Fprintln(w, "ok")
 		})
+		if err := mountConsole(mux, o.admin, console.Config{Store: store, Token: o.adminToken}); err != nil {
+			srv.Close()
+			aln.Close()
+			return err
+		}
 		adminSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- adminSrv.Serve(aln) }()
-		logger.Printf("admin on http://%s (/metrics, /healthz)", aln.Addr())
+		logger.Printf("admin on http://%s (the console at /, /metrics, /healthz)", aln.Addr())
 	}
 	logger.Printf("listening on http://%s → %s (store %s)", ln.Addr(), up, o.store)
 	select {
