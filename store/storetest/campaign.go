@@ -72,9 +72,11 @@ type CampaignConfig struct {
 	// cold round trip at the end of the retention). Nothing runs twice; a
 	// retry gets the key as new.
 	InProgressAtExpiry bool
-	// SettleExtendsLease: a Complete or Fail that fails may have extended
-	// the owner's lease by up to this much first (the tiered store does,
-	// so that no takeover meets its cold archive).
+	// SettleExtendsLease: a Complete or Fail extends the owner's lease by up
+	// to this much before it takes effect (the tiered store does, so that no
+	// takeover meets its cold archive): while it runs, duplicates may be told
+	// InProgress (or Mismatch) past the original lease, and a settle that
+	// fails may leave the extension behind.
 	SettleExtendsLease time.Duration
 }
 

@@ -93,6 +93,17 @@ func mayBeLive(s mstate, in opInput) bool    { return in.Call-slackMs < s.ExpHi 
 func mustBeLive(s mstate, in opInput) bool   { return addSat(in.Return, slackMs) < s.ExpLo }
 func leaseMayEnd(s mstate, in opInput) bool  { return addSat(in.Return, slackMs) >= s.LeaseLo }
 func leaseMayLast(s mstate, in opInput) bool { return in.Call-slackMs < s.LeaseHi }
+
+// settleMayHold reports whether an in-flight record may still be held past
+// its lease and expiry by its owner's settle: a store that extends the
+// lease before it settles (CampaignConfig.SettleExtendsLease, the tiered
+// store) keeps the claim for up to SettleLease more while the settle runs,
+// and the settle may then succeed. Only InProgress and Mismatch answers —
+// answers that run nothing — get this slack.
+func settleMayHold(s mstate, in opInput) bool {
+	return in.SettleLease > 0 && s.Exists && s.St == idem.StateInFlight &&
+		in.Call-slackMs < addSat(max(s.LeaseHi, s.ExpHi), in.SettleLease)
+}
 func absentLike(s mstate, in opInput) bool   { return !s.Exists || mayBeExpired(s, in) }
 func presentLike(s mstate, in opInput) bool  { return s.Exists && mayBeLive(s, in) }
 func owns(s mstate, f uint64) bool {
@@ -154,6 +165,9 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 		if presentLike(s, in) && s.St == idem.StateInFlight && s.FP == in.FP && leaseMayLast(s, in) {
 			return []mstate{s}
 		}
+		if s.FP == in.FP && settleMayHold(s, in) {
+			return []mstate{s}
+		}
 		if in.LaxExpiry && s.Exists && settled(s.St) && mayBeExpired(s, in) {
 			return []mstate{s} // see CampaignConfig.InProgressAtExpiry
 		}
@@ -162,7 +176,7 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 			return []mstate{s}
 		}
 	case idem.Mismatch:
-		if presentLike(s, in) && s.FP != in.FP {
+		if (presentLike(s, in) || settleMayHold(s, in)) && s.FP != in.FP {
 			return []mstate{s}
 		}
 		if in.LaxExpiry && s.Exists && settled(s.St) && mayBeExpired(s, in) {

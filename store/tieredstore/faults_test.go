@@ -253,3 +253,63 @@ func TestDeleteDuringSettle(t *testing.T) {
 		})
 	}
 }
+
+// TestPauseLongerThanSettleTimeout: the owner's process stalls between its
+// cold archive and its hot settle for longer than the settle's lease
+// extension (CPU starvation, a stop-the-world pause), and a duplicate takes
+// the key over meanwhile. Found by the fault campaign under load (seed
+// 7748422120819492985): the hot settle was refused, the owner was told
+// ErrStaleFence, and the cold tier kept replaying the refused settle's
+// result. The owner now withdraws its archive (a tombstone of its fence)
+// when the hot settle is refused, so the refused result is not replayed.
+func TestPauseLongerThanSettleTimeout(t *testing.T) {
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	const settle = 300 * time.Millisecond
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: time.Hour, SettleTimeout: settle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-11", Fingerprint: "fp", Lease: 100 * time.Millisecond, Retention: time.Hour}
+	a, err := s.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	var dup idem.Acquisition
+	tieredstore.SetAfterArchive(s, func() {
+		time.Sleep(settle + 100*time.Millisecond) // past the extended lease: the pause
+		dup, err = s.Acquire(ctx, req)
+		if err != nil {
+			t.Error(err)
+		}
+	})
+	settleErr := s.Complete(ctx, "PAY-11", a.Fence, []byte("stalled owner's booking"), time.Hour)
+	tieredstore.SetAfterArchive(s, nil)
+	later, err := s.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The owner's answer and what duplicates get must agree: a refused
+	// settle is never replayed, an accepted one always is.
+	replayed := later.Outcome == idem.Replayed && string(later.Record.Result) == "stalled owner's booking"
+	if settleErr != nil && replayed {
+		t.Fatalf("the settle was refused (%v) but its result is replayed", settleErr)
+	}
+	if settleErr == nil && !replayed {
+		t.Fatalf("the settle was accepted but a duplicate gets %v %q", later.Outcome, later.Record.Result)
+	}
+	if dup.Outcome == idem.Replayed && settleErr != nil {
+		t.Fatal("a duplicate was given the result while its owner was told the settle was refused")
+	}
+	// The new owner settles normally, and its result is the one replayed.
+	if dup.Outcome.Owns() {
+		if err := s.Complete(ctx, "PAY-11", dup.Fence, []byte("new owner's booking"), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := s.Acquire(ctx, req); err != nil || string(r.Record.Result) != "new owner's booking" {
+			t.Fatalf("after the new owner's settle: %v %q %v", r.Outcome, r.Record.Result, err)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package tieredstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -210,6 +211,21 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 	// stays until its lease ends and the takeover replays from the cold tier.
 	err = hot(context.WithoutCancel(ctx), key, fence, result, s.hotRetention(retention))
 	if errors.Is(err, idem.ErrStaleFence) {
+		// The claim ended before the hot settle: the owner stalled longer
+		// than the lease extension (CPU starvation, a long pause). If a
+		// duplicate meanwhile found the archive and re-warmed the hot tier
+		// with it, the settle is in effect: the result is what duplicates
+		// get. Otherwise the key may be another owner's now, the owner is
+		// told its settle was refused, and the archived result must not be
+		// replayed: withdraw it with a tombstone of this fence (a newer
+		// owner's archive, with a larger fence, stays).
+		if now, gerr := s.hot.Get(context.WithoutCancel(ctx), key); gerr == nil && now.State == st && bytes.Equal(now.Result, result) && now.Fingerprint == cur.Fingerprint {
+			return nil
+		}
+		tomb := idem.Record{Key: key, State: idem.StateReleased, Fence: fence}
+		if terr := s.archive.Archive(context.WithoutCancel(ctx), tomb, s.settleTimeout); terr != nil {
+			return fmt.Errorf("%w (and withdrawing its archive failed: %v)", err, terr)
+		}
 		return err
 	}
 	return nil
