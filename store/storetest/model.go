@@ -104,8 +104,8 @@ func settleMayHold(s mstate, in opInput) bool {
 	return in.SettleLease > 0 && s.Exists && s.St == idem.StateInFlight &&
 		in.Call-slackMs < addSat(max(s.LeaseHi, s.ExpHi), in.SettleLease)
 }
-func absentLike(s mstate, in opInput) bool   { return !s.Exists || mayBeExpired(s, in) }
-func presentLike(s mstate, in opInput) bool  { return s.Exists && mayBeLive(s, in) }
+func absentLike(s mstate, in opInput) bool  { return !s.Exists || mayBeExpired(s, in) }
+func presentLike(s mstate, in opInput) bool { return s.Exists && mayBeLive(s, in) }
 func owns(s mstate, f uint64) bool {
 	return s.Exists && s.St == idem.StateInFlight && s.FenceKnown && s.Fence == f
 }
