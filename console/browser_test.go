@@ -47,7 +47,12 @@ func chromiumPath(t *testing.T) string {
 // picture).
 func TestInABrowser(t *testing.T) {
 	exe := chromiumPath(t)
-	f := newFixture(t, console.Config{Loopback: true})
+	// The relay's sends of the last few minutes, for the overview's chart.
+	hist := console.NewHistory(nil)
+	for i := range 240 {
+		hist.Add([]string{"acked", "acked", "acked", "sent", "pending", "dead"}[i%6])
+	}
+	f := newFixture(t, console.Config{Loopback: true, History: hist, HistoryTitle: "Sends"})
 	ctx := context.Background()
 
 	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -182,7 +187,7 @@ func TestInABrowser(t *testing.T) {
 		t.Fatalf("the overview shows %q", counts)
 	}
 	if out := os.Getenv("IDEM_CONSOLE_SCREENSHOT"); out != "" {
-		step("the outbox for the picture", chromedp.Navigate(base+"/outbox"), chromedp.WaitVisible(chromedp.CSS(`table.rows`)))
+		step("the overview for the picture", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS(`svg.chart`)))
 		sctx, cancel := context.WithTimeout(bctx, 10*time.Second)
 		buf, err := chromedp.Run(sctx, chromedp.FullScreenshot(100))
 		cancel()

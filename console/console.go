@@ -59,6 +59,11 @@ type Config struct {
 	// Loopback is true when the console is served on a loopback address
 	// only: writes then need no token (the CSRF token still applies).
 	Loopback bool
+	// History, if set, is the process's own outcomes per minute, drawn on
+	// the overview (idem serve: requests; idem relay: sends).
+	History *History
+	// HistoryTitle names what History counts. Defaults to "Outcomes".
+	HistoryTitle string
 	// PageSize is the rows per page. Defaults to 50.
 	PageSize int
 	// Now tells the time (lease time left, ages). Defaults to time.Now.

@@ -29,6 +29,7 @@ const hostile = `<script>alert(1)</script>`
 
 // fixture is a console over a memory store, a SQLite outbox and inbox.
 type fixture struct {
+	db     *sql.DB
 	store  *memstore.Store
 	outbox *outbox.Store
 	inbox  *inbox.Inbox[*sql.Tx]
@@ -69,7 +70,7 @@ func newFixture(t *testing.T, cfg console.Config) *fixture {
 	srv := httptest.NewServer(c)
 	t.Cleanup(srv.Close)
 	jar, _ := cookiejar.New(nil)
-	return &fixture{store: s, outbox: ob.Store, inbox: ib, srv: srv, client: &http.Client{Jar: jar}}
+	return &fixture{db: db, store: s, outbox: ob.Store, inbox: ib, srv: srv, client: &http.Client{Jar: jar}}
 }
 
 func (f *fixture) get(t *testing.T, path string) string {
@@ -210,5 +211,72 @@ func TestKeysPagesAndFilters(t *testing.T) {
 	}
 	if page := f.get(t, "/keys?state=completed"); strings.Count(page, `class="state completed"`) != 10 {
 		t.Fatalf("the state filter shows %d completed keys, want 10", strings.Count(page, `class="state completed"`))
+	}
+}
+
+// TestHistoryChart: the overview draws the process's outcomes per minute
+// over the last hour; an outcome older than an hour is gone.
+func TestHistoryChart(t *testing.T) {
+	now := time.Date(2026, 11, 30, 9, 0, 30, 0, time.UTC)
+	clock := func() time.Time { return now }
+	h := console.NewHistory(clock)
+	for range 7 {
+		h.Add("executed")
+	}
+	h.Add("replayed")
+	now = now.Add(2 * time.Minute)
+	h.Add("mismatch")
+	minutes, names := h.LastHour()
+	if len(minutes) != 60 || strings.Join(names, ",") != "executed,mismatch,replayed" {
+		t.Fatalf("%d minutes, outcomes %v", len(minutes), names)
+	}
+	if got := minutes[57].Counts["executed"]; got != 7 {
+		t.Fatalf("the minute two minutes ago has %d executed, want 7", got)
+	}
+	if got := minutes[59].Counts["mismatch"]; got != 1 {
+		t.Fatalf("this minute has %d mismatches, want 1", got)
+	}
+	f := newFixture(t, console.Config{Loopback: true, History: h, HistoryTitle: "Requests"})
+	page := f.get(t, "/")
+	for _, want := range []string{"<svg", "Requests, last hour, per minute (9 in all)", "executed 7", "replayed 1", "mismatch 1"} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("the overview lacks %q", want)
+		}
+	}
+	now = now.Add(61 * time.Minute)
+	if minutes, _ := h.LastHour(); minutes[0].Counts["executed"]+minutes[59].Counts["mismatch"] != 0 {
+		t.Fatal("outcomes older than an hour are still counted")
+	}
+}
+
+// TestMillionRowPages: the Outbox pages of a million-row outbox are keyset
+// pages — the page after row 999,950 holds rows 999,951 to 1,000,000, the
+// dead rows of a destination are found past half a million others.
+func TestMillionRowPages(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a million rows")
+	}
+	f := newFixture(t, console.Config{Loopback: true})
+	_, err := f.db.Exec(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000000)
+		INSERT INTO idem_outbox (key, destination, payload, status)
+		SELECT 'MSG-' || i, CASE WHEN i % 100000 = 0 THEN 'https://rare.example/x' ELSE 'https://bulk.example/x' END, x'7b7d',
+			CASE WHEN i % 100000 = 0 THEN 'dead' ELSE 'acked' END FROM n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := f.get(t, "/outbox?after=999950")
+	if !strings.Contains(page, ">MSG-999951<") || !strings.Contains(page, ">MSG-1000000<") || strings.Contains(page, ">MSG-999950<") {
+		t.Fatal("the page after row 999,950 does not hold rows 999,951 to 1,000,000")
+	}
+	if strings.Contains(page, `class="next"`) {
+		t.Fatal("the last page links to a next one")
+	}
+	page = f.get(t, "/outbox?status=dead&dest="+url.QueryEscape("https://rare.example/"))
+	if n := strings.Count(page, `class="status dead"`); n != 10 {
+		t.Fatalf("%d dead rows to rare.example, want 10", n)
+	}
+	first := f.get(t, "/outbox")
+	if !strings.Contains(first, ">MSG-1<") || !strings.Contains(first, `href="/outbox?status=&amp;dest=&amp;after=50"`) {
+		t.Fatal("the first page does not link to the next by keyset (after=50)")
 	}
 }

@@ -21,6 +21,8 @@ type stateCount struct {
 }
 
 type overviewData struct {
+	Chart        *chart
+	ChartTitle   string
 	States       []stateCount
 	StatesNote   string
 	Outbox       []stateCount
@@ -31,6 +33,13 @@ type overviewData struct {
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	var d overviewData
+	if c.cfg.History != nil {
+		d.Chart = newChart(c.cfg.History.LastHour())
+		d.ChartTitle = c.cfg.HistoryTitle
+		if d.ChartTitle == "" {
+			d.ChartTitle = "Outcomes"
+		}
+	}
 	if c.cfg.Store != nil {
 		if sc, ok := c.cfg.Store.(idem.StateCounter); ok {
 			counts, err := sc.CountStates(ctx)
@@ -210,15 +219,17 @@ func (c *Console) outboxList(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	after, _ := strconv.ParseInt(q.Get("after"), 10, 64)
-	rows, err := c.cfg.Outbox.ListTo(r.Context(), st, d.Dest, after, c.cfg.PageSize)
+	// One row more than a page tells whether a next page exists.
+	rows, err := c.cfg.Outbox.ListTo(r.Context(), st, d.Dest, after, c.cfg.PageSize+1)
 	if err != nil {
 		c.render(w, r, "outbox", "Outbox", err)
 		return
 	}
-	d.Rows = rows
-	if len(rows) == c.cfg.PageSize {
+	if len(rows) > c.cfg.PageSize {
+		rows = rows[:c.cfg.PageSize]
 		d.Next = rows[len(rows)-1].ID
 	}
+	d.Rows = rows
 	c.render(w, r, "outbox", "Outbox", d)
 }
 

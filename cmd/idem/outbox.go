@@ -380,7 +380,7 @@ claims expire after --lease and are retried. SIGTERM finishes the sends in fligh
 				}
 				fmt.Fprintln(w, "ok")
 			})
-			if err := mountConsole(mux, admin, console.Config{Outbox: s, Token: adminToken}); err != nil {
+			if err := mountConsole(mux, admin, console.Config{Outbox: s, Token: adminToken, History: m.history, HistoryTitle: "Sends"}); err != nil {
 				ln.Close()
 				return err
 			}
@@ -409,10 +409,12 @@ claims expire after --lease and are retried. SIGTERM finishes the sends in fligh
 type relayMetrics struct {
 	registry *prometheus.Registry
 	attempts *prometheus.CounterVec
+	history  *console.History // the console's chart
 }
 
 func newRelayMetrics(s *outbox.Store) *relayMetrics {
 	m := &relayMetrics{
+		history:  console.NewHistory(nil),
 		registry: prometheus.NewRegistry(),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_outbox_attempts_total",
@@ -425,6 +427,7 @@ func newRelayMetrics(s *outbox.Store) *relayMetrics {
 
 func (m *relayMetrics) result(_ *outbox.Message, _ int, r outbox.Result) {
 	m.attempts.WithLabelValues(string(r.Status)).Inc()
+	m.history.Add(string(r.Status))
 }
 
 // outboxCollector reads the outbox's figures at each scrape.

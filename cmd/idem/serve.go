@@ -74,6 +74,7 @@ type gatewayMetrics struct {
 	storeErrs *prometheus.CounterVec
 	takeovers prometheus.Counter
 	registry  *prometheus.Registry
+	history   *console.History // the console's chart
 }
 
 func newGatewayMetrics() *gatewayMetrics {
@@ -96,6 +97,7 @@ func newGatewayMetrics() *gatewayMetrics {
 			Help: "Requests that took over the expired lease of a dead or stalled owner.",
 		}),
 		registry: prometheus.NewRegistry(),
+		history:  console.NewHistory(nil),
 	}
 	m.registry.MustRegister(m.requests, m.storeTime, m.storeErrs, m.takeovers,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
@@ -107,6 +109,7 @@ func newGatewayMetrics() *gatewayMetrics {
 
 func (m *gatewayMetrics) request(e httpidem.Event) {
 	m.requests.WithLabelValues(e.Outcome).Inc()
+	m.history.Add(e.Outcome)
 	if e.TakenOver {
 		m.takeovers.Inc()
 	}
@@ -224,7 +227,7 @@ func runServe(ctx context.Context, o serveOpts) error {
 			}
 			fmt.Fprintln(w, "ok")
 		})
-		if err := mountConsole(mux, o.admin, console.Config{Store: store, Token: o.adminToken}); err != nil {
+		if err := mountConsole(mux, o.admin, console.Config{Store: store, Token: o.adminToken, History: metrics.history, HistoryTitle: "Requests"}); err != nil {
 			srv.Close()
 			aln.Close()
 			return err

@@ -67,11 +67,16 @@ func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	Eventually(t, 30*time.Second, "a JetStream meta leader", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	// A meta leader answers AccountInfo before it knows every peer; a
+	// stream replicated on every server is placed only once it does
+	// ("no suitable peers for placement" otherwise).
+	Eventually(t, 30*time.Second, "a JetStream cluster that places a stream on every server", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, err := js.AccountInfo(ctx)
-		return err
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "IDEM_TESTENV_PROBE", Subjects: []string{"idem.testenv.probe"}, Replicas: len(c.URLs)}); err != nil {
+			return err
+		}
+		return js.DeleteStream(ctx, "IDEM_TESTENV_PROBE")
 	})
 	return c
 }
