@@ -140,22 +140,9 @@ outbox (every destination, as2:// under this profile), beside any idem relay.`,
 			}()
 		}
 		mux.Handle("POST /as2", rv)
-		ln, err := net.Listen("tcp", listen)
-		if err != nil {
-			return err
-		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			<-ctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
-		fmt.Fprintf(cmd.ErrOrStderr(), "idem as2 serve: %s on http://%s/as2\n", profile.AS2ID, ln.Addr())
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
+		return serveUntilDone(ctx, listen, mux, 30*time.Second, func(addr net.Addr) {
+			fmt.Fprintf(cmd.ErrOrStderr(), "idem as2 serve: %s on http://%s/as2\n", profile.AS2ID, addr)
+		})
 	}
 	return cmd
 }

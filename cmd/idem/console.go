@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -10,14 +9,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem/console"
-	"github.com/idemgo/idem/inbox"
-	"github.com/idemgo/idem/sqldriver"
-	"github.com/idemgo/idem/sqldriver/databasesql"
-	"github.com/idemgo/idem/sqldriver/pgxv5"
 	"github.com/idemgo/idem/store/storeurl"
 )
 
@@ -70,7 +64,7 @@ On loopback (the default) writes need no token; elsewhere --admin-token.`,
 			}
 			defer closeOutbox()
 			cfg.Outbox = ob
-			ib, closeInbox, err := openConsoleInbox(ctx, *store)
+			ib, closeInbox, err := openInbox(ctx, *store, "")
 			if err != nil {
 				return err
 			}
@@ -81,45 +75,30 @@ On loopback (the default) writes need no token; elsewhere --admin-token.`,
 		if err := mountConsole(mux, listen, cfg); err != nil {
 			return err
 		}
-		ln, err := net.Listen("tcp", listen)
-		if err != nil {
-			return err
-		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			<-ctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
-		fmt.Fprintf(cmd.ErrOrStderr(), "idem console on http://%s\n", ln.Addr())
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
+		return serveUntilDone(ctx, listen, mux, 5*time.Second, func(addr net.Addr) {
+			fmt.Fprintf(cmd.ErrOrStderr(), "idem console on http://%s\n", addr)
+		})
 	}
 	return cmd
 }
 
-// openConsoleInbox opens the inbox of a SQL store URL for the console.
-func openConsoleInbox(ctx context.Context, raw string) (console.Inbox, func(), error) {
-	d, err := openSQLDB(ctx, raw, "inbox")
+// serveUntilDone serves handler on addr until ctx ends, then shuts down
+// within grace; started hears the address once it listens.
+func serveUntilDone(ctx context.Context, addr string, handler http.Handler, grace time.Duration, started func(net.Addr)) error {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	table := "processed_events"
-	if d.schema != "" {
-		table = d.schema + "." + table
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), grace)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	started(ln.Addr())
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
 	}
-	var ib console.Inbox
-	if d.db != nil {
-		ib, err = inbox.New[*sql.Tx](databasesql.New(d.db, sqldriver.SQLite), inbox.Config{Table: table})
-	} else {
-		ib, err = inbox.New[pgx.Tx](pgxv5.New(d.pool, d.pgOpts...), inbox.Config{Table: table})
-	}
-	if err != nil {
-		d.Close()
-		return nil, nil, err
-	}
-	return ib, d.Close, nil
+	return nil
 }

@@ -21,9 +21,11 @@ import (
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
-// inboxTable is what the inbox commands do with an inbox of any driver.
+// inboxTable is what the inbox commands and the console do with an inbox
+// of any driver.
 type inboxTable interface {
 	List(ctx context.Context, consumer, afterConsumer, afterID string, limit int) ([]inbox.Row, error)
+	Find(ctx context.Context, correlationID string) ([]inbox.Row, error)
 	Sweep(ctx context.Context, olderThan time.Duration, limit int) (int, error)
 }
 
