@@ -280,7 +280,8 @@ var recordModel = porcupine.NondeterministicModel{
 	Equal: func(a, b any) bool { return a.(mstate) == b.(mstate) },
 	DescribeOperation: func(input, output any) string {
 		in, out := input.(opInput), output.(opOutput)
-		return fmt.Sprintf("%s(%s fp=%s f=%d) -> res=%d %v f=%d %q", in.Kind, in.Key, in.FP, in.Fence, out.Res, out.Outcome, out.Fence, out.Result)
+		return fmt.Sprintf("%s(%s fp=%s f=%d lease=%d ret=%d) -> res=%d %v f=%d %q lease_until=%d expires=%d", in.Kind, in.Key, in.FP, in.Fence, in.Lease, in.Ret,
+			out.Res, out.Outcome, out.Fence, out.Result, out.LeaseUntil, out.ExpiresAt)
 	},
 	DescribeState: func(state any) string { return fmt.Sprintf("%+v", state.(mstate)) },
 }
