@@ -34,6 +34,17 @@ type BatchResult struct {
 	Err error
 }
 
+// RunBatch runs a broker's batch of messages (of the adapter's type M) in
+// one ProcessBatch: event gives each message's Event, process makes its
+// change in tx. The results are in the order of msgs.
+func RunBatch[TTx, M any](ctx context.Context, ib *Inbox[TTx], msgs []M, event func(M) Event, process func(ctx context.Context, tx TTx, m M) error) ([]BatchResult, error) {
+	items := make([]BatchItem[TTx], len(msgs))
+	for n, m := range msgs {
+		items[n] = BatchItem[TTx]{Event: event(m), Fn: func(ctx context.Context, tx TTx) error { return process(ctx, tx, m) }}
+	}
+	return ib.ProcessBatch(ctx, items)
+}
+
 // ErrEarlierCopyFailed is the Err of an item whose key an earlier item of
 // the same batch claimed and then failed: it is redelivered, like that one.
 var ErrEarlierCopyFailed = errors.New("idem/inbox: an earlier copy of this key in the batch failed")

@@ -185,3 +185,90 @@ func Consume(ctx context.Context, ch *amqp.Channel, queue, consumer string, hand
 		}
 	}
 }
+
+// Batch configures InboxBatches: the transactional inbox, run for many
+// deliveries in one transaction.
+type Batch[TTx any] struct {
+	// Inbox records the keys. Required.
+	Inbox *inbox.Inbox[TTx]
+	// Process makes one delivery's business change in tx, under the
+	// delivery's own savepoint. Required.
+	Process func(ctx context.Context, tx TTx, d *amqp.Delivery) error
+	// Size is the most deliveries one transaction runs. Defaults to 50 (at
+	// most 64 on PostgreSQL: see inbox.Inbox.ProcessBatch). Keep the
+	// channel's prefetch at least Size × Concurrency.
+	Size int
+	// Event maps a delivery and its key to its inbox event. Defaults to
+	// {Consumer: Scope, CorrelationID: key}.
+	Event func(d *amqp.Delivery, key string) inbox.Event
+}
+
+// BatchHandler runs deliveries through a transactional inbox in batches:
+// Concurrency workers each take the deliveries waiting (up to Batch.Size,
+// without waiting for more) and run them in one transaction with one commit
+// (inbox.Inbox.ProcessBatch). A delivery whose Process fails is rolled back
+// alone and retried per the Policy; the others are acked once the
+// transaction commits; if the transaction fails, all are retried.
+type BatchHandler[TTx any] struct {
+	cfg     Config
+	b       Batch[TTx]
+	batcher *broker.Batcher[*amqp.Delivery]
+}
+
+// InboxBatches returns a BatchHandler; hand its Handle to Consume, and call
+// Close once consuming stopped.
+func InboxBatches[TTx any](cfg Config, b Batch[TTx]) (*BatchHandler[TTx], error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if b.Inbox == nil || b.Process == nil {
+		return nil, errors.New("idem/amqpidem: Batch.Inbox and Batch.Process are required")
+	}
+	if b.Size == 0 {
+		b.Size = 50
+	}
+	if b.Size < 0 || b.Size > inbox.MaxBatch {
+		return nil, errors.New("idem/amqpidem: Batch.Size must be 1 to inbox.MaxBatch")
+	}
+	if b.Event == nil {
+		scope := cfg.Scope
+		b.Event = func(_ *amqp.Delivery, key string) inbox.Event {
+			return inbox.Event{Consumer: scope, CorrelationID: key}
+		}
+	}
+	h := &BatchHandler[TTx]{cfg: cfg, b: b}
+	h.batcher = broker.NewBatcher(b.Size, cfg.Concurrency, h.run)
+	return h, nil
+}
+
+// Handle queues d for a batch (the handler of Consume). It blocks while
+// every worker is busy and the queue is full.
+func (h *BatchHandler[TTx]) Handle(d amqp.Delivery) { h.batcher.Add(&d) }
+
+// Close runs the deliveries already handed over and waits for them.
+func (h *BatchHandler[TTx]) Close() { h.batcher.Close() }
+
+func (h *BatchHandler[TTx]) run(ds []*amqp.Delivery) {
+	keyed := make([]*amqp.Delivery, 0, len(ds))
+	ids := make(map[*amqp.Delivery]string, len(ds))
+	for _, d := range ds {
+		id, err := h.cfg.Key(message{d})
+		if err != nil {
+			h.cfg.apply(d, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
+			continue
+		}
+		keyed, ids[d] = append(keyed, d), id
+	}
+	if len(keyed) == 0 {
+		return
+	}
+	results, err := inbox.RunBatch(h.cfg.Context, h.b.Inbox, keyed,
+		func(d *amqp.Delivery) inbox.Event { return h.b.Event(d, ids[d]) }, h.b.Process)
+	for n, d := range keyed {
+		if err != nil {
+			h.cfg.apply(d, h.cfg.Policy.FromInbox(nil, err, attempt(d)))
+			continue
+		}
+		h.cfg.apply(d, h.cfg.Policy.FromInbox(results[n].Outcome, results[n].Err, attempt(d)))
+	}
+}

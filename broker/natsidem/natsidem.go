@@ -304,19 +304,17 @@ func (p *batchProgress) Tick() bool {
 }
 
 func (h *BatchHandler[TTx]) run(msgs []jetstream.Msg) {
-	items := make([]inbox.BatchItem[TTx], 0, len(msgs))
 	keyed := make([]jetstream.Msg, 0, len(msgs))
+	ids := make(map[jetstream.Msg]string, len(msgs))
 	for _, msg := range msgs {
 		id, err := h.cfg.Key(message{msg})
 		if err != nil {
 			h.cfg.apply(msg, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
 			continue
 		}
-		items = append(items, inbox.BatchItem[TTx]{Event: h.b.Event(msg, id),
-			Fn: func(ctx context.Context, tx TTx) error { return h.b.Process(ctx, tx, msg) }})
-		keyed = append(keyed, msg)
+		keyed, ids[msg] = append(keyed, msg), id
 	}
-	if len(items) == 0 {
+	if len(keyed) == 0 {
 		return
 	}
 	var p *batchProgress
@@ -324,7 +322,8 @@ func (h *BatchHandler[TTx]) run(msgs []jetstream.Msg) {
 		p = &batchProgress{msgs: keyed}
 		h.cfg.progress.Start(&p.tick, p)
 	}
-	results, err := h.b.Inbox.ProcessBatch(h.cfg.Context, items)
+	results, err := inbox.RunBatch(h.cfg.Context, h.b.Inbox, keyed,
+		func(msg jetstream.Msg) inbox.Event { return h.b.Event(msg, ids[msg]) }, h.b.Process)
 	if p != nil {
 		h.cfg.progress.Stop(&p.tick)
 	}

@@ -313,3 +313,36 @@ func TestPauseLongerThanSettleTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestRewarmNeverOutlivesTheColdRecord: a duplicate that finds the result
+// only in the cold tier re-warms the hot tier with it; the hot copy must
+// expire no later than the cold record, or the key is replayed past its
+// retention. Found by the 10-minute campaign (seed 12637830274293705606:
+// replays 6-12 ms past the retention): the hot copy was kept for the cold
+// record's remaining time, counted before the hot write.
+func TestRewarmNeverOutlivesTheColdRecord(t *testing.T) {
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	rec := idem.Record{Key: "PAY-12", State: idem.StateCompleted, Fence: 5, Fingerprint: "fp", Attempts: 1, Result: []byte("booked")}
+	if err := cold.Archive(ctx, rec, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "PAY-12", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || a.Outcome != idem.Replayed {
+		t.Fatal(a.Outcome, err)
+	}
+	h, err := hot.Get(ctx, "PAY-12")
+	if err != nil {
+		t.Fatalf("the hot tier was not re-warmed: %v", err)
+	}
+	c, _ := cold.Get(ctx, "PAY-12")
+	if h.ExpiresAt.After(c.ExpiresAt) {
+		t.Fatalf("the hot copy expires %v after the cold record", h.ExpiresAt.Sub(c.ExpiresAt))
+	}
+}

@@ -80,6 +80,11 @@ func New(cfg Config) (*Store, error) {
 
 func (s *Store) hotRetention(d time.Duration) time.Duration { return min(d, s.hotKeep) }
 
+// rewarmMargin is how much earlier than the cold record a re-warmed hot
+// copy expires: more than the time between counting its retention and the
+// hot store applying it, so that the copy never outlives the record.
+const rewarmMargin = 100 * time.Millisecond
+
 // Acquire implements idem.Store. A claim from the hot tier is returned only
 // after the cold tier said it holds no settled record for the key.
 func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
@@ -139,9 +144,15 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		_ = s.hot.Delete(bg, req.Key)
 		return idem.Acquisition{Outcome: idem.Mismatch, Record: rec}, nil
 	}
-	// Re-warm the hot tier with the archived result.
-	keep := s.hotRetention(max(time.Until(rec.ExpiresAt), time.Millisecond))
-	if rec.State == idem.StateFailed {
+	// Re-warm the hot tier with the archived result. The hot copy must
+	// not outlive the cold record (a replay past the retention), and its
+	// retention is counted when the hot write runs, a moment after this
+	// one: it ends rewarmMargin early, and a record about to expire is not
+	// re-warmed at all (the next duplicate asks the cold tier again).
+	keep := s.hotRetention(time.Until(rec.ExpiresAt) - rewarmMargin)
+	if keep < time.Millisecond {
+		err = s.hot.Release(bg, req.Key, a.Fence)
+	} else if rec.State == idem.StateFailed {
 		err = s.hot.Fail(bg, req.Key, a.Fence, rec.Result, keep)
 	} else {
 		err = s.hot.Complete(bg, req.Key, a.Fence, rec.Result, keep)
