@@ -233,9 +233,16 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 		if now, gerr := s.hot.Get(context.WithoutCancel(ctx), key); gerr == nil && now.State == st && bytes.Equal(now.Result, result) && now.Fingerprint == cur.Fingerprint {
 			return nil
 		}
+		bg := context.WithoutCancel(ctx)
 		tomb := idem.Record{Key: key, State: idem.StateReleased, Fence: fence}
-		if terr := s.archive.Archive(context.WithoutCancel(ctx), tomb, s.settleTimeout); terr != nil {
+		if terr := s.archive.Archive(bg, tomb, s.settleTimeout); terr != nil {
 			return fmt.Errorf("%w (and withdrawing its archive failed: %v)", err, terr)
+		}
+		// A duplicate that read the archive before the tombstone may have
+		// re-warmed the hot tier with it since: remove that copy too (the
+		// cold tier answers for the key; a newer owner's archive stays).
+		if now, gerr := s.hot.Get(bg, key); gerr == nil && now.State == st && bytes.Equal(now.Result, result) && now.Fingerprint == cur.Fingerprint {
+			_ = s.hot.Delete(bg, key)
 		}
 		return err
 	}
