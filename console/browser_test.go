@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/console"
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/httpsender"
 )
@@ -31,10 +32,7 @@ func chromiumPath(t *testing.T) string {
 			return p
 		}
 	}
-	if os.Getenv("IDEM_TEST_REQUIRE") == "1" {
-		t.Fatal("chromium is not installed (apt-get install chromium); IDEM_TEST_REQUIRE=1 needs it")
-	}
-	t.Skip("chromium is not installed (apt-get install chromium)")
+	testenv.Need(t, "chromium (Debian's package: apt-get install chromium; .ci/run installs it)", "PATH", errors.New("not found"))
 	return ""
 }
 

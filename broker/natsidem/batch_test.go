@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemgo/idem/broker"
@@ -25,18 +24,8 @@ import (
 // acked, a keyless message is dead-lettered, and messages really shared
 // transactions.
 func TestInboxBatches(t *testing.T) {
-	testenv.ProbePostgres(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.PostgresURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	schema := testenv.RandomName("idemtest_")
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+schema+`; CREATE TABLE `+schema+`.credits (ref text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`)
+	pool, schema := testenv.PostgresSchema(t, func(schema string) string { return `CREATE TABLE ` + schema + `.credits (ref text NOT NULL)` })
 	ib, err := inbox.New(pgxv5.New(pool), inbox.Config{Table: schema + ".processed_events", VersionTable: schema + ".entity_versions"})
 	if err != nil {
 		t.Fatal(err)

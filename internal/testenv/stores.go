@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"net/url"
 	"testing"
 	"time"
@@ -145,4 +146,28 @@ func RedisProxy(t testing.TB) *Proxy {
 	c := RedisClient(t)
 	defer c.Close()
 	return StartProxy(t, c.Options().Addr)
+}
+
+// PostgresSchema connects a pool to the test PostgreSQL and creates a
+// fresh schema in it, running ddl there (its tables named schema.NAME by
+// the caller); the schema is dropped and the pool closed when the test
+// ends.
+func PostgresSchema(t testing.TB, ddl func(schema string) string) (*pgxpool.Pool, string) {
+	t.Helper()
+	ProbePostgres(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := RandomName("idemtest_")
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+schema+`; `+ddl(schema)); err != nil {
+		pool.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`)
+		pool.Close()
+	})
+	return pool, schema
 }
