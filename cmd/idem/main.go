@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"os"
 	"os/signal"
@@ -18,6 +17,7 @@ import (
 	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 	"github.com/idemgo/idem/store/pgstore"
+	"github.com/idemgo/idem/store/sqlitestore"
 	"github.com/idemgo/idem/store/storeurl"
 )
 
@@ -86,7 +86,7 @@ containers that start together all succeed; --status only prints.`,
 		var schema string
 		switch spec.Kind {
 		case storeurl.SQLite:
-			db, err := sql.Open("sqlite", "file:"+spec.Path+"?_pragma=busy_timeout(10000)")
+			db, err := sqlitestore.OpenDB(ctx, spec.Path, sqlitestore.DBOptions{Synchronous: spec.Query.Get("synchronous"), BusyTimeout: 10 * time.Second})
 			if err != nil {
 				return err
 			}

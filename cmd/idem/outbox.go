@@ -30,6 +30,7 @@ import (
 	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 	"github.com/idemgo/idem/store/pgstore"
+	"github.com/idemgo/idem/store/sqlitestore"
 	"github.com/idemgo/idem/store/storeurl"
 )
 
@@ -49,15 +50,10 @@ func openSQLDB(ctx context.Context, raw, what string) (*sqlDB, error) {
 	}
 	switch spec.Kind {
 	case storeurl.SQLite:
-		sync := spec.Query.Get("synchronous")
-		if sync == "" {
-			sync = "NORMAL"
-		}
-		db, err := sql.Open("sqlite", "file:"+spec.Path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous("+sync+")&_txlock=immediate")
+		db, err := sqlitestore.OpenDB(ctx, spec.Path, sqlitestore.DBOptions{Synchronous: spec.Query.Get("synchronous"), BusyTimeout: 10 * time.Second})
 		if err != nil {
 			return nil, err
 		}
-		db.SetMaxOpenConns(1)
 		return &sqlDB{db: db}, nil
 	case storeurl.Postgres:
 		u, err := url.Parse(raw)

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"flag"
 	"fmt"
 	"io"
@@ -26,6 +25,7 @@ import (
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/store/memstore"
+	"github.com/idemgo/idem/store/sqlitestore"
 )
 
 func main() {
@@ -122,12 +122,11 @@ func run(ctx context.Context, out io.Writer, dbPath string, orders int) (bool, e
 	defer srv.Close()
 
 	// The application and its outbox, one SQLite file.
-	db, err := sql.Open("sqlite", "file:"+dbPath+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	db, err := sqlitestore.OpenDB(ctx, dbPath, sqlitestore.DBOptions{BusyTimeout: 10 * time.Second})
 	if err != nil {
 		return false, err
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(1)
 	ob, err := outbox.New(databasesql.New(db, sqldriver.SQLite), outbox.Config{})
 	if err != nil {
 		return false, err

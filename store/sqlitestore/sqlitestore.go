@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -63,40 +62,13 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.Path == "" {
 		return nil, errors.New("idem/sqlitestore: Config.Path is required")
 	}
-	if strings.ContainsAny(cfg.Path, "?#") {
-		return nil, fmt.Errorf("idem/sqlitestore: Config.Path %q must not contain '?' or '#'", cfg.Path)
-	}
-	sync := strings.ToUpper(cfg.Synchronous)
-	switch sync {
-	case "":
-		sync = "NORMAL"
-	case "NORMAL", "FULL":
-	default:
-		return nil, fmt.Errorf("idem/sqlitestore: Config.Synchronous is %q, want NORMAL or FULL", cfg.Synchronous)
-	}
-	if cfg.BusyTimeout == 0 {
-		cfg.BusyTimeout = 5 * time.Second
-	}
-	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = 1
-	}
-	dsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=synchronous(%s)&_pragma=foreign_keys(on)&_txlock=immediate",
-		cfg.Path, cfg.BusyTimeout.Milliseconds(), sync)
-	db, err := sql.Open("sqlite", dsn)
+	db, err := OpenDB(ctx, cfg.Path, DBOptions{Synchronous: cfg.Synchronous, BusyTimeout: cfg.BusyTimeout, MaxConns: cfg.MaxConns})
 	if err != nil {
-		return nil, fmt.Errorf("idem/sqlitestore: open %s: %w", cfg.Path, err)
+		return nil, err
 	}
-	db.SetMaxOpenConns(cfg.MaxConns)
-	db.SetMaxIdleConns(cfg.MaxConns)
-	db.SetConnMaxIdleTime(0)
-	db.SetConnMaxLifetime(0)
 	s := &Store{db: db, clock: cfg.Clock, limits: cfg.Limits.WithDefaults()}
 	if s.clock == nil {
 		s.clock = idem.SystemClock{}
-	}
-	if err := db.PingContext(ctx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("idem/sqlitestore: open %s: %w", cfg.Path, err)
 	}
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {

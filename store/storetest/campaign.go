@@ -24,9 +24,9 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
-	_ "modernc.org/sqlite" // the ledger
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store/sqlitestore" // the ledger
 )
 
 var (
@@ -244,7 +244,7 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 func runChild(t *testing.T, cfg CampaignConfig, proc int, dir string, deadline time.Time, seed uint64) {
 	s := cfg.Open(t, os.Getenv(envLocation))
 	fmt.Println(readyLine)
-	ledger, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "ledger.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	ledger, err := sqlitestore.OpenDB(context.Background(), filepath.Join(dir, "ledger.db"), sqlitestore.DBOptions{BusyTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func runChild(t *testing.T, cfg CampaignConfig, proc int, dir string, deadline t
 }
 
 func openLedger(t *testing.T, dir string) *sql.DB {
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "ledger.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	db, err := sqlitestore.OpenDB(context.Background(), filepath.Join(dir, "ledger.db"), sqlitestore.DBOptions{BusyTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
