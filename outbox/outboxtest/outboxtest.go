@@ -569,10 +569,14 @@ func testSlowBatch[TTx any](t *testing.T, b Backend[TTx]) {
 		}
 	}
 	s := newSink()
-	s.delay = 150 * time.Millisecond
-	cfg := outbox.RelayConfig{Batch: n, Concurrency: 1, Lease: 600 * time.Millisecond, SendTimeout: 200 * time.Millisecond}
+	// The claim's recording margin (Lease/4, 300 ms) is what a loaded
+	// machine has to record a batch in before another relay may take it:
+	// at 150 ms (a 600 ms lease) a CI run under -race beside other packages
+	// once recorded too late, and the row was sent again.
+	s.delay = 300 * time.Millisecond
+	cfg := outbox.RelayConfig{Batch: n, Concurrency: 1, Lease: 1200 * time.Millisecond, SendTimeout: 400 * time.Millisecond}
 	var wg sync.WaitGroup
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for range 2 {
 		r := relay(t, b.Outbox.Store, s, cfg)
 		wg.Add(1)
