@@ -1,0 +1,207 @@
+// Package coalesce joins calls that arrive while a store round trip is in
+// flight into the next round trip — group commit, without a timer.
+//
+// A Group allows a bounded number of round trips in flight. A call that
+// finds a free slot and nobody waiting runs alone at once, through the
+// single-call function: a lone caller pays no added latency and no batch
+// overhead. A call that finds every slot busy waits in a queue; when a
+// round trip ends, its slot takes what is waiting (up to MaxBatch, never
+// two requests with the same key) and one of the waiting callers runs it
+// as one batch for everyone, on a goroutine of its own (one per batch):
+// every caller, the one whose round trip ended included, returns as soon as
+// its own answer is there.
+//
+// The batch runs on a context that keeps the first member's values and is
+// cancelled only when every member's context is done: one caller giving up
+// does not fail the others. A member whose context ends while its batch is
+// in flight returns the context's error at once, as a single call would;
+// whether its request took effect is then unknown, as for a single call
+// cancelled after it was sent.
+package coalesce
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// Config bounds a Group.
+type Config[Req any] struct {
+	// MaxBatch bounds the requests of one round trip. Defaults to 64.
+	MaxBatch int
+	// MaxInFlight bounds the round trips in flight at once (single calls and
+	// batches). Defaults to 2.
+	MaxInFlight int
+	// Key, when set, names each request's key: two requests with the same
+	// key never share a batch (the second waits for the next one), for
+	// statements that may touch a row only once.
+	Key func(Req) string
+}
+
+// Group coalesces calls of one kind.
+type Group[Req, Resp any] struct {
+	one   func(context.Context, Req) (Resp, error)
+	batch func(context.Context, []Req, []Resp, []error)
+	cfg   Config[Req]
+
+	mu       sync.Mutex
+	inFlight int
+	queue    []*call[Req, Resp]
+	seen     map[string]struct{} // forming a batch, under mu
+
+	batches, batched atomic.Int64
+}
+
+type state uint8
+
+const (
+	queued state = iota
+	taken        // in a batch
+)
+
+type call[Req, Resp any] struct {
+	ctx   context.Context
+	req   Req
+	resp  Resp
+	err   error
+	state state              // under Group.mu
+	lead  []*call[Req, Resp] // the batch, for a leader
+	done  chan struct{}      // a leader's turn, or a member's answer
+}
+
+// New returns a Group. one runs a request alone; batch runs two or more and
+// sets each one's response or error (same index as its request). batch must
+// decide every request: a batch that failed as a whole sets every error.
+func New[Req, Resp any](cfg Config[Req], one func(context.Context, Req) (Resp, error),
+	batch func(ctx context.Context, reqs []Req, resps []Resp, errs []error)) *Group[Req, Resp] {
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 64
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 2
+	}
+	return &Group[Req, Resp]{one: one, batch: batch, cfg: cfg, seen: map[string]struct{}{}}
+}
+
+// Do runs req alone or in a batch and returns its response.
+func (g *Group[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
+	g.mu.Lock()
+	if g.inFlight < g.cfg.MaxInFlight && len(g.queue) == 0 {
+		g.inFlight++
+		g.mu.Unlock()
+		resp, err := g.one(ctx, req)
+		g.next()
+		return resp, err
+	}
+	c := &call[Req, Resp]{ctx: ctx, req: req, done: make(chan struct{}, 1)}
+	g.queue = append(g.queue, c)
+	g.mu.Unlock()
+
+	select {
+	case <-c.done:
+		return c.resp, c.err
+	case <-ctx.Done():
+	}
+	g.mu.Lock()
+	if c.state == queued {
+		g.remove(c)
+	}
+	g.mu.Unlock()
+	var zero Resp
+	return zero, ctx.Err() // a batch that took c answers into a buffered channel no one reads
+}
+
+// Stats returns the batches run and the requests they carried.
+func (g *Group[Req, Resp]) Stats() (batches, requests int64) {
+	return g.batches.Load(), g.batched.Load()
+}
+
+func (g *Group[Req, Resp]) remove(c *call[Req, Resp]) {
+	for i, q := range g.queue {
+		if q == c {
+			n := copy(g.queue[i:], g.queue[i+1:])
+			g.queue[i+n] = nil // let c go
+			g.queue = g.queue[:i+n]
+			return
+		}
+	}
+}
+
+// next hands the slot of a finished round trip to what is waiting, or frees
+// it.
+func (g *Group[Req, Resp]) next() {
+	g.mu.Lock()
+	if len(g.queue) == 0 {
+		g.inFlight--
+		g.mu.Unlock()
+		return
+	}
+	batch := make([]*call[Req, Resp], 0, min(len(g.queue), g.cfg.MaxBatch))
+	rest := g.queue[:0]
+	for _, c := range g.queue {
+		if len(batch) == g.cfg.MaxBatch {
+			rest = append(rest, c)
+			continue
+		}
+		if g.cfg.Key != nil {
+			k := g.cfg.Key(c.req)
+			if _, dup := g.seen[k]; dup {
+				rest = append(rest, c)
+				continue
+			}
+			g.seen[k] = struct{}{}
+		}
+		c.state = taken
+		batch = append(batch, c)
+	}
+	clear(g.queue[len(rest):])
+	g.queue = rest
+	clear(g.seen)
+	g.mu.Unlock()
+	go func() {
+		g.run(batch)
+		g.next()
+	}()
+}
+
+// run runs a batch on a context that ends when every member's has, and
+// answers each member.
+func (g *Group[Req, Resp]) run(batch []*call[Req, Resp]) {
+	if len(batch) == 1 {
+		c := batch[0]
+		c.resp, c.err = g.one(c.ctx, c.req)
+		c.done <- struct{}{}
+		return
+	}
+	g.batches.Add(1)
+	g.batched.Add(int64(len(batch)))
+	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
+	defer cancel()
+	var live atomic.Int64
+	live.Store(int64(len(batch)))
+	stops := make([]func() bool, 0, len(batch))
+	for _, c := range batch {
+		if c.ctx.Done() == nil {
+			continue // never ends: the batch is never cancelled
+		}
+		stops = append(stops, context.AfterFunc(c.ctx, func() {
+			if live.Add(-1) == 0 {
+				cancel()
+			}
+		}))
+	}
+	reqs := make([]Req, len(batch))
+	for i, c := range batch {
+		reqs[i] = c.req
+	}
+	resps := make([]Resp, len(batch))
+	errs := make([]error, len(batch))
+	g.batch(ctx, reqs, resps, errs)
+	for _, stop := range stops {
+		stop()
+	}
+	for i, c := range batch {
+		c.resp, c.err = resps[i], errs[i]
+		c.done <- struct{}{}
+	}
+}

@@ -1,0 +1,321 @@
+package coalesce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// echo is a Group whose round trips answer each request with itself,
+// recording the batches.
+type echo struct {
+	mu      sync.Mutex
+	singles []string
+	batches [][]string
+	gate    chan struct{} // when set, the first single call waits on it
+	gated   chan struct{} // closed when the gated call has started
+	batchFn func(ctx context.Context, reqs []string, resps []string, errs []error)
+}
+
+func newEcho(cfg Config[string]) (*echo, *Group[string, string]) {
+	e := &echo{}
+	g := New(cfg, func(ctx context.Context, req string) (string, error) {
+		e.mu.Lock()
+		e.singles = append(e.singles, req)
+		gate := e.gate
+		e.gate = nil
+		e.mu.Unlock()
+		if gate != nil {
+			close(e.gated)
+			<-gate
+		}
+		if err := ctx.Err(); err != nil {
+			return "", err
+		}
+		return "re:" + req, nil
+	}, func(ctx context.Context, reqs []string, resps []string, errs []error) {
+		e.mu.Lock()
+		e.batches = append(e.batches, append([]string(nil), reqs...))
+		fn := e.batchFn
+		e.mu.Unlock()
+		if fn != nil {
+			fn(ctx, reqs, resps, errs)
+			return
+		}
+		for i, r := range reqs {
+			resps[i] = "re:" + r
+		}
+	})
+	return e, g
+}
+
+// hold makes the next single call wait until the returned release is called.
+func (e *echo) hold() (started <-chan struct{}, release func()) {
+	gate := make(chan struct{})
+	e.mu.Lock()
+	e.gate, e.gated = gate, make(chan struct{})
+	started = e.gated
+	e.mu.Unlock()
+	return started, func() { close(gate) }
+}
+
+func (g *Group[Req, Resp]) waiting() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.queue)
+}
+
+// waitQueued waits until n calls are queued (the queue changes only under
+// the Group's lock; the test polls it, for the calls give no other signal
+// of having joined it).
+func waitQueued[Req, Resp any](t *testing.T, g *Group[Req, Resp], n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for g.waiting() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued, want %d", g.waiting(), n)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+func TestALoneCallRunsAloneAtOnce(t *testing.T) {
+	e, g := newEcho(Config[string]{})
+	for i := range 100 {
+		got, err := g.Do(context.Background(), fmt.Sprint(i))
+		if err != nil || got != fmt.Sprintf("re:%d", i) {
+			t.Fatalf("call %d: %q %v", i, got, err)
+		}
+	}
+	if len(e.singles) != 100 || len(e.batches) != 0 {
+		t.Fatalf("sequential calls: %d single, %d batches; want 100 single, none batched", len(e.singles), len(e.batches))
+	}
+}
+
+// TestWaitingCallsShareTheNextRoundTrip: with one round trip in flight, 99
+// calls queue; when it ends they run in batches of at most MaxBatch, and
+// every caller gets its own answer.
+func TestWaitingCallsShareTheNextRoundTrip(t *testing.T) {
+	e, g := newEcho(Config[string]{MaxBatch: 40, MaxInFlight: 1})
+	started, release := e.hold()
+	var wg sync.WaitGroup
+	results := make([]string, 100)
+	errs := make([]error, 100)
+	do := func(i int) {
+		defer wg.Done()
+		results[i], errs[i] = g.Do(context.Background(), fmt.Sprint(i))
+	}
+	wg.Add(1)
+	go do(0)
+	<-started
+	for i := 1; i < 100; i++ {
+		wg.Add(1)
+		go do(i)
+	}
+	waitQueued(t, g, 99)
+	release()
+	wg.Wait()
+	for i := range 100 {
+		if errs[i] != nil || results[i] != fmt.Sprintf("re:%d", i) {
+			t.Errorf("call %d: %q %v", i, results[i], errs[i])
+		}
+	}
+	if len(e.singles) != 1 {
+		t.Errorf("%d single calls, want 1 (the one in flight)", len(e.singles))
+	}
+	var sizes []int
+	total := 0
+	for _, b := range e.batches {
+		sizes = append(sizes, len(b))
+		total += len(b)
+	}
+	if fmt.Sprint(sizes) != "[40 40 19]" || total != 99 {
+		t.Errorf("batch sizes %v, want [40 40 19]", sizes)
+	}
+	if b, r := g.Stats(); b != 3 || r != 99 {
+		t.Errorf("Stats() = %d, %d; want 3, 99", b, r)
+	}
+}
+
+func TestOneKeyOncePerBatch(t *testing.T) {
+	e, g := newEcho(Config[string]{MaxInFlight: 1, Key: func(s string) string { return s[:1] }})
+	started, release := e.hold()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _, _ = g.Do(context.Background(), "first") }()
+	<-started
+	reqs := []string{"a1", "b1", "a2", "c1", "a3", "b2"}
+	for i, r := range reqs {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = g.Do(context.Background(), r) }()
+		waitQueued(t, g, i+1) // in this order
+	}
+	release()
+	wg.Wait()
+	if got := fmt.Sprint(e.batches); got != "[[a1 b1 c1] [a2 b2]]" || fmt.Sprint(e.singles) != "[first a3]" {
+		t.Fatalf("batches %s, singles %v; want [[a1 b1 c1] [a2 b2]], [first a3]", got, e.singles)
+	}
+}
+
+func TestPerRequestErrors(t *testing.T) {
+	e, g := newEcho(Config[string]{MaxInFlight: 1})
+	bad := errors.New("bad request")
+	e.batchFn = func(_ context.Context, reqs []string, resps []string, errs []error) {
+		for i, r := range reqs {
+			if r == "bad" {
+				errs[i] = bad
+			} else {
+				resps[i] = "re:" + r
+			}
+		}
+	}
+	started, release := e.hold()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _, _ = g.Do(context.Background(), "first") }()
+	<-started
+	var goodResp string
+	var goodErr, badErr error
+	wg.Add(2)
+	go func() { defer wg.Done(); goodResp, goodErr = g.Do(context.Background(), "good") }()
+	go func() { defer wg.Done(); _, badErr = g.Do(context.Background(), "bad") }()
+	waitQueued(t, g, 2)
+	release()
+	wg.Wait()
+	if goodResp != "re:good" || goodErr != nil || !errors.Is(badErr, bad) {
+		t.Fatalf("good: %q %v; bad: %v", goodResp, goodErr, badErr)
+	}
+}
+
+// TestCancelWhileQueued: a call whose context ends before its round trip
+// leaves the queue and never runs.
+func TestCancelWhileQueued(t *testing.T) {
+	e, g := newEcho(Config[string]{MaxInFlight: 1})
+	started, release := e.hold()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _, _ = g.Do(context.Background(), "first") }()
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error)
+	go func() { _, err := g.Do(ctx, "cancelled"); errc <- err }()
+	waitQueued(t, g, 1)
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call returned %v", err)
+	}
+	if g.waiting() != 0 {
+		t.Fatal("the cancelled call is still queued")
+	}
+	release()
+	wg.Wait()
+	if _, err := g.Do(context.Background(), "after"); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range e.batches {
+		t.Errorf("batch %v ran", b)
+	}
+	if fmt.Sprint(e.singles) != "[first after]" {
+		t.Errorf("singles %v, want [first after]", e.singles)
+	}
+}
+
+// TestCancelledMemberDoesNotCancelTheBatch: a member that gives up returns
+// at once; the batch goes on for the others, and is cancelled only when
+// every member has given up.
+func TestCancelledMemberDoesNotCancelTheBatch(t *testing.T) {
+	e, g := newEcho(Config[string]{MaxInFlight: 1})
+	inBatch := make(chan struct{})
+	proceed := make(chan struct{})
+	var batchErr error
+	e.batchFn = func(ctx context.Context, reqs []string, resps []string, errs []error) {
+		close(inBatch)
+		<-proceed
+		batchErr = ctx.Err()
+		for i, r := range reqs {
+			resps[i] = "re:" + r
+		}
+	}
+	started, release := e.hold()
+	go func() { _, _ = g.Do(context.Background(), "first") }()
+	<-started
+	ctxA, cancelA := context.WithCancel(context.Background())
+	ctxB, cancelB := context.WithCancel(context.Background())
+	defer cancelB()
+	errA, respB := make(chan error), make(chan string)
+	go func() { _, err := g.Do(ctxA, "a"); errA <- err }()
+	waitQueued(t, g, 1)
+	go func() { r, _ := g.Do(ctxB, "b"); respB <- r }()
+	waitQueued(t, g, 2)
+	release()
+	<-inBatch
+	cancelA()
+	if err := <-errA; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a member that gave up got %v", err)
+	}
+	close(proceed)
+	if r := <-respB; r != "re:b" || batchErr != nil {
+		t.Fatalf("the other member got %q; the batch's context: %v", r, batchErr)
+	}
+
+	// Both give up: the batch's context ends.
+	inBatch, proceed = make(chan struct{}), make(chan struct{})
+	ended := make(chan error)
+	e.batchFn = func(ctx context.Context, reqs []string, resps []string, errs []error) {
+		close(inBatch)
+		<-ctx.Done()
+		ended <- ctx.Err()
+	}
+	started, release = e.hold()
+	go func() { _, _ = g.Do(context.Background(), "first") }()
+	<-started
+	ctxC, cancelC := context.WithCancel(context.Background())
+	ctxD, cancelD := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	go func() { _, err := g.Do(ctxC, "c"); done <- err }()
+	go func() { _, err := g.Do(ctxD, "d"); done <- err }()
+	waitQueued(t, g, 2)
+	release()
+	<-inBatch
+	cancelC()
+	cancelD()
+	if err := <-ended; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the batch's context: %v", err)
+	}
+	for range 2 {
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a member got %v", err)
+		}
+	}
+}
+
+// TestManyCallers: 64 goroutines, 500 calls each, 3 slots: every caller gets
+// its own answer, and nothing is left queued or in flight.
+func TestManyCallers(t *testing.T) {
+	_, g := newEcho(Config[string]{MaxBatch: 16, MaxInFlight: 3})
+	var wg sync.WaitGroup
+	for w := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 500 {
+				req := fmt.Sprintf("%d/%d", w, i)
+				if got, err := g.Do(context.Background(), req); err != nil || got != "re:"+req {
+					t.Errorf("%s: %q %v", req, got, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.inFlight != 0 || len(g.queue) != 0 {
+		t.Fatalf("after every call: %d in flight, %d queued", g.inFlight, len(g.queue))
+	}
+	b, r := g.Stats()
+	t.Logf("%d batches carried %d of 32000 calls", b, r)
+}
