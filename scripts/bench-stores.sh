@@ -19,9 +19,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 go build -o "$tmp/idem" ./cmd/idem
-(cd scripts && go run ./benchscripts) pgbench idem_bench >"$tmp/lifecycle.sql"
-(cd scripts && go run ./benchscripts) redis-acquire >"$tmp/acquire.lua"
-(cd scripts && go run ./benchscripts) redis-owned >"$tmp/owned.lua"
+(cd scripts && go run ./benchscripts pgbench idem_bench) >"$tmp/lifecycle.sql"
+(cd scripts && go run ./benchscripts redis-acquire) >"$tmp/acquire.lua"
+(cd scripts && go run ./benchscripts redis-owned) >"$tmp/owned.lua"
 ncpu=$(nproc)
 echo "== $secs s per run, $conc concurrent workers, $ncpu cores"
 
@@ -38,9 +38,9 @@ n=$((secs * 30000))
 # Acquire of fresh keys (a keyspace far larger than the requests), then
 # complete with fence 1 over a keyspace the acquire run filled.
 rb_acq=$(redis-benchmark -u "$redis_url" -c "$conc" -n "$n" -r "$n" -q \
-	EVALSHA "$acq_sha" 1 "idembench:{rb:__rand_int__}" bench 60000 3600000 0 | rps)
+	EVALSHA "$acq_sha" 1 "idembench:{rb:__rand_int__}" bench 60000 3600000 0 n__rand_int__ | rps)
 rb_cmp=$(redis-benchmark -u "$redis_url" -c "$conc" -n "$n" -r "$n" -q \
-	EVALSHA "$own_sha" 1 "idembench:{rb:__rand_int__}" c 1 3600000 '{"status":"ok"}' | rps)
+	EVALSHA "$own_sha" 1 "idembench:{rb:__rand_int__}" c 1 3600000 '{"status":"ok"}' n__rand_int__ | rps)
 redis-cli -u "$redis_url" --scan --pattern 'idembench:*' | xargs -r -n 500 redis-cli -u "$redis_url" DEL >/dev/null
 
 # --- PostgreSQL --------------------------------------------------------------

@@ -90,6 +90,9 @@ type benchReport struct {
 	OpsPerSec float64 `json:"ops_per_sec"`
 	P50us     float64 `json:"p50_us"`
 	P99us     float64 `json:"p99_us"`
+	// CallsPerSharedTrip: of the calls that shared a round trip with others
+	// (a coalescing store), how many each trip carried on average.
+	CallsPerSharedTrip float64 `json:"calls_per_shared_trip,omitempty"`
 }
 
 func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benchOpts) error {
@@ -163,6 +166,12 @@ func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benc
 		head = rep.Replay
 	}
 	rep.OpsPerSec, rep.P50us, rep.P99us = head.OpsPerSec, head.P50us, head.P99us
+	if c, ok := s.(interface{ CoalesceStats() (int64, int64) }); ok {
+		if trips, calls := c.CoalesceStats(); trips > 0 {
+			rep.CallsPerSharedTrip = float64(calls) / float64(trips)
+			fmt.Fprintf(out, "coalesced: %d calls shared %d round trips (%.1f per trip)\n", calls, trips, rep.CallsPerSharedTrip)
+		}
+	}
 	if o.asJSON {
 		return json.NewEncoder(out).Encode(rep)
 	}

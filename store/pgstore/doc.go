@@ -6,4 +6,15 @@
 // INSERT … ON CONFLICT DO UPDATE … RETURNING whose CASE expressions decide the
 // outcome from the row as it was under the row lock — and every time comes
 // from the database clock (now()), so the processes' clocks do not matter.
+//
+// Calls that wait for the store together share a statement (group commit,
+// on by default; Config.NoCoalesce, or idem_coalesce=0 in a store URL, turns
+// it off): while an acquire statement is in flight, the Acquires that arrive
+// join the next one — the same statement over arrays of keys and
+// fingerprints, rows in key order, each key decided exactly as alone — and
+// likewise Complete and Fail. A call that finds the store idle runs alone at
+// once, so a lone caller's latency does not change. A shared statement is
+// atomic: it applies to every call or to none; a value the server refuses in
+// one call (a key text cannot hold) makes each call run alone, so only that
+// one fails.
 package pgstore

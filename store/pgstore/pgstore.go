@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/coalesce"
 	"github.com/idemgo/idem/internal/sqlmigrate"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
@@ -52,6 +53,12 @@ type Config struct {
 	SkipMigrate bool
 	// Limits bound what the store accepts.
 	Limits idem.Limits
+	// NoCoalesce makes every Acquire, Complete and Fail its own statement.
+	// By default, calls that arrive while earlier ones are in flight join
+	// the next round trip: one statement over arrays decides every key's
+	// acquisition (or settle) at once, with the same outcome each would
+	// have had alone. A call that finds the store idle runs alone at once.
+	NoCoalesce bool
 }
 
 // DefaultMaxConns is the pool size Open chooses when neither the
@@ -80,6 +87,18 @@ func (s *Store) CountStates(ctx context.Context) (map[idem.State]int64, error) {
 	return out, rows.Err()
 }
 
+// CoalesceStats returns how many shared statements the store ran and how
+// many calls they carried (zeros with Config.NoCoalesce): calls per
+// statement is their ratio.
+func (s *Store) CoalesceStats() (statements, calls int64) {
+	if s.acquires == nil {
+		return 0, 0
+	}
+	a, ac := s.acquires.Stats()
+	b, bc := s.settles.Stats()
+	return a + b, ac + bc
+}
+
 // PoolSize returns the most connections the store's pool opens.
 func (s *Store) PoolSize() int32 { return s.pool.Config().MaxConns }
 
@@ -91,10 +110,14 @@ type Store struct {
 	schema string
 	limits idem.Limits
 	sql    statements
+
+	acquires *coalesce.Group[acquireCall, idem.Acquisition] // nil: NoCoalesce
+	settles  *coalesce.Group[settleCall, struct{}]
 }
 
 type statements struct {
 	acquire, heartbeat, settle, release, get, del, sweep, list, archive string
+	acquireMany, settleMany                                             string
 }
 
 // Open connects a pool from cfg.ConnString (or uses cfg.Pool) and migrates
@@ -133,7 +156,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idem/pgstore: %w", err)
 	}
-	s := newStore(pool, cfg.Schema, cfg.Limits)
+	s := newStore(pool, cfg.Schema, cfg.Limits, !cfg.NoCoalesce)
 	s.owned = true
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
@@ -153,16 +176,22 @@ func New(cfg Config) (*Store, error) {
 	if cfg.ConnString != "" || cfg.PgBouncer {
 		return nil, errors.New("idem/pgstore: Config.ConnString and Config.PgBouncer are Open's: configure the pool itself")
 	}
-	return newStore(cfg.Pool, cfg.Schema, cfg.Limits), nil
+	return newStore(cfg.Pool, cfg.Schema, cfg.Limits, !cfg.NoCoalesce), nil
 }
 
-func newStore(pool *pgxpool.Pool, schema string, limits idem.Limits) *Store {
+func newStore(pool *pgxpool.Pool, schema string, limits idem.Limits, coalesced bool) *Store {
 	table := pgx.Identifier{"idem_records"}
 	if schema != "" {
 		table = pgx.Identifier{schema, "idem_records"}
 	}
 	s := &Store{pool: pool, table: table.Sanitize(), schema: schema, limits: limits.WithDefaults()}
 	s.sql = buildSQL(s.table)
+	if coalesced {
+		s.acquires = coalesce.New(coalesce.Config[acquireCall]{MaxBatch: maxBatch, MaxInFlight: batchesInFlight,
+			Key: func(c acquireCall) string { return c.key }}, s.acquireOne, s.acquireMany)
+		s.settles = coalesce.New(coalesce.Config[settleCall]{MaxBatch: maxBatch, MaxInFlight: batchesInFlight,
+			Key: func(c settleCall) string { return c.key }}, s.settleOne, s.settleMany)
+	}
 	return s
 }
 
@@ -205,10 +234,10 @@ func buildSQL(table string) statements {
 		// the fence floor: the server's clock in microseconds (idem.FenceFloor)
 		floor = `(extract(epoch from clock_timestamp()) * 1000000)::bigint`
 	)
-	return statements{
-		// $1 key, $2 fingerprint, $3 lease ms, $4 unsettled retention ms, $5 max attempts
-		acquire: `INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
-VALUES ($1, 1, ` + floor + `, $2, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1)
+	// The acquire's decision, for one row (the statement for one key) or for
+	// many (over arrays of keys and fingerprints, in key order, so that two
+	// statements never lock the same rows in opposite orders).
+	onConflict := `
 ON CONFLICT (k) DO UPDATE SET
 	outcome = CASE WHEN ` + expired + ` THEN 1 WHEN ` + mismatch + ` THEN 5 WHEN ` + live + ` THEN 3
 		WHEN r.state IN (2, 3) THEN 4 WHEN r.state = 4 THEN 6 WHEN ` + limit + ` THEN 6
@@ -222,7 +251,33 @@ ON CONFLICT (k) DO UPDATE SET
 	expires_at = CASE WHEN ` + expired + ` THEN ` + keepEnd + `
 		WHEN ` + take + ` OR ` + poison + ` THEN greatest(r.expires_at, ` + keepEnd + `) ELSE r.expires_at END,
 	updated_at = CASE WHEN ` + take + ` OR ` + poison + ` THEN now() ELSE r.updated_at END
-RETURNING outcome, ` + recordCols,
+RETURNING outcome, ` + recordCols
+	insert := `INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)`
+	return statements{
+		// $1 key, $2 fingerprint, $3 lease ms, $4 unsettled retention ms, $5 max attempts
+		acquire: insert + `
+VALUES ($1, 1, ` + floor + `, $2, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1)` + onConflict,
+		// $1 keys, $2 fingerprints, $3-$5 as acquire's
+		acquireMany: insert + `
+SELECT i.k, 1, ` + floor + `, i.fp, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1
+FROM unnest($1::text[], $2::text[]) AS i(k, fp) ORDER BY i.k` + onConflict,
+		// $1 keys, $2 fences, $3 retentions ms, $4 states, $5 results.
+		// Written as an upsert so that every row is found through the
+		// primary key, whatever the planner knows of the table (a prepared
+		// join planned while the table was small scans it whole until the
+		// next ANALYZE). The proposed row carries the settle (its
+		// lease_until the new expiry) and is born expired (at the epoch,
+		// expired for every transaction): a key that is gone gets such a
+		// row, which every statement treats as absent. The second column
+		// tells a settled row (true) from such a placeholder. Rows go in
+		// key order (see acquireMany).
+		settleMany: insert + `
+SELECT i.k, i.st, i.fence, '', 0, i.res, now() + i.keep * interval '1 millisecond', 'epoch'::timestamptz, now(), 0
+FROM unnest($1::text[], $2::int8[], $3::float8[], $4::int2[], $5::bytea[]) AS i(k, fence, keep, st, res) ORDER BY i.k
+ON CONFLICT (k) DO UPDATE SET state = EXCLUDED.state, result = EXCLUDED.result, lease_until = now(),
+	expires_at = EXCLUDED.lease_until, updated_at = now()
+WHERE r.fence = EXCLUDED.fence AND r.state = 1 AND r.expires_at > now()
+RETURNING r.k, r.expires_at > now()`,
 		// $1 key, $2 fence, $3 lease ms
 		heartbeat: `UPDATE ` + table + ` SET lease_until = now() + $3::float8 * interval '1 millisecond',
 	expires_at = greatest(expires_at, now() + $3::float8 * interval '1 millisecond'), updated_at = now()
@@ -328,22 +383,35 @@ func scanRecord(row pgx.Row, extra ...any) (idem.Record, error) {
 	return r, nil
 }
 
-// Acquire implements idem.Store with one statement.
+// Acquire implements idem.Store with one statement, alone or shared with
+// the calls that wait for the store at the same time (Config.NoCoalesce).
 func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
 	if err := s.limits.CheckAcquire(req); err != nil {
 		return idem.Acquisition{}, err
 	}
+	c := acquireCall{key: req.Key, fp: req.Fingerprint, lease: req.Lease.Milliseconds(),
+		keep: max(req.Retention, req.Lease).Milliseconds(), maxAttempts: int32(req.MaxAttempts)}
+	if s.acquires == nil {
+		return s.acquireOne(ctx, c)
+	}
+	return s.acquires.Do(ctx, c)
+}
+
+func (s *Store) acquireOne(ctx context.Context, c acquireCall) (idem.Acquisition, error) {
 	var outcome int16
-	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.acquire, req.Key, req.Fingerprint,
-		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts), &outcome)
+	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.acquire, c.key, c.fp, c.lease, c.keep, c.maxAttempts), &outcome)
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
 	}
+	return acquisition(outcome, rec), nil
+}
+
+func acquisition(outcome int16, rec idem.Record) idem.Acquisition {
 	a := idem.Acquisition{Outcome: idem.Outcome(outcome), Record: rec}
 	if a.Outcome.Owns() {
 		a.Fence = rec.Fence
 	}
-	return a, nil
+	return a
 }
 
 func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
@@ -382,7 +450,21 @@ func (s *Store) settle(ctx context.Context, op, key string, fence uint64, st ide
 	if result == nil {
 		result = []byte{}
 	}
-	return s.exec(ctx, op, s.sql.settle, key, int64(fence), retention.Milliseconds(), int16(st), result)
+	c := settleCall{key: key, fence: int64(fence), keep: retention.Milliseconds(), state: int16(st), result: result}
+	if s.settles == nil {
+		_, err := s.settleOne(ctx, c)
+		return err
+	}
+	_, err := s.settles.Do(ctx, c)
+	return err
+}
+
+func (s *Store) settleOne(ctx context.Context, c settleCall) (struct{}, error) {
+	op := "complete"
+	if c.state == int16(idem.StateFailed) {
+		op = "fail"
+	}
+	return struct{}{}, s.exec(ctx, op, s.sql.settle, c.key, c.fence, c.keep, c.state, c.result)
 }
 
 // Release implements idem.Store.

@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -212,5 +213,100 @@ func TestPoolSize(t *testing.T) {
 	defer s.Close()
 	if got := s.(*pgstore.Store).PoolSize(); got != 17 {
 		t.Fatalf("storeurl with Concurrency 17: a pool of %d", got)
+	}
+}
+
+// TestConformanceUncoalesced runs the suite with every call its own
+// statement (Config.NoCoalesce).
+func TestConformanceUncoalesced(t *testing.T) {
+	storetest.Run(t, storetest.Capabilities{Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) idem.Store {
+		return testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{NoCoalesce: true})
+	})
+}
+
+// TestCoalescedStatementsCarryManyCalls: 16 goroutines running lifecycles
+// share statements, and every lifecycle ends as it would alone.
+func TestCoalescedStatementsCarryManyCalls(t *testing.T) {
+	s := newStore(t).(*pgstore.Store)
+	testenv.CompleteMany(t, s, 64*40, func(i int) string { return fmt.Sprintf("many-%d", i) })
+	statements, calls := s.CoalesceStats()
+	t.Logf("%d shared statements carried %d calls", statements, calls)
+	if statements == 0 || calls < 2*statements {
+		t.Fatalf("16 goroutines at once shared %d statements carrying %d calls", statements, calls)
+	}
+}
+
+// TestABatchIsolatesARefusedKey: a key PostgreSQL cannot store (a NUL byte
+// in text) fails alone; the other calls of its batch are decided.
+func TestABatchIsolatesARefusedKey(t *testing.T) {
+	s := newStore(t).(*pgstore.Store)
+	ctx := context.Background()
+	var reqs []idem.AcquireRequest
+	for _, k := range []string{"good-1", "bad-\x00", "good-2", "good-3"} {
+		reqs = append(reqs, idem.AcquireRequest{Key: k, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+	}
+	reqs = append(reqs, idem.AcquireRequest{Key: "good-4", Fingerprint: "fp", Lease: 2 * time.Minute, Retention: time.Hour}) // another group
+	out, errs := pgstore.AcquireBatch(ctx, s, reqs)
+	for i, r := range reqs {
+		if r.Key == "bad-\x00" {
+			if errs[i] == nil || errors.Is(errs[i], idem.ErrStoreUnavailable) {
+				t.Errorf("the refused key: %v, want the server's refusal", errs[i])
+			}
+			continue
+		}
+		if errs[i] != nil || out[i].Outcome != idem.Acquired || out[i].Record.Key != r.Key {
+			t.Errorf("%s: %+v %v", r.Key, out[i], errs[i])
+		}
+	}
+	keys := []string{"good-1", "good-2", "bad-\x00", "good-3"}
+	fences := []uint64{out[0].Fence, out[2].Fence, 1, out[3].Fence - 1} // good-3's fence is stale
+	errs = pgstore.CompleteBatch(ctx, s, keys, fences, []byte("done"))
+	if errs[0] != nil || errs[1] != nil || errs[2] == nil || errors.Is(errs[2], idem.ErrStoreUnavailable) || !errors.Is(errs[3], idem.ErrStaleFence) {
+		t.Fatalf("settles: %v", errs)
+	}
+	for _, k := range []string{"good-1", "good-2"} {
+		if rec, err := s.Get(ctx, k); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "done" {
+			t.Errorf("%s: %+v %v", k, rec, err)
+		}
+	}
+	if rec, err := s.Get(ctx, "good-3"); err != nil || rec.State != idem.StateInFlight {
+		t.Errorf("good-3 settled with a stale fence: %+v %v", rec, err)
+	}
+}
+
+// TestBatchSettleOfAGoneKey: a batch settling a key that was deleted (or
+// swept) meanwhile reports a stale fence, and the key stays absent: Get
+// finds nothing, List skips it, and the next Acquire takes it afresh with a
+// greater fence.
+func TestBatchSettleOfAGoneKey(t *testing.T) {
+	s := newStore(t).(*pgstore.Store)
+	ctx := context.Background()
+	var fences []uint64
+	for _, k := range []string{"gone", "kept"} {
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fences = append(fences, a.Fence)
+	}
+	if err := s.Delete(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	errs := pgstore.CompleteBatch(ctx, s, []string{"gone", "kept"}, fences, []byte("done"))
+	if !errors.Is(errs[0], idem.ErrStaleFence) || errs[1] != nil {
+		t.Fatalf("settles: %v", errs)
+	}
+	if _, err := s.Get(ctx, "gone"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get of the gone key: %v", err)
+	}
+	if recs, err := s.List(ctx, "", 10); err != nil || len(recs) != 1 || recs[0].Key != "kept" {
+		t.Fatalf("List: %+v %v", recs, err)
+	}
+	if n, err := s.CountStates(ctx); err != nil || n[idem.StateCompleted] != 1 || len(n) != 1 {
+		t.Fatalf("CountStates: %v %v", n, err)
+	}
+	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "gone", Fingerprint: "other", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || a.Outcome != idem.Acquired || a.Fence <= fences[0] {
+		t.Fatalf("acquire after: %+v %v (old fence %d)", a, err, fences[0])
 	}
 }

@@ -54,6 +54,7 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 	}{
 		{"AcquireAbsent", testAcquireAbsent},
 		{"ConcurrentAcquireOneWins", testConcurrentAcquire},
+		{"ConcurrentLifecyclesOverSharedKeys", testConcurrentLifecycles},
 		{"InProgressWhileLeaseLives", testInProgress},
 		{"TakeoverAfterLeaseExpiry", testTakeover},
 		{"ConcurrentTakeoverOneWins", testConcurrentTakeover},
@@ -160,6 +161,79 @@ func testConcurrentAcquire(t *testing.T, s idem.Store) {
 	}
 	if owners.Load() != 1 || inProgress.Load() != n-1 {
 		t.Fatalf("owners=%d in-progress=%d, want 1 and %d", owners.Load(), inProgress.Load(), n-1)
+	}
+}
+
+// testConcurrentLifecycles: 48 goroutines run lifecycles over 40 shared
+// keys at once, with two lease lengths, completing or failing what they
+// own — the traffic a store that coalesces calls batches. Every key is
+// settled by exactly one owner, and every other answer for it is that
+// owner's (in progress before, a replay of its result after).
+func testConcurrentLifecycles(t *testing.T, s idem.Store) {
+	const workers, keys, rounds = 48, 40, 12
+	type settled struct {
+		result []byte
+		fence  uint64
+	}
+	var mu sync.Mutex
+	won := map[string]settled{}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			ctx := context.Background()
+			for r := range rounds {
+				k := fmt.Sprintf("shared-%d", (w*7+r*13)%keys)
+				rq := req(k)
+				if w%2 == 1 {
+					rq.Lease = 2 * longLease
+				}
+				a, err := s.Acquire(ctx, rq)
+				if err != nil {
+					t.Errorf("acquire %s: %v", k, err)
+					return
+				}
+				switch a.Outcome {
+				case idem.Acquired:
+					result := fmt.Appendf(nil, "by %d in round %d", w, r)
+					settle := s.Complete
+					if w%3 == 0 {
+						settle = s.Fail
+					}
+					if err := settle(ctx, k, a.Fence, result, retention); err != nil {
+						t.Errorf("settle %s with the fence just acquired: %v", k, err)
+						return
+					}
+					mu.Lock()
+					if prev, dup := won[k]; dup {
+						t.Errorf("%s settled twice: %q (fence %d) and %q (fence %d)", k, prev.result, prev.fence, result, a.Fence)
+					}
+					won[k] = settled{result, a.Fence}
+					mu.Unlock()
+				case idem.InProgress:
+				case idem.Replayed:
+					mu.Lock()
+					prev, ok := won[k]
+					mu.Unlock()
+					if ok && (!bytes.Equal(a.Record.Result, prev.result) || a.Record.Fence != prev.fence) {
+						t.Errorf("%s replayed %q (fence %d), the owner settled %q (fence %d)", k, a.Record.Result, a.Record.Fence, prev.result, prev.fence)
+					}
+				default:
+					t.Errorf("%s: outcome %v", k, a.Outcome)
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for k, w := range won {
+		rec, err := s.Get(context.Background(), k)
+		if err != nil || !bytes.Equal(rec.Result, w.result) || rec.Fence != w.fence {
+			t.Errorf("%s: stored %q (fence %d), %v; the owner settled %q (fence %d)", k, rec.Result, rec.Fence, err, w.result, w.fence)
+		}
 	}
 }
 

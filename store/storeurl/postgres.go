@@ -16,6 +16,8 @@ import (
 //
 //	idem_schema=NAME     the schema holding idem's tables (default: search_path)
 //	idem_pgbouncer=1     no named prepared statements (PgBouncer transaction mode)
+//	idem_coalesce=0      every call its own statement (default 1: calls that
+//	                     wait for the store together share one; pgstore.Config.NoCoalesce)
 func init() {
 	openers[Postgres] = func(ctx context.Context, spec Spec, o Options) (idem.Store, error) {
 		u, err := url.Parse(spec.Raw)
@@ -31,8 +33,16 @@ func init() {
 		default:
 			return nil, fmt.Errorf("idem: store URL: idem_pgbouncer is %q, want 1 or 0", q.Get("idem_pgbouncer"))
 		}
+		switch q.Get("idem_coalesce") {
+		case "", "1", "true":
+		case "0", "false":
+			cfg.NoCoalesce = true
+		default:
+			return nil, fmt.Errorf("idem: store URL: idem_coalesce is %q, want 1 or 0", q.Get("idem_coalesce"))
+		}
 		q.Del("idem_schema")
 		q.Del("idem_pgbouncer")
+		q.Del("idem_coalesce")
 		u.RawQuery = q.Encode()
 		cfg.ConnString = u.String()
 		return pgstore.Open(ctx, cfg)
