@@ -2,7 +2,8 @@
 # Measures, in one run with wrk: a bare httputil.ReverseProxy in front of a
 # trivial upstream, and idem serve in front of the same upstream on the
 # execute path (a fresh Idempotency-Key per request) and the replay path
-# (100 keys, repeated), with the memory and the Redis store; prints the ratios.
+# (100 keys, repeated), with the memory and the Redis store (Redis with and
+# without coalescing); prints the ratios.
 #
 # Usage: scripts/bench-http.sh [SECONDS] [CONNECTIONS]   (defaults: 10 64)
 # Needs wrk (Debian package wrk) and Redis on 127.0.0.1:6379 (IDEM_TEST_REDIS_URL).
@@ -50,6 +51,7 @@ start "$tmp/httpbench" proxy 127.0.0.1:18082 http://127.0.0.1:18081; wait_port 1
 start "$tmp/idem" serve --listen 127.0.0.1:18083 --upstream http://127.0.0.1:18081 --store memory:; wait_port 18083
 redis-cli -u "$redis_url" --scan --pattern 'idemhttp:*' | xargs -r -n 500 redis-cli -u "$redis_url" DEL >/dev/null
 start "$tmp/idem" serve --listen 127.0.0.1:18084 --upstream http://127.0.0.1:18081 --store "$redis_url?pool_size=$conns&idem_prefix=idemhttp:"; wait_port 18084
+start "$tmp/idem" serve --listen 127.0.0.1:18085 --upstream http://127.0.0.1:18081 --store "$redis_url?pool_size=$conns&idem_prefix=idemhttp:&idem_coalesce=0"; wait_port 18085
 
 echo "== wrk -t2 -c$conns -d${secs}s, $(nproc) cores (wrk, proxies and upstream share them)"
 bare=$(rps "$tmp/bare.lua" http://127.0.0.1:18082)
@@ -57,14 +59,16 @@ mem_exec=$(rps "$tmp/fresh.lua" http://127.0.0.1:18083)
 mem_replay=$(rps "$tmp/replay.lua" http://127.0.0.1:18083)
 redis_exec=$(rps "$tmp/fresh.lua" http://127.0.0.1:18084)
 redis_replay=$(rps "$tmp/replay.lua" http://127.0.0.1:18084)
+redis_exec_single=$(rps "$tmp/fresh.lua" http://127.0.0.1:18085)
 redis-cli -u "$redis_url" --scan --pattern 'idemhttp:*' | xargs -r -n 500 redis-cli -u "$redis_url" DEL >/dev/null
 
-python3 - "$bare" "$mem_exec" "$mem_replay" "$redis_exec" "$redis_replay" <<'PY'
+python3 - "$bare" "$mem_exec" "$mem_replay" "$redis_exec" "$redis_replay" "$redis_exec_single" <<'PY'
 import sys
-bare, me, mr, re_, rr = map(float, sys.argv[1:])
+bare, me, mr, re_, rr, res = map(float, sys.argv[1:])
 print(f"bare httputil.ReverseProxy          {bare:9.0f} req/s")
 print(f"idem serve memory:, execute path    {me:9.0f} req/s  {me/bare:.2f}x bare (target ≥ 0.60)")
 print(f"idem serve memory:, replay path     {mr:9.0f} req/s  {mr/bare:.2f}x bare (target ≥ 1.00)")
-print(f"idem serve redis://, execute path   {re_:9.0f} req/s  {re_/bare:.2f}x bare")
+print(f"idem serve redis://, execute path   {re_:9.0f} req/s  {re_/bare:.2f}x bare (coalesced)")
+print(f"  the same, idem_coalesce=0         {res:9.0f} req/s  {res/bare:.2f}x bare (coalescing: {re_/res:.2f}x)")
 print(f"idem serve redis://, replay path    {rr:9.0f} req/s  {rr/bare:.2f}x bare")
 PY

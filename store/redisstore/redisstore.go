@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/coalesce"
 )
 
 var (
@@ -71,6 +72,13 @@ type Config struct {
 	WaitReplicas int
 	// WaitTimeout bounds each WAIT. Defaults to 1s.
 	WaitTimeout time.Duration
+	// NoCoalesce sends every call's script alone. By default, calls that
+	// arrive while earlier ones are in flight share the next round trip: one
+	// pipeline of their scripts (on a Cluster, one per node), each script
+	// deciding its own key as it would alone. A call that finds the store
+	// idle is sent at once. With WaitReplicas on a Cluster, calls are
+	// never coalesced (each waits for its own master's replicas).
+	NoCoalesce bool
 }
 
 // ErrReplicationShortfall: fewer replicas than Config.WaitReplicas
@@ -96,6 +104,9 @@ type Store struct {
 
 	waitReplicas int
 	waitTimeout  time.Duration
+
+	acquires *coalesce.Group[scriptCall, *redis.Cmd] // nil: not coalesced
+	owneds   *coalesce.Group[scriptCall, *redis.Cmd]
 }
 
 // nonce returns a string unique to one call of this Store.
@@ -121,8 +132,14 @@ func New(cfg Config) (*Store, error) {
 	if cfg.WaitTimeout == 0 {
 		cfg.WaitTimeout = time.Second
 	}
-	return &Store{c: cfg.Client, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient,
-		process: base64.RawURLEncoding.EncodeToString(b[:]) + ".", waitReplicas: cfg.WaitReplicas, waitTimeout: cfg.WaitTimeout}, nil
+	s := &Store{c: cfg.Client, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient,
+		process: base64.RawURLEncoding.EncodeToString(b[:]) + ".", waitReplicas: cfg.WaitReplicas, waitTimeout: cfg.WaitTimeout}
+	_, cluster := cfg.Client.(*redis.ClusterClient)
+	if !cfg.NoCoalesce && !(cluster && cfg.WaitReplicas > 0) {
+		s.acquires = s.newGroup(acquireScript)
+		s.owneds = s.newGroup(ownedScript)
+	}
+	return s, nil
 }
 
 // Client returns the store's client.
@@ -348,7 +365,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := ctx.Err(); err != nil {
 		return idem.Acquisition{}, err
 	}
-	v, err := s.run(ctx, acquireScript, s.KeyName(req.Key), req.Fingerprint,
+	v, err := s.call(ctx, s.acquires, acquireScript, s.KeyName(req.Key), req.Fingerprint,
 		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts, s.nonce()).Slice()
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
@@ -379,7 +396,7 @@ func (s *Store) owned(ctx context.Context, op, code string, key string, fence ui
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := s.run(ctx, ownedScript, s.KeyName(key), code, fence, ms, result, s.nonce()).Int()
+	n, err := s.call(ctx, s.owneds, ownedScript, s.KeyName(key), code, fence, ms, result, s.nonce()).Int()
 	if err != nil {
 		return wrap(op, err)
 	}

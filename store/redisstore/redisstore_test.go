@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -138,6 +139,65 @@ func TestClientsDoNotResend(t *testing.T) {
 	for name, c := range map[string]any{"testenv": viaProxy.Client(), "storeurl": s.(*redisstore.Store).Client()} {
 		if n := c.(*redis.Client).Options().MaxRetries; n != 0 {
 			t.Errorf("%s client: MaxRetries %d, want resends off", name, n)
+		}
+	}
+}
+
+// TestConformanceUncoalesced runs the suite with every call its own round
+// trip (Config.NoCoalesce).
+func TestConformanceUncoalesced(t *testing.T) {
+	storetest.Run(t, storetest.Capabilities{ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
+		prefix := testenv.RandomName("idemtest:") + ":"
+		s, err := redisstore.New(redisstore.Config{Client: testenv.RedisClient(t), Prefix: prefix, CloseClient: true, NoCoalesce: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx := context.Background()
+			c := testenv.RedisClient(t)
+			defer c.Close()
+			it := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+			for it.Next(ctx) {
+				c.Del(ctx, it.Val())
+			}
+			s.Close()
+		})
+		return s
+	})
+}
+
+// TestCoalescedPipelinesCarryManyCalls: 16 goroutines running lifecycles
+// share pipelines, and every lifecycle ends as it would alone; a script the
+// server has forgotten (SCRIPT FLUSH) is sent again with its source.
+func TestCoalescedPipelinesCarryManyCalls(t *testing.T) {
+	s := newStore(t).(*redisstore.Store)
+	done, flushed := make(chan struct{}), make(chan int)
+	go func() { // the server forgets the scripts again and again meanwhile
+		n := 0
+		for {
+			select {
+			case <-done:
+				flushed <- n
+				return
+			default:
+			}
+			if s.Client().ScriptFlush(context.Background()).Err() == nil {
+				n++
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	testenv.CompleteMany(t, s, 16*100, func(i int) string { return fmt.Sprintf("many-%d", i) })
+	close(done)
+	t.Logf("the scripts were flushed %d times", <-flushed)
+	trips, calls := s.CoalesceStats()
+	t.Logf("%d shared pipelines carried %d calls", trips, calls)
+	if trips == 0 || calls < 2*trips {
+		t.Fatalf("16 goroutines at once shared %d pipelines carrying %d calls", trips, calls)
+	}
+	for i := range 16 * 100 {
+		if rec, err := s.Get(context.Background(), fmt.Sprintf("many-%d", i)); err != nil || rec.State != idem.StateCompleted {
+			t.Fatalf("many-%d: %+v %v", i, rec, err)
 		}
 	}
 }

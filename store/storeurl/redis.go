@@ -20,6 +20,8 @@ import (
 //	idem_prefix=P      key prefix (default "idem:")
 //	idem_cluster=1     Redis Cluster: the URL is a go-redis cluster URL (addr=… for more seeds)
 //	idem_wait_replicas=N  every transition waits for N replicas (WAIT; redisstore.Config.WaitReplicas)
+//	idem_coalesce=0    every call its own round trip (default 1: calls that wait
+//	                   for the store together share a pipeline; redisstore.Config.NoCoalesce)
 //
 // Unless the URL sets max_retries, go-redis's resending of a command whose
 // connection broke is turned off (see redisstore.Config.Client).
@@ -41,6 +43,15 @@ func init() {
 		q.Del("idem_prefix")
 		q.Del("idem_cluster")
 		q.Del("idem_wait_replicas")
+		noCoalesce := false
+		switch c := q.Get("idem_coalesce"); c {
+		case "", "1", "true":
+		case "0", "false":
+			noCoalesce = true
+		default:
+			return nil, fmt.Errorf("idem: store URL: idem_coalesce is %q, want 1 or 0", c)
+		}
+		q.Del("idem_coalesce")
 		u.RawQuery = q.Encode()
 		var c redis.UniversalClient
 		switch cluster {
@@ -71,6 +82,6 @@ func init() {
 			c.Close()
 			return nil, fmt.Errorf("%w: redis at %s: %v", idem.ErrStoreUnavailable, u.Host, err)
 		}
-		return redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait})
+		return redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait, NoCoalesce: noCoalesce})
 	}
 }
