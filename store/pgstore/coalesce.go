@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"strings"
 
@@ -13,14 +12,8 @@ import (
 	"github.com/idemgo/idem"
 )
 
-// The bounds of coalescing: calls per statement, and statements of one
-// kind (acquire or settle) in flight at once — one per two cores: measured
-// with idem bench on 2 cores and 32 workers, one in flight carried 17 calls
-// a statement and 8,500 lifecycles/s, two carried 14 and 7,100/s (the
-// statements then compete for the same cores).
+// maxBatch bounds the calls of one shared statement.
 const maxBatch = 64
-
-var batchesInFlight = max(1, runtime.NumCPU()/2)
 
 type acquireCall struct {
 	key, fp     string

@@ -94,9 +94,7 @@ func (s *Store) CoalesceStats() (statements, calls int64) {
 	if s.acquires == nil {
 		return 0, 0
 	}
-	a, ac := s.acquires.Stats()
-	b, bc := s.settles.Stats()
-	return a + b, ac + bc
+	return coalesce.Sum(s.acquires, s.settles)
 }
 
 // PoolSize returns the most connections the store's pool opens.
@@ -187,9 +185,9 @@ func newStore(pool *pgxpool.Pool, schema string, limits idem.Limits, coalesced b
 	s := &Store{pool: pool, table: table.Sanitize(), schema: schema, limits: limits.WithDefaults()}
 	s.sql = buildSQL(s.table)
 	if coalesced {
-		s.acquires = coalesce.New(coalesce.Config[acquireCall]{MaxBatch: maxBatch, MaxInFlight: batchesInFlight,
+		s.acquires = coalesce.New(coalesce.Config[acquireCall]{MaxBatch: maxBatch,
 			Key: func(c acquireCall) string { return c.key }}, s.acquireOne, s.acquireMany)
-		s.settles = coalesce.New(coalesce.Config[settleCall]{MaxBatch: maxBatch, MaxInFlight: batchesInFlight,
+		s.settles = coalesce.New(coalesce.Config[settleCall]{MaxBatch: maxBatch,
 			Key: func(c settleCall) string { return c.key }}, s.settleOne, s.settleMany)
 	}
 	return s

@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -11,11 +10,8 @@ import (
 	"github.com/idemgo/idem/internal/coalesce"
 )
 
-// The bounds of coalescing: scripts per pipeline, and pipelines of one kind
-// (acquire, or heartbeat/settle/release) in flight at once.
+// maxBatch bounds the scripts of one shared pipeline.
 const maxBatch = 64
-
-var batchesInFlight = max(1, runtime.NumCPU()/2)
 
 // scriptCall is one script run: its key and arguments.
 type scriptCall struct {
@@ -24,7 +20,7 @@ type scriptCall struct {
 }
 
 func (s *Store) newGroup(script *redis.Script) *coalesce.Group[scriptCall, *redis.Cmd] {
-	return coalesce.New(coalesce.Config[scriptCall]{MaxBatch: maxBatch, MaxInFlight: batchesInFlight},
+	return coalesce.New(coalesce.Config[scriptCall]{MaxBatch: maxBatch},
 		func(ctx context.Context, c scriptCall) (*redis.Cmd, error) {
 			return s.run(ctx, script, c.key, c.args...), nil
 		},
@@ -121,7 +117,5 @@ func (s *Store) CoalesceStats() (trips, calls int64) {
 	if s.acquires == nil {
 		return 0, 0
 	}
-	a, ac := s.acquires.Stats()
-	b, bc := s.owneds.Stats()
-	return a + b, ac + bc
+	return coalesce.Sum(s.acquires, s.owneds)
 }
