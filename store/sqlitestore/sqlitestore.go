@@ -12,6 +12,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/coalesce"
 	"github.com/idemgo/idem/internal/sqlmigrate"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
@@ -45,6 +46,12 @@ type Config struct {
 	Clock idem.Clock
 	// Limits bound what the store accepts. Defaults to idem's defaults.
 	Limits idem.Limits
+	// NoCoalesce makes every Acquire, Complete and Fail its own
+	// transaction. By default, the calls that arrive while a write is in
+	// flight share the next transaction (one commit: on synchronous=FULL,
+	// one fsync), each its own statement, decided as alone; a call that
+	// finds the store idle runs alone at once.
+	NoCoalesce bool
 }
 
 // Store is a SQLite idem.Store.
@@ -55,6 +62,8 @@ type Store struct {
 
 	acquire, heartbeat, settle, release, get, del, sweep, list, archive *sql.Stmt
 	closed                                                              atomic.Bool
+
+	writes *coalesce.Group[writeCall, idem.Acquisition] // nil: NoCoalesce
 }
 
 // Open opens (and by default migrates) the database at cfg.Path.
@@ -79,6 +88,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := s.prepare(ctx); err != nil {
 		db.Close()
 		return nil, err
+	}
+	if !cfg.NoCoalesce {
+		s.writes = s.newWrites()
 	}
 	return s, nil
 }
@@ -249,15 +261,21 @@ func (s *Store) wrap(op string, err error) error {
 	return fmt.Errorf("%w: sqlite %s: %w", idem.ErrStoreUnavailable, op, err)
 }
 
-// Acquire implements idem.Store with one statement.
+// Acquire implements idem.Store with one statement, alone or in a
+// transaction shared with the calls that wait for the store at the same
+// time (Config.NoCoalesce).
 func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
 	if err := s.limits.CheckAcquire(req); err != nil {
 		return idem.Acquisition{}, err
 	}
+	return s.write(ctx, writeCall{acquire: true, key: req.Key, fp: req.Fingerprint, lease: req.Lease.Milliseconds(),
+		keep: max(req.Retention, req.Lease).Milliseconds(), maxAttempts: req.MaxAttempts})
+}
+
+func (s *Store) acquireWith(ctx context.Context, st *sql.Stmt, c *writeCall) (idem.Acquisition, error) {
 	t := s.clock.Now()
 	var outcome int
-	rec, err := scanRecord(s.acquire.QueryRowContext(ctx, req.Key, req.Fingerprint, t.UnixMilli(),
-		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts,
+	rec, err := scanRecord(st.QueryRowContext(ctx, c.key, c.fp, t.UnixMilli(), c.lease, c.keep, c.maxAttempts,
 		int64(fences.Next(t, 0))), &outcome)
 	if err != nil {
 		return idem.Acquisition{}, s.wrap("acquire", err)
@@ -309,7 +327,8 @@ func (s *Store) settleAs(ctx context.Context, op, key string, fence uint64, st i
 	if result == nil {
 		result = []byte{}
 	}
-	return s.owned(ctx, op, s.settle, key, int64(fence), s.nowMs(), retention.Milliseconds(), int(st), result)
+	_, err := s.write(ctx, writeCall{key: key, fence: int64(fence), keep: retention.Milliseconds(), state: int(st), result: result, op: op})
+	return err
 }
 
 // Release implements idem.Store.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/sqlitestore"
 	"github.com/idemgo/idem/store/storetest"
 )
@@ -154,5 +156,44 @@ func TestFenceFloorAtExecution(t *testing.T) {
 	}
 	if a.Fence <= other {
 		t.Fatalf("the next generation's fence %d is not above %d, issued before it", a.Fence, other)
+	}
+}
+
+// TestConformanceUncoalesced runs the suite with every call its own
+// transaction (Config.NoCoalesce).
+func TestConformanceUncoalesced(t *testing.T) {
+	storetest.RunClocked(t, storetest.Capabilities{Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
+		s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Clock: clock, NoCoalesce: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}
+
+// TestCoalescedTransactionsCarryManyCalls: 16 goroutines running lifecycles
+// share transactions, and every lifecycle ends as it would alone, also on
+// synchronous=FULL.
+func TestCoalescedTransactionsCarryManyCalls(t *testing.T) {
+	for _, sync := range []string{"NORMAL", "FULL"} {
+		t.Run(sync, func(t *testing.T) {
+			s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Synchronous: sync})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			testenv.CompleteMany(t, s, 16*50, func(i int) string { return fmt.Sprintf("many-%d", i) })
+			trips, calls := s.CoalesceStats()
+			t.Logf("%d shared transactions carried %d calls", trips, calls)
+			if trips == 0 || calls < 2*trips {
+				t.Fatalf("16 goroutines at once shared %d transactions carrying %d calls", trips, calls)
+			}
+			for i := range 16 * 50 {
+				if rec, err := s.Get(context.Background(), fmt.Sprintf("many-%d", i)); err != nil || rec.State != idem.StateCompleted {
+					t.Fatalf("many-%d: %+v %v", i, rec, err)
+				}
+			}
+		})
 	}
 }

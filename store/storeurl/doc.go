@@ -6,4 +6,8 @@
 //	sqlite:PATH[?synchronous=FULL]   embedded file (the default: sqlite:idem.db)
 //	postgres://… , postgresql://…    PostgreSQL (pgx connection string)
 //	redis://… , rediss://…           Redis (go-redis URL)
+//
+// Every store with a round trip takes idem_coalesce=0 to send each call
+// alone; by default the calls that wait for the store together share one
+// (a statement, a pipeline, a transaction).
 package storeurl

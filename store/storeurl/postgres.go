@@ -33,12 +33,8 @@ func init() {
 		default:
 			return nil, fmt.Errorf("idem: store URL: idem_pgbouncer is %q, want 1 or 0", q.Get("idem_pgbouncer"))
 		}
-		switch q.Get("idem_coalesce") {
-		case "", "1", "true":
-		case "0", "false":
-			cfg.NoCoalesce = true
-		default:
-			return nil, fmt.Errorf("idem: store URL: idem_coalesce is %q, want 1 or 0", q.Get("idem_coalesce"))
+		if cfg.NoCoalesce, err = parseCoalesce(q.Get("idem_coalesce")); err != nil {
+			return nil, err
 		}
 		q.Del("idem_schema")
 		q.Del("idem_pgbouncer")

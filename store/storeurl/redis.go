@@ -43,13 +43,9 @@ func init() {
 		q.Del("idem_prefix")
 		q.Del("idem_cluster")
 		q.Del("idem_wait_replicas")
-		noCoalesce := false
-		switch c := q.Get("idem_coalesce"); c {
-		case "", "1", "true":
-		case "0", "false":
-			noCoalesce = true
-		default:
-			return nil, fmt.Errorf("idem: store URL: idem_coalesce is %q, want 1 or 0", c)
+		noCoalesce, err := parseCoalesce(q.Get("idem_coalesce"))
+		if err != nil {
+			return nil, err
 		}
 		q.Del("idem_coalesce")
 		u.RawQuery = q.Encode()

@@ -62,8 +62,8 @@ func Parse(raw string) (Spec, error) {
 			return Spec{}, fmt.Errorf("idem: store URL %q: bad options: %v", raw, err)
 		}
 		for k := range q {
-			if k != "synchronous" {
-				return Spec{}, fmt.Errorf("idem: store URL %q: unknown sqlite option %q (known: synchronous)", raw, k)
+			if k != "synchronous" && k != "idem_coalesce" {
+				return Spec{}, fmt.Errorf("idem: store URL %q: unknown sqlite option %q (known: synchronous, idem_coalesce)", raw, k)
 			}
 		}
 		return Spec{Kind: SQLite, Path: path, Query: q, Raw: raw}, nil
@@ -110,7 +110,12 @@ func Open(ctx context.Context, raw string, opts *Options) (idem.Store, error) {
 	case Memory:
 		return memstore.New(memstore.Config{Limits: o.Limits}), nil
 	case SQLite:
-		return sqlitestore.Open(ctx, sqlitestore.Config{Path: spec.Path, Synchronous: spec.Query.Get("synchronous"), Limits: o.Limits, SkipMigrate: o.SkipMigrate})
+		noCoalesce, err := parseCoalesce(spec.Query.Get("idem_coalesce"))
+		if err != nil {
+			return nil, err
+		}
+		return sqlitestore.Open(ctx, sqlitestore.Config{Path: spec.Path, Synchronous: spec.Query.Get("synchronous"), Limits: o.Limits,
+			SkipMigrate: o.SkipMigrate, NoCoalesce: noCoalesce})
 	}
 	opener, ok := openers[spec.Kind]
 	if !ok {
@@ -122,3 +127,16 @@ func Open(ctx context.Context, raw string, opts *Options) (idem.Store, error) {
 // openers holds the backends with a server, registered by their own files so
 // each is one place to read.
 var openers = map[Kind]func(context.Context, Spec, Options) (idem.Store, error){}
+
+// parseCoalesce reads the idem_coalesce option of a store URL: "" or 1 (the
+// default: calls that wait for the store together share a round trip), 0
+// (every call alone). It returns the stores' NoCoalesce.
+func parseCoalesce(v string) (bool, error) {
+	switch v {
+	case "", "1", "true":
+		return false, nil
+	case "0", "false":
+		return true, nil
+	}
+	return false, fmt.Errorf("idem: store URL: idem_coalesce is %q, want 1 or 0", v)
+}
