@@ -32,6 +32,25 @@ func TestCluster(t *testing.T) {
 	t.Run("Conformance", func(t *testing.T) {
 		storetest.Run(t, storetest.Capabilities{ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store { return open(t) })
 	})
+	t.Run("ConformanceWaitingForAReplica", func(t *testing.T) {
+		// Coalesced pipelines on a Cluster with WaitReplicas: one per master,
+		// each ending with its WAIT.
+		storetest.Run(t, storetest.Capabilities{ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
+			s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", WaitReplicas: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		})
+		s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", WaitReplicas: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testenv.CompleteMany(t, s, 16*40, func(i int) string { return fmt.Sprintf("w-%d", i) })
+		if trips, calls := s.CoalesceStats(); trips == 0 || calls < 2*trips {
+			t.Fatalf("16 goroutines on the cluster shared %d pipelines carrying %d calls", trips, calls)
+		}
+	})
 	t.Run("OpensWithADeadSeed", func(t *testing.T) {
 		// The first seed is a port nothing listens on (a node that is
 		// down); the others let the client find the cluster.

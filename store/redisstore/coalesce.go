@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -43,17 +44,56 @@ func (s *Store) call(ctx context.Context, group *coalesce.Group[scriptCall, *red
 }
 
 // runMany sends the scripts of calls in one pipeline (go-redis splits a
-// Cluster's by node), then WAIT when Config.WaitReplicas asks for it (not
-// on a Cluster: such a store is not coalesced). A script the server does
-// not know yet (NOSCRIPT: it did not run) is sent again with its source. Each call gets its own answer or error; a pipeline that could not
-// be sent fails every call of it, as a lone call would fail.
+// Cluster's by node), then WAIT when Config.WaitReplicas asks for it — on a
+// Cluster, one pipeline per master, each ending with its WAIT, sent at
+// once. A script the server does not know yet (NOSCRIPT: it did not run) is
+// sent again with its source. Each call gets its own answer or error; a
+// pipeline that could not be sent fails every call of it, as a lone call
+// would fail.
 func (s *Store) runMany(ctx context.Context, script *redis.Script, calls []scriptCall, out []*redis.Cmd) {
-	pending := make([]int, len(calls))
-	for i := range pending {
-		pending[i] = i
+	cc, cluster := s.c.(*redis.ClusterClient)
+	if !cluster || s.waitReplicas == 0 {
+		all := make([]int, len(calls))
+		for i := range all {
+			all[i] = i
+		}
+		s.runPipeline(ctx, s.c, script, calls, all, out)
+	} else {
+		byMaster := map[*redis.Client][]int{}
+		for i, c := range calls {
+			m, err := cc.MasterForKey(ctx, c.key)
+			if err != nil {
+				out[i] = redis.NewCmd(ctx)
+				out[i].SetErr(err)
+				continue
+			}
+			byMaster[m] = append(byMaster[m], i)
+		}
+		var wg sync.WaitGroup
+		for m, idx := range byMaster {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.runPipeline(ctx, m, script, calls, idx, out)
+			}()
+		}
+		wg.Wait()
 	}
+	for _, c := range out {
+		if err := c.Err(); err != nil && ctx.Err() == nil && !isReply(err) {
+			if cluster {
+				cc.ReloadState(ctx) // see run
+			}
+			break
+		}
+	}
+}
+
+// runPipeline sends the calls at idx through node (see runMany).
+func (s *Store) runPipeline(ctx context.Context, node redis.Cmdable, script *redis.Script, calls []scriptCall, idx []int, out []*redis.Cmd) {
+	pending := idx
 	for try := 0; ; try++ {
-		pipe := s.c.Pipeline()
+		pipe := node.Pipeline()
 		for _, i := range pending {
 			if try == 0 {
 				out[i] = script.EvalSha(ctx, pipe, []string{calls[i].key}, calls[i].args...)
@@ -76,17 +116,9 @@ func (s *Store) runMany(ctx context.Context, script *redis.Script, calls []scrip
 			s.checkWait(wait, out, pending, again)
 		}
 		if len(again) == 0 {
-			break
+			return
 		}
 		pending = again
-	}
-	for _, c := range out {
-		if err := c.Err(); err != nil && ctx.Err() == nil && !isReply(err) {
-			if cc, ok := s.c.(*redis.ClusterClient); ok {
-				cc.ReloadState(ctx) // see run
-			}
-			break
-		}
 	}
 }
 

@@ -76,8 +76,8 @@ type Config struct {
 	// arrive while earlier ones are in flight share the next round trip: one
 	// pipeline of their scripts (on a Cluster, one per node), each script
 	// deciding its own key as it would alone. A call that finds the store
-	// idle is sent at once. With WaitReplicas on a Cluster, calls are
-	// never coalesced (each waits for its own master's replicas).
+	// idle is sent at once. With WaitReplicas, each pipeline ends with its
+	// WAIT (on a Cluster, one pipeline per master).
 	NoCoalesce bool
 }
 
@@ -134,8 +134,7 @@ func New(cfg Config) (*Store, error) {
 	}
 	s := &Store{c: cfg.Client, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient,
 		process: base64.RawURLEncoding.EncodeToString(b[:]) + ".", waitReplicas: cfg.WaitReplicas, waitTimeout: cfg.WaitTimeout}
-	_, cluster := cfg.Client.(*redis.ClusterClient)
-	if !cfg.NoCoalesce && !(cluster && cfg.WaitReplicas > 0) {
+	if !cfg.NoCoalesce {
 		s.acquires = s.newGroup(acquireScript)
 		s.owneds = s.newGroup(ownedScript)
 	}
