@@ -93,9 +93,8 @@ func (g *Group[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	if g.inFlight < g.cfg.MaxInFlight && len(g.queue) == 0 {
 		g.inFlight++
 		g.mu.Unlock()
-		resp, err := g.one(ctx, req)
-		g.next()
-		return resp, err
+		defer g.next() // also if one panics: the slot passes on
+		return g.one(ctx, req)
 	}
 	c := &call[Req, Resp]{ctx: ctx, req: req, done: make(chan struct{}, 1)}
 	g.queue = append(g.queue, c)

@@ -319,3 +319,25 @@ func TestManyCallers(t *testing.T) {
 	b, r := g.Stats()
 	t.Logf("%d batches carried %d of 32000 calls", b, r)
 }
+
+// TestAPanicFreesItsSlot: a single call that panics passes the panic to its
+// caller and frees its slot for the calls after it.
+func TestAPanicFreesItsSlot(t *testing.T) {
+	g := New(Config[string]{MaxInFlight: 1}, func(_ context.Context, req string) (string, error) {
+		if req == "panic" {
+			panic("store bug")
+		}
+		return "re:" + req, nil
+	}, func(context.Context, []string, []string, []error) { t.Error("no batch expected") })
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("the panic did not reach the caller")
+			}
+		}()
+		_, _ = g.Do(context.Background(), "panic")
+	}()
+	if got, err := g.Do(context.Background(), "after"); err != nil || got != "re:after" {
+		t.Fatalf("the call after a panic: %q %v", got, err)
+	}
+}
