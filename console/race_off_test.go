@@ -1,0 +1,5 @@
+//go:build !race
+
+package console_test
+
+const raceDetector = false
