@@ -13,9 +13,7 @@ import (
 
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/broker/natsidem"
-	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/internal/testenv"
-	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
 // TestInboxBatches consumes 300 intents, each published twice, through the
@@ -25,14 +23,7 @@ import (
 // transactions.
 func TestInboxBatches(t *testing.T) {
 	ctx := context.Background()
-	pool, schema := testenv.PostgresSchema(t, func(schema string) string { return `CREATE TABLE ` + schema + `.credits (ref text NOT NULL)` })
-	ib, err := inbox.New(pgxv5.New(pool), inbox.Config{Table: schema + ".processed_events", VersionTable: schema + ".entity_versions"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ib.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pool, schema, ib := testenv.PostgresInbox(t, func(schema string) string { return `CREATE TABLE ` + schema + `.credits (ref text NOT NULL)` })
 
 	js, cons, name := stream(t)
 	const intents = 300

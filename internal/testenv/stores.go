@@ -4,14 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"net/url"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/sqldriver/pgxv5"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/redisstore"
 )
@@ -152,6 +154,21 @@ func RedisProxy(t testing.TB) *Proxy {
 // fresh schema in it, running ddl there (its tables named schema.NAME by
 // the caller); the schema is dropped and the pool closed when the test
 // ends.
+// PostgresInbox is PostgresSchema with a migrated inbox in the schema (its
+// processed_events and entity_versions tables) on the pool.
+func PostgresInbox(t testing.TB, ddl func(schema string) string) (*pgxpool.Pool, string, *inbox.Inbox[pgx.Tx]) {
+	t.Helper()
+	pool, schema := PostgresSchema(t, ddl)
+	ib, err := inbox.New(pgxv5.New(pool), inbox.Config{Table: schema + ".processed_events", VersionTable: schema + ".entity_versions"})
+	if err == nil {
+		err = ib.Migrate(context.Background())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, schema, ib
+}
+
 func PostgresSchema(t testing.TB, ddl func(schema string) string) (*pgxpool.Pool, string) {
 	t.Helper()
 	ProbePostgres(t)

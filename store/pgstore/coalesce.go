@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,23 +59,7 @@ func (s *Store) acquireMany(ctx context.Context, calls []acquireCall, out []idem
 }
 
 func cmpParams(x, y *acquireCall) int {
-	switch {
-	case x.lease != y.lease:
-		return cmpInt(x.lease, y.lease)
-	case x.keep != y.keep:
-		return cmpInt(x.keep, y.keep)
-	}
-	return cmpInt(int64(x.maxAttempts), int64(y.maxAttempts))
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+	return cmp.Or(cmp.Compare(x.lease, y.lease), cmp.Compare(x.keep, y.keep), cmp.Compare(x.maxAttempts, y.maxAttempts))
 }
 
 // acquireGroup runs one statement for the calls at idx (sorted by key,
