@@ -249,6 +249,31 @@ func TestHistoryChart(t *testing.T) {
 	}
 }
 
+// TestChartTellsSentFromAcked: a relay's chart shows sent rows (delivered,
+// their receipt still to come) in another colour than acked ones.
+func TestChartTellsSentFromAcked(t *testing.T) {
+	h := console.NewHistory(time.Now)
+	for _, o := range []string{"acked", "sent", "dead", "pending"} {
+		h.Add(o)
+	}
+	f := newFixture(t, console.Config{Loopback: true, History: h, HistoryTitle: "Sends"})
+	page := f.get(t, "/")
+	class := map[string]string{}
+	for _, m := range regexp.MustCompile(`<span class="swatch ([a-z-]+)"></span>([a-z]+) `).FindAllStringSubmatch(page, -1) {
+		class[m[2]] = m[1]
+	}
+	if len(class) != 4 {
+		t.Fatalf("legend %v, want four outcomes", class)
+	}
+	seen := map[string]string{}
+	for outcome, c := range class {
+		if other, ok := seen[c]; ok {
+			t.Fatalf("%s and %s share the colour %s", outcome, other, c)
+		}
+		seen[c] = outcome
+	}
+}
+
 // TestMillionRowPages: the Outbox pages of a million-row outbox are keyset
 // pages — the page after row 999,950 holds rows 999,951 to 1,000,000, the
 // dead rows of a destination are found past half a million others.

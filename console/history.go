@@ -101,12 +101,14 @@ type legendItem struct {
 	Count       int64
 }
 
-// outcomeClass maps an outcome to a colour class (good, replay, wait,
-// bad, other).
+// outcomeClass maps an outcome to a colour class (good, part-done, replay,
+// wait, bad, other).
 func outcomeClass(o string) string {
 	switch o {
-	case "executed", "acked", "sent", "processed":
+	case "executed", "acked", "processed":
 		return "c-good"
+	case "sent": // delivered, its receipt still to come: not the colour of acked
+		return "c-part"
 	case "replayed", "duplicate":
 		return "c-replay"
 	case "conflict", "pending", "in-progress":
