@@ -20,3 +20,18 @@ func TestRecordBytes(t *testing.T) {
 		return n, err
 	})
 }
+
+// TestMemoryPerRecord reports the table's growth (heap, TOAST and indexes,
+// after VACUUM) per completed record (storetest.MemoryPerRecord;
+// -recordbytes.n sets how many).
+func TestMemoryPerRecord(t *testing.T) {
+	s := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
+	storetest.MemoryPerRecord(t, s, "PostgreSQL pg_total_relation_size", func() (n int64, err error) {
+		ctx := context.Background()
+		if _, err := s.Pool().Exec(ctx, `VACUUM `+s.Table()); err != nil {
+			return 0, err
+		}
+		err = s.Pool().QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass)`, s.Table()).Scan(&n)
+		return n, err
+	})
+}

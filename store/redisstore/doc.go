@@ -2,10 +2,15 @@
 // store whose records expire by themselves.
 //
 // It takes a redis.UniversalClient, so a single node, Sentinel and Cluster
-// all work. Each record is one hash whose name carries a hash tag
-// ({storage key}), so everything a record needs sits in one Cluster slot.
-// Each transition is one Lua script (EVALSHA, falling back to EVAL when the
-// server does not have it cached), times come from the server (TIME), and
-// every key gets a TTL (PEXPIREAT at the record's expiry): no key lives
-// forever, and Sweep has nothing to do.
+// all work. Each record is one string — state, fence, attempts, times, the
+// nonce of its last call, the fingerprint (16 bytes for idem's digests) and
+// the result, packed (record.lua) — whose name carries a hash tag ({storage
+// key}), so everything a record needs sits in one Cluster slot. Records of
+// the first release (a hash per record) are read and decided on as before,
+// and rewritten packed by their next transition; a process of the first
+// release meeting a packed record fails closed (WRONGTYPE), so upgrade every
+// process of a prefix together. Each transition is one Lua script (EVALSHA,
+// falling back to EVAL when the server does not have it cached), times come
+// from the server (TIME), and every key gets a TTL (PXAT at the record's
+// expiry): no key lives forever, and Sweep has nothing to do.
 package redisstore

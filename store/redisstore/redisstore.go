@@ -4,7 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	_ "embed"
-	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -27,11 +27,20 @@ var (
 	_ idem.Scanner = (*Store)(nil)
 )
 
+//go:embed record.lua
+var recordLua string
+
 //go:embed acquire.lua
-var acquireLua string
+var acquireBody string
 
 //go:embed owned.lua
-var ownedLua string
+var ownedBody string
+
+// The scripts: the record encoding's functions, then each script's body.
+var (
+	acquireLua = recordLua + acquireBody
+	ownedLua   = recordLua + ownedBody
+)
 
 var (
 	acquireScript = redis.NewScript(acquireLua)
@@ -99,8 +108,8 @@ type Store struct {
 	limits idem.Limits
 	close  bool
 
-	nonces  atomic.Uint64
-	process string // random, per Store: nonces of two processes never meet
+	nonces  atomic.Uint32
+	process [6]byte // random, per Store: nonces of two processes never meet
 
 	waitReplicas int
 	waitTimeout  time.Duration
@@ -109,9 +118,14 @@ type Store struct {
 	owneds   *coalesce.Group[scriptCall, *redis.Cmd]
 }
 
-// nonce returns a string unique to one call of this Store.
+// nonce returns 10 bytes unique to one call of this Store: its random
+// process id and a counter (unique for 2^32 calls, and it matters only
+// between the runs of one call on one record).
 func (s *Store) nonce() string {
-	return s.process + strconv.FormatUint(s.nonces.Add(1), 36)
+	var b [10]byte
+	copy(b[:], s.process[:])
+	binary.BigEndian.PutUint32(b[6:], s.nonces.Add(1))
+	return string(b[:])
 }
 
 // New returns a store on cfg.Client.
@@ -122,10 +136,6 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "idem:"
 	}
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return nil, fmt.Errorf("idem/redisstore: %w", err)
-	}
 	if cfg.WaitReplicas < 0 || cfg.WaitTimeout < 0 {
 		return nil, errors.New("idem/redisstore: Config.WaitReplicas and Config.WaitTimeout must not be negative")
 	}
@@ -133,7 +143,10 @@ func New(cfg Config) (*Store, error) {
 		cfg.WaitTimeout = time.Second
 	}
 	s := &Store{c: cfg.Client, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient,
-		process: base64.RawURLEncoding.EncodeToString(b[:]) + ".", waitReplicas: cfg.WaitReplicas, waitTimeout: cfg.WaitTimeout}
+		waitReplicas: cfg.WaitReplicas, waitTimeout: cfg.WaitTimeout}
+	if _, err := rand.Read(s.process[:]); err != nil {
+		return nil, fmt.Errorf("idem/redisstore: %w", err)
+	}
 	if !cfg.NoCoalesce {
 		s.acquires = s.newGroup(acquireScript)
 		s.owneds = s.newGroup(ownedScript)
@@ -290,23 +303,53 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 	return recs, strings.Join(next, ";"), nil
 }
 
-// read gets the records of keys in one pipeline, skipping those gone.
+// read gets the records of keys in one pipeline, skipping those gone; the
+// records of the first encoding (hashes) in a second one.
 func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	cmds := make([]*redis.SliceCmd, len(keys))
+	gets := make([]*redis.StringCmd, len(keys))
 	pipe := s.c.Pipeline()
 	for i, k := range keys {
-		cmds[i] = pipe.HMGet(ctx, s.KeyName(k), fields...)
+		gets[i] = pipe.Get(ctx, s.KeyName(k))
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, wrap("read", err)
-	}
-	out := make([]idem.Record, 0, len(keys))
+	_, _ = pipe.Exec(ctx)
+	recs := make([]idem.Record, len(keys))
+	found := make([]bool, len(keys))
+	var hashes []int
 	for i, k := range keys {
-		if rec, ok := s.parseFields(k, cmds[i].Val()); ok {
-			out = append(out, rec) // a record that expired since the scan is skipped
+		v, err := gets[i].Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			continue // gone (a record that expired since the scan is skipped)
+		case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
+			hashes = append(hashes, i)
+			continue
+		case err != nil:
+			return nil, wrap("read", err)
+		}
+		if recs[i], found[i] = decodeRecord(k, v); !found[i] {
+			return nil, fmt.Errorf("%w: redis read: %s is not an idem record", idem.ErrStoreUnavailable, s.KeyName(k))
+		}
+	}
+	if len(hashes) > 0 {
+		hmgets := make([]*redis.SliceCmd, len(hashes))
+		pipe = s.c.Pipeline()
+		for j, i := range hashes {
+			hmgets[j] = pipe.HMGet(ctx, s.KeyName(keys[i]), fields...)
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, wrap("read", err)
+		}
+		for j, i := range hashes {
+			recs[i], found[i] = s.parseFields(keys[i], hmgets[j].Val())
+		}
+	}
+	out := recs[:0]
+	for i := range recs {
+		if found[i] {
+			out = append(out, recs[i])
 		}
 	}
 	return out, nil
@@ -364,25 +407,18 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := ctx.Err(); err != nil {
 		return idem.Acquisition{}, err
 	}
-	v, err := s.call(ctx, s.acquires, acquireScript, s.KeyName(req.Key), req.Fingerprint,
+	v, err := s.call(ctx, s.acquires, acquireScript, s.KeyName(req.Key), encodeFingerprint(req.Fingerprint),
 		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts, s.nonce()).Slice()
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
 	}
-	if len(v) < 8 {
-		return idem.Acquisition{}, fmt.Errorf("%w: redis acquire: unexpected reply %v", idem.ErrStoreUnavailable, v)
+	var rec idem.Record
+	ok := len(v) == 2
+	if ok {
+		rec, ok = decodeRecord(req.Key, toStr(v[1]))
 	}
-	rec := idem.Record{
-		Key: req.Key, State: idem.State(toInt(v[1])), Fence: uint64(toInt(v[2])), Fingerprint: toStr(v[3]),
-		Attempts: int(toInt(v[4])), ExpiresAt: msTime(toInt(v[6])), UpdatedAt: msTime(toInt(v[7])),
-	}
-	if rec.State == idem.StateInFlight {
-		rec.LeaseUntil = msTime(toInt(v[5]))
-	}
-	if len(v) > 8 {
-		if r, ok := v[8].(string); ok {
-			rec.Result = []byte(r)
-		}
+	if !ok {
+		return idem.Acquisition{}, fmt.Errorf("%w: redis acquire: unexpected reply %q", idem.ErrStoreUnavailable, v)
 	}
 	a := idem.Acquisition{Outcome: idem.Outcome(toInt(v[0])), Record: rec}
 	if a.Outcome.Owns() {
@@ -437,8 +473,10 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 	return s.owned(ctx, "release", "x", key, fence, 0, nil)
 }
 
+// fields are those of the first encoding: a hash per record.
 var fields = []string{"s", "f", "p", "a", "l", "e", "u", "r"}
 
+// parseFields reads a record of the first encoding.
 func (s *Store) parseFields(key string, v []any) (idem.Record, bool) {
 	if len(v) != len(fields) || v[0] == nil {
 		return idem.Record{}, false
@@ -456,7 +494,8 @@ func (s *Store) parseFields(key string, v []any) (idem.Record, bool) {
 	return rec, true
 }
 
-// Get implements idem.Store (one HMGET; an expired record is gone by TTL).
+// Get implements idem.Store (one GET; an expired record is gone by TTL; a
+// record of the first encoding takes an HMGET more).
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return idem.Record{}, err
@@ -464,15 +503,14 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, err
 	}
-	v, err := s.c.HMGet(ctx, s.KeyName(key), fields...).Result()
+	recs, err := s.read(ctx, []string{key})
 	if err != nil {
 		return idem.Record{}, wrap("get", err)
 	}
-	rec, ok := s.parseFields(key, v)
-	if !ok {
+	if len(recs) == 0 {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	return rec, nil
+	return recs[0], nil
 }
 
 // Delete implements idem.Store.

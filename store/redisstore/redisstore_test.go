@@ -96,17 +96,21 @@ func TestRetriedScriptsAreIdempotent(t *testing.T) {
 	ctx := context.Background()
 	c, name := s.Client(), s.KeyName("k")
 	acquire := func() []any {
-		v, err := c.Eval(ctx, redisstore.AcquireScript(), []string{name}, "fp", 60000, 3600000, 0, "nonce-1").Slice()
+		v, err := c.Eval(ctx, redisstore.AcquireScript(), []string{name}, redisstore.EncodeFingerprint("fp"), 60000, 3600000, 0, "nonce-1").Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return v
 	}
 	first, again := acquire(), acquire()
-	if first[0] != int64(idem.Acquired) || again[0] != first[0] || again[2] != first[2] {
-		t.Fatalf("acquire run twice: first %v, again %v — want the same claim", first[:3], again[:3])
+	if first[0] != int64(idem.Acquired) || again[0] != first[0] || again[1] != first[1] {
+		t.Fatalf("acquire run twice: first %q, again %q — want the same claim", first, again)
 	}
-	fence := uint64(first[2].(int64))
+	rec, ok := redisstore.DecodeRecord(first[1].(string))
+	if !ok {
+		t.Fatalf("acquire answered %q", first[1])
+	}
+	fence := rec.Fence
 	complete := func() int64 {
 		n, err := c.Eval(ctx, redisstore.OwnedScript(), []string{name}, "c", fence, 3600000, "done", "nonce-2").Int64()
 		if err != nil {

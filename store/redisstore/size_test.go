@@ -2,7 +2,12 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/storetest"
@@ -15,4 +20,27 @@ func TestRecordBytes(t *testing.T) {
 	storetest.RecordBytes(t, s, "Redis MEMORY USAGE", func(key string) (int64, error) {
 		return s.Client().MemoryUsage(context.Background(), s.KeyName(key)).Result()
 	})
+}
+
+// TestMemoryPerRecord reports Redis's used_memory growth per completed
+// record (storetest.MemoryPerRecord; -recordbytes.n sets how many).
+func TestMemoryPerRecord(t *testing.T) {
+	s := testenv.OpenRedis(t, testenv.RandomName("idemtest:")+":")
+	storetest.MemoryPerRecord(t, s, "Redis used_memory", func() (int64, error) {
+		return usedMemory(s.Client())
+	})
+}
+
+// usedMemory is INFO memory's used_memory.
+func usedMemory(c redis.UniversalClient) (int64, error) {
+	info, err := c.Info(context.Background(), "memory").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("INFO memory has no used_memory: %q", info)
 }

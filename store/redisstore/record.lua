@@ -1,0 +1,43 @@
+-- idem record encoding, shared by the acquire and owned scripts. A record is
+-- one string (format 1), packed big-endian:
+--   B format (1), B state, I8 fence, I4 attempts, I6 lease until (ms),
+--   I6 expires at (ms), I6 updated at (ms), B tag, B+bytes nonce,
+--   B+bytes fingerprint, then the result to the end of the string.
+-- The tag says what the nonce did: 49 ('1') or 50 ('2') the claim it took
+-- (Acquired or TakenOver), 83 ('S') the settle. The fingerprint is as the
+-- client encodes it (1 + 16 bytes for a 32-digit hex digest, 0 + the string
+-- otherwise). The key's TTL is the expiry (PXAT).
+-- A record of the first encoding (a hash with fields s f p a l e u r n) is
+-- read as well, and written in this encoding on its next transition.
+local FMT = '>BBI8I4I6I6I6BBc0Bc0'
+local function unhex(h)
+  return (h:gsub('..', function(c) return string.char(tonumber(c, 16)) end))
+end
+local function load(k)
+  local ok, v = pcall(redis.call, 'GET', k)
+  if ok then
+    if not v then return nil end
+    local _, st, f, a, l, e, u, tag, n, p, pos = struct.unpack(FMT, v)
+    return {st = st, f = f, a = a, l = l, e = e, u = u, tag = tag, n = n, p = p, r = string.sub(v, pos), raw = v}
+  end
+  local h = redis.call('HMGET', k, 's', 'f', 'p', 'a', 'l', 'e', 'u', 'r', 'n')
+  if not h[1] then return nil end
+  local p = h[3] or ''
+  if #p == 32 and not p:find('[^0-9a-f]') then p = '\1' .. unhex(p) else p = '\0' .. p end
+  local n = h[9] or ''
+  return {st = tonumber(h[1]), f = tonumber(h[2]), a = tonumber(h[4]), l = tonumber(h[5]) or 0,
+    e = tonumber(h[6]), u = tonumber(h[7]) or 0, tag = string.byte(n, 1) or 0, n = string.sub(n, 2), p = p, r = h[8] or ''}
+end
+local function pack(r)
+  return struct.pack(FMT, 1, r.st, r.f, r.a, r.l, r.e, r.u, r.tag, #r.n, r.n, #r.p, r.p) .. r.r
+end
+-- save writes r with its expiry as the key's TTL and returns what it wrote.
+local function save(k, r)
+  local v = pack(r)
+  redis.call('SET', k, v, 'PXAT', r.e)
+  return v
+end
+-- packed returns r as stored (unchanged records are answered as read).
+local function packed(r)
+  return r.raw or pack(r)
+end
