@@ -183,7 +183,7 @@ CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
 }
 
 type queries struct {
-	insert, existing, counter, claim, sent, unclaim, failed, ack, retry, list, get, getExternal, refuse, purge string
+	insert, existing, counter, claim, extend, sent, unclaim, failed, ack, retry, list, get, getExternal, refuse, purge string
 }
 
 func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store {
@@ -207,6 +207,8 @@ RETURNING id, key, destination, payload, headers, coalesce(external_id, ''), tri
 		sent: `UPDATE ` + tbl + ` SET status = $2, tries = tries + 1, last_error = '', sent_at = ` + s.d.Now() + `,
 	acked_at = CASE WHEN $2 = 'acked' THEN ` + s.d.Now() + ` ELSE acked_at END, claimed_by = NULL, claimed_until = NULL
 WHERE claimed_by = $1 AND status = 'pending' AND `,
+		// $1 claim token, $2 lease ms, then ids
+		extend: `UPDATE ` + tbl + ` SET claimed_until = ` + s.d.NowPlusMillis("$2") + ` WHERE claimed_by = $1 AND `,
 		// $1 claim token, then ids
 		unclaim: `UPDATE ` + tbl + ` SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = $1 AND `,
 		// $1 claim token, $2 id, $3 error, $4 backoff ms, $5 dead (0/1 as status text)
@@ -448,6 +450,15 @@ func (s *Store) markSent(ctx context.Context, token string, st Status, ids []int
 	q, args := s.withIDs(s.q.sent, []any{token, string(st)}, ids)
 	if _, err := s.db.Exec(ctx, q, args...); err != nil {
 		return fmt.Errorf("idem/outbox: mark sent: %w", err)
+	}
+	return nil
+}
+
+// extend renews the lease of the rows of ids still claimed by token.
+func (s *Store) extend(ctx context.Context, token string, lease time.Duration, ids []int64) error {
+	q, args := s.withIDs(s.q.extend, []any{token, lease.Milliseconds()}, ids)
+	if _, err := s.db.Exec(ctx, q, args...); err != nil {
+		return fmt.Errorf("idem/outbox: extend the claim: %w", err)
 	}
 	return nil
 }

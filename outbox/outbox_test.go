@@ -54,7 +54,7 @@ func backend[TTx any](t testing.TB, driver sqldriver.Driver[TTx], schema string)
 	if err := ob.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return outboxtest.Backend[TTx]{Outbox: ob, Driver: driver, Reopen: open}
+	return outboxtest.Backend[TTx]{Outbox: ob, Driver: driver, Reopen: open, Config: outbox.Config{Schema: schema}}
 }
 
 func TestPgx(t *testing.T) {

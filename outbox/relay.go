@@ -9,6 +9,7 @@ import (
 	mrand "math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -59,13 +60,16 @@ type RelayConfig struct {
 	Batch int
 	// Concurrency is how many sends of a batch run at once. Defaults to 32.
 	Concurrency int
-	// Lease is how long a claim lives; a relay killed mid-batch leaves its
-	// rows to be claimed again after it. Defaults to 1m. A relay starts a
-	// send only while the claim has time left for it and for recording the
-	// outcome (SendTimeout + Lease/4); rows it could not start in time are
-	// handed back at the end of the batch. So no configuration lets a second
-	// relay re-claim a row the first has sent or is sending, however slow
-	// the sends and however large the batch.
+	// Lease is how long a claim lives without renewal; a relay killed
+	// mid-batch leaves its rows to be claimed again after it. Defaults to
+	// 1m. While a batch is out the relay renews its claim every Lease/4
+	// until every outcome is recorded, so a slow send, a sender that ignores
+	// its timeout, or a slow database while recording keeps its rows; only a
+	// relay that stops renewing for 3/4 of a lease (killed, or frozen) lets a
+	// second relay re-claim them. A send starts only while the claim, as
+	// last renewed, has time left for it and for recording the outcome
+	// (SendTimeout + Lease/4); rows it could not start in time are handed
+	// back at the end of the batch.
 	Lease time.Duration
 	// SendTimeout bounds one send. Defaults to 30s; at most 3/4 of Lease
 	// (the rest is kept for recording outcomes).
@@ -150,18 +154,32 @@ func newToken() string {
 func recordMargin(lease time.Duration) time.Duration { return lease / 4 }
 
 // RunOnce claims one batch, sends it and records every outcome. It returns
-// how many rows it claimed. In-flight sends finish even if ctx ends. A send
-// starts only if it can end (SendTimeout) with the claim's margin for
-// recording left; the rows not started are handed back unsent, due at once.
+// how many rows it claimed. In-flight sends finish even if ctx ends. While
+// the batch is out, the relay renews its claim every Lease/4, until every
+// outcome is recorded: a send that outlasts its SendTimeout (a sender that
+// ignores its context) keeps its row. A send starts only if it can end
+// (SendTimeout) with the claim's margin for recording left, counted from
+// the last renewal that succeeded; the rows not started are handed back
+// unsent, due at once.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	token := newToken()
 	// The claim ends Lease after the store's clock read it, which is after
 	// this instant: measuring from here is conservative, whatever the skew.
 	claimed := time.Now()
-	lastStart := claimed.Add(r.cfg.Lease - recordMargin(r.cfg.Lease) - r.cfg.SendTimeout)
 	batch, err := r.cfg.Store.claim(ctx, token, r.cfg.Lease, r.cfg.Batch)
 	if err != nil || len(batch) == 0 {
 		return 0, err
+	}
+	ids := make([]int64, len(batch))
+	for i, c := range batch {
+		ids[i] = c.ID
+	}
+	var claimEnd atomic.Int64 // unix ns; the claim lives at least until then
+	claimEnd.Store(claimed.Add(r.cfg.Lease).UnixNano())
+	stopRenewing := r.renew(context.WithoutCancel(ctx), token, ids, &claimEnd)
+	defer stopRenewing()
+	lastStart := func() time.Time {
+		return time.Unix(0, claimEnd.Load()).Add(-recordMargin(r.cfg.Lease) - r.cfg.SendTimeout)
 	}
 	bg := context.WithoutCancel(ctx)
 	results := make([]Result, len(batch))
@@ -170,7 +188,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	var unsent []int64
 	for i := range batch {
 		sem <- struct{}{}
-		if time.Now().After(lastStart) {
+		if time.Now().After(lastStart()) {
 			<-sem
 			for _, c := range batch[i:] {
 				unsent = append(unsent, c.ID)
@@ -214,6 +232,31 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	}
 	errs = append(errs, r.cfg.Store.markSent(bg, token, Sent, sent), r.cfg.Store.markSent(bg, token, Acked, acked))
 	return len(batch), errors.Join(errs...)
+}
+
+// renew extends the claim of ids every Lease/4 until the returned function
+// is called (which waits for a renewal in flight), moving claimEnd forward
+// after each one that succeeded. A failed renewal changes nothing: the
+// claim still ends when claimEnd says.
+func (r *Relay) renew(ctx context.Context, token string, ids []int64, claimEnd *atomic.Int64) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(r.cfg.Lease / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+			start := time.Now()
+			if r.cfg.Store.extend(ctx, token, r.cfg.Lease, ids) == nil {
+				claimEnd.Store(start.Add(r.cfg.Lease).UnixNano())
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
 }
 
 // send runs the sender, turning a panic into a retry.

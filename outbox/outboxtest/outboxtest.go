@@ -21,6 +21,9 @@ type Backend[TTx any] struct {
 	Driver sqldriver.Driver[TTx]
 	// Reopen returns a second Outbox on the same tables (another process).
 	Reopen func() *outbox.Outbox[TTx]
+	// Config is the Outbox's configuration (its schema), for outboxes the
+	// suite opens on drivers of its own.
+	Config outbox.Config
 }
 
 // begin starts a transaction; end commits (true) or rolls back.
@@ -56,6 +59,7 @@ func Run[TTx any](t *testing.T, open func(t testing.TB) Backend[TTx]) {
 		{"PurgeDeliveredOnly", testPurge[TTx]},
 		{"AckDuringSendIsKept", testAckDuringSend[TTx]},
 		{"SlowBatchNeverOutlivesItsClaim", testSlowBatch[TTx]},
+		{"ClaimOutlivesASendThatIgnoresItsTimeout", testClaimOutlivesSend[TTx]},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -197,6 +201,7 @@ type sink struct {
 	fail    func(m *outbox.Message, attempt int) outbox.Result
 	delay   time.Duration
 	entered chan struct{} // if set, told when a send starts
+	release chan struct{} // if set, a send returns only once it is closed
 }
 
 func newSink() *sink { return &sink{got: map[string][][]byte{}} }
@@ -214,6 +219,9 @@ func (s *sink) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	}
 	if s.delay > 0 {
 		time.Sleep(s.delay)
+	}
+	if s.release != nil {
+		<-s.release
 	}
 	if s.fail != nil {
 		return s.fail(m, n)
@@ -459,30 +467,101 @@ func testTwoRelays[TTx any](t *testing.T, b Backend[TTx]) {
 func testExpiredClaim[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
 	b.Outbox.Enqueue(ctx, msg("orphan"))
-	// A relay claims and dies: its sender never returns in time.
+	// A relay claims and freezes mid-send (a stopped VM, a long pause): it
+	// neither sends on nor renews its claim, and its database statements
+	// wait until it thaws.
+	frozen := &freezable[TTx]{Driver: b.Driver, thawed: make(chan struct{})}
+	close(frozen.thawed)
+	dyingOutbox, err := outbox.New[TTx](frozen, b.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
 	stuck := newSink()
-	stuck.delay = 2500 * time.Millisecond
 	stuck.entered = make(chan struct{}, 1)
-	dying := relay(t, b.Outbox.Store, stuck, outbox.RelayConfig{Lease: time.Second, SendTimeout: 500 * time.Millisecond})
+	stuck.release = make(chan struct{})
+	dying := relay(t, dyingOutbox.Store, stuck, outbox.RelayConfig{Lease: time.Second, SendTimeout: 500 * time.Millisecond})
 	dyingDone := make(chan struct{})
 	go func() { dying.RunOnce(ctx); close(dyingDone) }()
 	<-stuck.entered // claimed and sending
+	frozen.freeze()
 	s := newSink()
 	r := relay(t, b.Outbox.Store, s, outbox.RelayConfig{})
 	if n, _ := r.RunOnce(ctx); n != 0 {
 		t.Fatal("a claimed row was claimed again before its lease expired")
 	}
-	time.Sleep(1200 * time.Millisecond)
-	if n, err := r.RunOnce(ctx); n != 1 || err != nil {
-		t.Fatalf("after the lease: claimed %d, %v", n, err)
+	// Once the frozen relay's lease (1s, plus at most one renewal made
+	// before it froze) is over, another relay takes the row.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		n, err := r.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the frozen relay's row was never claimed again")
+		}
 	}
 	if s.count("orphan") != 1 {
 		t.Fatal("the orphan was not sent")
 	}
-	<-dyingDone // the dying relay's late result must not overwrite
+	frozen.thaw()
+	close(stuck.release)
+	<-dyingDone // the frozen relay's late result must not overwrite
 	if row, _ := b.Outbox.Get(ctx, "orphan"); row.Status != outbox.Sent || row.Tries != 1 {
 		t.Fatalf("row %+v", row)
 	}
+}
+
+// freezable is a driver whose statements wait while it is frozen.
+type freezable[TTx any] struct {
+	sqldriver.Driver[TTx]
+	mu     sync.Mutex
+	thawed chan struct{} // closed while not frozen
+}
+
+func (f *freezable[TTx]) freeze() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.thawed = make(chan struct{})
+}
+
+func (f *freezable[TTx]) thaw() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	close(f.thawed)
+}
+
+func (f *freezable[TTx]) wait() {
+	f.mu.Lock()
+	c := f.thawed
+	f.mu.Unlock()
+	<-c
+}
+
+func (f *freezable[TTx]) Executor() sqldriver.Executor {
+	return freezingExecutor{f.wait, f.Driver.Executor()}
+}
+
+type freezingExecutor struct {
+	wait func()
+	ex   sqldriver.Executor
+}
+
+func (e freezingExecutor) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	e.wait()
+	return e.ex.Exec(ctx, q, args...)
+}
+
+func (e freezingExecutor) Query(ctx context.Context, q string, args ...any) (sqldriver.Rows, error) {
+	e.wait()
+	return e.ex.Query(ctx, q, args...)
+}
+
+func (e freezingExecutor) QueryRow(ctx context.Context, q string, args ...any) sqldriver.Row {
+	e.wait()
+	return e.ex.QueryRow(ctx, q, args...)
 }
 
 func testPurge[TTx any](t *testing.T, b Backend[TTx]) {
@@ -607,5 +686,44 @@ func testSlowBatch[TTx any](t *testing.T, b Backend[TTx]) {
 		if row, err := b.Outbox.Get(ctx, k); err != nil || row.Status != outbox.Sent {
 			t.Errorf("%s: %+v, %v", k, row, err)
 		}
+	}
+}
+
+// testClaimOutlivesSend: a relay keeps its claim alive while a send is in
+// flight, even one that runs far past SendTimeout and the lease: a second
+// relay polling meanwhile never takes the row, and the row is sent once.
+func testClaimOutlivesSend[TTx any](t *testing.T, b Backend[TTx]) {
+	ctx := context.Background()
+	if err := b.Outbox.Enqueue(ctx, msg("stuck")); err != nil {
+		t.Fatal(err)
+	}
+	cfg := outbox.RelayConfig{Batch: 1, Concurrency: 1, Lease: 400 * time.Millisecond, SendTimeout: 200 * time.Millisecond}
+	// A sender that ignores its context (a client library that does not
+	// honour deadlines): the send returns only when released.
+	slow := newSink()
+	slow.entered, slow.release = make(chan struct{}, 1), make(chan struct{})
+	first := relay(t, b.Outbox.Store, slow, cfg)
+	done := make(chan error, 1)
+	go func() { _, err := first.RunOnce(ctx); done <- err }()
+	<-slow.entered
+	other := newSink()
+	second := relay(t, b.Outbox.Store, other, cfg)
+	// Poll for three leases: the row must stay the first relay's.
+	for until := time.Now().Add(3 * cfg.Lease); time.Now().Before(until); {
+		n, err := second.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Fatalf("a second relay took the row while the first was still sending it")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(slow.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if row, err := b.Outbox.Get(ctx, "stuck"); err != nil || row.Status != outbox.Sent || slow.count("stuck") != 1 || other.count("stuck") != 0 {
+		t.Fatalf("row %+v, %v; sends %d by the first relay, %d by the second", row, err, slow.count("stuck"), other.count("stuck"))
 	}
 }
