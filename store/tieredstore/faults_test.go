@@ -346,3 +346,59 @@ func TestRewarmNeverOutlivesTheColdRecord(t *testing.T) {
 		t.Fatalf("the hot copy expires %v after the cold record", h.ExpiresAt.Sub(c.ExpiresAt))
 	}
 }
+
+// TestDuplicateDuringDelete: a duplicate re-warming a completed key holds a
+// momentary hot claim while an operator's Delete has already replaced the
+// cold record with its tombstone (and not yet removed the hot copy). A
+// second duplicate meeting that claim must not be told InProgress — no work
+// runs under it, and the key is about to be gone — but to retry. Found by
+// the fault campaign in CI (tiered, seed 9881422026823391970).
+func TestDuplicateDuringDelete(t *testing.T) {
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	a, err := s.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	if err := s.Complete(ctx, "PAY-9", a.Fence, []byte("booked"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := hot.Delete(ctx, "PAY-9"); err != nil { // the hot tier forgot (its retention)
+		t.Fatal(err)
+	}
+	// A duplicate's momentary claim, taken to re-warm the hot tier …
+	rewarm, err := hot.Acquire(ctx, req)
+	if err != nil || rewarm.Outcome != idem.Acquired {
+		t.Fatal(rewarm.Outcome, err)
+	}
+	// … and the first half of a Delete: the cold tombstone, carrying the
+	// largest fence either tier holds.
+	if err := cold.Archive(ctx, idem.Record{Key: "PAY-9", State: idem.StateReleased, Fence: rewarm.Fence}, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, fp := range []string{"fp", "other fp"} {
+		req.Fingerprint = fp
+		got, err := s.Acquire(ctx, req)
+		if err == nil {
+			t.Fatalf("fingerprint %q: a duplicate during the Delete was told %v (fence %d), want an error to retry", fp, got.Outcome, got.Fence)
+		}
+		if !errors.Is(err, idem.ErrStoreUnavailable) {
+			t.Fatalf("fingerprint %q: %v, want ErrStoreUnavailable (retry)", fp, err)
+		}
+	}
+	// Once the Delete has removed the hot copy, the key is new.
+	if err := hot.Delete(ctx, "PAY-9"); err != nil {
+		t.Fatal(err)
+	}
+	req.Fingerprint = "fp"
+	if b, err := s.Acquire(ctx, req); err != nil || b.Outcome != idem.Acquired || b.Fence <= rewarm.Fence {
+		t.Fatalf("after the Delete: %v fence %d, %v", b.Outcome, b.Fence, err)
+	}
+}

@@ -101,6 +101,13 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		// or to re-warm the hot one): the settled record is the answer.
 		// If the cold tier cannot say, neither can we: fail closed.
 		rec, err := s.cold.Get(ctx, req.Key)
+		if err == nil && rec.State == idem.StateReleased && rec.Fence >= a.Record.Fence {
+			// A Delete's tombstone covers the hot record's generation: the
+			// Delete is under way and removes the hot copy next (which may
+			// be a duplicate's momentary claim, with no work under it).
+			// Neither InProgress nor the settled record is the answer.
+			return idem.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the key is being deleted; retry", idem.ErrStoreUnavailable)
+		}
 		if errors.Is(err, idem.ErrNotFound) || (err == nil && rec.State != idem.StateCompleted && rec.State != idem.StateFailed) {
 			return a, nil
 		}
