@@ -172,7 +172,11 @@ func runJS(ctx context.Context, js jetstream.JetStream, n int, name string, open
 	handler, closeHandler := open(done)
 	cpu0 := cpuSeconds()
 	start := time.Now()
-	cc, err := cons.Consume(handler)
+	// What the subscription reports (missed heartbeats, status messages)
+	// is printed: a stall in a run is then explained, not only timed.
+	cc, err := cons.Consume(handler, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		fmt.Fprintf(os.Stderr, "  %s: consume at %v (%d consumed): %v\n", name, time.Since(start).Round(time.Millisecond), count.Load(), err)
+	}))
 	check(err)
 	select {
 	case <-finished:
