@@ -454,13 +454,15 @@ func (s *Store) markSent(ctx context.Context, token string, st Status, ids []int
 	return nil
 }
 
-// extend renews the lease of the rows of ids still claimed by token.
-func (s *Store) extend(ctx context.Context, token string, lease time.Duration, ids []int64) error {
+// extend renews the lease of the rows of ids still claimed by token and
+// returns how many it renewed.
+func (s *Store) extend(ctx context.Context, token string, lease time.Duration, ids []int64) (int64, error) {
 	q, args := s.withIDs(s.q.extend, []any{token, lease.Milliseconds()}, ids)
-	if _, err := s.db.Exec(ctx, q, args...); err != nil {
-		return fmt.Errorf("idem/outbox: extend the claim: %w", err)
+	n, err := s.db.Exec(ctx, q, args...)
+	if err != nil {
+		return 0, fmt.Errorf("idem/outbox: extend the claim: %w", err)
 	}
-	return nil
+	return n, nil
 }
 
 // unclaim hands rows claimed by token back unsent: due again at once.

@@ -234,16 +234,21 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	return len(batch), errors.Join(errs...)
 }
 
-// renew extends the claim of ids every Lease/4 until the returned function
-// is called (which waits for a renewal in flight), moving claimEnd forward
-// after each one that succeeded. A failed renewal changes nothing: the
-// claim still ends when claimEnd says.
+// renew extends the claim of the rows of ids it still holds every Lease/4
+// until the returned function is called (which waits for a renewal in
+// flight), so rows whose outcome is still being recorded stay its own. It
+// moves claimEnd forward after each renewal that found every row of the
+// batch still claimed; once one found fewer — another relay took a row
+// after this one stalled past its lease, or outcomes are being recorded —
+// claimEnd stays where it is, so no further send starts. A renewal that
+// failed changes nothing.
 func (r *Relay) renew(ctx context.Context, token string, ids []int64, claimEnd *atomic.Int64) (stop func()) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
 		t := time.NewTicker(r.cfg.Lease / 4)
 		defer t.Stop()
+		whole := true // every row of the batch still this claim's
 		for {
 			select {
 			case <-quit:
@@ -251,7 +256,14 @@ func (r *Relay) renew(ctx context.Context, token string, ids []int64, claimEnd *
 			case <-t.C:
 			}
 			start := time.Now()
-			if r.cfg.Store.extend(ctx, token, r.cfg.Lease, ids) == nil {
+			n, err := r.cfg.Store.extend(ctx, token, r.cfg.Lease, ids)
+			if err != nil {
+				continue
+			}
+			if n < int64(len(ids)) {
+				whole = false
+			}
+			if whole {
 				claimEnd.Store(start.Add(r.cfg.Lease).UnixNano())
 			}
 		}

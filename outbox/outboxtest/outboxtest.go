@@ -60,6 +60,7 @@ func Run[TTx any](t *testing.T, open func(t testing.TB) Backend[TTx]) {
 		{"AckDuringSendIsKept", testAckDuringSend[TTx]},
 		{"SlowBatchNeverOutlivesItsClaim", testSlowBatch[TTx]},
 		{"ClaimOutlivesASendThatIgnoresItsTimeout", testClaimOutlivesSend[TTx]},
+		{"RenewalNeverRevivesALostClaim", testRenewalAfterLoss[TTx]},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -519,6 +520,7 @@ type freezable[TTx any] struct {
 	sqldriver.Driver[TTx]
 	mu     sync.Mutex
 	thawed chan struct{} // closed while not frozen
+	execs  chan struct{} // if set, told when an Exec returns
 }
 
 func (f *freezable[TTx]) freeze() {
@@ -541,17 +543,25 @@ func (f *freezable[TTx]) wait() {
 }
 
 func (f *freezable[TTx]) Executor() sqldriver.Executor {
-	return freezingExecutor{f.wait, f.Driver.Executor()}
+	return freezingExecutor{f.wait, f.Driver.Executor(), f.execs}
 }
 
 type freezingExecutor struct {
-	wait func()
-	ex   sqldriver.Executor
+	wait  func()
+	ex    sqldriver.Executor
+	execs chan struct{}
 }
 
 func (e freezingExecutor) Exec(ctx context.Context, q string, args ...any) (int64, error) {
 	e.wait()
-	return e.ex.Exec(ctx, q, args...)
+	n, err := e.ex.Exec(ctx, q, args...)
+	if e.execs != nil {
+		select {
+		case e.execs <- struct{}{}:
+		default:
+		}
+	}
+	return n, err
 }
 
 func (e freezingExecutor) Query(ctx context.Context, q string, args ...any) (sqldriver.Rows, error) {
@@ -725,5 +735,56 @@ func testClaimOutlivesSend[TTx any](t *testing.T, b Backend[TTx]) {
 	}
 	if row, err := b.Outbox.Get(ctx, "stuck"); err != nil || row.Status != outbox.Sent || slow.count("stuck") != 1 || other.count("stuck") != 0 {
 		t.Fatalf("row %+v, %v; sends %d by the first relay, %d by the second", row, err, slow.count("stuck"), other.count("stuck"))
+	}
+}
+
+// testRenewalAfterLoss: a relay frozen mid-batch (its statements held) loses
+// its claim to another relay; when it thaws, its renewal finds the rows
+// taken and must not count as one: the rest of its batch is not sent by it
+// (the other relay sends every row once).
+func testRenewalAfterLoss[TTx any](t *testing.T, b Backend[TTx]) {
+	ctx := context.Background()
+	for _, k := range []string{"lost-1", "lost-2"} {
+		if err := b.Outbox.Enqueue(ctx, msg(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	frozen := &freezable[TTx]{Driver: b.Driver, thawed: make(chan struct{}), execs: make(chan struct{}, 1)}
+	close(frozen.thawed)
+	frozenOutbox, err := outbox.New[TTx](frozen, b.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := newSink()
+	slow.entered, slow.release = make(chan struct{}, 1), make(chan struct{})
+	cfg := outbox.RelayConfig{Batch: 2, Concurrency: 1, Lease: 800 * time.Millisecond, SendTimeout: 200 * time.Millisecond}
+	first := relay(t, frozenOutbox.Store, slow, cfg)
+	done := make(chan error, 1)
+	go func() { _, err := first.RunOnce(ctx); done <- err }()
+	<-slow.entered // lost-1 is being sent; lost-2 waits for the slot
+	frozen.freeze()
+	select { // forget a renewal that ran before the freeze
+	case <-frozen.execs:
+	default:
+	}
+	other := newSink()
+	second := relay(t, b.Outbox.Store, other, outbox.RelayConfig{Batch: 2})
+	for deadline := time.Now().Add(5 * time.Second); other.count("lost-2") == 0; time.Sleep(20 * time.Millisecond) {
+		if _, err := second.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the frozen relay's rows were never claimed again")
+		}
+	}
+	frozen.thaw() // its held renewal runs now, and finds the rows taken
+	<-frozen.execs
+	close(slow.release)
+	<-done
+	if n := slow.count("lost-2"); n != 0 {
+		t.Fatalf("the relay that lost its claim sent lost-2 %d times after thawing", n)
+	}
+	if other.count("lost-1") != 1 || other.count("lost-2") != 1 {
+		t.Fatalf("the second relay sent lost-1 %d and lost-2 %d times, want once each", other.count("lost-1"), other.count("lost-2"))
 	}
 }
