@@ -63,6 +63,12 @@ func openStore(ctx context.Context, url string) (idem.Store, error) {
 	return storeurl.Open(ctx, url, nil)
 }
 
+// redisEncodingNote is what an upgrade changes on Redis.
+const redisEncodingNote = `Since this release a Redis record is one packed string, no longer a hash
+of named fields: records written in the first encoding are read as they are and rewritten packed
+by their next transition, so nothing needs migrating; but a process of the first release fails
+closed (WRONGTYPE) on a packed record, so upgrade every process that shares a key prefix together.`
+
 func newMigrateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate [--status]",
@@ -71,7 +77,9 @@ func newMigrateCmd() *cobra.Command {
 in one transaction under the migration lock (an advisory lock on PostgreSQL, BEGIN IMMEDIATE on
 SQLite), and prints the versions recorded in idem_migrations. Any number of processes may run it
 at once. Every other command that opens a SQL store migrates it the same way at start, so
-containers that start together all succeed; --status only prints.`,
+containers that start together all succeed; --status only prints.
+
+Redis has no schema. ` + redisEncodingNote,
 		Args: cobra.NoArgs,
 	}
 	store := storeFlag(cmd)
@@ -100,6 +108,9 @@ containers that start together all succeed; --status only prints.`,
 			defer s.Close()
 			pg := s.(*pgstore.Store)
 			conn, schema = pgxv5.New(pg.Pool()), pg.Schema()
+		case storeurl.Redis:
+			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate. %s\n", *store, redisEncodingNote)
+			return nil
 		default:
 			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate\n", *store)
 			return nil

@@ -106,3 +106,18 @@ func TestMigrateStatus(t *testing.T) {
 		t.Fatalf("--status after migrate: %q %v, want %q", again, err, out)
 	}
 }
+
+// TestMigrateSaysWhatChangesOnRedis: Redis has no schema, and idem migrate
+// says what an upgrade changes there instead (records rewritten packed on
+// their next transition; upgrade the processes of a prefix together).
+func TestMigrateSaysWhatChangesOnRedis(t *testing.T) {
+	out, err := run(t, "migrate", "--store", "redis://127.0.0.1:6379/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"no schema to migrate", "rewritten packed", "upgrade every process that shares a key prefix together"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("idem migrate on Redis says %q, without %q", out, want)
+		}
+	}
+}
