@@ -48,37 +48,57 @@ func BenchmarkInboxOverhead(b *testing.B) {
 		_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.accounts VALUES ($1, 100) ON CONFLICT (account) DO UPDATE SET balance_cents = accounts.balance_cents + 100`, acc)
 		return err
 	}
+	separate, err := inbox.New(pgxv5.New(pool), inbox.Config{Table: schema + ".processed_events", VersionTable: schema + ".entity_versions", ClaimSeparately: true})
+	if err != nil {
+		b.Fatal(err)
+	}
 	var seq atomic.Uint64
-	var with, without float64
-	b.Run("without-inbox", func(b *testing.B) {
-		b.SetParallelism(8)
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				n := seq.Add(1)
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return business(ctx, tx, "PAY-"+strconv.FormatUint(n, 10), n) })
-				if err != nil {
+	// each runs op b.N times: by one worker, or by 8 per CPU.
+	each := func(b *testing.B, parallel bool, op func(n uint64) error) float64 {
+		if !parallel {
+			for range b.N {
+				if err := op(seq.Add(1)); err != nil {
 					b.Fatal(err)
 				}
 			}
-		})
-		without = float64(b.Elapsed().Nanoseconds()) / float64(b.N)
-	})
-	b.Run("with-inbox", func(b *testing.B) {
-		b.SetParallelism(8)
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				n := seq.Add(1)
-				id := "PAY-" + strconv.FormatUint(n, 10)
-				out, err := ib.Process(ctx, inbox.Event{Consumer: "credits", CorrelationID: id},
-					func(ctx context.Context, tx pgx.Tx) error { return business(ctx, tx, id, n) })
-				if err != nil || out != inbox.Processed {
-					b.Fatal(out, err)
+		} else {
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := op(seq.Add(1)); err != nil {
+						b.Fatal(err)
+					}
 				}
+			})
+		}
+		return float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	}
+	bare := func(n uint64) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return business(ctx, tx, "PAY-"+strconv.FormatUint(n, 10), n) })
+	}
+	through := func(ib *inbox.Inbox[pgx.Tx]) func(n uint64) error {
+		return func(n uint64) error {
+			id := "PAY-" + strconv.FormatUint(n, 10)
+			out, err := ib.Process(ctx, inbox.Event{Consumer: "credits", CorrelationID: id},
+				func(ctx context.Context, tx pgx.Tx) error { return business(ctx, tx, id, n) })
+			if err == nil && out != inbox.Processed {
+				err = fmt.Errorf("outcome %v", out)
 			}
-		})
-		with = float64(b.Elapsed().Nanoseconds()) / float64(b.N)
-	})
-	if without > 0 && with > 0 {
-		fmt.Printf("InboxOverhead: without inbox %.0f µs/msg, with inbox %.0f µs/msg, ratio %.2f (target ≤ 1.3)\n", without/1e3, with/1e3, with/without)
+			return err
+		}
+	}
+	for _, parallel := range []bool{false, true} {
+		name := "one-worker"
+		if parallel {
+			name = "8-per-cpu"
+		}
+		var with, withSeparate, without float64
+		b.Run(name+"/without-inbox", func(b *testing.B) { without = each(b, parallel, bare) })
+		b.Run(name+"/with-inbox", func(b *testing.B) { with = each(b, parallel, through(ib)) })
+		b.Run(name+"/with-inbox-claim-separately", func(b *testing.B) { withSeparate = each(b, parallel, through(separate)) })
+		if without > 0 && with > 0 && withSeparate > 0 {
+			fmt.Printf("InboxOverhead %s: without inbox %.0f µs/msg, with inbox %.0f µs/msg (ratio %.2f, target ≤ 1.3), claim in a round trip of its own %.0f µs/msg (%.2f)\n",
+				name, without/1e3, with/1e3, with/without, withSeparate/1e3, withSeparate/without)
+		}
 	}
 }

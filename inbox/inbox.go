@@ -75,6 +75,13 @@ type Config struct {
 	// ConsumerVersion is recorded on every row (the deployed build), for
 	// operators. Optional.
 	ConsumerVersion string
+	// ClaimSeparately makes Process send its claim as a statement of its
+	// own after BEGIN. By default, on a driver that can (pgxv5, a
+	// sqldriver.ClaimBeginner), Process sends BEGIN and the claim in one
+	// round trip, and a duplicate is the claim's unique violation — which
+	// the server logs as an error. Set it to keep duplicates out of the
+	// server's log at one round trip more per message.
+	ClaimSeparately bool
 }
 
 // Inbox records processed keys in the caller's transactions, of type TTx
@@ -83,7 +90,7 @@ type Inbox[TTx any] struct {
 	cfg    Config
 	driver sqldriver.Driver[TTx]
 	schema string // of Table, "" for none
-	sql    struct{ claim, claimMany, unclaim, version, sweep, list, find string }
+	sql    struct{ claim, claimStrict, claimMany, unclaim, version, sweep, list, find string }
 }
 
 var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
@@ -109,6 +116,8 @@ func New[TTx any](driver sqldriver.Driver[TTx], cfg Config) (*Inbox[TTx], error)
 	d := driver.Dialect()
 	i.sql.claim = `INSERT INTO ` + cfg.Table + ` (consumer, correlation_id, event_type, processed_at, consumer_version)
 VALUES ($1, $2, $3, ` + d.Now() + `, $4) ON CONFLICT (consumer, correlation_id) DO NOTHING`
+	i.sql.claimStrict = `INSERT INTO ` + cfg.Table + ` (consumer, correlation_id, event_type, processed_at, consumer_version)
+VALUES ($1, $2, $3, ` + d.Now() + `, $4)`
 	i.sql.claimMany = `INSERT INTO ` + cfg.Table + ` (consumer, correlation_id, event_type, processed_at, consumer_version) VALUES `
 	i.sql.unclaim = `DELETE FROM ` + cfg.Table + ` WHERE consumer = $1 AND correlation_id = $2`
 	i.sql.version = `INSERT INTO ` + cfg.VersionTable + ` AS v (entity, version, updated_at) VALUES ($1, $2, ` + d.Now() + `)
@@ -289,6 +298,9 @@ func (i *Inbox[TTx]) Find(ctx context.Context, correlationID string) ([]Row, err
 // fn runs only for a new key; a Duplicate or Stale event commits nothing of
 // fn's. If fn fails, everything rolls back and the redelivery runs it again.
 func (i *Inbox[TTx]) Process(ctx context.Context, ev Event, fn func(ctx context.Context, tx TTx) error) (Outcome, error) {
+	if cb, ok := any(i.driver).(sqldriver.ClaimBeginner[TTx]); ok && ev.Entity == "" && !i.cfg.ClaimSeparately {
+		return i.processClaimed(ctx, cb, ev, fn)
+	}
 	tx, err := i.driver.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("idem/inbox: begin: %w", err)
@@ -307,4 +319,26 @@ func (i *Inbox[TTx]) Process(ctx context.Context, ev Event, fn func(ctx context.
 		return 0, fmt.Errorf("idem/inbox: commit: %w", err)
 	}
 	return out, nil
+}
+
+// processClaimed is Process with BEGIN and the claim in one round trip.
+func (i *Inbox[TTx]) processClaimed(ctx context.Context, cb sqldriver.ClaimBeginner[TTx], ev Event, fn func(ctx context.Context, tx TTx) error) (Outcome, error) {
+	if err := ev.validate(); err != nil {
+		return 0, err
+	}
+	tx, err := cb.BeginClaim(ctx, i.sql.claimStrict, ev.Consumer, ev.CorrelationID, ev.Type, i.cfg.ConsumerVersion)
+	if errors.Is(err, sqldriver.ErrRowExists) {
+		return Duplicate, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("idem/inbox: begin and claim %s/%s: %w", ev.Consumer, ev.CorrelationID, err)
+	}
+	defer i.driver.Rollback(context.WithoutCancel(ctx), tx)
+	if err := fn(ctx, tx); err != nil {
+		return 0, err
+	}
+	if err := i.driver.Commit(ctx, tx); err != nil {
+		return 0, fmt.Errorf("idem/inbox: commit: %w", err)
+	}
+	return Processed, nil
 }

@@ -21,6 +21,7 @@ package sqldriver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -85,6 +86,23 @@ type Listener interface {
 	// Close releases the listening connection.
 	Close()
 }
+
+// ClaimBeginner is implemented by drivers that can begin a transaction and
+// insert a key row in it in one round trip (pgxv5). A component uses it
+// where it would Begin and insert a key first thing — the inbox's Process —
+// and falls back to Begin with drivers that lack it.
+type ClaimBeginner[TTx any] interface {
+	// BeginClaim begins a transaction whose first statement is insert (an
+	// INSERT without ON CONFLICT; placeholders $1…$n, every arg a string),
+	// sent with BEGIN in one round trip. If the row exists — already
+	// committed, or committed meanwhile by a transaction insert waited for —
+	// it returns ErrRowExists, with the transaction rolled back. The server
+	// logs that unique violation as an error.
+	BeginClaim(ctx context.Context, insert string, args ...string) (TTx, error)
+}
+
+// ErrRowExists: the row a ClaimBeginner was to insert exists.
+var ErrRowExists = errors.New("sqldriver: the row exists")
 
 // Dialect holds the SQL fragments in which database families differ.
 // Components write each statement once around them.

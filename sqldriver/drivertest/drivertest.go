@@ -36,6 +36,7 @@ func Run[TTx any](t *testing.T, open Open[TTx]) {
 		{"SchemaAndIndex", testSchemaAndIndex[TTx]},
 		{"ErrorsKeepTheirCause", testErrors[TTx]},
 		{"ListenerWakesOnTrigger", testListener[TTx]},
+		{"BeginClaimInsertsOnce", testBeginClaim[TTx]},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -351,5 +352,74 @@ func testListener[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string)
 	mustExec(t, d.Executor(), `INSERT INTO `+table(schema, "things")+` (name) VALUES ('wake')`)
 	if !l.Wait(ctx, "drivertest", 10*time.Second) {
 		t.Fatal("the insert's notification did not wake the listener")
+	}
+}
+
+// testBeginClaim: a ClaimBeginner's transaction holds its inserted row, a
+// second claim of the row is ErrRowExists (also one that waited for the
+// first to commit) and leaves the pool working, a rolled-back claim leaves
+// nothing, and values arrive verbatim whatever they contain.
+func testBeginClaim[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
+	cb, ok := d.(sqldriver.ClaimBeginner[TTx])
+	if !ok {
+		t.Skipf("%T does not implement sqldriver.ClaimBeginner (a capability, not a missing service)", d)
+	}
+	ctx := context.Background()
+	tbl := table(schema, "claims")
+	mustExec(t, d.Executor(), `CREATE TABLE `+tbl+` (name text PRIMARY KEY, note text NOT NULL)`)
+	insert := `INSERT INTO ` + tbl + ` (name, note) VALUES ($1, $2)`
+	hostile := "it's $1 \\ \"q\" $$ -- ;\n\u00fcn\u00ef"
+	tx, err := cb.BeginClaim(ctx, insert, hostile, "$2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := count(t, d.UnwrapExecutor(tx), tbl); got != 1 {
+		t.Fatalf("the claiming transaction sees %d rows, want its own", got)
+	}
+	if err := d.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	_ = d.Rollback(ctx, tx)
+	var name, note string
+	if err := d.Executor().QueryRow(ctx, `SELECT name, note FROM `+tbl).Scan(&name, &note); err != nil || name != hostile || note != "$2" {
+		t.Fatalf("stored %q, %q (%v), want %q, %q", name, note, err, hostile, "$2")
+	}
+	for range 3 { // each duplicate gives its connection back in a usable state
+		if _, err := cb.BeginClaim(ctx, insert, hostile, "again"); !errors.Is(err, sqldriver.ErrRowExists) {
+			t.Fatalf("a second claim: %v, want ErrRowExists", err)
+		}
+	}
+	tx, err = cb.BeginClaim(ctx, insert, "rolled back", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Rollback(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(t, d.Executor(), tbl); got != 1 {
+		t.Fatalf("after a rolled-back claim the table has %d rows, want 1", got)
+	}
+	// A claim that meets another transaction's uncommitted claim waits for
+	// it: ErrRowExists once that commits.
+	first, err := cb.BeginClaim(ctx, insert, "contended", "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan error, 1)
+	go func() {
+		tx, err := cb.BeginClaim(ctx, insert, "contended", "second")
+		if err == nil {
+			_ = d.Rollback(ctx, tx)
+		}
+		second <- err
+	}()
+	if err := d.Commit(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; !errors.Is(err, sqldriver.ErrRowExists) {
+		t.Fatalf("the contending claim: %v, want ErrRowExists", err)
+	}
+	if got := count(t, d.Executor(), tbl); got != 2 {
+		t.Fatalf("the table has %d rows, want 2", got)
 	}
 }

@@ -7,6 +7,9 @@ package pgxv5
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +19,8 @@ import (
 
 	"github.com/idemgo/idem/sqldriver"
 )
+
+var _ sqldriver.ClaimBeginner[pgx.Tx] = (*Driver)(nil)
 
 // Driver reaches PostgreSQL through a pgx pool.
 type Driver struct {
@@ -73,6 +78,84 @@ func (*Driver) Rollback(ctx context.Context, tx pgx.Tx) error {
 		return err
 	}
 	return nil
+}
+
+// BeginClaim implements sqldriver.ClaimBeginner: BEGIN and the insert, its
+// arguments as literals escaped for the connection (pgconn.EscapeString:
+// standard_conforming_strings must be on, the default), in one simple-query
+// round trip. A unique violation rolls back (a round trip more, for
+// duplicates only) and is sqldriver.ErrRowExists.
+func (d *Driver) BeginClaim(ctx context.Context, insert string, args ...string) (pgx.Tx, error) {
+	c, err := d.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	q, err := literals(c.Conn().PgConn(), insert, args)
+	if err != nil {
+		c.Release()
+		return nil, err
+	}
+	tx, err := c.Conn().BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + q})
+	if err != nil {
+		if c.Conn().PgConn().TxStatus() != 'I' {
+			_, _ = c.Conn().Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+		c.Release()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
+			return nil, sqldriver.ErrRowExists
+		}
+		return nil, err
+	}
+	return &connTx{Tx: tx, conn: c}, nil
+}
+
+// literals puts the escaped string literals of args in place of $1…$n, in
+// one pass (a value that reads "$2" stays text). q is the component's own
+// statement: it has no $ of its own.
+func literals(pc *pgconn.PgConn, q string, args []string) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(q); i++ {
+		if q[i] != '$' {
+			b.WriteByte(q[i])
+			continue
+		}
+		j := i + 1
+		for j < len(q) && q[j] >= '0' && q[j] <= '9' {
+			j++
+		}
+		n, err := strconv.Atoi(q[i+1 : j])
+		if err != nil || n < 1 || n > len(args) {
+			return "", fmt.Errorf("idem/pgxv5: placeholder %q of %d arguments", q[i:j], len(args))
+		}
+		esc, err := pc.EscapeString(args[n-1])
+		if err != nil {
+			return "", err
+		}
+		b.WriteString("'" + esc + "'")
+		i = j - 1
+	}
+	return b.String(), nil
+}
+
+// connTx is a transaction on a connection acquired from the pool, released
+// when the transaction ends (as pgxpool.Tx does).
+type connTx struct {
+	pgx.Tx
+	conn *pgxpool.Conn
+	once sync.Once
+}
+
+func (t *connTx) Commit(ctx context.Context) error {
+	err := t.Tx.Commit(ctx)
+	t.once.Do(t.conn.Release)
+	return err
+}
+
+func (t *connTx) Rollback(ctx context.Context) error {
+	err := t.Tx.Rollback(ctx)
+	t.once.Do(t.conn.Release)
+	return err
 }
 
 // lockMigrations is the one advisory lock every idem migration takes.
