@@ -27,6 +27,7 @@ type benchOpts struct {
 	mode        string
 	asJSON      bool
 	quiet       bool
+	retention   time.Duration
 }
 
 func newBenchCmd() *cobra.Command {
@@ -48,12 +49,16 @@ last line is one JSON object.`,
 	cmd.Flags().StringVar(&o.mode, "mode", "both", "phases to run: lifecycle, replay or both")
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "end with one JSON object on the last line")
 	cmd.Flags().BoolVar(&o.quiet, "quiet", false, "no progress line")
+	cmd.Flags().DurationVar(&o.retention, "retention", 5*time.Minute, "how long the store keeps the records the run writes (scope idem-bench): Redis forgets them then, SQL stores at their next sweep; longer than both phases")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if o.concurrency < 1 || o.keys < 1 || o.duration <= 0 {
 			return fmt.Errorf("--concurrency, --keys and --duration must be positive")
 		}
 		if o.mode != "both" && o.mode != "lifecycle" && o.mode != "replay" {
 			return fmt.Errorf("--mode is %q, want lifecycle, replay or both", o.mode)
+		}
+		if o.retention <= 2*o.duration {
+			return fmt.Errorf("--retention %v must outlast both phases (more than twice --duration, %v): the replay phase replays records the run wrote", o.retention, 2*o.duration)
 		}
 		// The pool fits the workers unless the URL sizes it.
 		s, err := storeurl.Open(cmd.Context(), o.store, &storeurl.Options{Concurrency: o.concurrency})
@@ -102,7 +107,7 @@ func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benc
 	prefix := idem.Key{Scope: "idem-bench", ID: hex.EncodeToString(runID[:]) + "-"}.Storage(false)
 	rep := benchReport{Store: o.store, Concurrency: o.concurrency}
 	req := func(key string) idem.AcquireRequest {
-		return idem.AcquireRequest{Key: key, Fingerprint: "bench", Lease: time.Minute, Retention: time.Hour}
+		return idem.AcquireRequest{Key: key, Fingerprint: "bench", Lease: time.Minute, Retention: o.retention}
 	}
 	result := []byte(`{"status":"ok"}`)
 
@@ -117,7 +122,7 @@ func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benc
 		if a.Outcome != idem.Acquired {
 			return buf, fmt.Errorf("fresh key %s: %v", key, a.Outcome)
 		}
-		return buf, s.Complete(ctx, key, a.Fence, result, time.Hour)
+		return buf, s.Complete(ctx, key, a.Fence, result, o.retention)
 	}
 	if o.mode != "replay" {
 		r, err := runPhase(ctx, progress, "lifecycle", o, lifecycle)
@@ -140,7 +145,7 @@ func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benc
 			if err != nil {
 				return err
 			}
-			return s.Complete(ctx, names[i], a.Fence, result, time.Hour)
+			return s.Complete(ctx, names[i], a.Fence, result, o.retention)
 		}); err != nil {
 			return fmt.Errorf("preparing replay keys: %w", err)
 		}

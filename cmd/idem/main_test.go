@@ -7,6 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store/storeurl"
 )
 
 // run executes the idem command with args and returns its stdout.
@@ -49,6 +53,29 @@ func TestBenchJSON(t *testing.T) {
 			if v, ok := rep[k].(float64); !ok || v <= 0 {
 				t.Errorf("%s: %s = %v", store, k, rep[k])
 			}
+		}
+	}
+}
+
+// TestBenchRecordsExpire: the records a bench run writes live for
+// --retention (default 5m), not for an hour in the user's store.
+func TestBenchRecordsExpire(t *testing.T) {
+	store := "sqlite:" + filepath.Join(t.TempDir(), "r.db")
+	if _, err := run(t, "bench", "--store", store, "--duration", "100ms", "--concurrency", "2", "--keys", "10", "--quiet", "--retention", "2m"); err != nil {
+		t.Fatal(err)
+	}
+	s, err := storeurl.Open(context.Background(), store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	recs, err := s.(idem.Lister).List(context.Background(), "", 0)
+	if err != nil || len(recs) == 0 {
+		t.Fatalf("%d records, %v", len(recs), err)
+	}
+	for _, r := range recs {
+		if left := time.Until(r.ExpiresAt); left > 2*time.Minute || left < time.Minute {
+			t.Fatalf("%s expires in %v, want within the 2m retention", r.Key, left)
 		}
 	}
 }
@@ -108,6 +135,7 @@ func TestBadInput(t *testing.T) {
 		{[]string{"keys", "get", "--store", store, strings.Repeat("k", 10<<10)}, "the limit is 255"},
 		{[]string{"keys", "ls", "--store", store, "--state", "weird"}, "unknown state"},
 		{[]string{"bench", "--store", "memory:", "--concurrency", "0"}, "must be positive"},
+		{[]string{"bench", "--store", "memory:", "--duration", "10s", "--retention", "15s"}, "must outlast both phases"},
 	}
 	for _, tt := range tests {
 		_, err := run(t, tt.args...)
