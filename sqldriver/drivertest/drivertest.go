@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"strings"
 	"testing"
 	"time"
 
@@ -388,6 +389,11 @@ func testBeginClaim[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema strin
 		if _, err := cb.BeginClaim(ctx, insert, hostile, "again"); !errors.Is(err, sqldriver.ErrRowExists) {
 			t.Fatalf("a second claim: %v, want ErrRowExists", err)
 		}
+	}
+	// A NUL byte is refused by name, before anything is sent (in a simple
+	// query it would end the statement's text early).
+	if _, err := cb.BeginClaim(ctx, insert, "nul\x00byte", ""); err == nil || !strings.Contains(err.Error(), "NUL") {
+		t.Fatalf("a value with a NUL byte: %v, want an error naming the NUL byte", err)
 	}
 	tx, err = cb.BeginClaim(ctx, insert, "rolled back", "")
 	if err != nil {

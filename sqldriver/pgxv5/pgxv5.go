@@ -128,6 +128,11 @@ func literals(pc *pgconn.PgConn, q string, args []string) (string, error) {
 		if err != nil || n < 1 || n > len(args) {
 			return "", fmt.Errorf("idem/pgxv5: placeholder %q of %d arguments", q[i:j], len(args))
 		}
+		if strings.IndexByte(args[n-1], 0) >= 0 {
+			// A simple query is a C string: PostgreSQL would stop reading at
+			// the NUL. As a parameter the server refuses it too (22021).
+			return "", fmt.Errorf("idem/pgxv5: argument $%d holds a NUL byte, which PostgreSQL text cannot", n)
+		}
 		esc, err := pc.EscapeString(args[n-1])
 		if err != nil {
 			return "", err
