@@ -298,18 +298,11 @@ func (i *Inbox[TTx]) Find(ctx context.Context, correlationID string) ([]Row, err
 // fn runs only for a new key; a Duplicate or Stale event commits nothing of
 // fn's. If fn fails, everything rolls back and the redelivery runs it again.
 func (i *Inbox[TTx]) Process(ctx context.Context, ev Event, fn func(ctx context.Context, tx TTx) error) (Outcome, error) {
-	if cb, ok := any(i.driver).(sqldriver.ClaimBeginner[TTx]); ok && ev.Entity == "" && !i.cfg.ClaimSeparately {
-		return i.processClaimed(ctx, cb, ev, fn)
-	}
-	tx, err := i.driver.Begin(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("idem/inbox: begin: %w", err)
-	}
-	defer i.driver.Rollback(context.WithoutCancel(ctx), tx)
-	out, err := i.ClaimTx(ctx, tx, ev)
+	tx, out, err := i.beginClaimed(ctx, ev)
 	if err != nil || out == Duplicate {
 		return out, err
 	}
+	defer i.driver.Rollback(context.WithoutCancel(ctx), tx)
 	if out == Processed {
 		if err := fn(ctx, tx); err != nil {
 			return 0, err
@@ -321,24 +314,29 @@ func (i *Inbox[TTx]) Process(ctx context.Context, ev Event, fn func(ctx context.
 	return out, nil
 }
 
-// processClaimed is Process with BEGIN and the claim in one round trip.
-func (i *Inbox[TTx]) processClaimed(ctx context.Context, cb sqldriver.ClaimBeginner[TTx], ev Event, fn func(ctx context.Context, tx TTx) error) (Outcome, error) {
-	if err := ev.validate(); err != nil {
-		return 0, err
+// beginClaimed begins a transaction and claims ev's key in it: with BEGIN in
+// one round trip where the driver can (sqldriver.ClaimBeginner; not for a
+// version-guarded event), else Begin and ClaimTx. The transaction is left
+// open only for Processed and Stale.
+func (i *Inbox[TTx]) beginClaimed(ctx context.Context, ev Event) (tx TTx, out Outcome, err error) {
+	if cb, ok := any(i.driver).(sqldriver.ClaimBeginner[TTx]); ok && ev.Entity == "" && !i.cfg.ClaimSeparately {
+		if err := ev.validate(); err != nil {
+			return tx, 0, err
+		}
+		tx, err := cb.BeginClaim(ctx, i.sql.claimStrict, ev.Consumer, ev.CorrelationID, ev.Type, i.cfg.ConsumerVersion)
+		if errors.Is(err, sqldriver.ErrRowExists) {
+			return tx, Duplicate, nil
+		}
+		if err != nil {
+			return tx, 0, fmt.Errorf("idem/inbox: begin and claim %s/%s: %w", ev.Consumer, ev.CorrelationID, err)
+		}
+		return tx, Processed, nil
 	}
-	tx, err := cb.BeginClaim(ctx, i.sql.claimStrict, ev.Consumer, ev.CorrelationID, ev.Type, i.cfg.ConsumerVersion)
-	if errors.Is(err, sqldriver.ErrRowExists) {
-		return Duplicate, nil
+	if tx, err = i.driver.Begin(ctx); err != nil {
+		return tx, 0, fmt.Errorf("idem/inbox: begin: %w", err)
 	}
-	if err != nil {
-		return 0, fmt.Errorf("idem/inbox: begin and claim %s/%s: %w", ev.Consumer, ev.CorrelationID, err)
+	if out, err = i.ClaimTx(ctx, tx, ev); err != nil || out == Duplicate {
+		_ = i.driver.Rollback(context.WithoutCancel(ctx), tx)
 	}
-	defer i.driver.Rollback(context.WithoutCancel(ctx), tx)
-	if err := fn(ctx, tx); err != nil {
-		return 0, err
-	}
-	if err := i.driver.Commit(ctx, tx); err != nil {
-		return 0, fmt.Errorf("idem/inbox: commit: %w", err)
-	}
-	return Processed, nil
+	return tx, out, err
 }

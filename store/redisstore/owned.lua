@@ -15,7 +15,7 @@ if same and r.tag == 83 and r.n == ARGV[5] and r.e > now then return 1 end
 -- Past its retention the record is gone, even before Redis evicts it.
 if r.st ~= 1 or not same or r.e <= now then return 0 end
 local op, ms = ARGV[1], tonumber(ARGV[3])
-r.raw, r.u = nil, now
+r.u = now
 if op == 'h' then
   r.l = now + ms
   if r.e < now + ms then r.e = now + ms end

@@ -303,8 +303,29 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 	return recs, strings.Join(next, ";"), nil
 }
 
-// read gets the records of keys in one pipeline, skipping those gone; the
-// records of the first encoding (hashes) in a second one.
+// errFirstEncoding: the key holds a record of the first encoding (a hash).
+var errFirstEncoding = errors.New("a record of the first encoding")
+
+// decodeGet reads the answer of a GET of key: found is false when the key
+// is gone; errFirstEncoding asks for an HMGET of the hash.
+func (s *Store) decodeGet(key, v string, err error) (rec idem.Record, found bool, _ error) {
+	switch {
+	case errors.Is(err, redis.Nil):
+		return idem.Record{}, false, nil
+	case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
+		return idem.Record{}, false, errFirstEncoding
+	case err != nil:
+		return idem.Record{}, false, err
+	}
+	if rec, found = decodeRecord(key, v); !found {
+		return idem.Record{}, false, fmt.Errorf("%s is not an idem record", s.KeyName(key)) // wrap makes it ErrStoreUnavailable
+	}
+	return rec, true, nil
+}
+
+// read gets the records of keys in one pipeline, skipping those gone (a
+// record that expired since a scan); the records of the first encoding
+// (hashes) in a second one.
 func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -315,22 +336,17 @@ func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) 
 		gets[i] = pipe.Get(ctx, s.KeyName(k))
 	}
 	_, _ = pipe.Exec(ctx)
-	recs := make([]idem.Record, len(keys))
-	found := make([]bool, len(keys))
+	recs := make([]idem.Record, len(keys)) // Key "" where none was found
 	var hashes []int
 	for i, k := range keys {
-		v, err := gets[i].Result()
+		rec, found, err := s.decodeGet(k, gets[i].Val(), gets[i].Err())
 		switch {
-		case errors.Is(err, redis.Nil):
-			continue // gone (a record that expired since the scan is skipped)
-		case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
+		case errors.Is(err, errFirstEncoding):
 			hashes = append(hashes, i)
-			continue
 		case err != nil:
 			return nil, wrap("read", err)
-		}
-		if recs[i], found[i] = decodeRecord(k, v); !found[i] {
-			return nil, fmt.Errorf("%w: redis read: %s is not an idem record", idem.ErrStoreUnavailable, s.KeyName(k))
+		case found:
+			recs[i] = rec
 		}
 	}
 	if len(hashes) > 0 {
@@ -343,13 +359,13 @@ func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) 
 			return nil, wrap("read", err)
 		}
 		for j, i := range hashes {
-			recs[i], found[i] = s.parseFields(keys[i], hmgets[j].Val())
+			recs[i], _ = s.parseFields(keys[i], hmgets[j].Val())
 		}
 	}
 	out := recs[:0]
-	for i := range recs {
-		if found[i] {
-			out = append(out, recs[i])
+	for _, rec := range recs {
+		if rec.Key != "" {
+			out = append(out, rec)
 		}
 	}
 	return out, nil
@@ -503,14 +519,22 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, err
 	}
-	recs, err := s.read(ctx, []string{key})
+	name := s.KeyName(key)
+	v, err := s.c.Get(ctx, name).Result()
+	rec, found, err := s.decodeGet(key, v, err)
+	if errors.Is(err, errFirstEncoding) {
+		var h []any
+		if h, err = s.c.HMGet(ctx, name, fields...).Result(); err == nil {
+			rec, found = s.parseFields(key, h)
+		}
+	}
 	if err != nil {
 		return idem.Record{}, wrap("get", err)
 	}
-	if len(recs) == 0 {
+	if !found {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	return recs[0], nil
+	return rec, nil
 }
 
 // Delete implements idem.Store.
