@@ -80,19 +80,20 @@ func DoWith[T any](ctx context.Context, g *Guard, key Key, opts *RunOptions, fn 
 // decodeStored decodes a replayed result, or hands out the copy decoded the
 // last time the same key replayed the same bytes.
 func decodeStored[T any](g *Guard, key Key, res Result) (T, error) {
-	var out T
-	share := copyable(reflect.TypeFor[T]())
-	if share {
-		if v, ok := g.decoded.get(res.Record.Key, res.Value).(T); ok {
-			return v, nil
-		}
+	// Only a value of a copyable type is ever remembered, and a hit must be
+	// of T itself (not merely assignable to an interface T), so a hit needs
+	// no copyable check; out is declared after it, so a hit allocates nothing.
+	typ := reflect.TypeFor[T]()
+	if v, ok := g.decoded.get(typ, res.Record.Key, res.Value).(T); ok {
+		return v, nil
 	}
+	var out T
 	if err := json.Unmarshal(res.Value, &out); err != nil {
 		var zero T
 		return zero, fmt.Errorf("idem: decode stored result of %s: %w", key, err)
 	}
-	if share && res.Record.Key != "" {
-		g.decoded.put(res.Record.Key, res.Value, out)
+	if res.Record.Key != "" && copyable(typ) {
+		g.decoded.put(typ, res.Record.Key, res.Value, out)
 	}
 	return out, nil
 }
@@ -109,6 +110,7 @@ type decodedValues struct {
 }
 
 type decodedValue struct {
+	typ   reflect.Type
 	key   string
 	raw   []byte
 	value any
@@ -124,15 +126,15 @@ func (d *decodedValues) slot(key string) *atomic.Pointer[decodedValue] {
 	return &d.slots[maphash.String(d.seed, key)%decodedSlots]
 }
 
-func (d *decodedValues) get(key string, raw []byte) any {
-	if e := d.slot(key).Load(); e != nil && e.key == key && bytes.Equal(e.raw, raw) {
+func (d *decodedValues) get(typ reflect.Type, key string, raw []byte) any {
+	if e := d.slot(key).Load(); e != nil && e.typ == typ && e.key == key && bytes.Equal(e.raw, raw) {
 		return e.value
 	}
 	return nil
 }
 
-func (d *decodedValues) put(key string, raw []byte, value any) {
-	d.slot(key).Store(&decodedValue{key: key, raw: bytes.Clone(raw), value: value})
+func (d *decodedValues) put(typ reflect.Type, key string, raw []byte, value any) {
+	d.slot(key).Store(&decodedValue{typ: typ, key: key, raw: bytes.Clone(raw), value: value})
 }
 
 var copyableTypes sync.Map // reflect.Type → bool

@@ -104,3 +104,52 @@ func TestDoReplayNeverSharesMutableValues(t *testing.T) {
 		}
 	}
 }
+
+// A remembered value is handed out only to a caller of its own type: a
+// caller asking for an interface the value satisfies decodes the JSON for
+// itself, as it would without the remembered values.
+func TestDoReplayAsAnInterfaceDecodes(t *testing.T) {
+	g, _ := newGuard(t, idem.Config{})
+	ctx := context.Background()
+	k := idem.Key{Scope: "test", ID: "interface"}
+	if _, err := idem.Do(ctx, g, k, func(context.Context) (counted, error) { return counted{N: 3}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idem.Do(ctx, g, k, func(context.Context) (counted, error) { return counted{}, nil }); err != nil {
+		t.Fatal(err) // remembers counted{3}
+	}
+	v, err := idem.Do(ctx, g, k, func(context.Context) (any, error) { return nil, nil })
+	if m, ok := v.(map[string]any); err != nil || !ok || m["N"] != float64(3) {
+		t.Fatalf("replay as any = %#v, %v; want the decoded JSON object", v, err)
+	}
+}
+
+// A replay of a remembered value allocates no more than Guard.Run's replay.
+func TestDoReplayAllocations(t *testing.T) {
+	if raceDetector {
+		t.Skip("allocation counts differ under the race detector")
+	}
+	type payment struct {
+		ID     string
+		Amount int64
+	}
+	g, _ := newGuard(t, idem.Config{})
+	ctx := context.Background()
+	k := idem.Key{Scope: "test", ID: "replay-allocs"}
+	if _, err := idem.Do(ctx, g, k, func(context.Context) (payment, error) { return payment{"P", 1}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	run := testing.AllocsPerRun(200, func() {
+		if res, err := g.Run(ctx, k, nil, func(context.Context, uint64) ([]byte, error) { return nil, nil }); err != nil || res.Outcome != idem.Replayed {
+			t.Fatal(res.Outcome, err)
+		}
+	})
+	do := testing.AllocsPerRun(200, func() {
+		if p, err := idem.Do(ctx, g, k, func(context.Context) (payment, error) { return payment{}, nil }); err != nil || p.Amount != 1 {
+			t.Fatal(p, err)
+		}
+	})
+	if do > run {
+		t.Fatalf("idem.Do replay allocates %.1f times, Guard.Run replay %.1f", do, run)
+	}
+}

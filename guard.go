@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem/internal/ticks"
@@ -217,7 +218,7 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 		}
 	}
 
-	start := g.cfg.Clock.Now()
+	start := g.startTiming()
 	acq, err := g.cfg.Store.Acquire(ctx, AcquireRequest{
 		Key:         skey,
 		Fingerprint: fp,
@@ -264,18 +265,16 @@ func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, progres
 		defer g.holdOnPanic(skey, fence)
 		return work(&fenceContext{ctx, fence}, fence)
 	}
-	wctx, cancel := context.WithCancelCause(ctx)
-	r := &ownedRun{g: g, parent: ctx, cancel: cancel, key: skey, fence: fence, progress: progress}
-	r.ctx = fenceContext{wctx, fence}
+	r := &ownedRun{g: g, parent: ctx, key: skey, fence: fence, progress: progress}
 	// The heartbeats outlive the caller: if the caller gives up while the
 	// work keeps running, the lease must live as long as the work does.
 	g.beats.Start(&r.tick, r)
 	defer func() {
 		g.beats.Stop(&r.tick)
-		cancel(nil)
+		r.end()
 	}()
 	defer g.holdOnPanic(skey, fence)
-	return work(&r.ctx, fence)
+	return work(r, fence)
 }
 
 // fenceContext hands the owner's fence to FenceFrom without a context.WithValue.
@@ -296,21 +295,87 @@ func (c *fenceContext) Value(key any) any {
 // — not as long as the caller waits: its store calls do not end with the
 // caller's context. When the store says the fence is stale, the lease is
 // lost: the work's context is cancelled with ErrStaleFence as its cause.
+//
+// ownedRun is also the work's context. It is the caller's context until
+// something asks for more: its cancellable child (context.WithCancelCause)
+// is made only when the work first asks for Done or the lease is lost; values
+// come from the child once it exists (which is how context.Cause finds
+// ErrStaleFence) and from the caller's context before — so a run
+// whose work never waits on its context costs one allocation, not three.
+// Once the run has ended the context reports Canceled, as a context cancelled
+// at the end of a call does.
 type ownedRun struct {
 	tick     ticks.Tick
 	g        *Guard
 	parent   context.Context
-	ctx      fenceContext
-	cancel   context.CancelCauseFunc
 	key      string
 	fence    uint64
 	progress func()
+
+	child atomic.Pointer[cancelChild] // nil until first needed
+	ended atomic.Bool
+}
+
+// cancelChild is the run's cancellable context once made.
+type cancelChild struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// cancellable returns the run's cancellable child context, making it on
+// first use; a child made after the run ended is cancelled at once.
+func (r *ownedRun) cancellable() *cancelChild {
+	if c := r.child.Load(); c != nil {
+		return c
+	}
+	ctx, cancel := context.WithCancelCause(r.parent)
+	c := &cancelChild{ctx: ctx, cancel: cancel}
+	if !r.child.CompareAndSwap(nil, c) {
+		cancel(nil)
+		return r.child.Load()
+	}
+	if r.ended.Load() {
+		cancel(nil)
+	}
+	return c
+}
+
+// end cancels the run's context when the run returns.
+func (r *ownedRun) end() {
+	r.ended.Store(true)
+	if c := r.child.Load(); c != nil {
+		c.cancel(nil)
+	}
+}
+
+func (r *ownedRun) Deadline() (time.Time, bool) { return r.parent.Deadline() }
+
+func (r *ownedRun) Done() <-chan struct{} { return r.cancellable().ctx.Done() }
+
+func (r *ownedRun) Err() error {
+	if c := r.child.Load(); c != nil {
+		return c.ctx.Err()
+	}
+	if r.ended.Load() {
+		return context.Canceled
+	}
+	return r.parent.Err()
+}
+
+func (r *ownedRun) Value(key any) any {
+	if key == (fenceKey{}) {
+		return r.fence
+	}
+	if c := r.child.Load(); c != nil || r.ended.Load() {
+		return r.cancellable().ctx.Value(key)
+	}
+	return r.parent.Value(key)
 }
 
 // Tick beats once; false ends the heartbeats (the lease is lost).
 func (r *ownedRun) Tick() bool {
 	g := r.g
-	start := g.cfg.Clock.Now()
+	start := g.startTiming()
 	// One beat may take at most the time left before the lease would end
 	// had this beat been skipped; a hung store call must not delay the next.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.parent), g.cfg.Lease-g.cfg.HeartbeatInterval)
@@ -318,7 +383,7 @@ func (r *ownedRun) Tick() bool {
 	cancel()
 	g.observe(Event{Phase: "heartbeat", Key: r.key, Fence: r.fence, Duration: g.since(start), Err: err})
 	if errors.Is(err, ErrStaleFence) {
-		r.cancel(ErrStaleFence)
+		r.cancellable().cancel(ErrStaleFence)
 		return false
 	}
 	if err == nil && r.progress != nil {
@@ -339,7 +404,7 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 	if ctx.Done() != nil {
 		sctx = context.WithoutCancel(ctx)
 	}
-	start := g.cfg.Clock.Now()
+	start := g.startTiming()
 	var err error
 	switch disp {
 	case Complete:
@@ -381,6 +446,15 @@ func (g *Guard) observe(e Event) {
 	if g.cfg.Observer != nil {
 		g.cfg.Observer(e)
 	}
+}
+
+// startTiming reads the clock for an Event's Duration — only when an
+// Observer will see it.
+func (g *Guard) startTiming() time.Time {
+	if g.cfg.Observer == nil {
+		return time.Time{}
+	}
+	return g.cfg.Clock.Now()
 }
 
 func (g *Guard) since(t time.Time) time.Duration {
