@@ -9,7 +9,8 @@ import (
 )
 
 // cpuSeconds returns the CPU time (user + system) used so far by this
-// process and by every local process named nats-server or redis-server,
+// process and by every local process named nats-server, redis-server or
+// postgres (the server and its backends),
 // read from /proc (Linux; nil elsewhere).
 func cpuSeconds() map[string]float64 {
 	out := map[string]float64{}
@@ -23,7 +24,7 @@ func cpuSeconds() map[string]float64 {
 		name := strings.TrimSpace(string(comm))
 		if filepath.Base(dir) == self {
 			name = "consumer"
-		} else if name != "nats-server" && name != "redis-server" {
+		} else if name != "nats-server" && name != "redis-server" && name != "postgres" {
 			continue
 		}
 		stat, err := os.ReadFile(dir + "/stat")
@@ -49,7 +50,7 @@ func cpuSeconds() map[string]float64 {
 func cpuPerMessage(before, after map[string]float64, messages float64) string {
 	var parts []string
 	total := 0.0
-	for _, name := range []string{"consumer", "nats-server", "redis-server"} {
+	for _, name := range []string{"consumer", "nats-server", "redis-server", "postgres"} {
 		d := after[name] - before[name]
 		if d <= 0 {
 			continue

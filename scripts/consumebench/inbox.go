@@ -76,6 +76,16 @@ func benchInbox(ctx context.Context, js jetstream.JetStream, n int, url string) 
 			}()
 		}, func() {}
 	})
+	// The same handler path (natsidem.InboxHandler, 8 at once) with the
+	// business transaction alone: what the inbox's own row costs is the
+	// difference between this run and the next.
+	handlerOnly := runJS(ctx, js, n, "txhandler", func(done func()) (jetstream.MessageHandler, func()) {
+		h, err := natsidem.InboxHandler(cfg(done), func(ctx context.Context, msg jetstream.Msg, id string) (inbox.Outcome, error) {
+			return inbox.Processed, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return business(ctx, tx, msg.Data()) })
+		})
+		check(err)
+		return h, func() {}
+	})
 	perMessage := runJS(ctx, js, n, "txinbox", func(done func()) (jetstream.MessageHandler, func()) {
 		h, err := natsidem.InboxHandler(cfg(done), func(ctx context.Context, msg jetstream.Msg, id string) (inbox.Outcome, error) {
 			return ib.Process(ctx, inbox.Event{Consumer: "payments", CorrelationID: id}, func(ctx context.Context, tx pgx.Tx) error {
@@ -93,6 +103,11 @@ func benchInbox(ctx context.Context, js jetstream.JetStream, n int, url string) 
 	})
 	fmt.Printf("== %d payments on JetStream into PostgreSQL, 8 at once\n", n)
 	fmt.Printf("%-62s %8.0f msg/s  1.00\n", "business transaction per message, no inbox", bare)
+	fmt.Printf("  %s\n", cpu["txbare"])
+	fmt.Printf("%-62s %8.0f msg/s  %.2f of it\n", "the same through InboxHandler, no inbox row", handlerOnly, handlerOnly/bare)
+	fmt.Printf("  %s\n", cpu["txhandler"])
 	fmt.Printf("%-62s %8.0f msg/s  %.2f of it (target ≥ 0.85)\n", "inbox per message (InboxHandler + Process)", perMessage, perMessage/bare)
+	fmt.Printf("  %s\n", cpu["txinbox"])
 	fmt.Printf("%-62s %8.0f msg/s  %.2f of it (target ≥ 2)\n", "batched inbox (InboxBatches, up to 50 per transaction)", batched, batched/bare)
+	fmt.Printf("  %s\n", cpu["txbatch"])
 }
