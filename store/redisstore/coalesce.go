@@ -11,8 +11,15 @@ import (
 	"github.com/idemgo/idem/internal/coalesce"
 )
 
-// maxBatch bounds the scripts of one shared pipeline.
+// maxBatch bounds the calls of one shared round trip.
 const maxBatch = 64
+
+// maxInFlight bounds the shared round trips of one kind out at once. Redis
+// runs one script at a time however many arrive, so a batch in flight costs
+// the server nothing while the client forms the next: measured (2 cores, 32
+// workers, idem bench lifecycles on one Redis), 1 in flight made 27,000–31,000
+// lifecycles/s, 2 made 33,000, 4 made 38,000–40,000 and 8 made 33,000.
+const maxInFlight = 4
 
 // scriptCall is one script run: its key and arguments.
 type scriptCall struct {
@@ -20,13 +27,15 @@ type scriptCall struct {
 	args []any
 }
 
-func (s *Store) newGroup(script *redis.Script) *coalesce.Group[scriptCall, *redis.Cmd] {
-	return coalesce.New(coalesce.Config[scriptCall]{MaxBatch: maxBatch},
+// newGroup coalesces the calls of script; many is its form that runs a
+// batch in one script run.
+func (s *Store) newGroup(script, many *redis.Script) *coalesce.Group[scriptCall, *redis.Cmd] {
+	return coalesce.New(coalesce.Config[scriptCall]{MaxBatch: maxBatch, MaxInFlight: maxInFlight},
 		func(ctx context.Context, c scriptCall) (*redis.Cmd, error) {
 			return s.run(ctx, script, c.key, c.args...), nil
 		},
 		func(ctx context.Context, calls []scriptCall, out []*redis.Cmd, _ []error) {
-			s.runMany(ctx, script, calls, out)
+			s.runMany(ctx, script, many, calls, out)
 		})
 }
 
@@ -43,22 +52,28 @@ func (s *Store) call(ctx context.Context, group *coalesce.Group[scriptCall, *red
 	return cmd
 }
 
-// runMany sends the scripts of calls in one pipeline (go-redis splits a
-// Cluster's by node), then WAIT when Config.WaitReplicas asks for it — on a
-// Cluster, one pipeline per master, each ending with its WAIT, sent at
-// once. A script the server does not know yet (NOSCRIPT: it did not run) is
-// sent again with its source. Each call gets its own answer or error; a
-// pipeline that could not be sent fails every call of it, as a lone call
-// would fail.
-func (s *Store) runMany(ctx context.Context, script *redis.Script, calls []scriptCall, out []*redis.Cmd) {
+// runMany runs a batch of calls. On one server (a single Redis or Sentinel's
+// master) the batch is one run of many, the script's batch form, with WAIT
+// after it in the same round trip when Config.WaitReplicas asks for it. On
+// a Cluster, whose keys live on many nodes, it is one pipeline of script
+// calls (go-redis splits it by node) — with WAIT, one pipeline per master,
+// each ending with its WAIT, sent at once. A script the server does not
+// know yet (NOSCRIPT: it did not run) is sent again with its source. Each
+// call gets its own answer or error; a round trip that could not be made
+// fails every call of it, as a lone call would fail.
+func (s *Store) runMany(ctx context.Context, script, many *redis.Script, calls []scriptCall, out []*redis.Cmd) {
 	cc, cluster := s.c.(*redis.ClusterClient)
-	if !cluster || s.waitReplicas == 0 {
+	switch {
+	case !cluster:
+		s.runBatchScript(ctx, many, calls, out)
+		return
+	case s.waitReplicas == 0:
 		all := make([]int, len(calls))
 		for i := range all {
 			all[i] = i
 		}
 		s.runPipeline(ctx, s.c, script, calls, all, out)
-	} else {
+	default:
 		byMaster := map[*redis.Client][]int{}
 		for i, c := range calls {
 			m, err := cc.MasterForKey(ctx, c.key)
@@ -81,11 +96,62 @@ func (s *Store) runMany(ctx context.Context, script *redis.Script, calls []scrip
 	}
 	for _, c := range out {
 		if err := c.Err(); err != nil && ctx.Err() == nil && !isReply(err) {
-			if cluster {
-				cc.ReloadState(ctx) // see run
-			}
+			cc.ReloadState(ctx) // see run
 			break
 		}
+	}
+}
+
+// runBatchScript runs calls as one run of many (see runMany) and hands each
+// call its element of the answer.
+func (s *Store) runBatchScript(ctx context.Context, many *redis.Script, calls []scriptCall, out []*redis.Cmd) {
+	keys := make([]string, len(calls))
+	args := make([]any, 0, 5*len(calls))
+	for i, c := range calls {
+		keys[i] = c.key
+		args = append(args, c.args...)
+	}
+	var cmd, wait *redis.Cmd
+	for try := 0; ; try++ {
+		run := many.EvalSha
+		if try > 0 {
+			run = many.Eval // with its source
+		}
+		if s.waitReplicas == 0 {
+			cmd = run(ctx, s.c, keys, args...)
+		} else {
+			pipe := s.c.Pipeline()
+			cmd = run(ctx, pipe, keys, args...)
+			wait = pipe.Do(ctx, "WAIT", s.waitReplicas, s.waitTimeout.Milliseconds())
+			_, _ = pipe.Exec(ctx)
+		}
+		if err := cmd.Err(); err == nil || try > 0 || !strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			break
+		}
+	}
+	answers, err := cmd.Slice()
+	if err == nil && len(answers) != len(calls) {
+		err = fmt.Errorf("idem: a batch of %d calls answered %d times", len(calls), len(answers))
+	}
+	for i := range out {
+		out[i] = redis.NewCmd(ctx)
+		switch {
+		case err != nil:
+			out[i].SetErr(err)
+		default:
+			if e, ok := answers[i].(error); ok {
+				out[i].SetErr(e)
+			} else {
+				out[i].SetVal(answers[i])
+			}
+		}
+	}
+	if wait != nil && err == nil {
+		all := make([]int, len(calls))
+		for i := range all {
+			all[i] = i
+		}
+		s.checkWait(wait, out, all, nil)
 	}
 }
 

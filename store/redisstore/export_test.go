@@ -7,3 +7,9 @@ func DecodeRecord(v string) (idem.Record, bool) { return decodeRecord("", v) }
 
 // EncodeFingerprint is the fingerprint as the scripts compare it.
 func EncodeFingerprint(fp string) string { return encodeFingerprint(fp) }
+
+// The batch forms of the scripts (five arguments per key), for the tests.
+var (
+	AcquireManyScript = acquireManyLua
+	OwnedManyScript   = ownedManyLua
+)

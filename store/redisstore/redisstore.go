@@ -36,15 +36,54 @@ var acquireBody string
 //go:embed owned.lua
 var ownedBody string
 
-// The scripts: the record encoding's functions, then each script's body.
+// Each script is the record encoding's functions, a transition's function,
+// then a tail that calls it: once for KEYS[1] (a lone call), or once per key
+// (a coalesced batch: five arguments per key), each call under pcall so an
+// error answers its own call only.
 var (
-	acquireLua = recordLua + acquireBody
-	ownedLua   = recordLua + ownedBody
+	acquireLua     = recordLua + acquireBody + clockLua + oneTail("acquire", acquireArgs)
+	ownedLua       = recordLua + ownedBody + clockLua + oneTail("owned", ownedArgs)
+	acquireManyLua = recordLua + acquireBody + clockLua + manyTail("acquire", acquireArgs)
+	ownedManyLua   = recordLua + ownedBody + clockLua + manyTail("owned", ownedArgs)
 )
 
+// clockLua reads the server's time once per script: now in ms, floor (the
+// lowest new fence) in µs.
+const clockLua = `local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+`
+
+// The arguments of each function after the key, as read from ARGV (%d is
+// the index of the call's first argument less one).
+const (
+	acquireArgs = `ARGV[%d + 1], tonumber(ARGV[%d + 2]), tonumber(ARGV[%d + 3]), tonumber(ARGV[%d + 4]), ARGV[%d + 5], now, floor`
+	ownedArgs   = `ARGV[%d + 1], ARGV[%d + 2], tonumber(ARGV[%d + 3]), ARGV[%d + 4], ARGV[%d + 5], now`
+)
+
+func oneTail(fn, args string) string {
+	return "return " + fn + "(KEYS[1], " + strings.ReplaceAll(args, "%d", "0") + ")\n"
+}
+
+func manyTail(fn, args string) string {
+	return `local out = {}
+for i, k in ipairs(KEYS) do
+  local j = (i - 1) * 5
+  local ok, v = pcall(` + fn + `, k, ` + strings.ReplaceAll(args, "%d", "j") + `)
+  if not ok then
+    if type(v) ~= 'table' then v = {err = tostring(v)} end
+  end
+  out[i] = v
+end
+return out
+`
+}
+
 var (
-	acquireScript = redis.NewScript(acquireLua)
-	ownedScript   = redis.NewScript(ownedLua)
+	acquireScript     = redis.NewScript(acquireLua)
+	ownedScript       = redis.NewScript(ownedLua)
+	acquireManyScript = redis.NewScript(acquireManyLua)
+	ownedManyScript   = redis.NewScript(ownedManyLua)
 )
 
 // AcquireScript and OwnedScript are the Lua sources, for operators and
@@ -148,8 +187,8 @@ func New(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("idem/redisstore: %w", err)
 	}
 	if !cfg.NoCoalesce {
-		s.acquires = s.newGroup(acquireScript)
-		s.owneds = s.newGroup(ownedScript)
+		s.acquires = s.newGroup(acquireScript, acquireManyScript)
+		s.owneds = s.newGroup(ownedScript, ownedManyScript)
 	}
 	return s, nil
 }
