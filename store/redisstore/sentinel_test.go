@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,6 +48,32 @@ func TestSentinel(t *testing.T) {
 		_, err = three.Acquire(ctx, idem.AcquireRequest{Key: "w2", Lease: time.Minute, Retention: time.Hour})
 		if !errors.Is(err, redisstore.ErrReplicationShortfall) || !errors.Is(err, idem.ErrStoreUnavailable) {
 			t.Fatalf("WAIT for 3 replicas of 2: %v, want ErrReplicationShortfall", err)
+		}
+		// The same through coalesced batches (one batch script and its
+		// WAIT in one round trip): every call of a batch that fell short
+		// fails closed, every call of a batch that was replicated succeeds.
+		for _, c := range []struct {
+			s    *redisstore.Store
+			want error
+		}{{one, nil}, {three, redisstore.ErrReplicationShortfall}} {
+			errs := make(chan error, 64)
+			var wg sync.WaitGroup
+			for i := range 64 {
+				wg.Go(func() {
+					_, err := c.s.Acquire(ctx, idem.AcquireRequest{Key: fmt.Sprintf("b%d", i), Lease: time.Minute, Retention: time.Hour})
+					errs <- err
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if !errors.Is(err, c.want) {
+					t.Fatalf("a batched acquire with WAIT: %v, want %v", err, c.want)
+				}
+			}
+			if trips, calls := c.s.CoalesceStats(); trips == 0 || calls < 2*trips {
+				t.Fatalf("64 acquires at once made %d shared trips carrying %d calls", trips, calls)
+			}
 		}
 	})
 	for _, wait := range []int{0, 1} {
