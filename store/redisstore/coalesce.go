@@ -52,22 +52,27 @@ func (s *Store) call(ctx context.Context, group *coalesce.Group[scriptCall, *red
 	return cmd
 }
 
-// runMany runs a batch of calls. On one server (a single Redis or Sentinel's
-// master) the batch is one run of many, the script's batch form, with WAIT
-// after it in the same round trip when Config.WaitReplicas asks for it. On
-// a Cluster, whose keys live on many nodes, it is one pipeline of script
-// calls (go-redis splits it by node) — with WAIT, one pipeline per master,
-// each ending with its WAIT, sent at once. A script the server does not
+// runMany runs a batch of calls. On one server (a *redis.Client: a single
+// Redis, or Sentinel's master through a failover client) the batch is one
+// run of many, the script's batch form, with WAIT after it in the same
+// round trip when Config.WaitReplicas asks for it. On a Cluster, whose keys
+// live on many nodes, or a Ring, it is one pipeline of script calls (go-redis
+// splits it by node or shard) — on a Cluster with WAIT, one pipeline per
+// master, each ending with its WAIT, sent at once. A script the server does not
 // know yet (NOSCRIPT: it did not run) is sent again with its source. Each
 // call gets its own answer or error; a round trip that could not be made
 // fails every call of it, as a lone call would fail.
 func (s *Store) runMany(ctx context.Context, script, many *redis.Script, calls []scriptCall, out []*redis.Cmd) {
-	cc, cluster := s.c.(*redis.ClusterClient)
-	switch {
-	case !cluster:
+	if _, oneServer := s.c.(*redis.Client); oneServer {
 		s.runBatchScript(ctx, many, calls, out)
 		return
-	case s.waitReplicas == 0:
+	}
+	// A Cluster, or a client that shards keys itself (a Ring): a script may
+	// touch the keys of one node only, so the calls travel as separate
+	// scripts, which the client routes key by key.
+	cc, cluster := s.c.(*redis.ClusterClient)
+	switch {
+	case !cluster || s.waitReplicas == 0:
 		all := make([]int, len(calls))
 		for i := range all {
 			all[i] = i
@@ -96,7 +101,9 @@ func (s *Store) runMany(ctx context.Context, script, many *redis.Script, calls [
 	}
 	for _, c := range out {
 		if err := c.Err(); err != nil && ctx.Err() == nil && !isReply(err) {
-			cc.ReloadState(ctx) // see run
+			if cluster {
+				cc.ReloadState(ctx) // see run
+			}
 			break
 		}
 	}
