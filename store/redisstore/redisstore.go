@@ -178,6 +178,11 @@ func New(cfg Config) (*Store, error) {
 	if cfg.WaitReplicas < 0 || cfg.WaitTimeout < 0 {
 		return nil, errors.New("idem/redisstore: Config.WaitReplicas and Config.WaitTimeout must not be negative")
 	}
+	if _, ring := cfg.Client.(*redis.Ring); ring && cfg.WaitReplicas > 0 {
+		// WAIT names no key: a Ring would send it to one shard, not to the
+		// shard that ran the script.
+		return nil, errors.New("idem/redisstore: Config.WaitReplicas is not supported on a Ring (WAIT would reach one shard only)")
+	}
 	if cfg.WaitTimeout == 0 {
 		cfg.WaitTimeout = time.Second
 	}
@@ -261,7 +266,8 @@ func (s *Store) run(ctx context.Context, script *redis.Script, key string, args 
 }
 
 // Scan implements idem.Scanner: SCAN on each node (each master of a
-// cluster, in address order), continuing from the cursor, then one
+// cluster, each shard of a ring, in address order), continuing from the
+// cursor, then one
 // pipeline reading the page's records. The cursor names every node and its
 // SCAN cursor; if a cluster's masters change during a walk (a failover),
 // Scan says so and the walk starts again.
@@ -271,9 +277,11 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 	}
 	nodes := map[string]redis.Cmdable{}
 	var addrs []string
-	if cc, ok := s.c.(*redis.ClusterClient); ok {
+	if _, single := s.c.(*redis.Client); single {
+		nodes[""], addrs = s.c, []string{""}
+	} else {
 		var mu sync.Mutex
-		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		err := s.forEachNode(ctx, func(ctx context.Context, c *redis.Client) error {
 			mu.Lock()
 			defer mu.Unlock()
 			nodes[c.Options().Addr] = c
@@ -284,8 +292,6 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 			return nil, "", wrap("scan", err)
 		}
 		sort.Strings(addrs)
-	} else {
-		nodes[""], addrs = s.c, []string{""}
 	}
 	// The cursor: "addr=cursor" per node, ";"-separated; "-" marks a node
 	// whose scan is done.
@@ -590,8 +596,8 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 // List implements idem.Lister with SCAN over the prefix (on every master of
 // a Cluster). It reads the whole key space of the prefix: for operators.
 func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Record, error) {
-	// Redis keeps no order: every page scans the prefix (on a cluster, each
-	// master separately, each into its own slice) and keeps the smallest
+	// Redis keeps no order: every page scans the prefix (on a cluster or a
+	// ring, each master or shard separately) and keeps the smallest
 	// keys after the cursor; the records are then read in one pipeline.
 	pattern := escapeGlob(s.prefix) + "{*"
 	scan := func(ctx context.Context, c redis.Cmdable) ([]string, error) {
@@ -606,17 +612,17 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	}
 	var keys []string
 	var err error
-	if cc, ok := s.c.(*redis.ClusterClient); ok {
+	if _, single := s.c.(*redis.Client); single {
+		keys, err = scan(ctx, s.c)
+	} else {
 		var mu sync.Mutex
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		err = s.forEachNode(ctx, func(ctx context.Context, c *redis.Client) error {
 			found, err := scan(ctx, c)
 			mu.Lock()
 			keys = append(keys, found...)
 			mu.Unlock()
 			return err
 		})
-	} else {
-		keys, err = scan(ctx, s.c)
 	}
 	if err != nil {
 		return nil, wrap("list", err)
@@ -634,6 +640,21 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 		return s.List(ctx, keys[len(keys)-1], limit) // the whole page expired meanwhile: the next one
 	}
 	return out, nil
+}
+
+// forEachNode calls fn, concurrently, with a client of every node that
+// holds records: each master of a Cluster, each shard of a Ring, or the one
+// server.
+func (s *Store) forEachNode(ctx context.Context, fn func(ctx context.Context, c *redis.Client) error) error {
+	switch c := s.c.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, fn)
+	case *redis.Ring:
+		return c.ForEachShard(ctx, fn)
+	case *redis.Client:
+		return fn(ctx, c)
+	}
+	return fmt.Errorf("idem/redisstore: cannot list the nodes of a %T", s.c)
 }
 
 func escapeGlob(s string) string {

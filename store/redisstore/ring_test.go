@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,7 +19,8 @@ import (
 // TestRingKeepsEveryKeyOnItsShard: a go-redis Ring shards keys on the
 // client, so a batch must never travel as one script (the Ring would send
 // it to the first key's shard, and the other keys' records would be written
-// where no later call looks for them: the work would run twice). Two shards
+// where no later call looks for them: the work would run twice); List and
+// Scan walk every shard; WAIT, which names no key, is refused. Two shards
 // here are two databases of the test Redis.
 func TestRingKeepsEveryKeyOnItsShard(t *testing.T) {
 	base := testenv.RedisClient(t)
@@ -44,6 +46,9 @@ func TestRingKeepsEveryKeyOnItsShard(t *testing.T) {
 			return redis.NewClient(o)
 		},
 	})
+	if _, err := redisstore.New(redisstore.Config{Client: ring, WaitReplicas: 1}); err == nil || !strings.Contains(err.Error(), "Ring") {
+		t.Fatalf("WaitReplicas on a Ring: %v, want refused", err)
+	}
 	s, err := redisstore.New(redisstore.Config{Client: ring, Prefix: testenv.RandomName("idemtest:") + ":", CloseClient: true})
 	if err != nil {
 		t.Fatal(err)
@@ -81,5 +86,32 @@ func TestRingKeepsEveryKeyOnItsShard(t *testing.T) {
 	}
 	if trips, calls := s.CoalesceStats(); trips == 0 {
 		t.Fatalf("no shared trips (%d calls): the case did not batch", calls)
+	}
+	// Both shards hold records, and the operator's walks see them all.
+	perShard := map[string]int{}
+	if err := ring.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
+		n, err := c.DBSize(ctx).Result()
+		perShard[c.Options().Addr] = int(n)
+		return err
+	}); err != nil || len(perShard) != 2 || perShard[shards["a"]] == 0 || perShard[shards["b"]] == 0 {
+		t.Fatalf("keys per shard: %v, %v — want both shards used", perShard, err)
+	}
+	if recs, err := s.List(ctx, "", 1000); err != nil || len(recs) != n {
+		t.Fatalf("List over the Ring: %d records, %v; want %d", len(recs), err, n)
+	}
+	seen, cursor := 0, ""
+	for {
+		recs, next, err := s.Scan(ctx, cursor, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen += len(recs)
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if seen != n {
+		t.Fatalf("a Scan walk over the Ring saw %d records, want %d", seen, n)
 	}
 }
