@@ -89,9 +89,12 @@ func TestRingKeepsEveryKeyOnItsShard(t *testing.T) {
 	}
 	// Both shards hold records, and the operator's walks see them all.
 	perShard := map[string]int{}
+	var mu sync.Mutex // ForEachShard calls at once
 	if err := ring.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
 		n, err := c.DBSize(ctx).Result()
+		mu.Lock()
 		perShard[c.Options().Addr] = int(n)
+		mu.Unlock()
 		return err
 	}); err != nil || len(perShard) != 2 || perShard[shards["a"]] == 0 || perShard[shards["b"]] == 0 {
 		t.Fatalf("keys per shard: %v, %v — want both shards used", perShard, err)
