@@ -96,7 +96,9 @@ func OwnedScript() string { return ownedLua }
 // Config configures a Store.
 type Config struct {
 	// Client is the Redis client (redis.NewClient, NewClusterClient,
-	// NewFailoverClient, NewUniversalClient). Required. Set its MaxRetries
+	// NewFailoverClient, NewUniversalClient, or NewRing: each key's record
+	// lives on its shard, and WaitReplicas is refused there, WAIT naming no
+	// key). Required. Set its MaxRetries
 	// to -1: go-redis resends a command whose connection broke before the
 	// answer came back, so a script may run twice for one call. Each call
 	// carries a nonce, and a rerun that finds its own claim or settle
