@@ -381,9 +381,14 @@ func (r *ownedRun) Tick() bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.parent), g.cfg.Lease-g.cfg.HeartbeatInterval)
 	err := g.cfg.Store.Heartbeat(ctx, r.key, r.fence, g.cfg.Lease)
 	cancel()
-	g.observe(Event{Phase: "heartbeat", Key: r.key, Fence: r.fence, Duration: g.since(start), Err: err})
-	if errors.Is(err, ErrStaleFence) {
+	lost := errors.Is(err, ErrStaleFence)
+	if lost {
+		// Before the event: an observer told of the loss finds the work
+		// told too.
 		r.cancellable().cancel(ErrStaleFence)
+	}
+	g.observe(Event{Phase: "heartbeat", Key: r.key, Fence: r.fence, Duration: g.since(start), Err: err})
+	if lost {
 		return false
 	}
 	if err == nil && r.progress != nil {
