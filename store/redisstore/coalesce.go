@@ -58,10 +58,10 @@ func (s *Store) call(ctx context.Context, group *coalesce.Group[scriptCall, *red
 // round trip when Config.WaitReplicas asks for it. On a Cluster, whose keys
 // live on many nodes, or a Ring, it is one pipeline of script calls (go-redis
 // splits it by node or shard) — on a Cluster with WAIT, one pipeline per
-// master, each ending with its WAIT, sent at once. A script the server does not
-// know yet (NOSCRIPT: it did not run) is sent again with its source. Each
-// call gets its own answer or error; a round trip that could not be made
-// fails every call of it, as a lone call would fail.
+// master, each ending with its WAIT, sent at once. A script the server does
+// not know yet (NOSCRIPT: it did not run) is sent again with its source.
+// Each call gets its own answer or error; a round trip that could not be
+// made fails every call of it, as a lone call would fail.
 func (s *Store) runMany(ctx context.Context, script, many *redis.Script, calls []scriptCall, out []*redis.Cmd) {
 	if _, oneServer := s.c.(*redis.Client); oneServer {
 		s.runBatchScript(ctx, many, calls, out)
@@ -142,15 +142,12 @@ func (s *Store) runBatchScript(ctx context.Context, many *redis.Script, calls []
 	}
 	for i := range out {
 		out[i] = redis.NewCmd(ctx)
-		switch {
-		case err != nil:
+		if err != nil {
 			out[i].SetErr(err)
-		default:
-			if e, ok := answers[i].(error); ok {
-				out[i].SetErr(e)
-			} else {
-				out[i].SetVal(answers[i])
-			}
+		} else if e, ok := answers[i].(error); ok {
+			out[i].SetErr(e) // this call's own error (see manyTail)
+		} else {
+			out[i].SetVal(answers[i])
 		}
 	}
 	if wait != nil && err == nil {
