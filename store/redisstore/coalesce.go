@@ -73,11 +73,7 @@ func (s *Store) runMany(ctx context.Context, script, many *redis.Script, calls [
 	cc, cluster := s.c.(*redis.ClusterClient)
 	switch {
 	case !cluster || s.waitReplicas == 0:
-		all := make([]int, len(calls))
-		for i := range all {
-			all[i] = i
-		}
-		s.runPipeline(ctx, s.c, script, calls, all, out)
+		s.runPipeline(ctx, s.c, script, calls, indexes(len(calls)), out)
 	default:
 		byMaster := map[*redis.Client][]int{}
 		for i, c := range calls {
@@ -151,11 +147,7 @@ func (s *Store) runBatchScript(ctx context.Context, many *redis.Script, calls []
 		}
 	}
 	if wait != nil && err == nil {
-		all := make([]int, len(calls))
-		for i := range all {
-			all[i] = i
-		}
-		s.checkWait(wait, out, all, nil)
+		s.checkWait(wait, out, indexes(len(calls)), nil)
 	}
 }
 
@@ -190,6 +182,15 @@ func (s *Store) runPipeline(ctx context.Context, node redis.Cmdable, script *red
 		}
 		pending = again
 	}
+}
+
+// indexes returns 0, 1, …, n-1.
+func indexes(n int) []int {
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	return idx
 }
 
 // checkWait turns a WAIT that fell short into ErrReplicationShortfall for

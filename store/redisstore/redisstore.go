@@ -54,25 +54,23 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
 `
 
-// The arguments of each function after the key, as read from ARGV (%d is
+// The arguments of each function after the key, as read from ARGV (j is
 // the index of the call's first argument less one).
 const (
-	acquireArgs = `ARGV[%d + 1], tonumber(ARGV[%d + 2]), tonumber(ARGV[%d + 3]), tonumber(ARGV[%d + 4]), ARGV[%d + 5], now, floor`
-	ownedArgs   = `ARGV[%d + 1], ARGV[%d + 2], tonumber(ARGV[%d + 3]), ARGV[%d + 4], ARGV[%d + 5], now`
+	acquireArgs = `ARGV[j + 1], tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), ARGV[j + 5], now, floor`
+	ownedArgs   = `ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3]), ARGV[j + 4], ARGV[j + 5], now`
 )
 
 func oneTail(fn, args string) string {
-	return "return " + fn + "(KEYS[1], " + strings.ReplaceAll(args, "%d", "0") + ")\n"
+	return "local j = 0\nreturn " + fn + "(KEYS[1], " + args + ")\n"
 }
 
 func manyTail(fn, args string) string {
 	return `local out = {}
 for i, k in ipairs(KEYS) do
   local j = (i - 1) * 5
-  local ok, v = pcall(` + fn + `, k, ` + strings.ReplaceAll(args, "%d", "j") + `)
-  if not ok then
-    if type(v) ~= 'table' then v = {err = tostring(v)} end
-  end
+  local ok, v = pcall(` + fn + `, k, ` + args + `)
+  if not ok and type(v) ~= 'table' then v = {err = tostring(v)} end
   out[i] = v
 end
 return out
@@ -280,7 +278,7 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 	nodes := map[string]redis.Cmdable{}
 	var addrs []string
 	if _, single := s.c.(*redis.Client); single {
-		nodes[""], addrs = s.c, []string{""}
+		nodes[""], addrs = s.c, []string{""} // "" in the cursor, as before Cluster and Ring support
 	} else {
 		var mu sync.Mutex
 		err := s.forEachNode(ctx, func(ctx context.Context, c *redis.Client) error {
@@ -614,18 +612,14 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	}
 	var keys []string
 	var err error
-	if _, single := s.c.(*redis.Client); single {
-		keys, err = scan(ctx, s.c)
-	} else {
-		var mu sync.Mutex
-		err = s.forEachNode(ctx, func(ctx context.Context, c *redis.Client) error {
-			found, err := scan(ctx, c)
-			mu.Lock()
-			keys = append(keys, found...)
-			mu.Unlock()
-			return err
-		})
-	}
+	var mu sync.Mutex
+	err = s.forEachNode(ctx, func(ctx context.Context, c *redis.Client) error {
+		found, err := scan(ctx, c)
+		mu.Lock()
+		keys = append(keys, found...)
+		mu.Unlock()
+		return err
+	})
 	if err != nil {
 		return nil, wrap("list", err)
 	}
