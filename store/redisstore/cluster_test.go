@@ -199,15 +199,22 @@ func TestClusterFailoverWait(t *testing.T) {
 }
 
 // clusterPlan: the master of the first lagging key falls behind and dies.
+// The master and its replicas are looked up when the lag starts, not
+// before the first lifecycles: on a loaded machine a node may miss its
+// 1 s node timeout meanwhile and a replica take its place, and the lag
+// must hit the master of that moment.
 func clusterPlan(t *testing.T, cluster *testenv.RedisCluster) func(*redisstore.Store, *idem.Guard) (func(), func()) {
 	return func(s *redisstore.Store, g *idem.Guard) (func(), func()) {
-		m, err := cluster.Client(t).MasterForKey(context.Background(), s.KeyName(g.StorageKey(idem.Key{Scope: "failover", ID: "pay-01000"})))
-		if err != nil {
-			t.Fatal(err)
-		}
-		master := m.Options().Addr
-		replicas := cluster.ReplicasOf(t, master)
+		var master string
+		var replicas []string
 		lag := func() {
+			cc := cluster.Client(t) // a new client: the slots as the cluster has them now
+			m, err := cc.MasterForKey(context.Background(), s.KeyName(g.StorageKey(idem.Key{Scope: "failover", ID: "pay-01000"})))
+			if err != nil {
+				t.Fatal(err)
+			}
+			master = m.Options().Addr
+			replicas = cluster.ReplicasOf(t, master)
 			for _, r := range replicas {
 				cluster.Node(t, r).Pause(t)
 			}
