@@ -97,6 +97,14 @@ func OpenRedis(t testing.TB, prefix string) *redisstore.Store { return OpenRedis
 // for example a Proxy's address.
 func OpenRedisAt(t testing.TB, addr, prefix string) *redisstore.Store {
 	t.Helper()
+	return OpenRedisConfig(t, addr, redisstore.Config{Prefix: prefix})
+}
+
+// OpenRedisConfig is OpenRedisAt with a Config (its Client, CloseClient
+// set here).
+func OpenRedisConfig(t testing.TB, addr string, cfg redisstore.Config) *redisstore.Store {
+	t.Helper()
+	prefix := cfg.Prefix
 	c := RedisClient(t)
 	if addr != "" {
 		opt := *c.Options()
@@ -105,7 +113,8 @@ func OpenRedisAt(t testing.TB, addr, prefix string) *redisstore.Store {
 		c.Close()
 		c = redis.NewClient(&opt)
 	}
-	s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, CloseClient: true})
+	cfg.Client, cfg.CloseClient = c, true
+	s, err := redisstore.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,17 @@ func TestCluster(t *testing.T) {
 	t.Run("Conformance", func(t *testing.T) {
 		storetest.Run(t, storetest.Capabilities{ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store { return open(t) })
 	})
+	t.Run("ConformanceBuckets", func(t *testing.T) {
+		// A record's own key and its bucket share a slot (else every
+		// script would fail with CROSSSLOT).
+		storetest.Run(t, storetest.Capabilities{ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
+			s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		})
+	})
 	t.Run("ConformanceWaitingForAReplica", func(t *testing.T) {
 		// Coalesced pipelines on a Cluster with WaitReplicas: one per master,
 		// each ending with its WAIT.

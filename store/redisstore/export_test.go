@@ -13,3 +13,19 @@ var (
 	AcquireManyScript = acquireManyLua
 	OwnedManyScript   = ownedManyLua
 )
+
+// The bucketed scripts (Config.Buckets): keys the record's own and its
+// bucket, the field first among the arguments.
+var (
+	BucketAcquireScript = bucketAcquireLua
+	BucketOwnedScript   = bucketOwnedLua
+)
+
+// Locate returns the keys (own, bucket) and field of key's record.
+func (s *Store) Locate(key string) (keys []string, field string) { return s.locate(key) }
+
+// SlotTag is the hash tag that places a bucket in slot.
+func SlotTag(slot int) string { return slotTags()[slot] }
+
+// KeySlot is a key name's cluster slot.
+func KeySlot(name string) int { return int(keySlot(name)) }

@@ -52,8 +52,12 @@ func be48(s string) int64 {
 	return int64(s[0])<<40 | int64(s[1])<<32 | int64(s[2])<<24 | int64(s[3])<<16 | int64(s[4])<<8 | int64(s[5])
 }
 
-// decodeRecord reads a packed record; ok is false for anything else.
+// decodeRecord reads a packed record of either encoding (its own key's,
+// or a bucket's); ok is false for anything else.
 func decodeRecord(key, v string) (rec idem.Record, ok bool) {
+	if len(v) > 0 && v[0]&0x80 != 0 {
+		return decodeBucketRecord(key, v)
+	}
 	if len(v) < headerLen+2 || v[0] != recordFormat {
 		return idem.Record{}, false
 	}

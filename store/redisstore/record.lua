@@ -37,6 +37,10 @@ local function save(k, r)
   redis.call('SET', k, v, 'PXAT', r.e)
   return v
 end
+-- sameCall: the nonce a record keeps is the one of the call at hand.
+local function sameCall(stored, nonce)
+  return stored == nonce
+end
 -- packed returns r as stored (unchanged records are answered as read).
 local function packed(r)
   return r.raw or pack(r)

@@ -36,15 +36,25 @@ var acquireBody string
 //go:embed owned.lua
 var ownedBody string
 
+//go:embed bucket.lua
+var bucketLua string
+
 // Each script is the record encoding's functions, a transition's function,
-// then a tail that calls it: once for KEYS[1] (a lone call), or once per key
-// (a coalesced batch: five arguments per key), each call under pcall so an
-// error answers its own call only.
+// then a tail that calls it: once (a lone call), or once per call of a
+// coalesced batch, each call under pcall so an error answers its own call
+// only. A call is one key and five arguments, or with buckets (bucket.lua)
+// two keys (the record's own and its bucket's) and six arguments (its field
+// first).
 var (
-	acquireLua     = recordLua + acquireBody + clockLua + oneTail("acquire", acquireArgs)
-	ownedLua       = recordLua + ownedBody + clockLua + oneTail("owned", ownedArgs)
-	acquireManyLua = recordLua + acquireBody + clockLua + manyTail("acquire", acquireArgs)
-	ownedManyLua   = recordLua + ownedBody + clockLua + manyTail("owned", ownedArgs)
+	acquireLua     = recordLua + acquireBody + clockLua + oneTail("acquire", acquireArgs, plainCall)
+	ownedLua       = recordLua + ownedBody + clockLua + oneTail("owned", ownedArgs, plainCall)
+	acquireManyLua = recordLua + acquireBody + clockLua + manyTail("acquire", acquireArgs, plainCall)
+	ownedManyLua   = recordLua + ownedBody + clockLua + manyTail("owned", ownedArgs, plainCall)
+
+	bucketAcquireLua     = recordLua + bucketLua + acquireBody + clockLua + oneTail("acquire", acquireArgs, bucketCall)
+	bucketOwnedLua       = recordLua + bucketLua + ownedBody + clockLua + oneTail("owned", ownedArgs, bucketCall)
+	bucketAcquireManyLua = recordLua + bucketLua + acquireBody + clockLua + manyTail("acquire", acquireArgs, bucketCall)
+	bucketOwnedManyLua   = recordLua + bucketLua + ownedBody + clockLua + manyTail("owned", ownedArgs, bucketCall)
 )
 
 // clockLua reads the server's time once per script: now in ms, floor (the
@@ -61,15 +71,24 @@ const (
 	ownedArgs   = `ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3]), ARGV[j + 4], ARGV[j + 5], now`
 )
 
-func oneTail(fn, args string) string {
-	return "local j = 0\nreturn " + fn + "(KEYS[1], " + args + ")\n"
+// callShape says where the i-th call of a script finds its keys and
+// arguments: keys per call, the location its function gets, and j.
+type callShape struct{ keys, loc, j string }
+
+var (
+	plainCall  = callShape{keys: "1", loc: "KEYS[i]", j: "(i - 1) * 5"}
+	bucketCall = callShape{keys: "2", loc: "{s = KEYS[2 * i - 1], b = KEYS[2 * i], f = ARGV[(i - 1) * 6 + 1]}", j: "(i - 1) * 6 + 1"}
+)
+
+func oneTail(fn, args string, c callShape) string {
+	return "local i = 1\nlocal j = " + c.j + "\nreturn " + fn + "(" + c.loc + ", " + args + ")\n"
 }
 
-func manyTail(fn, args string) string {
+func manyTail(fn, args string, c callShape) string {
 	return `local out = {}
-for i, k in ipairs(KEYS) do
-  local j = (i - 1) * 5
-  local ok, v = pcall(` + fn + `, k, ` + args + `)
+for i = 1, #KEYS / ` + c.keys + ` do
+  local j = ` + c.j + `
+  local ok, v = pcall(` + fn + `, ` + c.loc + `, ` + args + `)
   if not ok and type(v) ~= 'table' then v = {err = tostring(v)} end
   out[i] = v
 end
@@ -82,6 +101,24 @@ var (
 	ownedScript       = redis.NewScript(ownedLua)
 	acquireManyScript = redis.NewScript(acquireManyLua)
 	ownedManyScript   = redis.NewScript(ownedManyLua)
+
+	bucketAcquireScript     = redis.NewScript(bucketAcquireLua)
+	bucketOwnedScript       = redis.NewScript(bucketOwnedLua)
+	bucketAcquireManyScript = redis.NewScript(bucketAcquireManyLua)
+	bucketOwnedManyScript   = redis.NewScript(bucketOwnedManyLua)
+	// peekScript reads a record of a bucketed store: KEYS its own key and
+	// its bucket, ARGV[1] its field. It answers the bucket's value (false
+	// when past its expiry), else what the own key holds: a string, or a
+	// hash's fields (the first encoding), or false.
+	peekScript = redis.NewScript(clockLua + `local v = redis.call('HGET', KEYS[2], ARGV[1])
+if v then
+  if struct.unpack('>I6', v, 12) <= now then return false end
+  return v
+end
+local ok, s = pcall(redis.call, 'GET', KEYS[1])
+if ok then return s end
+return redis.call('HMGET', KEYS[1], 's', 'f', 'p', 'a', 'l', 'e', 'u', 'r')
+`)
 )
 
 // AcquireScript and OwnedScript are the Lua sources, for operators and
@@ -127,6 +164,26 @@ type Config struct {
 	// idle is sent at once. With WaitReplicas, each pipeline ends with its
 	// WAIT (on a Cluster, one pipeline per master).
 	NoCoalesce bool
+	// Buckets > 0 keeps records in hashes, many records per hash (its
+	// bucket), instead of a key per record: a completed record with a
+	// compact key and a 28-byte result then takes ~95 bytes of Redis memory
+	// instead of ~257 (a key costs ~150 bytes before its value). There are
+	// 16,384 × ceil(Buckets / 16,384) buckets (one or more per cluster
+	// slot); size them to the records kept at once ÷ 64, and set the
+	// server's hash-max-listpack-value to 128 so a bucket stays one compact
+	// listpack (a hash past Redis's listpack limits still works, at ~140
+	// bytes per record). A record whose field or value does not fit (a key
+	// over 63 bytes, a result over ~75 bytes) keeps a key of its own. Redis
+	// 7.0 cannot expire a field: a bucket deletes its expired records when a
+	// new record arrives a minute or more after its last sweep, and the
+	// bucket itself expires with its last record. Records written before
+	// buckets were on are read and moved into their bucket by their next
+	// transition; a process without buckets cannot see bucketed records, so
+	// turn buckets on in every process sharing the prefix at once, and
+	// never change the number (like Prefix, it is part of where a key's
+	// record is). Needs Redis 7.0; not on a Ring, and not with a "{" or "}"
+	// in Prefix.
+	Buckets int
 }
 
 // ErrReplicationShortfall: fewer replicas than Config.WaitReplicas
@@ -153,8 +210,11 @@ type Store struct {
 	waitReplicas int
 	waitTimeout  time.Duration
 
-	acquires *coalesce.Group[scriptCall, *redis.Cmd] // nil: not coalesced
-	owneds   *coalesce.Group[scriptCall, *redis.Cmd]
+	bucketsPerSlot int // 0: a key per record
+
+	acquireScript, ownedScript *redis.Script
+	acquires                   *coalesce.Group[scriptCall, *redis.Cmd] // nil: not coalesced
+	owneds                     *coalesce.Group[scriptCall, *redis.Cmd]
 }
 
 // nonce returns 10 bytes unique to one call of this Store: its random
@@ -183,17 +243,35 @@ func New(cfg Config) (*Store, error) {
 		// shard that ran the script.
 		return nil, errors.New("idem/redisstore: Config.WaitReplicas is not supported on a Ring (WAIT would reach one shard only)")
 	}
+	if cfg.Buckets < 0 {
+		return nil, errors.New("idem/redisstore: Config.Buckets must not be negative")
+	}
+	if _, ring := cfg.Client.(*redis.Ring); ring && cfg.Buckets > 0 {
+		// A record's own key and its bucket must be on one server: a
+		// Ring places them by their names' hashes, apart.
+		return nil, errors.New("idem/redisstore: Config.Buckets is not supported on a Ring")
+	}
+	if cfg.Buckets > 0 && strings.ContainsAny(cfg.Prefix, "{}") {
+		return nil, errors.New("idem/redisstore: Config.Buckets needs a Prefix without { or } (the hash tag that places a bucket)")
+	}
 	if cfg.WaitTimeout == 0 {
 		cfg.WaitTimeout = time.Second
 	}
 	s := &Store{c: cfg.Client, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient,
-		waitReplicas: cfg.WaitReplicas, waitTimeout: cfg.WaitTimeout}
+		waitReplicas: cfg.WaitReplicas, waitTimeout: cfg.WaitTimeout,
+		bucketsPerSlot: (cfg.Buckets + clusterSlots - 1) / clusterSlots}
 	if _, err := rand.Read(s.process[:]); err != nil {
 		return nil, fmt.Errorf("idem/redisstore: %w", err)
 	}
+	acquireMany, ownedMany := acquireManyScript, ownedManyScript
+	s.acquireScript, s.ownedScript = acquireScript, ownedScript
+	if s.bucketsPerSlot > 0 {
+		acquireMany, ownedMany = bucketAcquireManyScript, bucketOwnedManyScript
+		s.acquireScript, s.ownedScript = bucketAcquireScript, bucketOwnedScript
+	}
 	if !cfg.NoCoalesce {
-		s.acquires = s.newGroup(acquireScript, acquireManyScript)
-		s.owneds = s.newGroup(ownedScript, ownedManyScript)
+		s.acquires = s.newGroup(s.acquireScript, acquireMany)
+		s.owneds = s.newGroup(s.ownedScript, ownedMany)
 	}
 	return s, nil
 }
@@ -251,8 +329,8 @@ func msTime(ms int64) time.Time {
 
 // run runs script on key: alone, or with Config.WaitReplicas followed by
 // WAIT in one pipeline on the key's master (one round trip).
-func (s *Store) run(ctx context.Context, script *redis.Script, key string, args ...any) *redis.Cmd {
-	cmd := s.runOnce(ctx, script, key, args...)
+func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	cmd := s.runOnce(ctx, script, keys, args...)
 	if err := cmd.Err(); err != nil && ctx.Err() == nil {
 		if cc, ok := s.c.(*redis.ClusterClient); ok && !isReply(err) {
 			// A node did not answer: it may be dead and its replica promoted.
@@ -313,6 +391,7 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 	}
 	pattern := escapeGlob(s.prefix) + "{*"
 	var keys []string
+	var buckets []idem.Record // the records of the buckets met
 	for _, addr := range addrs {
 		c := cursors[addr]
 		for c != "-" && len(keys) < limit {
@@ -322,6 +401,14 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 				return nil, "", wrap("scan", err)
 			}
 			for _, name := range found {
+				if s.bucketsPerSlot > 0 && s.isBucket(name) {
+					recs, err := s.bucketRecords(ctx, nodes[addr], name)
+					if err != nil {
+						return nil, "", wrap("scan", err)
+					}
+					buckets = append(buckets, recs...)
+					continue
+				}
 				keys = append(keys, s.storageKey(name))
 			}
 			c = strconv.FormatUint(next, 10)
@@ -342,10 +429,33 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 		next = append(next, addr+"="+c)
 	}
 	recs, err := s.read(ctx, keys)
+	recs = append(recs, buckets...)
 	if err != nil || done {
 		return recs, "", err
 	}
 	return recs, strings.Join(next, ";"), nil
+}
+
+// bucketRecords reads the live records of a bucket (one HGETALL, the
+// server's TIME in the same round trip).
+func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, bucket string) ([]idem.Record, error) {
+	pipe := node.Pipeline()
+	now := pipe.Time(ctx)
+	all := pipe.HGetAll(ctx, bucket)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	var recs []idem.Record
+	for f, v := range all.Val() {
+		key := fieldKey(f)
+		if key == "" {
+			continue // the time of the next sweep (bucket.lua)
+		}
+		if rec, ok := decodeRecord(key, v); ok && rec.ExpiresAt.After(now.Val()) {
+			recs = append(recs, rec)
+		}
+	}
+	return recs, nil
 }
 
 // errFirstEncoding: the key holds a record of the first encoding (a hash).
@@ -374,6 +484,9 @@ func (s *Store) decodeGet(key, v string, err error) (rec idem.Record, found bool
 func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) {
 	if len(keys) == 0 {
 		return nil, nil
+	}
+	if s.bucketsPerSlot > 0 {
+		return s.peekAll(ctx, keys)
 	}
 	gets := make([]*redis.StringCmd, len(keys))
 	pipe := s.c.Pipeline()
@@ -416,6 +529,40 @@ func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) 
 	return out, nil
 }
 
+// peekAll reads the records of keys of a bucketed store in one pipeline,
+// skipping those gone.
+func (s *Store) peekAll(ctx context.Context, keys []string) ([]idem.Record, error) {
+	cmds := make([]*redis.Cmd, len(keys))
+	for try := 0; ; try++ {
+		pipe := s.c.Pipeline()
+		for i, k := range keys {
+			names, field := s.locate(k)
+			if try == 0 {
+				cmds[i] = peekScript.EvalSha(ctx, pipe, names, field)
+			} else {
+				cmds[i] = peekScript.Eval(ctx, pipe, names, field) // with its source
+			}
+		}
+		_, _ = pipe.Exec(ctx)
+		if try > 0 || !slices.ContainsFunc(cmds, func(c *redis.Cmd) bool {
+			return c.Err() != nil && strings.HasPrefix(c.Err().Error(), "NOSCRIPT")
+		}) {
+			break
+		}
+	}
+	out := make([]idem.Record, 0, len(keys))
+	for i, k := range keys {
+		rec, found, err := s.decodePeek(k, cmds[i])
+		if err != nil {
+			return nil, wrap("read", err)
+		}
+		if found {
+			out = append(out, rec)
+		}
+	}
+	return out, nil
+}
+
 // isReply: err is an answer of the server (a script error, NOSCRIPT…), not
 // a failure to reach it.
 func isReply(err error) bool {
@@ -423,13 +570,13 @@ func isReply(err error) bool {
 	return errors.As(err, &re)
 }
 
-func (s *Store) runOnce(ctx context.Context, script *redis.Script, key string, args ...any) *redis.Cmd {
+func (s *Store) runOnce(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	if s.waitReplicas == 0 {
-		return script.Run(ctx, s.c, []string{key}, args...)
+		return script.Run(ctx, s.c, keys, args...)
 	}
 	var node redis.Cmdable = s.c
 	if cc, ok := s.c.(*redis.ClusterClient); ok {
-		m, err := cc.MasterForKey(ctx, key)
+		m, err := cc.MasterForKey(ctx, keys[0])
 		if err != nil {
 			cmd := redis.NewCmd(ctx)
 			cmd.SetErr(err)
@@ -439,7 +586,7 @@ func (s *Store) runOnce(ctx context.Context, script *redis.Script, key string, a
 	}
 	for try := 0; ; try++ {
 		pipe := node.Pipeline()
-		cmd := script.EvalSha(ctx, pipe, []string{key}, args...)
+		cmd := script.EvalSha(ctx, pipe, keys, args...)
 		wait := pipe.Do(ctx, "WAIT", s.waitReplicas, s.waitTimeout.Milliseconds())
 		_, _ = pipe.Exec(ctx)
 		if err := cmd.Err(); err != nil && try == 0 && strings.HasPrefix(err.Error(), "NOSCRIPT") {
@@ -460,6 +607,27 @@ func (s *Store) runOnce(ctx context.Context, script *redis.Script, key string, a
 	}
 }
 
+// locate returns the keys of key's record as a script takes them: its own
+// key, and with buckets its bucket, then its field (the first argument).
+func (s *Store) locate(key string) (keys []string, field string) {
+	name := s.KeyName(key)
+	if s.bucketsPerSlot == 0 {
+		return []string{name}, ""
+	}
+	field = bucketField(key)
+	return []string{name, s.bucketName(name, field)}, field
+}
+
+// transition runs script (a transition) for key's record with args,
+// through group.
+func (s *Store) transition(ctx context.Context, group *coalesce.Group[scriptCall, *redis.Cmd], script *redis.Script, key string, args ...any) *redis.Cmd {
+	keys, field := s.locate(key)
+	if len(keys) > 1 {
+		args = append([]any{field}, args...)
+	}
+	return s.call(ctx, group, script, keys, args...)
+}
+
 // Acquire implements idem.Store with one script.
 func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
 	if err := s.limits.CheckAcquire(req); err != nil {
@@ -468,7 +636,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := ctx.Err(); err != nil {
 		return idem.Acquisition{}, err
 	}
-	v, err := s.call(ctx, s.acquires, acquireScript, s.KeyName(req.Key), encodeFingerprint(req.Fingerprint),
+	v, err := s.transition(ctx, s.acquires, s.acquireScript, req.Key, encodeFingerprint(req.Fingerprint),
 		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts, s.nonce()).Slice()
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
@@ -492,7 +660,7 @@ func (s *Store) owned(ctx context.Context, op, code string, key string, fence ui
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := s.call(ctx, s.owneds, ownedScript, s.KeyName(key), code, fence, ms, result, s.nonce()).Int()
+	n, err := s.transition(ctx, s.owneds, s.ownedScript, key, code, fence, ms, result, s.nonce()).Int()
 	if err != nil {
 		return wrap(op, err)
 	}
@@ -564,6 +732,17 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return idem.Record{}, err
 	}
+	if s.bucketsPerSlot > 0 {
+		keys, field := s.locate(key)
+		rec, found, err := s.decodePeek(key, peekScript.Run(ctx, s.c, keys, field))
+		if err != nil {
+			return idem.Record{}, wrap("get", err)
+		}
+		if !found {
+			return idem.Record{}, idem.ErrNotFound
+		}
+		return rec, nil
+	}
 	name := s.KeyName(key)
 	v, err := s.c.Get(ctx, name).Result()
 	rec, found, err := s.decodeGet(key, v, err)
@@ -584,7 +763,38 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	return wrap("delete", s.c.Del(ctx, s.KeyName(key)).Err())
+	if s.bucketsPerSlot == 0 {
+		return wrap("delete", s.c.Del(ctx, s.KeyName(key)).Err())
+	}
+	keys, field := s.locate(key)
+	_, err := s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HDel(ctx, keys[1], field)
+		p.Del(ctx, keys[0])
+		return nil
+	})
+	return wrap("delete", err)
+}
+
+// decodePeek reads the answer of peekScript for key.
+func (s *Store) decodePeek(key string, cmd *redis.Cmd) (rec idem.Record, found bool, _ error) {
+	v, err := cmd.Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return idem.Record{}, false, nil
+	case err != nil:
+		return idem.Record{}, false, err
+	}
+	switch v := v.(type) {
+	case string:
+		if rec, found = decodeRecord(key, v); !found {
+			return idem.Record{}, false, fmt.Errorf("%s is not an idem record", s.KeyName(key))
+		}
+		return rec, true, nil
+	case []any: // a hash of the first encoding
+		rec, found = s.parseFields(key, v)
+		return rec, found, nil
+	}
+	return idem.Record{}, false, fmt.Errorf("%s: unexpected answer %v", s.KeyName(key), v)
 }
 
 // Sweep implements idem.Store. Redis expires every record by its TTL, so
@@ -604,7 +814,17 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 		var keys []string
 		it := c.Scan(ctx, 0, pattern, 1000).Iterator()
 		for it.Next(ctx) {
-			if k := s.storageKey(it.Val()); k > after {
+			if s.bucketsPerSlot > 0 && s.isBucket(it.Val()) {
+				fields, err := c.HKeys(ctx, it.Val()).Result()
+				if err != nil {
+					return nil, err
+				}
+				for _, f := range fields {
+					if k := fieldKey(f); k > after {
+						keys = append(keys, k)
+					}
+				}
+			} else if k := s.storageKey(it.Val()); k > after {
 				keys = append(keys, k)
 			}
 		}

@@ -70,12 +70,17 @@ func BenchmarkStore(b *testing.B) {
 
 // TestCampaign runs the fault campaign with every process reaching Redis
 // through a TCP proxy that the campaign cuts now and then.
-func TestCampaign(t *testing.T) {
+func TestCampaign(t *testing.T) { campaign(t, "TestCampaign", 0) }
+
+// TestCampaignBuckets is TestCampaign with records in buckets.
+func TestCampaignBuckets(t *testing.T) { campaign(t, "TestCampaignBuckets", 1) }
+
+func campaign(t *testing.T, name string, buckets int) {
 	testenv.RedisClient(t).Close()
-	cfg := storetest.CampaignConfig{TestName: "TestCampaign", Processes: 2,
+	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
 		Open: func(t testing.TB, location string) idem.Store {
 			prefix, addr, _ := strings.Cut(location, " ")
-			return testenv.OpenRedisAt(t, addr, prefix)
+			return testenv.OpenRedisConfig(t, addr, redisstore.Config{Prefix: prefix, Buckets: buckets})
 		}}
 	if !storetest.IsChild() {
 		p := testenv.RedisProxy(t)
@@ -90,43 +95,63 @@ func TestCampaign(t *testing.T) {
 // may run twice for one call. Each call carries a nonce: the second run of
 // an acquisition returns the claim the first one took (not InProgress, which
 // would orphan it until its lease expires), and the second run of a settle
-// reports success (not a stale fence, for a completion that happened).
+// reports success (not a stale fence, for a completion that happened). With
+// buckets, a settled record keeps the call counter part of the nonce only
+// (the fence names the owner), with the same effect.
 func TestRetriedScriptsAreIdempotent(t *testing.T) {
-	s := testenv.OpenRedis(t, testenv.RandomName("idemtest:")+":")
-	ctx := context.Background()
-	c, name := s.Client(), s.KeyName("k")
-	acquire := func() []any {
-		v, err := c.Eval(ctx, redisstore.AcquireScript(), []string{name}, redisstore.EncodeFingerprint("fp"), 60000, 3600000, 0, "nonce-1").Slice()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
-	first, again := acquire(), acquire()
-	if first[0] != int64(idem.Acquired) || again[0] != first[0] || again[1] != first[1] {
-		t.Fatalf("acquire run twice: first %q, again %q — want the same claim", first, again)
-	}
-	rec, ok := redisstore.DecodeRecord(first[1].(string))
-	if !ok {
-		t.Fatalf("acquire answered %q", first[1])
-	}
-	fence := rec.Fence
-	complete := func() int64 {
-		n, err := c.Eval(ctx, redisstore.OwnedScript(), []string{name}, "c", fence, 3600000, "done", "nonce-2").Int64()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	if a, b := complete(), complete(); a != 1 || b != 1 {
-		t.Fatalf("complete run twice: %d then %d, want 1 both times", a, b)
-	}
-	if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Replayed || string(a.Record.Result) != "done" {
-		t.Fatalf("after the retried calls: %v %q %v", a.Outcome, a.Record.Result, err)
-	}
-	// Another call's nonce is not a retry: a stale fence stays stale.
-	if n, err := c.Eval(ctx, redisstore.OwnedScript(), []string{name}, "c", fence, 3600000, "zombie", "nonce-3").Int64(); err != nil || n != 0 {
-		t.Fatalf("a different call with the settled fence: %d, %v, want 0", n, err)
+	for _, buckets := range []int{0, 1} {
+		t.Run(fmt.Sprintf("buckets=%d", buckets), func(t *testing.T) {
+			s := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: buckets})
+			ctx := context.Background()
+			c := s.Client()
+			keys, field := s.Locate("k")
+			acquireScript, ownedScript := redisstore.AcquireScript(), redisstore.OwnedScript()
+			args := func(a ...any) []any { return a }
+			if buckets > 0 {
+				acquireScript, ownedScript = redisstore.BucketAcquireScript, redisstore.BucketOwnedScript
+				args = func(a ...any) []any { return append([]any{field}, a...) }
+			}
+			acquire := func() []any {
+				v, err := c.Eval(ctx, acquireScript, keys, args(redisstore.EncodeFingerprint("fp"), 60000, 3600000, 0, "process\x00\x00\x00\x01")...).Slice()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+			first, again := acquire(), acquire()
+			if first[0] != int64(idem.Acquired) || again[0] != first[0] || again[1] != first[1] {
+				t.Fatalf("acquire run twice: first %q, again %q — want the same claim", first, again)
+			}
+			rec, ok := redisstore.DecodeRecord(first[1].(string))
+			if !ok {
+				t.Fatalf("acquire answered %q", first[1])
+			}
+			settle := func(result, nonce string) int64 {
+				n, err := c.Eval(ctx, ownedScript, keys, args("c", rec.Fence, 3600000, result, nonce)...).Int64()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			if a, b := settle("done", "process\x00\x00\x00\x02"), settle("done", "process\x00\x00\x00\x02"); a != 1 || b != 1 {
+				t.Fatalf("complete run twice: %d then %d, want 1 both times", a, b)
+			}
+			if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Replayed || string(a.Record.Result) != "done" {
+				t.Fatalf("after the retried calls: %v %q %v", a.Outcome, a.Record.Result, err)
+			}
+			// Another call's nonce is not a retry: a stale fence stays stale.
+			if n := settle("zombie", "process\x00\x00\x00\x03"); n != 0 {
+				t.Fatalf("a different call with the settled fence: %d, want 0", n)
+			}
+			if n := settle("done", "process\x00\x00\x00\x03"); n != 0 {
+				t.Fatalf("a different call with the settled fence and the same result: %d, want 0", n)
+			}
+			if buckets > 0 {
+				if in, err := c.HExists(ctx, keys[1], field).Result(); err != nil || !in {
+					t.Fatalf("the record is not in its bucket: %v %v", in, err)
+				}
+			}
+		})
 	}
 }
 

@@ -20,6 +20,8 @@ import (
 //	idem_prefix=P      key prefix (default "idem:")
 //	idem_cluster=1     Redis Cluster: the URL is a go-redis cluster URL (addr=… for more seeds)
 //	idem_wait_replicas=N  every transition waits for N replicas (WAIT; redisstore.Config.WaitReplicas)
+//	idem_buckets=N     records in hashes, many per hash (redisstore.Config.Buckets;
+//	                   at least 16,384 hashes: size N to the records kept at once ÷ 64)
 //	idem_coalesce=0    every call its own round trip (default 1: calls that wait
 //	                   for the store together share a pipeline; redisstore.Config.NoCoalesce)
 //
@@ -40,6 +42,13 @@ func init() {
 				return nil, fmt.Errorf("idem: store URL: idem_wait_replicas is %q, want a number of replicas", w)
 			}
 		}
+		buckets := 0
+		if b := q.Get("idem_buckets"); b != "" {
+			if buckets, err = strconv.Atoi(b); err != nil || buckets < 0 {
+				return nil, fmt.Errorf("idem: store URL: idem_buckets is %q, want a number of buckets", b)
+			}
+		}
+		q.Del("idem_buckets")
 		q.Del("idem_prefix")
 		q.Del("idem_cluster")
 		q.Del("idem_wait_replicas")
@@ -78,6 +87,6 @@ func init() {
 			c.Close()
 			return nil, fmt.Errorf("%w: redis at %s: %v", idem.ErrStoreUnavailable, u.Host, err)
 		}
-		return redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait, NoCoalesce: noCoalesce})
+		return redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait, NoCoalesce: noCoalesce, Buckets: buckets})
 	}
 }

@@ -1,0 +1,162 @@
+package redisstore
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/idemgo/idem"
+)
+
+// Buckets (Config.Buckets): the records of many keys share one hash, laid
+// out by bucket.lua. A key's bucket is in the cluster slot of the key's own
+// name (so one script may read and write both) and is chosen among the
+// slot's buckets by the key's hash:
+//
+//	prefix + "{" + slotTag(slot) + "}#" + n
+//
+// where slotTag(slot) is the shortest name Redis hashes to that slot.
+const clusterSlots = 16384
+
+// compactKeys decodes compact storage keys ("1~" and 22 base64url digits;
+// Strict, so that each 16 bytes have one spelling only).
+var compactKeys = base64.RawURLEncoding.Strict()
+
+// bucketField is the field of key in its bucket: 1 and the 16 bytes of a
+// compact key, else 0 and the key.
+func bucketField(key string) string {
+	if len(key) == 24 && strings.HasPrefix(key, "1~") {
+		var b [17]byte
+		b[0] = 1
+		if n, err := compactKeys.Decode(b[1:], []byte(key[2:])); err == nil && n == 16 {
+			return string(b[:])
+		}
+	}
+	return "\x00" + key
+}
+
+// fieldKey is the storage key of a bucket's field ("" for none).
+func fieldKey(f string) string {
+	switch {
+	case len(f) == 17 && f[0] == 1:
+		return "1~" + compactKeys.EncodeToString([]byte(f[1:]))
+	case len(f) > 1 && f[0] == 0:
+		return f[1:]
+	}
+	return ""
+}
+
+// bucketName is the bucket of the record whose own key is name (see above).
+func (s *Store) bucketName(name, field string) string {
+	slot := keySlot(name)
+	n := uint32(0)
+	if s.bucketsPerSlot > 1 {
+		n = fnv32(field) % uint32(s.bucketsPerSlot)
+	}
+	return s.prefix + "{" + slotTags()[slot] + "}#" + strconv.FormatUint(uint64(n), 10)
+}
+
+// isBucket: name, found under the prefix, is a bucket (a record's own key
+// ends with its hash tag's "}").
+func (s *Store) isBucket(name string) bool {
+	return !strings.HasSuffix(name, "}")
+}
+
+func fnv32(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
+}
+
+// keySlot is the Redis Cluster slot of a key name: CRC16 of its hash tag
+// (the part between the first "{" and the next "}", if not empty) or of the
+// whole name, modulo 16384.
+func keySlot(name string) uint16 {
+	if i := strings.IndexByte(name, '{'); i >= 0 {
+		if j := strings.IndexByte(name[i+1:], '}'); j > 0 {
+			name = name[i+1 : i+1+j]
+		}
+	}
+	return crc16(name) % clusterSlots
+}
+
+// crc16 is CRC-16/XMODEM, the cluster's key hash.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+// slotTags returns, for each slot, the first name in base-36 counting order
+// that hashes to it.
+var slotTags = sync.OnceValue(func() *[clusterSlots]string {
+	var tags [clusterSlots]string
+	left := clusterSlots
+	for n := uint64(0); left > 0; n++ {
+		t := strconv.FormatUint(n, 36)
+		if slot := crc16(t) % clusterSlots; tags[slot] == "" {
+			tags[slot] = t
+			left--
+		}
+	}
+	return &tags
+})
+
+// decodeBucketRecord reads a record of the bucket encoding (bucket.lua).
+func decodeBucketRecord(key, v string) (rec idem.Record, ok bool) {
+	const head = 23 // flags … updated at
+	if len(v) < head+1 || v[0]&0x80 == 0 {
+		return idem.Record{}, false
+	}
+	fl := v[0]
+	rec = idem.Record{
+		Key:       key,
+		State:     idem.State(fl & 7),
+		Fence:     binary.BigEndian.Uint64([]byte(v[1:9])),
+		Attempts:  int(binary.BigEndian.Uint16([]byte(v[9:11]))),
+		ExpiresAt: msTime(be48(v[11:17])),
+		UpdatedAt: msTime(be48(v[17:23])),
+	}
+	pos := head
+	switch {
+	case rec.State == idem.StateInFlight:
+		if len(v) < pos+17 {
+			return idem.Record{}, false
+		}
+		rec.LeaseUntil = msTime(be48(v[pos : pos+6]))
+		pos += 17 // lease, tag, nonce
+	case fl&32 != 0:
+		pos += 4 // the settle's nonce
+	}
+	if fl&64 != 0 {
+		if len(v) < pos+16 {
+			return idem.Record{}, false
+		}
+		rec.Fingerprint = decodeFingerprint("\x01" + v[pos:pos+16])
+		pos += 16
+	} else {
+		if len(v) < pos+1 || len(v) < pos+1+int(v[pos]) {
+			return idem.Record{}, false
+		}
+		rec.Fingerprint = v[pos+1 : pos+1+int(v[pos])]
+		pos += 1 + int(v[pos])
+	}
+	if rec.State == idem.StateCompleted || rec.State == idem.StateFailed {
+		rec.Result = []byte(v[pos:])
+	}
+	return rec, true
+}

@@ -1,0 +1,105 @@
+-- Bucketed records (Config.Buckets): instead of a key of its own, a record
+-- is a field of a hash, its bucket, which holds the records of many keys
+-- (Redis stores a small hash as one listpack: no key, value object or
+-- expiry entry per record). A call's location is {s = the record's own key,
+-- b = its bucket, f = its field}: s and b are in the same cluster slot, and a
+-- record still in s (written before buckets were on, or too large for a
+-- bucket) is read there and moved into b by its next transition.
+-- The field is 1 and the 16 bytes of a compact key, or 0 and the key. The
+-- value is packed (format 2), big-endian:
+--   B flags: 128 + 64 if the fingerprint is a digest + 32 if a settle wrote
+--     the record + the state,
+--   I8 fence, I2 attempts, I6 expires at (ms), I6 updated at (ms),
+--   in flight: I6 lease until, B tag, c10 nonce (as in format 1);
+--   written by a settle: c4, the settle's nonce without the process part
+--     (the fence names the owner, the counter the call);
+--   the fingerprint: its 16 bytes if a digest, else B length and the string;
+--   the result to the end.
+-- Redis 7.0 cannot expire a field: a record past its expiry is absent to
+-- every script, and the first new field written into a bucket a minute or
+-- more after its last sweep deletes the bucket's expired fields (field ""
+-- holds the time of the next sweep). The bucket's TTL is the latest expiry
+-- of any record written into it, so an idle bucket goes as a whole.
+local BUCKET_VALUE_MAX = 128
+local B_FMT = '>BI8I2I6I6'
+local stringLoad, stringSave = load, save
+load = function(k)
+  local v = redis.call('HGET', k.b, k.f)
+  if not v then
+    local r = stringLoad(k.s)
+    k.str = r ~= nil
+    return r
+  end
+  k.inb = true
+  local fl, f, a, e, u, pos = struct.unpack(B_FMT, v)
+  local st = fl % 8
+  local r = {st = st, f = f, a = a, e = e, u = u, l = 0, tag = 0, n = '', raw = v}
+  if st == 1 then
+    r.l, r.tag, pos = struct.unpack('>I6B', v, pos)
+    r.n, pos = string.sub(v, pos, pos + 9), pos + 10
+  elseif fl % 64 >= 32 then
+    r.tag, r.n, pos = 83, string.sub(v, pos, pos + 3), pos + 4
+  end
+  if fl >= 192 then
+    r.p, pos = '\1' .. string.sub(v, pos, pos + 15), pos + 16
+  else
+    local n = string.byte(v, pos)
+    r.p, pos = '\0' .. string.sub(v, pos + 1, pos + n), pos + 1 + n
+  end
+  r.r = string.sub(v, pos)
+  return r
+end
+-- bpack returns r packed for a bucket, or nil where it does not fit one.
+local function bpack(r)
+  if r.a > 65535 then return nil end
+  local fl, p = 128 + r.st, r.p
+  if #p == 17 and string.byte(p, 1) == 1 then
+    fl, p = fl + 64, string.sub(p, 2)
+  elseif #p <= 256 then
+    p = string.char(#p - 1) .. string.sub(p, 2)
+  else
+    return nil
+  end
+  local mid = ''
+  if r.st == 1 then
+    if #r.n ~= 10 then return nil end
+    mid = struct.pack('>I6B', r.l, r.tag) .. r.n
+  elseif r.tag == 83 and #r.n >= 4 then
+    fl, mid = fl + 32, string.sub(r.n, -4)
+  end
+  local v = struct.pack(B_FMT, fl, r.f, r.a, r.e, r.u) .. mid .. p .. r.r
+  if #v > BUCKET_VALUE_MAX then return nil end
+  return v
+end
+-- sweepBucket deletes the expired records of bucket b once a minute.
+local function sweepBucket(b, now)
+  local next = redis.call('HGET', b, '')
+  if next and struct.unpack('>I6', next) > now then return end
+  local all = redis.call('HGETALL', b)
+  for i = 1, #all, 2 do
+    if all[i] ~= '' and struct.unpack('>I6', all[i + 1], 12) <= now then
+      redis.call('HDEL', b, all[i])
+    end
+  end
+  redis.call('HSET', b, '', struct.pack('>I6', now + 60000))
+end
+-- save writes r (r.u is now: every transition sets it) where it fits: its
+-- bucket, else its own key; and deletes the other copy.
+save = function(k, r)
+  local v = #k.f <= 64 and bpack(r)
+  if not v then
+    if k.inb then redis.call('HDEL', k.b, k.f); k.inb = nil end
+    k.str = true
+    return stringSave(k.s, r)
+  end
+  if redis.call('HSET', k.b, k.f, v) == 1 then sweepBucket(k.b, r.u) end
+  k.inb = true
+  if k.str then redis.call('DEL', k.s); k.str = nil end
+  if redis.call('PEXPIRETIME', k.b) < r.e then redis.call('PEXPIREAT', k.b, r.e) end
+  return v
+end
+-- sameCall: the nonce of a settle's record is the call's (a bucket keeps
+-- its last four bytes).
+sameCall = function(stored, nonce)
+  return stored == nonce or (#stored == 4 and stored == string.sub(nonce, -4))
+end

@@ -1,0 +1,295 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store/redisstore"
+	"github.com/idemgo/idem/store/storetest"
+)
+
+func openBuckets(t testing.TB, prefix string) *redisstore.Store {
+	return testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: prefix, Buckets: 1})
+}
+
+// TestConformanceBuckets runs the suite on records kept in buckets
+// (Config.Buckets), coalesced and not.
+func TestConformanceBuckets(t *testing.T) {
+	caps := storetest.Capabilities{ListsRecords: true, SelfExpiring: true}
+	t.Run("Coalesced", func(t *testing.T) {
+		storetest.Run(t, caps, func(t testing.TB) idem.Store { return openBuckets(t, testenv.RandomName("idemtest:")+":") })
+	})
+	t.Run("Uncoalesced", func(t *testing.T) {
+		storetest.Run(t, caps, func(t testing.TB) idem.Store {
+			return testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, NoCoalesce: true})
+		})
+	})
+}
+
+func TestMultiProcessBuckets(t *testing.T) {
+	testenv.RedisClient(t).Close()
+	storetest.MultiProcess(t, "TestMultiProcessBuckets", testenv.RandomName("idemtest:")+":", 4, 200,
+		func(t testing.TB, prefix string) idem.Store { return openBuckets(t, prefix) })
+}
+
+func TestCrashTakeoverBuckets(t *testing.T) {
+	testenv.RedisClient(t).Close()
+	storetest.CrashTakeover(t, "TestCrashTakeoverBuckets", testenv.RandomName("idemtest:")+":",
+		func(t testing.TB, prefix string) idem.Store { return openBuckets(t, prefix) })
+}
+
+// TestBucketSlots: every slot has a tag, each tag hashes to its slot, and a
+// bucket is in the slot of its record's own key.
+func TestBucketSlots(t *testing.T) {
+	for slot := range 16384 {
+		tag := redisstore.SlotTag(slot)
+		if strings.ContainsAny(tag, "{}") || redisstore.KeySlot(tag) != slot {
+			t.Fatalf("slot %d: tag %q hashes to %d", slot, tag, redisstore.KeySlot(tag))
+		}
+	}
+	// Reference slots from Redis's CLUSTER KEYSLOT.
+	c := testenv.RedisClient(t)
+	defer c.Close()
+	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
+	for _, k := range []string{"k", "1~AAAAAAAAAAAAAAAAAAAAAA", "POST /x\x1fa-b", strings.Repeat("é", 40)} {
+		keys, _ := s.Locate(k)
+		for _, name := range keys {
+			want, err := c.ClusterKeySlot(context.Background(), name).Result()
+			if err != nil && strings.Contains(err.Error(), "cluster support disabled") {
+				want = int64(redisstore.KeySlot(name)) // a plain server has no CLUSTER KEYSLOT; the cluster tests check placement
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if int64(redisstore.KeySlot(name)) != want || redisstore.KeySlot(name) != redisstore.KeySlot(keys[0]) {
+				t.Fatalf("%q: slot %d, Redis says %d, the record's own key %d", name, redisstore.KeySlot(name), want, redisstore.KeySlot(keys[0]))
+			}
+		}
+	}
+}
+
+// TestBucketPlacement: a record lives in its bucket, with no key of its
+// own; one too large for a bucket (a long key, a long result) keeps a key
+// of its own; and a record moves between the two as it changes.
+func TestBucketPlacement(t *testing.T) {
+	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
+	ctx := context.Background()
+	c := s.Client()
+	where := func(key string) string {
+		keys, field := s.Locate(key)
+		own, err := c.Exists(ctx, keys[0]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		inBucket, err := c.HExists(ctx, keys[1], field).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case own == 1 && inBucket:
+			return "both"
+		case own == 1:
+			return "own key"
+		case inBucket:
+			return "bucket"
+		}
+		return "nowhere"
+	}
+	compact := idem.CompactKey(idem.Key{Scope: "POST /bookings", ID: "0f8fad5b-d9cb-469f-a165-70867728950e"})
+	long := strings.Repeat("k", 100)
+	small, large := []byte(`{"status":201,"id":"B-0001"}`), []byte(strings.Repeat("r", 200))
+	for _, c := range []struct {
+		key    string
+		result []byte
+		want   string
+	}{
+		{compact, small, "bucket"},
+		{"short raw key", small, "bucket"},
+		{long, small, "own key"},
+		{compact + "x", large, "own key"},
+	} {
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: c.key, Fingerprint: idem.Fingerprint(c.result), Lease: time.Minute, Retention: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := where(c.key); got != "bucket" && c.key != long {
+			t.Fatalf("%.30q in flight: in %s, want its bucket", c.key, got)
+		}
+		if err := s.Complete(ctx, c.key, a.Fence, c.result, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if got := where(c.key); got != c.want {
+			t.Fatalf("%.30q completed with a %d-byte result: in %s, want %s", c.key, len(c.result), got, c.want)
+		}
+		r, err := s.Acquire(ctx, idem.AcquireRequest{Key: c.key, Fingerprint: idem.Fingerprint(c.result), Lease: time.Minute, Retention: time.Hour})
+		if err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != string(c.result) || r.Record.Attempts != 1 || r.Record.Fence != a.Fence {
+			t.Fatalf("%.30q replay: %v %+v %v", c.key, r.Outcome, r.Record, err)
+		}
+	}
+	if ttl, err := c.PTTL(ctx, func() string { keys, _ := s.Locate(compact); return keys[1] }()).Result(); err != nil || ttl <= 0 || ttl > time.Hour {
+		t.Fatalf("bucket TTL %v %v, want the latest expiry of its records", ttl, err)
+	}
+}
+
+// TestRecordsMoveIntoBuckets: records written by a store without buckets
+// (under the same prefix) are read by one with buckets — Get, List, Scan, a
+// replay, a mismatch, a settle of a claim taken before, a takeover — and
+// each moves into its bucket at its next transition.
+func TestRecordsMoveIntoBuckets(t *testing.T) {
+	prefix := testenv.RandomName("idemtest:") + ":"
+	before := testenv.OpenRedis(t, prefix)
+	ctx := context.Background()
+	req := func(k string, lease time.Duration) idem.AcquireRequest {
+		return idem.AcquireRequest{Key: k, Fingerprint: idem.Fingerprint([]byte("body")), Lease: lease, Retention: time.Hour}
+	}
+	fences := map[string]uint64{}
+	for _, k := range []string{"completed", "in-flight", "lease-over", "mismatch"} {
+		lease := time.Minute
+		if k == "lease-over" {
+			lease = time.Millisecond
+		}
+		a, err := before.Acquire(ctx, req(k, lease))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fences[k] = a.Fence
+	}
+	for _, k := range []string{"completed", "mismatch"} {
+		if err := before.Complete(ctx, k, fences[k], []byte("r-"+k), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := openBuckets(t, prefix)
+	recs, err := after.List(ctx, "", 0)
+	if err != nil || len(recs) != 4 {
+		t.Fatalf("List before any transition: %d records, %v", len(recs), err)
+	}
+	var scanned int
+	for cursor := ""; ; {
+		page, next, err := after.Scan(ctx, cursor, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		scanned += len(page)
+		if cursor = next; cursor == "" {
+			break
+		}
+	}
+	if scanned != 4 {
+		t.Fatalf("Scan: %d records, want 4", scanned)
+	}
+	if rec, err := after.Get(ctx, "completed"); err != nil || string(rec.Result) != "r-completed" {
+		t.Fatalf("Get: %+v %v", rec, err)
+	}
+	if a, err := after.Acquire(ctx, req("completed", time.Minute)); err != nil || a.Outcome != idem.Replayed {
+		t.Fatalf("replay: %v %v", a.Outcome, err)
+	}
+	if a, err := after.Acquire(ctx, idem.AcquireRequest{Key: "mismatch", Fingerprint: "other", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Mismatch {
+		t.Fatalf("mismatch: %v %v", a.Outcome, err)
+	}
+	if err := after.Complete(ctx, "in-flight", fences["in-flight"], []byte("done after"), time.Hour); err != nil {
+		t.Fatalf("the owner settles a claim taken before buckets: %v", err)
+	}
+	testenv.Eventually(t, 5*time.Second, "a takeover of the claim whose 1 ms lease ran out", func() error {
+		a, err := after.Acquire(ctx, req("lease-over", time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Outcome != idem.TakenOver || a.Fence <= fences["lease-over"] {
+			return fmt.Errorf("%v, fence %d", a.Outcome, a.Fence)
+		}
+		return nil
+	})
+	c := after.Client()
+	for k, moved := range map[string]bool{"completed": false, "mismatch": false, "in-flight": true, "lease-over": true} {
+		keys, field := after.Locate(k)
+		own, _ := c.Exists(ctx, keys[0]).Result()
+		inBucket, _ := c.HExists(ctx, keys[1], field).Result()
+		if moved && (own != 0 || !inBucket) || !moved && (own != 1 || inBucket) {
+			t.Errorf("%s: own key %d, in its bucket %v; moved by a transition: %v", k, own, inBucket, moved)
+		}
+	}
+	if rec, err := after.Get(ctx, "in-flight"); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "done after" {
+		t.Fatalf("moved record: %+v %v", rec, err)
+	}
+}
+
+// TestBucketSweepsExpiredRecords: Redis cannot expire a field, so a bucket
+// deletes its expired records when a new one arrives after its sweep time
+// (set here to the past instead of waiting a minute); live records stay.
+func TestBucketSweepsExpiredRecords(t *testing.T) {
+	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
+	ctx := context.Background()
+	c := s.Client()
+	// Keys of one bucket: with 16,384 buckets, look for keys sharing one.
+	keys, _ := s.Locate("first")
+	bucket := keys[1]
+	var same []string
+	for i := 0; len(same) < 4; i++ {
+		k := fmt.Sprintf("k-%d", i)
+		if ks, _ := s.Locate(k); ks[1] == bucket {
+			same = append(same, k)
+		}
+	}
+	short := func(k string, retention time.Duration) {
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, k, a.Fence, []byte("r"), retention); err != nil {
+			t.Fatal(err)
+		}
+	}
+	short("first", time.Hour)
+	short(same[0], time.Millisecond)
+	short(same[1], time.Millisecond)
+	testenv.Eventually(t, 5*time.Second, "Redis's clock passing the 1 ms retention", func() error {
+		for _, k := range same[:2] {
+			if _, err := s.Get(ctx, k); !errors.Is(err, idem.ErrNotFound) {
+				return fmt.Errorf("%s: %v", k, err)
+			}
+		}
+		return nil
+	})
+	if n, err := c.HLen(ctx, bucket).Result(); err != nil || n != 4 { // first, the two expired, the sweep time
+		t.Fatalf("before the sweep: %d fields, %v; want 4", n, err)
+	}
+	short(same[2], time.Hour) // a new field, but the sweep time has not come
+	if n, _ := c.HLen(ctx, bucket).Result(); n != 5 {
+		t.Fatalf("a new record before the sweep time: %d fields, want 5", n)
+	}
+	if err := c.HSet(ctx, bucket, "", "\x00\x00\x00\x00\x00\x00").Err(); err != nil { // the sweep time is now past
+		t.Fatal(err)
+	}
+	short(same[3], time.Hour)
+	fields, err := c.HKeys(ctx, bucket).Result()
+	if err != nil || len(fields) != 4 { // first, same[2], same[3], the sweep time
+		t.Fatalf("after the sweep: fields %q, %v; want 4", fields, err)
+	}
+	for _, k := range []string{"first", same[2], same[3]} {
+		if _, err := s.Get(ctx, k); err != nil {
+			t.Fatalf("the sweep deleted live %s: %v", k, err)
+		}
+	}
+}
+
+// TestBucketsRefused: a Ring, or a prefix with a hash tag's brace.
+func TestBucketsRefused(t *testing.T) {
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:6379"}})
+	defer ring.Close()
+	if _, err := redisstore.New(redisstore.Config{Client: ring, Buckets: 1}); err == nil {
+		t.Error("buckets on a Ring: accepted")
+	}
+	c := testenv.RedisClient(t)
+	defer c.Close()
+	if _, err := redisstore.New(redisstore.Config{Client: c, Prefix: "a{b}:", Buckets: 1}); err == nil {
+		t.Error("buckets with a { in the prefix: accepted")
+	}
+}
