@@ -3,7 +3,8 @@
 # the server's own benchmark tool doing the same round trips at the same
 # concurrency, and prints the ratios.
 #
-#   Redis:      idem bench --mode lifecycle   vs  redis-benchmark EVALSHA of the same two scripts
+#   Redis:      idem bench --mode lifecycle   vs  redis-benchmark EVALSHA of the same two scripts,
+#               and idem with records in buckets (idem_buckets) vs a key per record
 #   PostgreSQL: idem bench --mode lifecycle   vs  pgbench -f of the same two statements
 #
 # idem runs with coalescing (the default: calls that wait share a round trip)
@@ -39,6 +40,9 @@ bench() { # URL WORKERS FIELD
 }
 idem_redis=$(bench "$redis_url?pool_size=$conc&idem_prefix=idembench:" "$conc" ops_per_sec)
 idem_redis_single=$(bench "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_coalesce=0" "$conc" ops_per_sec)
+# The same with records in buckets (idem_buckets: many records per hash).
+idem_redis_buckets=$(bench "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_buckets=16384" "$conc" ops_per_sec)
+idem_redis_buckets_single=$(bench "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_buckets=16384&idem_coalesce=0" "$conc" ops_per_sec)
 redis_p50=$(bench "$redis_url?idem_prefix=idembench:" 1 p50_us)
 redis_p50_single=$(bench "$redis_url?idem_prefix=idembench:&idem_coalesce=0" 1 p50_us)
 acq_sha=$(redis-cli -u "$redis_url" SCRIPT LOAD "$(cat "$tmp/acquire.lua")")
@@ -76,10 +80,11 @@ pgb=$(pgbench "$pg_url" -n -M prepared -c "$conc" -j "$ncpu" -T "$secs" -f "$tmp
 psql "$pg_url" -qc 'SET client_min_messages = warning; DROP SCHEMA idem_bench CASCADE'
 
 python3 - "$idem_redis" "$idem_redis_single" "$rb_acq" "$rb_cmp" "$idem_pg" "$idem_pg_single" "$pgb" \
-	"$redis_p50" "$redis_p50_single" "$pg_p50" "$pg_p50_single" "$rb_acq_p" "$rb_cmp_p" <<'PY'
+	"$redis_p50" "$redis_p50_single" "$pg_p50" "$pg_p50_single" "$rb_acq_p" "$rb_cmp_p" \
+	"$idem_redis_buckets" "$idem_redis_buckets_single" <<'PY'
 import sys
 (idem_redis, idem_redis_single, rb_acq, rb_cmp, idem_pg, idem_pg_single, pgb,
- rp50, rp50s, pp50, pp50s, rb_acq_p, rb_cmp_p) = map(float, sys.argv[1:])
+ rp50, rp50s, pp50, pp50s, rb_acq_p, rb_cmp_p, idem_rb, idem_rb_single) = map(float, sys.argv[1:])
 rb_life_p = 1 / (1 / rb_acq_p + 1 / rb_cmp_p)
 rb_life = 1 / (1 / rb_acq + 1 / rb_cmp)   # one acquire and one complete per lifecycle
 print(f"Redis      idem bench lifecycle {idem_redis:8.0f}/s coalesced, {idem_redis_single:8.0f}/s not ({idem_redis / idem_redis_single:.2f}x, target ≥ 2)"
@@ -87,6 +92,8 @@ print(f"Redis      idem bench lifecycle {idem_redis:8.0f}/s coalesced, {idem_red
       f" | ratio {idem_redis / rb_life:.2f} coalesced, {idem_redis_single / rb_life:.2f} not")
 print(f"Redis      redis-benchmark -P 16 (the server's ceiling for the scripts): acquire {rb_acq_p:.0f}/s, complete {rb_cmp_p:.0f}/s"
       f" → lifecycle {rb_life_p:.0f}/s | idem coalesced reaches {idem_redis / rb_life_p:.2f} of it; 2x idem uncoalesced would be {2 * idem_redis_single / rb_life_p:.2f} of it")
+print(f"Redis      records in buckets (idem_buckets=16384): {idem_rb:8.0f}/s coalesced ({idem_rb / idem_redis:.2f} of a key per record),"
+      f" {idem_rb_single:8.0f}/s not ({idem_rb_single / idem_redis_single:.2f}); target ≥ 0.90")
 print(f"PostgreSQL idem bench lifecycle {idem_pg:8.0f}/s coalesced, {idem_pg_single:8.0f}/s not ({idem_pg / idem_pg_single:.2f}x)"
       f" | pgbench same two statements {pgb:.0f}/s | ratio {idem_pg / pgb:.2f} coalesced (target ≥ 2), {idem_pg_single / pgb:.2f} not")
 print(f"1 worker, p50 of a lifecycle: Redis {rp50:.0f} µs coalesced, {rp50s:.0f} µs not ({rp50 / rp50s:.2f}x, target ≤ 1.10);"

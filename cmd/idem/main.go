@@ -67,7 +67,13 @@ func openStore(ctx context.Context, url string) (idem.Store, error) {
 const redisEncodingNote = `Since this release a Redis record is one packed string, no longer a hash
 of named fields: records written in the first encoding are read as they are and rewritten packed
 by their next transition, so nothing needs migrating; but a process of the first release fails
-closed (WRONGTYPE) on a packed record, so upgrade every process that shares a key prefix together.`
+closed (WRONGTYPE) on a packed record, so upgrade every process that shares a key prefix together.
+Buckets (idem_buckets=N in the store URL, redisstore.Config.Buckets) keep many records per hash:
+once every process of a prefix runs this release, turn them on in all of them at once; records
+written before are read where they are and moved into their bucket by their next transition. A
+process without buckets does not see bucketed records, so there is no way back, and N must not
+change afterwards (like the prefix, it says where a record is). Set the server's
+hash-max-listpack-value to 128 for the compact layout.`
 
 func newMigrateCmd() *cobra.Command {
 	cmd := &cobra.Command{

@@ -24,15 +24,18 @@ const clusterSlots = 16384
 // Strict, so that each 16 bytes have one spelling only).
 var compactKeys = base64.RawURLEncoding.Strict()
 
-// bucketField is the field of key in its bucket: 1 and the 16 bytes of a
-// compact key, else 0 and the key.
+// bucketField is the field of key in its bucket: the 16 bytes of a compact
+// key; else 0 and the key, but 1, the key and 1 for a key of 15 bytes, so
+// that no other field is 16 bytes long.
 func bucketField(key string) string {
 	if len(key) == 24 && strings.HasPrefix(key, "1~") {
-		var b [17]byte
-		b[0] = 1
-		if n, err := compactKeys.Decode(b[1:], []byte(key[2:])); err == nil && n == 16 {
+		var b [16]byte
+		if n, err := compactKeys.Decode(b[:], []byte(key[2:])); err == nil && n == 16 {
 			return string(b[:])
 		}
+	}
+	if len(key) == 15 {
+		return "\x01" + key + "\x01"
 	}
 	return "\x00" + key
 }
@@ -40,8 +43,10 @@ func bucketField(key string) string {
 // fieldKey is the storage key of a bucket's field ("" for none).
 func fieldKey(f string) string {
 	switch {
+	case len(f) == 16:
+		return "1~" + compactKeys.EncodeToString([]byte(f))
 	case len(f) == 17 && f[0] == 1:
-		return "1~" + compactKeys.EncodeToString([]byte(f[1:]))
+		return f[1:16]
 	case len(f) > 1 && f[0] == 0:
 		return f[1:]
 	}
@@ -118,18 +123,19 @@ var slotTags = sync.OnceValue(func() *[clusterSlots]string {
 
 // decodeBucketRecord reads a record of the bucket encoding (bucket.lua).
 func decodeBucketRecord(key, v string) (rec idem.Record, ok bool) {
-	const head = 23 // flags … updated at
+	const head = 19 // flags … expires at less updated at
 	if len(v) < head+1 || v[0]&0x80 == 0 {
 		return idem.Record{}, false
 	}
 	fl := v[0]
+	expires := be48(v[9:15])
 	rec = idem.Record{
 		Key:       key,
 		State:     idem.State(fl & 7),
-		Fence:     binary.BigEndian.Uint64([]byte(v[1:9])),
-		Attempts:  int(binary.BigEndian.Uint16([]byte(v[9:11]))),
-		ExpiresAt: msTime(be48(v[11:17])),
-		UpdatedAt: msTime(be48(v[17:23])),
+		Fence:     binary.BigEndian.Uint64(append([]byte{0}, v[1:8]...)),
+		Attempts:  int(v[8]),
+		ExpiresAt: msTime(expires),
+		UpdatedAt: msTime(expires - int64(binary.BigEndian.Uint32([]byte(v[15:19])))),
 	}
 	pos := head
 	switch {

@@ -5,23 +5,28 @@
 -- b = its bucket, f = its field}: s and b are in the same cluster slot, and a
 -- record still in s (written before buckets were on, or too large for a
 -- bucket) is read there and moved into b by its next transition.
--- The field is 1 and the 16 bytes of a compact key, or 0 and the key. The
+-- The field is the 16 bytes of a compact key, or 0 and the key (1, the
+-- key and 1 for a key of 15 bytes: no other field is 16 bytes long). The
 -- value is packed (format 2), big-endian:
 --   B flags: 128 + 64 if the fingerprint is a digest + 32 if a settle wrote
 --     the record + the state,
---   I8 fence, I2 attempts, I6 expires at (ms), I6 updated at (ms),
+--   I7 fence, B attempts, I6 expires at (ms), I4 expires at less updated
+--   at (ms),
 --   in flight: I6 lease until, B tag, c10 nonce (as in format 1);
 --   written by a settle: c4, the settle's nonce without the process part
 --     (the fence names the owner, the counter the call);
 --   the fingerprint: its 16 bytes if a digest, else B length and the string;
 --   the result to the end.
+-- A record with more than 255 attempts, a fence of 2^56 or more, or an
+-- expiry 2^32 ms (49 days) or more after its last transition keeps a key
+-- of its own.
 -- Redis 7.0 cannot expire a field: a record past its expiry is absent to
 -- every script, and the first new field written into a bucket a minute or
 -- more after its last sweep deletes the bucket's expired fields (field ""
 -- holds the time of the next sweep). The bucket's TTL is the latest expiry
 -- of any record written into it, so an idle bucket goes as a whole.
 local BUCKET_VALUE_MAX = 128
-local B_FMT = '>BI8I2I6I6'
+local B_FMT = '>BI7BI6I4'
 local stringLoad, stringSave = load, save
 load = function(k)
   local v = redis.call('HGET', k.b, k.f)
@@ -31,9 +36,9 @@ load = function(k)
     return r
   end
   k.inb = true
-  local fl, f, a, e, u, pos = struct.unpack(B_FMT, v)
+  local fl, f, a, e, age, pos = struct.unpack(B_FMT, v)
   local st = fl % 8
-  local r = {st = st, f = f, a = a, e = e, u = u, l = 0, tag = 0, n = '', raw = v}
+  local r = {st = st, f = f, a = a, e = e, u = e - age, l = 0, tag = 0, n = '', raw = v}
   if st == 1 then
     r.l, r.tag, pos = struct.unpack('>I6B', v, pos)
     r.n, pos = string.sub(v, pos, pos + 9), pos + 10
@@ -51,7 +56,7 @@ load = function(k)
 end
 -- bpack returns r packed for a bucket, or nil where it does not fit one.
 local function bpack(r)
-  if r.a > 65535 then return nil end
+  if r.a > 255 or r.f >= 2^56 or r.e - r.u >= 2^32 then return nil end
   local fl, p = 128 + r.st, r.p
   if #p == 17 and string.byte(p, 1) == 1 then
     fl, p = fl + 64, string.sub(p, 2)
@@ -67,7 +72,7 @@ local function bpack(r)
   elseif r.tag == 83 and #r.n >= 4 then
     fl, mid = fl + 32, string.sub(r.n, -4)
   end
-  local v = struct.pack(B_FMT, fl, r.f, r.a, r.e, r.u) .. mid .. p .. r.r
+  local v = struct.pack(B_FMT, fl, r.f, r.a, r.e, r.e - r.u) .. mid .. p .. r.r
   if #v > BUCKET_VALUE_MAX then return nil end
   return v
 end
@@ -77,7 +82,7 @@ local function sweepBucket(b, now)
   if next and struct.unpack('>I6', next) > now then return end
   local all = redis.call('HGETALL', b)
   for i = 1, #all, 2 do
-    if all[i] ~= '' and struct.unpack('>I6', all[i + 1], 12) <= now then
+    if all[i] ~= '' and struct.unpack('>I6', all[i + 1], 10) <= now then
       redis.call('HDEL', b, all[i])
     end
   end

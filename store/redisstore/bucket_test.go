@@ -133,6 +133,30 @@ func TestBucketPlacement(t *testing.T) {
 			t.Fatalf("%.30q replay: %v %+v %v", c.key, r.Outcome, r.Record, err)
 		}
 	}
+	// More attempts than a bucket's record counts (255): the record moves
+	// to a key of its own, and back when a new generation starts.
+	var fence uint64
+	for i := 1; i <= 256; i++ {
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "retried", Lease: time.Minute, Retention: time.Hour})
+		if err != nil || a.Record.Attempts != i {
+			t.Fatalf("attempt %d: %+v %v", i, a.Record, err)
+		}
+		if got, want := where("retried"), map[bool]string{true: "own key", false: "bucket"}[i > 255]; got != want {
+			t.Fatalf("attempt %d: in %s, want %s", i, got, want)
+		}
+		fence = a.Fence
+		if i < 256 {
+			if err := s.Release(ctx, "retried", a.Fence); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := s.Delete(ctx, "retried"); err != nil || where("retried") != "nowhere" {
+		t.Fatalf("Delete: %v, the record in %s", err, where("retried"))
+	}
+	if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "retried", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Fence <= fence || where("retried") != "bucket" {
+		t.Fatalf("after Delete: fence %d (was %d), %v, in %s", a.Fence, fence, err, where("retried"))
+	}
 	if ttl, err := c.PTTL(ctx, func() string { keys, _ := s.Locate(compact); return keys[1] }()).Result(); err != nil || ttl <= 0 || ttl > time.Hour {
 		t.Fatalf("bucket TTL %v %v, want the latest expiry of its records", ttl, err)
 	}

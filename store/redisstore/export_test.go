@@ -29,3 +29,9 @@ func SlotTag(slot int) string { return slotTags()[slot] }
 
 // KeySlot is a key name's cluster slot.
 func KeySlot(name string) int { return int(keySlot(name)) }
+
+// BucketField and FieldKey map a storage key to its field and back.
+var (
+	BucketField = bucketField
+	FieldKey    = fieldKey
+)

@@ -112,7 +112,7 @@ var (
 	// hash's fields (the first encoding), or false.
 	peekScript = redis.NewScript(clockLua + `local v = redis.call('HGET', KEYS[2], ARGV[1])
 if v then
-  if struct.unpack('>I6', v, 12) <= now then return false end
+  if struct.unpack('>I6', v, 10) <= now then return false end
   return v
 end
 local ok, s = pcall(redis.call, 'GET', KEYS[1])

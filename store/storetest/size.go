@@ -49,54 +49,64 @@ func RecordBytes(t *testing.T, s idem.Store, what string, measure func(storageKe
 
 var recordsForBytes = flag.Int("recordbytes.n", 20000, "how many completed records MemoryPerRecord writes for each key kind")
 
+// RecordsForBytes is -recordbytes.n: how many records MemoryPerRecord
+// writes of each key kind.
+func RecordsForBytes() int { return *recordsForBytes }
+
 // MemoryPerRecord writes -recordbytes.n completed records (default 20,000;
 // the issue's figure is at 1,000,000) with raw UUID keys, then as many with
 // compact keys, each with a 28-byte result, and logs what the backend's
 // memory or size grew by per record (used reads it: Redis used_memory, a
 // table's total relation size) and the projection to a billion records.
 func MemoryPerRecord(t *testing.T, s idem.Store, what string, used func() (int64, error)) {
+	for _, compact := range []bool{false, true} {
+		MemoryPerRecordOf(t, s, compact, what, used)
+	}
+}
+
+// MemoryPerRecordOf is MemoryPerRecord for one kind of key: compact or raw
+// UUID keys.
+func MemoryPerRecordOf(t *testing.T, s idem.Store, compact bool, what string, used func() (int64, error)) {
 	ctx := context.Background()
 	n := *recordsForBytes
 	result := []byte(`{"status":201,"id":"B-0001"}`)
 	fp := idem.Fingerprint(result)
-	for _, compact := range []bool{false, true} {
-		before, err := used()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		errs := make(chan error, 32)
-		for range 32 {
-			wg.Go(func() {
-				for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-					k := idem.Key{Scope: "POST /bookings", ID: fmt.Sprintf("%08x-d9cb-469f-a165-%012x", i, i)}.Storage(compact)
-					a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
-					if err == nil {
-						err = s.Complete(ctx, k, a.Fence, result, time.Hour)
-					}
-					if err != nil {
-						errs <- err
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-		after, err := used()
-		if err != nil {
-			t.Fatal(err)
-		}
-		per := float64(after-before) / float64(n)
-		kind := "raw UUID keys"
-		if compact {
-			kind = "compact keys"
-		}
-		t.Logf("%s, %d completed records, %s, 28-byte result: %.1f bytes per record; 1,000,000,000 records: %.0f GB",
-			what, n, kind, per, per) // bytes per record × 10^9 records / 10^9 bytes per GB
+	before, err := used()
+	if err != nil {
+		t.Fatal(err)
 	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for range 32 {
+		wg.Go(func() {
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				k := idem.Key{Scope: "POST /bookings", ID: fmt.Sprintf("%08x-d9cb-469f-a165-%012x", i, i)}.Storage(compact)
+				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
+				if err == nil {
+					err = s.Complete(ctx, k, a.Fence, result, time.Hour)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	after, err := used()
+	if err != nil {
+		t.Fatal(err)
+	}
+	per := float64(after-before) / float64(n)
+	kind := "raw UUID keys"
+	if compact {
+		kind = "compact keys"
+	}
+	t.Logf("%s, %d completed records, %s, 28-byte result: %.1f bytes per record; 1,000,000,000 records: %.0f GB",
+		what, n, kind, per, per) // bytes per record × 10^9 records / 10^9 bytes per GB
 }
