@@ -21,10 +21,13 @@
 -- expiry 2^32 ms (49 days) or more after its last transition keeps a key
 -- of its own.
 -- Redis 7.0 cannot expire a field: a record past its expiry is absent to
--- every script, and the first new field written into a bucket a minute or
--- more after its last sweep deletes the bucket's expired fields (field ""
--- holds the time of the next sweep). The bucket's TTL is the latest expiry
--- of any record written into it, so an idle bucket goes as a whole.
+-- every script, and a new field written into a bucket a minute or more
+-- after its last sweep deletes the bucket's expired fields (field "" holds
+-- the time of the next sweep; one new field in eight, chosen by its last
+-- byte, looks at it). The bucket's TTL is kept past the
+-- latest expiry of any record written into it (when a write needs more, by
+-- as much again as that record's retention, so the next writes need not
+-- move it), so an idle bucket goes as a whole.
 local BUCKET_VALUE_MAX = 128
 local B_FMT = '>BI7BI6I4'
 local stringLoad, stringSave = load, save
@@ -97,10 +100,13 @@ save = function(k, r)
     k.str = true
     return stringSave(k.s, r)
   end
-  if redis.call('HSET', k.b, k.f, v) == 1 then sweepBucket(k.b, r.u) end
+  -- One new field in eight (by its last byte) checks the sweep time.
+  if redis.call('HSET', k.b, k.f, v) == 1 and string.byte(k.f, -1) % 8 == 0 then sweepBucket(k.b, r.u) end
   k.inb = true
   if k.str then redis.call('DEL', k.s); k.str = nil end
-  if redis.call('PEXPIRETIME', k.b) < r.e then redis.call('PEXPIREAT', k.b, r.e) end
+  if redis.call('PEXPIRETIME', k.b) < r.e then
+    redis.call('PEXPIREAT', k.b, r.e + (r.e - r.u)) -- with room for the next writes
+  end
   return v
 end
 -- sameCall: the nonce of a settle's record is the call's (a bucket keeps

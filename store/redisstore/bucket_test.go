@@ -157,7 +157,7 @@ func TestBucketPlacement(t *testing.T) {
 	if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "retried", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Fence <= fence || where("retried") != "bucket" {
 		t.Fatalf("after Delete: fence %d (was %d), %v, in %s", a.Fence, fence, err, where("retried"))
 	}
-	if ttl, err := c.PTTL(ctx, func() string { keys, _ := s.Locate(compact); return keys[1] }()).Result(); err != nil || ttl <= 0 || ttl > time.Hour {
+	if ttl, err := c.PTTL(ctx, func() string { keys, _ := s.Locate(compact); return keys[1] }()).Result(); err != nil || ttl < 59*time.Minute || ttl > 2*time.Hour {
 		t.Fatalf("bucket TTL %v %v, want the latest expiry of its records", ttl, err)
 	}
 }
@@ -248,18 +248,24 @@ func TestRecordsMoveIntoBuckets(t *testing.T) {
 // TestBucketSweepsExpiredRecords: Redis cannot expire a field, so a bucket
 // deletes its expired records when a new one arrives after its sweep time
 // (set here to the past instead of waiting a minute); live records stay.
+// One new field in eight looks at the sweep time (those whose last byte is
+// a multiple of 8: the keys here end in 0 or 8), another does not.
 func TestBucketSweepsExpiredRecords(t *testing.T) {
 	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
 	ctx := context.Background()
 	c := s.Client()
 	// Keys of one bucket: with 16,384 buckets, look for keys sharing one.
-	keys, _ := s.Locate("first")
+	keys, _ := s.Locate("k-0")
 	bucket := keys[1]
-	var same []string
-	for i := 0; len(same) < 4; i++ {
+	same, other := []string{"k-0"}, ""
+	for i := 1; len(same) < 5 || other == ""; i++ {
 		k := fmt.Sprintf("k-%d", i)
 		if ks, _ := s.Locate(k); ks[1] == bucket {
-			same = append(same, k)
+			if k[len(k)-1]%8 == 0 {
+				same = append(same, k)
+			} else if other == "" {
+				other = k
+			}
 		}
 	}
 	short := func(k string, retention time.Duration) {
@@ -271,33 +277,44 @@ func TestBucketSweepsExpiredRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	short("first", time.Hour)
-	short(same[0], time.Millisecond)
+	fieldCount := func() int64 {
+		n, err := c.HLen(ctx, bucket).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	short(same[0], time.Hour) // a new bucket: swept at once, its sweep time set
 	short(same[1], time.Millisecond)
+	short(same[2], time.Millisecond)
 	testenv.Eventually(t, 5*time.Second, "Redis's clock passing the 1 ms retention", func() error {
-		for _, k := range same[:2] {
+		for _, k := range same[1:3] {
 			if _, err := s.Get(ctx, k); !errors.Is(err, idem.ErrNotFound) {
 				return fmt.Errorf("%s: %v", k, err)
 			}
 		}
 		return nil
 	})
-	if n, err := c.HLen(ctx, bucket).Result(); err != nil || n != 4 { // first, the two expired, the sweep time
-		t.Fatalf("before the sweep: %d fields, %v; want 4", n, err)
+	if n := fieldCount(); n != 4 { // same[0], the two expired, the sweep time
+		t.Fatalf("before the sweep: %d fields; want 4", n)
 	}
-	short(same[2], time.Hour) // a new field, but the sweep time has not come
-	if n, _ := c.HLen(ctx, bucket).Result(); n != 5 {
+	short(same[3], time.Hour) // a new field, but the sweep time has not come
+	if n := fieldCount(); n != 5 {
 		t.Fatalf("a new record before the sweep time: %d fields, want 5", n)
 	}
 	if err := c.HSet(ctx, bucket, "", "\x00\x00\x00\x00\x00\x00").Err(); err != nil { // the sweep time is now past
 		t.Fatal(err)
 	}
-	short(same[3], time.Hour)
-	fields, err := c.HKeys(ctx, bucket).Result()
-	if err != nil || len(fields) != 4 { // first, same[2], same[3], the sweep time
-		t.Fatalf("after the sweep: fields %q, %v; want 4", fields, err)
+	short(other, time.Hour) // a new field that does not look
+	if n := fieldCount(); n != 6 {
+		t.Fatalf("a new record that does not look at the sweep time: %d fields, want 6", n)
 	}
-	for _, k := range []string{"first", same[2], same[3]} {
+	short(same[4], time.Hour)
+	fields, err := c.HKeys(ctx, bucket).Result()
+	if err != nil || len(fields) != 5 { // same[0], same[3], other, same[4], the sweep time
+		t.Fatalf("after the sweep: fields %q, %v; want 5", fields, err)
+	}
+	for _, k := range []string{same[0], same[3], other, same[4]} {
 		if _, err := s.Get(ctx, k); err != nil {
 			t.Fatalf("the sweep deleted live %s: %v", k, err)
 		}

@@ -166,14 +166,16 @@ type Config struct {
 	NoCoalesce bool
 	// Buckets > 0 keeps records in hashes, many records per hash (its
 	// bucket), instead of a key per record: a completed record with a
-	// compact key and a 28-byte result then takes ~95 bytes of Redis memory
-	// instead of ~257 (a key costs ~150 bytes before its value). There are
-	// 16,384 × ceil(Buckets / 16,384) buckets (one or more per cluster
-	// slot); size them to the records kept at once ÷ 64, and set the
-	// server's hash-max-listpack-value to 128 so a bucket stays one compact
-	// listpack (a hash past Redis's listpack limits still works, at ~140
-	// bytes per record). A record whose field or value does not fit (a key
-	// over 63 bytes, a result over ~75 bytes) keeps a key of its own. Redis
+	// compact key and a 28-byte result then takes 99 bytes of Redis memory
+	// instead of 257 (measured at 1,000,000 records; a key costs ~150 bytes
+	// before its value). There are 16,384 × ceil(Buckets / 16,384) buckets
+	// (one or more per cluster slot); size them to the records kept at
+	// once ÷ 64, and set the server's hash-max-listpack-value to 128 so a
+	// bucket stays one compact listpack: with the default 64 such a record
+	// (67 bytes) turns its bucket into a hash table, 162 bytes per record.
+	// A record whose field or value does not fit (a key over 63 bytes, a
+	// result over 89 bytes, over 255 attempts, a retention over 49 days)
+	// keeps a key of its own. Redis
 	// 7.0 cannot expire a field: a bucket deletes its expired records when a
 	// new record arrives a minute or more after its last sweep, and the
 	// bucket itself expires with its last record. Records written before
