@@ -159,6 +159,60 @@ func TestCluster(t *testing.T) {
 			}
 		}
 	})
+	t.Run("BucketsScanAndListVisitEveryRecord", func(t *testing.T) {
+		// Records in buckets on every master, and some too long for a
+		// bucket in keys of their own: Scan visits each at least once,
+		// List each once.
+		s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n, long = 20_000, 200
+		fill(t, s, n)
+		testenv.CompleteMany(t, s, long, func(i int) string { return fmt.Sprintf("%064d", i) })
+		ctx := context.Background()
+		scanned := map[string]bool{}
+		for cursor := ""; ; {
+			recs, next, err := s.Scan(ctx, cursor, 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(recs) > 3000 { // about the limit: a SCAN batch of buckets may hold more than 1,000
+				t.Fatalf("a Scan page of %d records, limit 1,000", len(recs))
+			}
+			for _, r := range recs {
+				if r.State != idem.StateCompleted {
+					t.Fatalf("Scan: %+v", r)
+				}
+				scanned[r.Key] = true
+			}
+			if cursor = next; cursor == "" {
+				break
+			}
+		}
+		listed := map[string]int{}
+		for after := ""; ; {
+			page, err := s.List(ctx, after, 5000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page) == 0 {
+				break
+			}
+			for _, r := range page {
+				listed[r.Key]++
+			}
+			after = page[len(page)-1].Key
+		}
+		if len(scanned) != n+long || len(listed) != n+long {
+			t.Fatalf("Scan visited %d, List %d of %d records", len(scanned), len(listed), n+long)
+		}
+		for k, c := range listed {
+			if c != 1 {
+				t.Fatalf("List visited %q %d times", k, c)
+			}
+		}
+	})
 	// Last: it kills a master for good.
 	t.Run("FailoverFailsClosedThenResumes", func(t *testing.T) {
 		failover(t, cluster.Client(t), 0, clusterPlan(t, cluster))

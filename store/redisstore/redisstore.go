@@ -396,22 +396,26 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 	var buckets []idem.Record // the records of the buckets met
 	for _, addr := range addrs {
 		c := cursors[addr]
-		for c != "-" && len(keys) < limit {
+		for c != "-" && len(keys)+len(buckets) < limit {
 			pos, _ := strconv.ParseUint(c, 10, 64)
 			found, next, err := nodes[addr].Scan(ctx, pos, pattern, int64(limit)).Result()
 			if err != nil {
 				return nil, "", wrap("scan", err)
 			}
+			var names []string // the buckets met
 			for _, name := range found {
 				if s.bucketsPerSlot > 0 && s.isBucket(name) {
-					recs, err := s.bucketRecords(ctx, nodes[addr], name)
-					if err != nil {
-						return nil, "", wrap("scan", err)
-					}
-					buckets = append(buckets, recs...)
-					continue
+					names = append(names, name)
+				} else {
+					keys = append(keys, s.storageKey(name))
 				}
-				keys = append(keys, s.storageKey(name))
+			}
+			if len(names) > 0 {
+				recs, err := s.bucketRecords(ctx, nodes[addr], names)
+				if err != nil {
+					return nil, "", wrap("scan", err)
+				}
+				buckets = append(buckets, recs...)
 			}
 			c = strconv.FormatUint(next, 10)
 			if next == 0 {
@@ -438,23 +442,28 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 	return recs, strings.Join(next, ";"), nil
 }
 
-// bucketRecords reads the live records of a bucket (one HGETALL, the
-// server's TIME in the same round trip).
-func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, bucket string) ([]idem.Record, error) {
+// bucketRecords reads the live records of buckets on node: one pipeline
+// of their HGETALLs, with the server's TIME.
+func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, buckets []string) ([]idem.Record, error) {
 	pipe := node.Pipeline()
 	now := pipe.Time(ctx)
-	all := pipe.HGetAll(ctx, bucket)
+	all := make([]*redis.MapStringStringCmd, len(buckets))
+	for i, b := range buckets {
+		all[i] = pipe.HGetAll(ctx, b)
+	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, err
 	}
 	var recs []idem.Record
-	for f, v := range all.Val() {
-		key := fieldKey(f)
-		if key == "" {
-			continue // the time of the next sweep (bucket.lua)
-		}
-		if rec, ok := decodeRecord(key, v); ok && rec.ExpiresAt.After(now.Val()) {
-			recs = append(recs, rec)
+	for _, cmd := range all {
+		for f, v := range cmd.Val() {
+			key := fieldKey(f)
+			if key == "" {
+				continue // the time of the next sweep (bucket.lua)
+			}
+			if rec, ok := decodeRecord(key, v); ok && rec.ExpiresAt.After(now.Val()) {
+				recs = append(recs, rec)
+			}
 		}
 	}
 	return recs, nil
@@ -814,23 +823,38 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	pattern := escapeGlob(s.prefix) + "{*"
 	scan := func(ctx context.Context, c redis.Cmdable) ([]string, error) {
 		var keys []string
+		var buckets []string
 		it := c.Scan(ctx, 0, pattern, 1000).Iterator()
 		for it.Next(ctx) {
 			if s.bucketsPerSlot > 0 && s.isBucket(it.Val()) {
-				fields, err := c.HKeys(ctx, it.Val()).Result()
-				if err != nil {
-					return nil, err
-				}
-				for _, f := range fields {
-					if k := fieldKey(f); k > after {
-						keys = append(keys, k)
-					}
-				}
+				buckets = append(buckets, it.Val())
 			} else if k := s.storageKey(it.Val()); k > after {
 				keys = append(keys, k)
 			}
 		}
-		return keys, it.Err()
+		if err := it.Err(); err != nil {
+			return nil, err
+		}
+		for len(buckets) > 0 { // their fields, a pipeline of 1,000 buckets at a time
+			batch := buckets[:min(len(buckets), 1000)]
+			buckets = buckets[len(batch):]
+			cmds := make([]*redis.StringSliceCmd, len(batch))
+			pipe := c.Pipeline()
+			for i, b := range batch {
+				cmds[i] = pipe.HKeys(ctx, b)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				return nil, err
+			}
+			for _, cmd := range cmds {
+				for _, f := range cmd.Val() {
+					if k := fieldKey(f); k > after {
+						keys = append(keys, k)
+					}
+				}
+			}
+		}
+		return keys, nil
 	}
 	var keys []string
 	var err error
