@@ -334,3 +334,7 @@ func TestBucketsRefused(t *testing.T) {
 		t.Error("buckets with a { in the prefix: accepted")
 	}
 }
+
+func BenchmarkStoreBuckets(b *testing.B) {
+	storetest.Bench(b, func(t testing.TB) idem.Store { return openBuckets(t, testenv.RandomName("idemtest:")+":") })
+}

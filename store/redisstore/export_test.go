@@ -35,3 +35,7 @@ var (
 	BucketField = bucketField
 	FieldKey    = fieldKey
 )
+
+// LuaParts are the scripts' pieces: the record encoding, the bucket
+// layout, the two transitions and the clock.
+var LuaParts = struct{ Record, Bucket, Acquire, Owned, Clock string }{recordLua, bucketLua, acquireBody, ownedBody, clockLua}
