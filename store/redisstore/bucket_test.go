@@ -14,6 +14,7 @@ import (
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/storetest"
+	"github.com/idemgo/idem/store/storeurl"
 )
 
 func openBuckets(t testing.TB, prefix string) *redisstore.Store {
@@ -337,4 +338,37 @@ func TestBucketsRefused(t *testing.T) {
 
 func BenchmarkStoreBuckets(b *testing.B) {
 	storetest.Bench(b, func(t testing.TB) idem.Store { return openBuckets(t, testenv.RandomName("idemtest:")+":") })
+}
+
+// TestBucketsFromTheStoreURL: idem_buckets=N in a store URL turns buckets
+// on; a value that is not a count is refused.
+func TestBucketsFromTheStoreURL(t *testing.T) {
+	ctx := context.Background()
+	prefix := testenv.RandomName("idemtest:") + ":"
+	testenv.OpenRedis(t, prefix) // its cleanup deletes the prefix's keys
+	st, err := storeurl.Open(ctx, testenv.RedisURL+"?idem_buckets=20000&idem_prefix="+prefix, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s := st.(*redisstore.Store)
+	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, "k", a.Fence, []byte("r"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	keys, field := s.Locate("k")
+	if len(keys) != 2 || !strings.HasSuffix(keys[1], "#0") && !strings.HasSuffix(keys[1], "#1") {
+		t.Fatalf("idem_buckets=20000: keys %q, want a bucket of the slot's two", keys)
+	}
+	if in, err := s.Client().HExists(ctx, keys[1], field).Result(); err != nil || !in {
+		t.Fatalf("the record is not in its bucket: %v %v", in, err)
+	}
+	for _, bad := range []string{"x", "-1"} {
+		if _, err := storeurl.Open(ctx, testenv.RedisURL+"?idem_buckets="+bad, nil); err == nil || !strings.Contains(err.Error(), "idem_buckets") {
+			t.Errorf("idem_buckets=%s: %v, want it refused", bad, err)
+		}
+	}
 }
