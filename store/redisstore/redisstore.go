@@ -629,12 +629,15 @@ func (s *Store) locate(key string) (keys []string, field string) {
 	return []string{name, s.bucketName(name, field)}, field
 }
 
-// transition runs script (a transition) for key's record with args,
-// through group.
+// transition runs script (a transition) for key's record with args[1:],
+// through group; args[0] is a place for the field, which the bucketed
+// scripts take first.
 func (s *Store) transition(ctx context.Context, group *coalesce.Group[scriptCall, *redis.Cmd], script *redis.Script, key string, args ...any) *redis.Cmd {
 	keys, field := s.locate(key)
 	if len(keys) > 1 {
-		args = append([]any{field}, args...)
+		args[0] = field
+	} else {
+		args = args[1:]
 	}
 	return s.call(ctx, group, script, keys, args...)
 }
@@ -647,7 +650,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := ctx.Err(); err != nil {
 		return idem.Acquisition{}, err
 	}
-	v, err := s.transition(ctx, s.acquires, s.acquireScript, req.Key, encodeFingerprint(req.Fingerprint),
+	v, err := s.transition(ctx, s.acquires, s.acquireScript, req.Key, nil, encodeFingerprint(req.Fingerprint),
 		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts, s.nonce()).Slice()
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
@@ -671,7 +674,7 @@ func (s *Store) owned(ctx context.Context, op, code string, key string, fence ui
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := s.transition(ctx, s.owneds, s.ownedScript, key, code, fence, ms, result, s.nonce()).Int()
+	n, err := s.transition(ctx, s.owneds, s.ownedScript, key, nil, code, fence, ms, result, s.nonce()).Int()
 	if err != nil {
 		return wrap(op, err)
 	}
