@@ -169,22 +169,25 @@ type Config struct {
 	// compact key and a 28-byte result then takes 99 bytes of Redis memory
 	// instead of 257 (measured at 1,000,000 records; a key costs ~150 bytes
 	// before its value). There are 16,384 × ceil(Buckets / 16,384) buckets
-	// (one or more per cluster slot); size them to the records kept at
-	// once ÷ 64, and set the server's hash-max-listpack-value to 128 so a
-	// bucket stays one compact listpack: with the default 64 such a record
-	// (67 bytes) turns its bucket into a hash table, 162 bytes per record.
-	// A record whose field or value does not fit (a key over 63 bytes, a
-	// result over 89 bytes, over 255 attempts, a retention over 49 days)
-	// keeps a key of its own. Redis
-	// 7.0 cannot expire a field: a bucket deletes its expired records when a
-	// new record arrives a minute or more after its last sweep, and the
-	// bucket itself expires with its last record. Records written before
-	// buckets were on are read and moved into their bucket by their next
-	// transition; a process without buckets cannot see bucketed records, so
-	// turn buckets on in every process sharing the prefix at once, and
-	// never change the number (like Prefix, it is part of where a key's
-	// record is). Needs Redis 7.0; not on a Ring, and not with a "{" or "}"
-	// in Prefix.
+	// (one or more per cluster slot); size them to the records kept at once
+	// ÷ 64, and set the server's hash-max-listpack-value to 128 so a bucket
+	// stays one compact listpack: with the default 64 such a record (67
+	// bytes) turns its bucket into a hash table, 162 bytes per record. A
+	// record that does not fit (a key over 63 bytes, a result over 89
+	// bytes, over 255 attempts, a retention over 49 days) keeps a key of its
+	// own.
+	//
+	// Redis 7.0 cannot expire a field: an expired record is absent to every
+	// call, a bucket deletes its expired records when a new record arrives a
+	// minute or more after its last sweep, and the bucket's own TTL stays
+	// past its latest record's expiry, so an idle bucket goes whole.
+	//
+	// Records written before buckets were on are read and moved into their
+	// bucket by their next transition; a process without buckets does not
+	// see bucketed records, so turn buckets on in every process sharing the
+	// prefix at once, and never change the number (like Prefix, it says
+	// where a key's record is). Needs Redis 7.0; not on a Ring, and not with
+	// a "{" or "}" in Prefix.
 	Buckets int
 }
 
@@ -811,8 +814,9 @@ func (s *Store) decodePeek(key string, cmd *redis.Cmd) (rec idem.Record, found b
 	return idem.Record{}, false, fmt.Errorf("%s: unexpected answer %v", s.KeyName(key), v)
 }
 
-// Sweep implements idem.Store. Redis expires every record by its TTL, so
-// there is nothing to sweep: it returns 0.
+// Sweep implements idem.Store. Redis expires every record by its TTL (with
+// Config.Buckets, each bucket deletes its expired records itself and
+// expires after its last one), so there is nothing to sweep: it returns 0.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	return 0, ctx.Err()
 }
