@@ -24,10 +24,10 @@
 -- every script, and a new field written into a bucket a minute or more
 -- after its last sweep deletes the bucket's expired fields (field "" holds
 -- the time of the next sweep; one new field in eight, chosen by its last
--- byte, looks at it). The bucket's TTL is kept past the
--- latest expiry of any record written into it (when a write needs more, by
--- as much again as that record's retention, so the next writes need not
--- move it), so an idle bucket goes as a whole.
+-- byte, looks at it). The bucket's TTL is kept past the latest expiry of
+-- any record written into it (when a write needs more, by as much again as
+-- that record's retention, so the next writes need not move it), so an
+-- idle bucket goes as a whole.
 local BUCKET_VALUE_MAX = 128
 local B_FMT = '>BI7BI6I4'
 local stringLoad, stringSave = load, save
