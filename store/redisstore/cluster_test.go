@@ -34,14 +34,17 @@ func TestCluster(t *testing.T) {
 	})
 	t.Run("ConformanceBuckets", func(t *testing.T) {
 		// A record's own key and its bucket share a slot (else every
-		// script would fail with CROSSSLOT).
-		storetest.Run(t, storetest.Capabilities{ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
-			s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return s
-		})
+		// script would fail with CROSSSLOT); with WaitReplicas, the
+		// pipelines per master carry two keys per call.
+		for _, wait := range []int{0, 1} {
+			storetest.Run(t, storetest.Capabilities{ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
+				s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, WaitReplicas: wait})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			})
+		}
 	})
 	t.Run("ConformanceWaitingForAReplica", func(t *testing.T) {
 		// Coalesced pipelines on a Cluster with WaitReplicas: one per master,

@@ -2,6 +2,7 @@ package tieredstore_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/pgstore"
+	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/sqlitestore"
 	"github.com/idemgo/idem/store/storetest"
 	"github.com/idemgo/idem/store/tieredstore"
@@ -79,15 +81,19 @@ func TestNeedsArchiver(t *testing.T) {
 }
 
 func TestConformanceRedisOverPostgres(t *testing.T) {
-	storetest.Run(t, storetest.Capabilities{Persistent: true}, func(t testing.TB) idem.Store {
-		hot := testenv.OpenRedis(t, testenv.RandomName("idemtest:")+":")
-		cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
-		s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s // the tiers close at their own cleanup
-	})
+	for _, buckets := range []int{0, 1} { // a key per Redis record, and records in buckets
+		t.Run(fmt.Sprintf("buckets=%d", buckets), func(t *testing.T) {
+			storetest.Run(t, storetest.Capabilities{Persistent: true}, func(t testing.TB) idem.Store {
+				hot := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: buckets})
+				cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
+				s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s // the tiers close at their own cleanup
+			})
+		})
+	}
 }
 
 // TestCampaign runs the fault campaign on Redis over PostgreSQL with a hot
