@@ -162,6 +162,7 @@ func runServe(ctx context.Context, o serveOpts) error {
 	}
 	defer store.Close()
 	logger := log.New(os.Stderr, "idem serve: ", log.LstdFlags)
+	logServerWarnings(ctx, store, logger)
 	metrics := newGatewayMetrics()
 	principal, err := httpidem.ParsePrincipal(o.principal)
 	if err != nil {
@@ -250,4 +251,23 @@ func runServe(ctx context.Context, o serveOpts) error {
 		_ = adminSrv.Shutdown(sctx)
 	}
 	return err
+}
+
+// logServerWarnings logs what the store says is off in its server's
+// settings (redisstore.Store.ServerWarnings); a server that does not let it
+// read them is logged as such.
+func logServerWarnings(ctx context.Context, store idem.Store, logger *log.Logger) {
+	w, ok := store.(interface {
+		ServerWarnings(context.Context) ([]string, error)
+	})
+	if !ok {
+		return
+	}
+	warnings, err := w.ServerWarnings(ctx)
+	if err != nil {
+		logger.Printf("warning: cannot read the store server's settings (%v): check maxmemory-policy is noeviction", err)
+	}
+	for _, s := range warnings {
+		logger.Printf("warning: %s", s)
+	}
 }

@@ -170,6 +170,11 @@ func TestCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Each master's settings are read (the test cluster keeps Redis's
+		// default hash-max-listpack-value, 64).
+		if w, err := s.ServerWarnings(context.Background()); err != nil || len(w) != 3 {
+			t.Fatalf("ServerWarnings on 3 masters: %q, %v", w, err)
+		}
 		const n, long = 20_000, 200
 		fill(t, s, n)
 		testenv.CompleteMany(t, s, long, func(i int) string { return fmt.Sprintf("%064d", i) })

@@ -1,0 +1,46 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ServerWarnings reads the server settings idem's promises or figures
+// depend on (on every master of a Cluster or shard of a Ring) and says what
+// is off: an eviction policy other than noeviction, under which Redis may
+// drop a record before its expiry when memory runs short (a duplicate then
+// runs as new); and, with Config.Buckets, a hash-max-listpack-value under
+// 128, which turns buckets into hash tables (162 bytes per record instead
+// of 99). A server that refuses CONFIG GET (a managed Redis may) yields
+// its error and no warnings.
+func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
+	var mu sync.Mutex
+	var warnings []string
+	err := s.forEachNode(ctx, func(ctx context.Context, c *redis.Client) error {
+		cfg, err := c.ConfigGet(ctx, "*max*").Result()
+		if err != nil {
+			return err
+		}
+		var found []string
+		if p := cfg["maxmemory-policy"]; p != "" && p != "noeviction" {
+			found = append(found, fmt.Sprintf("%s: maxmemory-policy is %s: when memory runs short Redis may evict an idempotency record before its expiry, and its key then runs again as new; set noeviction", c.Options().Addr, p))
+		}
+		if v, _ := strconv.Atoi(cfg["hash-max-listpack-value"]); s.bucketsPerSlot > 0 && v < 128 {
+			found = append(found, fmt.Sprintf("%s: hash-max-listpack-value is %d: a bucket holding a record over %d bytes becomes a hash table (162 bytes per record instead of 99); set it to 128", c.Options().Addr, v, v))
+		}
+		mu.Lock()
+		warnings = append(warnings, found...)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, wrap("config get", err)
+	}
+	slices.Sort(warnings)
+	return warnings, nil
+}
