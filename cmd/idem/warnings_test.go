@@ -3,36 +3,55 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log"
-	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/store/memstore"
-	"github.com/idemgo/idem/store/redisstore"
 )
 
-// TestServeLogsServerWarnings: idem serve logs what a Redis store says is
-// off in its server's settings (redisstore.Store.ServerWarnings), here a
-// bucketed store's hash-max-listpack-value when the server keeps it under
-// 128; a store without such settings logs nothing.
+// settingsStore is a store whose server has settings to warn about (as
+// redisstore.Store reports them), for the logging of idem serve.
+type settingsStore struct {
+	idem.Store
+	warnings []string
+	err      error
+}
+
+func (s settingsStore) ServerWarnings(context.Context) ([]string, error) { return s.warnings, s.err }
+
+// TestServeLogsServerWarnings: idem serve logs each warning a store gives
+// about its server's settings (redisstore.Store.ServerWarnings, tested
+// against Redis there), says so when it cannot read them, and logs nothing
+// for a store without such settings.
 func TestServeLogsServerWarnings(t *testing.T) {
 	ctx := context.Background()
-	var out bytes.Buffer
-	logger := log.New(&out, "", 0)
-	logServerWarnings(ctx, memstore.New(memstore.Config{}), logger)
-	if out.Len() != 0 {
-		t.Fatalf("the memory store: %q", out.String())
-	}
-	s := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1})
-	cfg, err := s.Client().ConfigGet(ctx, "hash-max-listpack-value").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	value, _ := strconv.Atoi(cfg["hash-max-listpack-value"])
-	logServerWarnings(ctx, s, logger)
-	if got := strings.Contains(out.String(), "hash-max-listpack-value is "+strconv.Itoa(value)); got != (value < 128) {
-		t.Fatalf("hash-max-listpack-value %d: logged %q", value, out.String())
+	mem := memstore.New(memstore.Config{})
+	for _, tc := range []struct {
+		store idem.Store
+		want  []string
+	}{
+		{mem, nil},
+		{settingsStore{Store: mem}, nil},
+		{settingsStore{Store: mem, warnings: []string{"a: maxmemory-policy is allkeys-lru", "b: hash-max-listpack-value is 64"}},
+			[]string{"warning: a: maxmemory-policy is allkeys-lru", "warning: b: hash-max-listpack-value is 64"}},
+		{settingsStore{Store: mem, err: errors.New("NOPERM")}, []string{"cannot read the store server's settings (NOPERM)"}},
+	} {
+		var out bytes.Buffer
+		logServerWarnings(ctx, tc.store, log.New(&out, "", 0))
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if out.Len() == 0 {
+			lines = nil
+		}
+		if len(lines) != len(tc.want) {
+			t.Fatalf("logged %q, want %q", lines, tc.want)
+		}
+		for i, w := range tc.want {
+			if !strings.Contains(lines[i], w) {
+				t.Fatalf("logged %q, want %q", lines, tc.want)
+			}
+		}
 	}
 }
