@@ -23,8 +23,8 @@
 -- Redis 7.0 cannot expire a field: a record past its expiry is absent to
 -- every script, and a new field written into a bucket a minute or more
 -- after its last sweep deletes the bucket's expired fields (field "" holds
--- the time of the next sweep; one new field in eight, chosen by its last
--- byte, looks at it). The bucket's TTL is kept past the latest expiry of
+-- the time of the next sweep; one new field in eight, chosen by its fence,
+-- a clock reading in µs, looks at it). The bucket's TTL is kept past the latest expiry of
 -- any record written into it (when a write needs more, by as much again as
 -- that record's retention, so the next writes need not move it), so an
 -- idle bucket goes as a whole.
@@ -100,8 +100,9 @@ save = function(k, r)
     k.str = true
     return stringSave(k.s, r)
   end
-  -- One new field in eight (by its last byte) checks the sweep time.
-  if redis.call('HSET', k.b, k.f, v) == 1 and string.byte(k.f, -1) % 8 == 0 then sweepBucket(k.b, r.u) end
+  -- One new field in eight (by its fence: not by the key, which a workload
+  -- may end alike every time) checks the sweep time.
+  if redis.call('HSET', k.b, k.f, v) == 1 and r.f % 8 == 0 then sweepBucket(k.b, r.u) end
   k.inb = true
   if k.str then redis.call('DEL', k.s); k.str = nil end
   if redis.call('PEXPIRETIME', k.b) < r.e then

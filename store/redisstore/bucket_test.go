@@ -247,29 +247,29 @@ func TestRecordsMoveIntoBuckets(t *testing.T) {
 }
 
 // TestBucketSweepsExpiredRecords: Redis cannot expire a field, so a bucket
-// deletes its expired records when a new one arrives after its sweep time
-// (set here to the past instead of waiting a minute); live records stay.
-// One new field in eight looks at the sweep time (those whose last byte is
-// a multiple of 8: the keys here end in 0 or 8), another does not.
+// deletes its expired records when a new one arrives after its sweep time;
+// live records stay. One new field in eight, by its fence (a clock reading),
+// looks at the sweep time — not by the key, which a workload may end alike
+// every time: the keys here all end in "/create", whose last byte would never
+// have looked.
 func TestBucketSweepsExpiredRecords(t *testing.T) {
 	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
 	ctx := context.Background()
 	c := s.Client()
 	// Keys of one bucket: with 16,384 buckets, look for keys sharing one.
-	keys, _ := s.Locate("k-0")
+	keys, _ := s.Locate("k-0/create")
 	bucket := keys[1]
-	same, other := []string{"k-0"}, ""
-	for i := 1; len(same) < 5 || other == ""; i++ {
-		k := fmt.Sprintf("k-%d", i)
+	same := []string{"k-0/create"}
+	for i := 1; len(same) < 150; i++ {
+		k := fmt.Sprintf("k-%d/create", i)
 		if ks, _ := s.Locate(k); ks[1] == bucket {
-			if k[len(k)-1]%8 == 0 {
-				same = append(same, k)
-			} else if other == "" {
-				other = k
-			}
+			same = append(same, k)
 		}
 	}
-	short := func(k string, retention time.Duration) {
+	next := 0 // the next unused key of same
+	complete := func(retention time.Duration) string {
+		k := same[next]
+		next++
 		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
 		if err != nil {
 			t.Fatal(err)
@@ -277,48 +277,54 @@ func TestBucketSweepsExpiredRecords(t *testing.T) {
 		if err := s.Complete(ctx, k, a.Fence, []byte("r"), retention); err != nil {
 			t.Fatal(err)
 		}
+		return k
 	}
-	fieldCount := func() int64 {
-		n, err := c.HLen(ctx, bucket).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	short(same[0], time.Hour) // a new bucket: swept at once, its sweep time set
-	short(same[1], time.Millisecond)
-	short(same[2], time.Millisecond)
+	expired := []string{complete(time.Millisecond), complete(time.Millisecond)}
 	testenv.Eventually(t, 5*time.Second, "Redis's clock passing the 1 ms retention", func() error {
-		for _, k := range same[1:3] {
+		for _, k := range expired {
 			if _, err := s.Get(ctx, k); !errors.Is(err, idem.ErrNotFound) {
 				return fmt.Errorf("%s: %v", k, err)
 			}
 		}
 		return nil
 	})
-	if n := fieldCount(); n != 4 { // same[0], the two expired, the sweep time
-		t.Fatalf("before the sweep: %d fields; want 4", n)
-	}
-	short(same[3], time.Hour) // a new field, but the sweep time has not come
-	if n := fieldCount(); n != 5 {
-		t.Fatalf("a new record before the sweep time: %d fields, want 5", n)
-	}
-	if err := c.HSet(ctx, bucket, "", "\x00\x00\x00\x00\x00\x00").Err(); err != nil { // the sweep time is now past
-		t.Fatal(err)
-	}
-	short(other, time.Hour) // a new field that does not look
-	if n := fieldCount(); n != 6 {
-		t.Fatalf("a new record that does not look at the sweep time: %d fields, want 6", n)
-	}
-	short(same[4], time.Hour)
-	fields, err := c.HKeys(ctx, bucket).Result()
-	if err != nil || len(fields) != 5 { // same[0], same[3], other, same[4], the sweep time
-		t.Fatalf("after the sweep: fields %q, %v; want 5", fields, err)
-	}
-	for _, k := range []string{same[0], same[3], other, same[4]} {
-		if _, err := s.Get(ctx, k); err != nil {
-			t.Fatalf("the sweep deleted live %s: %v", k, err)
+	present := func(k string) bool {
+		_, field := s.Locate(k)
+		in, err := c.HExists(ctx, bucket, field).Result()
+		if err != nil {
+			t.Fatal(err)
 		}
+		return in
+	}
+	setSweepTime := func(ms int64) {
+		b := []byte{byte(ms >> 40), byte(ms >> 32), byte(ms >> 24), byte(ms >> 16), byte(ms >> 8), byte(ms)}
+		if err := c.HSet(ctx, bucket, "", string(b)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setSweepTime(time.Now().Add(time.Hour).UnixMilli())
+	var live []string
+	for range 30 { // the sweep time has not come: nothing is swept
+		live = append(live, complete(time.Hour))
+	}
+	if !present(expired[0]) || !present(expired[1]) {
+		t.Fatal("expired records swept before the bucket's sweep time")
+	}
+	setSweepTime(0)
+	for present(expired[0]) || present(expired[1]) {
+		if next == len(same) { // one in eight looks: 118 new records without a sweep, p < 2e-7
+			t.Fatalf("no sweep in %d new records after the sweep time", len(live)-30)
+		}
+		live = append(live, complete(time.Hour))
+	}
+	t.Logf("swept at the %d. new record after the sweep time", len(live)-30)
+	for _, k := range live {
+		if !present(k) {
+			t.Fatalf("the sweep deleted live %s", k)
+		}
+	}
+	if v, err := c.HGet(ctx, bucket, "").Result(); err != nil || len(v) != 6 || v[0] == 0 && v[1] == 0 {
+		t.Fatalf("the next sweep time after a sweep: %q %v", v, err)
 	}
 }
 
