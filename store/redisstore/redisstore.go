@@ -178,9 +178,10 @@ type Config struct {
 	// own.
 	//
 	// Redis 7.0 cannot expire a field: an expired record is absent to every
-	// call, a bucket deletes its expired records when a new record arrives a
-	// minute or more after its last sweep, and the bucket's own TTL stays
-	// past its latest record's expiry, so an idle bucket goes whole.
+	// call, a bucket deletes its expired records when new records arrive a
+	// minute or more after its last sweep (one new record in eight looks),
+	// and the bucket's own TTL stays past its latest record's expiry, so an
+	// idle bucket goes whole.
 	//
 	// Records written before buckets were on are read and moved into their
 	// bucket by their next transition; a process without buckets does not
