@@ -22,12 +22,13 @@
 -- of its own.
 -- Redis 7.0 cannot expire a field: a record past its expiry is absent to
 -- every script, and a new field written into a bucket a minute or more
--- after its last sweep deletes the bucket's expired fields (field "" holds
--- the time of the next sweep; one new field in eight, chosen by its fence,
--- a clock reading in µs, looks at it). The bucket's TTL is kept past the latest expiry of
--- any record written into it (when a write needs more, by as much again as
--- that record's retention, so the next writes need not move it), so an
--- idle bucket goes as a whole.
+-- after its last sweep deletes the bucket's expired fields, a few hundred
+-- per call (field "" holds the time of the next sweep; one new field in
+-- eight, chosen by its fence, a clock reading in µs, looks at it). The
+-- bucket's TTL is kept past the latest expiry of any record written into
+-- it (when a write needs more, by as much again as that record's
+-- retention, so the next writes need not move it), so an idle bucket goes
+-- as a whole.
 local BUCKET_VALUE_MAX = 128
 local B_FMT = '>BI7BI6I4'
 local stringLoad, stringSave = load, save
@@ -79,17 +80,27 @@ local function bpack(r)
   if #v > BUCKET_VALUE_MAX then return nil end
   return v
 end
--- sweepBucket deletes the expired records of bucket b once a minute.
+-- sweepBucket deletes the expired records of bucket b once a minute, a
+-- few hundred fields per call (HSCAN: a small bucket, one listpack, comes
+-- whole): field "" holds the time of the next sweep and, while a sweep is
+-- under way, its HSCAN cursor.
 local function sweepBucket(b, now)
-  local next = redis.call('HGET', b, '')
-  if next and struct.unpack('>I6', next) > now then return end
-  local all = redis.call('HGETALL', b)
-  for i = 1, #all, 2 do
-    if all[i] ~= '' and struct.unpack('>I6', all[i + 1], 10) <= now then
-      redis.call('HDEL', b, all[i])
+  local mark = redis.call('HGET', b, '')
+  if mark and struct.unpack('>I6', mark) > now then return end
+  local cursor = '0'
+  if mark and #mark > 6 then cursor = string.sub(mark, 7) end
+  local page = redis.call('HSCAN', b, cursor, 'COUNT', 256)
+  local fields = page[2]
+  for i = 1, #fields, 2 do
+    if fields[i] ~= '' and struct.unpack('>I6', fields[i + 1], 10) <= now then
+      redis.call('HDEL', b, fields[i])
     end
   end
-  redis.call('HSET', b, '', struct.pack('>I6', now + 60000))
+  if page[1] == '0' then
+    redis.call('HSET', b, '', struct.pack('>I6', now + 60000))
+  else
+    redis.call('HSET', b, '', struct.pack('>I6', now) .. page[1]) -- the next new field goes on
+  end
 end
 -- save writes r (r.u is now: every transition sets it) where it fits: its
 -- bucket, else its own key; and deletes the other copy.

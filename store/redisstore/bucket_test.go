@@ -378,3 +378,69 @@ func TestBucketsFromTheStoreURL(t *testing.T) {
 		}
 	}
 }
+
+// TestBucketSweepIsBounded: a bucket that grew large (too few buckets for
+// the records: Redis then keeps it as a hash table) is swept a few hundred
+// fields per call, continuing where the last call stopped, so no script
+// walks the whole bucket at once; all expired records go in the end, and
+// live ones stay.
+func TestBucketSweepIsBounded(t *testing.T) {
+	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
+	ctx := context.Background()
+	c := s.Client()
+	keys, _ := s.Locate("k")
+	bucket := keys[1]
+	// 3,000 expired records, written as the scripts write them (completed,
+	// expired a minute ago), and the bucket's sweep time in the past.
+	past := time.Now().Add(-time.Minute).UnixMilli()
+	expired := make([]any, 0, 2*3000)
+	for i := range 3000 {
+		v := []byte{0x82, 0, 0, 0, 0, 0, 0, 1, 1, byte(past >> 40), byte(past >> 32), byte(past >> 24), byte(past >> 16), byte(past >> 8), byte(past), 0, 0, 0, 0, 0}
+		expired = append(expired, fmt.Sprintf("\x00old-%d", i), string(v))
+	}
+	if err := c.HSet(ctx, bucket, expired...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.HSet(ctx, bucket, "", "\x00\x00\x00\x00\x00\x00").Err(); err != nil {
+		t.Fatal(err)
+	}
+	fields := func() int64 {
+		n, err := c.HLen(ctx, bucket).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var live []string
+	j := 0 // the next candidate key
+	before := fields()
+	for i := 0; fields() > int64(len(live))+1; i++ { // until only the live records and the sweep time are left
+		if i == 1000 {
+			t.Fatalf("%d fields left after 1,000 new records", fields())
+		}
+		n := fields()
+		k := ""
+		for ; k == ""; j++ { // a new key of this bucket
+			if ks, _ := s.Locate(fmt.Sprintf("live-%d", j)); ks[1] == bucket {
+				k = fmt.Sprintf("live-%d", j)
+			}
+		}
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, k)
+		if swept := n + 1 - fields(); swept > 1000 {
+			t.Fatalf("one call swept %d fields of %d", swept, before)
+		}
+		if err := s.Complete(ctx, k, a.Fence, []byte("r"), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range live {
+		if _, err := s.Get(ctx, k); err != nil {
+			t.Fatalf("the sweep deleted live %s: %v", k, err)
+		}
+	}
+	t.Logf("3,000 expired records swept in the course of %d new records", len(live))
+}
