@@ -179,9 +179,9 @@ type Config struct {
 	//
 	// Redis 7.0 cannot expire a field: an expired record is absent to every
 	// call, a bucket deletes its expired records when new records arrive a
-	// minute or more after its last sweep (one new record in eight looks),
-	// and the bucket's own TTL stays past its latest record's expiry, so an
-	// idle bucket goes whole.
+	// minute or more after its last sweep (one new record in eight looks; a
+	// few hundred fields per call), and the bucket's own TTL stays past its
+	// latest record's expiry, so an idle bucket goes whole.
 	//
 	// Records written before buckets were on are read and moved into their
 	// bucket by their next transition; a process without buckets does not
