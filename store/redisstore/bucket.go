@@ -132,7 +132,7 @@ func decodeBucketRecord(key, v string) (rec idem.Record, ok bool) {
 	rec = idem.Record{
 		Key:       key,
 		State:     idem.State(fl & 7),
-		Fence:     binary.BigEndian.Uint64(append([]byte{0}, v[1:8]...)),
+		Fence:     uint64(v[1])<<48 | uint64(be48(v[2:8])),
 		Attempts:  int(v[8]),
 		ExpiresAt: msTime(expires),
 		UpdatedAt: msTime(expires - int64(binary.BigEndian.Uint32([]byte(v[15:19])))),

@@ -162,6 +162,37 @@ func TestCluster(t *testing.T) {
 			}
 		}
 	})
+	t.Run("BucketSlotsAreRedis", func(t *testing.T) {
+		// Each slot's tag, and each bucket and record name, is in the slot
+		// Redis itself computes (CLUSTER KEYSLOT, one pipeline).
+		c := cluster.Client(t)
+		ctx := context.Background()
+		s, err := redisstore.New(redisstore.Config{Client: c, Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for slot := range 16384 {
+			names = append(names, redisstore.SlotTag(slot))
+		}
+		for _, k := range bucketSlotKeys {
+			keys, _ := s.Locate(k)
+			names = append(names, keys...)
+		}
+		cmds := make([]*redis.IntCmd, len(names))
+		pipe := c.Pipeline()
+		for i, n := range names {
+			cmds[i] = pipe.ClusterKeySlot(ctx, n)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i, n := range names {
+			if got := redisstore.KeySlot(n); int64(got) != cmds[i].Val() {
+				t.Fatalf("%q: slot %d here, %d for Redis", n, got, cmds[i].Val())
+			}
+		}
+	})
 	t.Run("BucketsScanAndListVisitEveryRecord", func(t *testing.T) {
 		// Records in buckets on every master, and some too long for a
 		// bucket in keys of their own: Scan visits each at least once,
