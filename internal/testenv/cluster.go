@@ -2,11 +2,13 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -197,15 +199,29 @@ func (s *RedisSentinel) Node(t testing.TB, addr string) *RedisServer {
 // RedisServer is one redis-server process on loopback that a test can
 // kill and start again on the same address and directory.
 type RedisServer struct {
-	Addr string
-	args []string
-	proc *exec.Cmd
+	Addr   string
+	args   []string
+	proc   *exec.Cmd
+	exited chan struct{} // closed when proc has exited
 }
 
 // StartRedisServer starts redis-server with extra arguments (persistence,
 // cluster or replication settings; a configuration file first, as
-// redis-server wants it) on a free port, in a directory of its own.
+// redis-server wants it) on a free port, in a directory of its own. A
+// cluster node gets a free port for its bus too (Redis's default, the
+// port + 10,000, may be taken).
+//
+// A free port is only free when it is chosen: another process may bind it
+// before redis-server does, and redis-server then exits. So a server that
+// exits before it answers is started again on new ports, up to five
+// times; a server is taken as started only when the process that answers
+// PING on the port is the one started (INFO's process_id).
 func StartRedisServer(t testing.TB, extra ...string) *RedisServer {
+	t.Helper()
+	return startRedisServer(t, freePort, extra...)
+}
+
+func startRedisServer(t testing.TB, pick func(testing.TB) int, extra ...string) *RedisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		Need(t, "redis-server", "PATH", err)
@@ -214,42 +230,111 @@ func StartRedisServer(t testing.TB, extra ...string) *RedisServer {
 	if len(extra) > 0 && !strings.HasPrefix(extra[0], "--") {
 		conf, extra = extra[:1], extra[1:]
 	}
+	cluster := slices.Contains(extra, "--cluster-enabled")
 	dir := t.TempDir()
-	port := freePort(t)
-	r := &RedisServer{Addr: "127.0.0.1:" + strconv.Itoa(port),
-		args: append(append(conf, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-			"--logfile", filepath.Join(dir, "redis.log")), extra...)}
-	r.Start(t)
-	t.Cleanup(func() {
-		if r.proc != nil {
-			_ = r.proc.Process.Kill()
-			_ = r.proc.Wait()
+	r := &RedisServer{}
+	t.Cleanup(func() { r.stop() })
+	for attempt := 1; ; attempt++ {
+		port := pick(t)
+		r.Addr = "127.0.0.1:" + strconv.Itoa(port)
+		r.args = append(append(slices.Clone(conf), "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+			"--logfile", filepath.Join(dir, "redis.log")), extra...)
+		if cluster {
+			r.args = append(r.args, "--cluster-port", strconv.Itoa(pick(t)))
 		}
-	})
-	return r
+		err := r.start()
+		if err == nil {
+			return r
+		}
+		var exit *earlyExitError
+		if !errors.As(err, &exit) || attempt == 5 {
+			t.Fatalf("redis-server (attempt %d): %v", attempt, err)
+		}
+		t.Logf("redis-server exited before it answered; new ports: %v", err)
+	}
 }
 
-// Start starts the server (again), waiting until it loaded its data.
+// earlyExitError: redis-server exited before it answered.
+type earlyExitError struct {
+	err error
+	log string // the last lines of its log
+}
+
+func (e *earlyExitError) Error() string {
+	return fmt.Sprintf("exited before it answered (%v); its log ends:\n%s", e.err, e.log)
+}
+
+// Start starts the server again on its address, waiting until it loaded
+// its data.
 func (r *RedisServer) Start(t testing.TB) {
 	t.Helper()
-	r.proc = exec.Command("redis-server", r.args...)
-	if err := r.proc.Start(); err != nil {
-		t.Fatal(err)
+	if err := r.start(); err != nil {
+		t.Fatalf("redis-server on %s: %v", r.Addr, err)
 	}
-	waitPort(t, r.Addr)
-	rc := redis.NewClient(&redis.Options{Addr: r.Addr})
+}
+
+// start starts the process and waits until it answers PING (not LOADING)
+// as itself, or exits, or 30 s pass.
+func (r *RedisServer) start() error {
+	cmd := exec.Command("redis-server", r.args...)
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	r.proc, r.exited = cmd, exited
+	rc := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer rc.Close()
-	Eventually(t, 30*time.Second, "redis-server loaded its data", func() error { // LOADING while it reads its files
-		return rc.Ping(context.Background()).Err()
-	})
+	ctx := context.Background()
+	deadline := time.After(30 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-exited:
+			r.proc = nil
+			return &earlyExitError{err: waitErr, log: r.logTail()}
+		case <-deadline:
+			r.stop()
+			return fmt.Errorf("no answer in 30 s; its log ends:\n%s", r.logTail())
+		case <-tick.C:
+		}
+		info, err := rc.Info(ctx, "server").Result()
+		if err != nil {
+			continue // not listening yet, or LOADING
+		}
+		if !strings.Contains(info, "process_id:"+strconv.Itoa(cmd.Process.Pid)+"\r\n") {
+			continue // another server on the port: this one is about to exit
+		}
+		return nil
+	}
+}
+
+// logTail returns the last lines of the server's log.
+func (r *RedisServer) logTail() string {
+	i := slices.Index(r.args, "--logfile")
+	if i < 0 || i+1 >= len(r.args) {
+		return ""
+	}
+	b, _ := os.ReadFile(r.args[i+1])
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-5):], "\n")
+}
+
+// stop kills the process, if any, and waits for it.
+func (r *RedisServer) stop() {
+	if r.proc != nil {
+		_ = r.proc.Process.Kill()
+		<-r.exited
+		r.proc = nil
+	}
 }
 
 // Kill stops the server with SIGKILL.
 func (r *RedisServer) Kill(t testing.TB) {
 	t.Helper()
-	_ = r.proc.Process.Kill()
-	_ = r.proc.Wait()
-	r.proc = nil
+	r.stop()
 }
 
 // ReplicasOf returns the addresses of the replicas of the master at addr,

@@ -1,0 +1,63 @@
+package testenv
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestRedisServerStartsAgainOnATakenPort: a port that was free when
+// chosen and is taken before redis-server binds it (another test's server,
+// a client's ephemeral port) makes redis-server exit. The server is
+// started again on other ports, and the server then used is the one
+// started, not the port's other owner. Both the client port and a cluster
+// node's bus port are taken in turn.
+func TestRedisServerStartsAgainOnATakenPort(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		args  []string
+		taken int // which pick (0 the port, 1 the cluster bus port) returns the taken port
+	}{
+		{"Port", []string{"--save", ""}, 0},
+		{"ClusterBusPort", []string{"--cluster-enabled", "yes", "--save", ""}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// A Redis-speaking listener would fool a PING; a second
+			// redis-server holds the port.
+			owner := StartRedisServer(t, "--save", "")
+			_, ownerPort, _ := net.SplitHostPort(owner.Addr)
+			picks := 0
+			pick := func(t testing.TB) int {
+				picks++
+				if picks-1 == c.taken {
+					p, _ := net.LookupPort("tcp", ownerPort)
+					return p
+				}
+				return freePort(t)
+			}
+			r := startRedisServer(t, pick, c.args...)
+			if r.Addr == owner.Addr {
+				t.Fatalf("the server took the taken address %s", r.Addr)
+			}
+			if want := 2 * (1 + c.taken); picks != want {
+				t.Fatalf("%d port picks, want %d: the server was not started again once", picks, want)
+			}
+			rc := redis.NewClient(&redis.Options{Addr: r.Addr})
+			defer rc.Close()
+			info, err := rc.Info(context.Background(), "server").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := "process_id:"; !strings.Contains(info, want) || r.proc == nil ||
+				!strings.Contains(info, want+strconv.Itoa(r.proc.Process.Pid)+"\r\n") {
+				t.Fatalf("the server answering on %s is not the one started", r.Addr)
+			}
+			r.Kill(t)
+			r.Start(t) // and it starts again on its own address
+		})
+	}
+}
