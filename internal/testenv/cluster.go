@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -93,27 +92,6 @@ func (c *RedisCluster) waitHealthy(t testing.TB) {
 	}
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func waitPort(t testing.TB, addr string) {
-	t.Helper()
-	Eventually(t, 10*time.Second, "a server listening on "+addr, func() error {
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	})
-}
-
 // RedisSentinel is a Redis master with two replicas watched by three
 // Sentinels, real processes on loopback, torn down when the test ends.
 // (Two replicas, so that after a failover the promoted one still has a
@@ -199,10 +177,10 @@ func (s *RedisSentinel) Node(t testing.TB, addr string) *RedisServer {
 // RedisServer is one redis-server process on loopback that a test can
 // kill and start again on the same address and directory.
 type RedisServer struct {
-	Addr   string
-	args   []string
-	proc   *exec.Cmd
-	exited chan struct{} // closed when proc has exited
+	Addr string
+	args []string
+	log  string
+	proc *server // nil when not running
 }
 
 // StartRedisServer starts redis-server with extra arguments (persistence,
@@ -215,7 +193,7 @@ type RedisServer struct {
 // before redis-server does, and redis-server then exits. So a server that
 // exits before it answers is started again on new ports, up to five
 // times; a server is taken as started only when the process that answers
-// PING on the port is the one started (INFO's process_id).
+// on the port is the one started (INFO's process_id).
 func StartRedisServer(t testing.TB, extra ...string) *RedisServer {
 	t.Helper()
 	return startRedisServer(t, freePort, extra...)
@@ -232,13 +210,13 @@ func startRedisServer(t testing.TB, pick func(testing.TB) int, extra ...string) 
 	}
 	cluster := slices.Contains(extra, "--cluster-enabled")
 	dir := t.TempDir()
-	r := &RedisServer{}
+	r := &RedisServer{log: filepath.Join(dir, "redis.log")}
 	t.Cleanup(func() { r.stop() })
 	for attempt := 1; ; attempt++ {
 		port := pick(t)
 		r.Addr = "127.0.0.1:" + strconv.Itoa(port)
 		r.args = append(append(slices.Clone(conf), "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-			"--logfile", filepath.Join(dir, "redis.log")), extra...)
+			"--logfile", r.log), extra...)
 		if cluster {
 			r.args = append(r.args, "--cluster-port", strconv.Itoa(pick(t)))
 		}
@@ -250,18 +228,8 @@ func startRedisServer(t testing.TB, pick func(testing.TB) int, extra ...string) 
 		if !errors.As(err, &exit) || attempt == 5 {
 			t.Fatalf("redis-server (attempt %d): %v", attempt, err)
 		}
-		t.Logf("redis-server exited before it answered; new ports: %v", err)
+		t.Logf("redis-server %v; again on new ports", err)
 	}
-}
-
-// earlyExitError: redis-server exited before it answered.
-type earlyExitError struct {
-	err error
-	log string // the last lines of its log
-}
-
-func (e *earlyExitError) Error() string {
-	return fmt.Sprintf("exited before it answered (%v); its log ends:\n%s", e.err, e.log)
 }
 
 // Start starts the server again on its address, waiting until it loaded
@@ -273,60 +241,33 @@ func (r *RedisServer) Start(t testing.TB) {
 	}
 }
 
-// start starts the process and waits until it answers PING (not LOADING)
+// start starts the process and waits until it answers INFO (not LOADING)
 // as itself, or exits, or 30 s pass.
 func (r *RedisServer) start() error {
-	cmd := exec.Command("redis-server", r.args...)
-	if err := cmd.Start(); err != nil {
+	proc, err := startServer(exec.Command("redis-server", r.args...), r.log)
+	if err != nil {
 		return err
 	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-	r.proc, r.exited = cmd, exited
 	rc := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer rc.Close()
-	ctx := context.Background()
-	deadline := time.After(30 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-exited:
-			r.proc = nil
-			return &earlyExitError{err: waitErr, log: r.logTail()}
-		case <-deadline:
-			r.stop()
-			return fmt.Errorf("no answer in 30 s; its log ends:\n%s", r.logTail())
-		case <-tick.C:
+	self := "process_id:" + strconv.Itoa(proc.cmd.Process.Pid) + "\r\n"
+	err = proc.waitReady(30*time.Second, func() error {
+		info, err := rc.Info(context.Background(), "server").Result()
+		if err == nil && !strings.Contains(info, self) {
+			err = errors.New("another server answers on the port")
 		}
-		info, err := rc.Info(ctx, "server").Result()
-		if err != nil {
-			continue // not listening yet, or LOADING
-		}
-		if !strings.Contains(info, "process_id:"+strconv.Itoa(cmd.Process.Pid)+"\r\n") {
-			continue // another server on the port: this one is about to exit
-		}
-		return nil
+		return err
+	})
+	if err == nil {
+		r.proc = proc
 	}
-}
-
-// logTail returns the last lines of the server's log.
-func (r *RedisServer) logTail() string {
-	i := slices.Index(r.args, "--logfile")
-	if i < 0 || i+1 >= len(r.args) {
-		return ""
-	}
-	b, _ := os.ReadFile(r.args[i+1])
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return strings.Join(lines[max(0, len(lines)-5):], "\n")
+	return err
 }
 
 // stop kills the process, if any, and waits for it.
 func (r *RedisServer) stop() {
 	if r.proc != nil {
-		_ = r.proc.Process.Kill()
-		<-r.exited
+		r.proc.stop()
 		r.proc = nil
 	}
 }
@@ -377,7 +318,7 @@ func (r *RedisServer) signal(t testing.TB, sig syscall.Signal) {
 	if r.proc == nil {
 		t.Fatalf("redis-server %s is not running", r.Addr)
 	}
-	if err := r.proc.Process.Signal(sig); err != nil {
+	if err := r.proc.cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -2,7 +2,9 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -18,7 +20,46 @@ import (
 // on loopback, torn down when the test ends.
 type NATSCluster struct {
 	URLs  []string // the client URLs, one per server
-	procs []*exec.Cmd
+	procs []*server
+}
+
+// start starts n servers routed to each other on free ports and waits
+// until each listens.
+func (c *NATSCluster) start(t testing.TB, pick func(testing.TB) int, bin, dir string, n int) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	ports, routes := make([]int, n), make([]string, n)
+	for i := range n {
+		ports[i] = pick(t)
+		routes[i] = "nats://127.0.0.1:" + strconv.Itoa(pick(t))
+	}
+	for i := range n {
+		log := filepath.Join(dir, fmt.Sprintf("n%d.log", i))
+		cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(ports[i]), "-js",
+			"-sd", filepath.Join(dir, fmt.Sprintf("n%d", i)), "-n", fmt.Sprintf("idem-n%d", i),
+			"--cluster_name", "idem", "--cluster", routes[i], "--routes", strings.Join(routes, ","),
+			"-l", log)
+		p, err := startServer(cmd, log)
+		if err != nil {
+			return err
+		}
+		c.procs = append(c.procs, p)
+		c.URLs = append(c.URLs, "nats://127.0.0.1:"+strconv.Itoa(ports[i]))
+	}
+	for i, u := range c.URLs {
+		addr := strings.TrimPrefix(u, "nats://")
+		p := c.procs[i]
+		if err := p.waitReady(10*time.Second, func() error {
+			if err := p.logSays("Server is ready"); err != nil { // after it bound its ports
+				return err
+			}
+			return listening(addr)
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // StartNATSCluster starts n JetStream servers routed to each other and
@@ -34,29 +75,27 @@ func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 	t.Cleanup(func() {
 		for _, p := range c.procs {
 			if p != nil {
-				_ = p.Process.Kill()
-				_ = p.Wait()
+				p.stop()
 			}
 		}
 	})
-	ports, routes := make([]int, n), make([]string, n)
-	for i := range n {
-		ports[i] = freePort(t)
-		routes[i] = "nats://127.0.0.1:" + strconv.Itoa(freePort(t))
-	}
-	for i := range n {
-		cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(ports[i]), "-js",
-			"-sd", filepath.Join(dir, fmt.Sprintf("n%d", i)), "-n", fmt.Sprintf("idem-n%d", i),
-			"--cluster_name", "idem", "--cluster", routes[i], "--routes", strings.Join(routes, ","),
-			"-l", filepath.Join(dir, fmt.Sprintf("n%d.log", i)))
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
+	// A port free when chosen may be taken before the server binds it; a
+	// server that exits before it listens has the whole cluster started
+	// again on new ports.
+	for attempt := 1; ; attempt++ {
+		err := c.start(t, freePort, bin, filepath.Join(dir, strconv.Itoa(attempt)), n) // a fresh store per attempt
+		if err == nil {
+			break
 		}
-		c.procs = append(c.procs, cmd)
-		c.URLs = append(c.URLs, "nats://127.0.0.1:"+strconv.Itoa(ports[i]))
-	}
-	for _, u := range c.URLs {
-		waitPort(t, strings.TrimPrefix(u, "nats://"))
+		var exit *earlyExitError
+		if !errors.As(err, &exit) || attempt == 5 {
+			t.Fatalf("nats-server (attempt %d): %v", attempt, err)
+		}
+		t.Logf("nats-server %v; the cluster again on new ports", err)
+		for _, p := range c.procs {
+			p.stop()
+		}
+		c.procs, c.URLs = nil, nil
 	}
 	nc, err := nats.Connect(strings.Join(c.URLs, ","))
 	if err != nil {
@@ -84,9 +123,9 @@ func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 // Kill stops server i with SIGKILL.
 func (c *NATSCluster) Kill(t testing.TB, i int) {
 	t.Helper()
-	if err := c.procs[i].Process.Kill(); err != nil {
-		t.Fatal(err)
+	if c.procs[i] == nil {
+		t.Fatalf("nats-server %d is not running", i)
 	}
-	_ = c.procs[i].Wait()
+	c.procs[i].stop()
 	c.procs[i] = nil
 }

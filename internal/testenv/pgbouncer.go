@@ -1,12 +1,14 @@
 package testenv
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // StartPgBouncer starts a PgBouncer process in transaction pooling mode in
@@ -27,7 +29,23 @@ func StartPgBouncer(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	port := freePort(t)
+	for attempt := 1; ; attempt++ {
+		addr, err := startPgBouncer(t, bin, dir, freePort(t))
+		if err == nil {
+			return "postgres://postgres@" + addr + "/test?sslmode=disable"
+		}
+		var exit *earlyExitError
+		if !errors.As(err, &exit) || attempt == 5 {
+			t.Fatalf("pgbouncer (attempt %d): %v", attempt, err)
+		}
+		t.Logf("pgbouncer %v; again on a new port", err)
+	}
+}
+
+// startPgBouncer writes the configuration for port into dir and starts
+// PgBouncer, stopped when the test ends; it returns the address once
+// PgBouncer listens.
+func startPgBouncer(t testing.TB, bin, dir string, port int) (string, error) {
 	ini := fmt.Sprintf(`[databases]
 test = host=127.0.0.1 port=5432 dbname=test user=postgres
 
@@ -45,25 +63,31 @@ pidfile = %s
 `, port, filepath.Join(dir, "users.txt"), filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
 	for name, body := range map[string]string{"pgbouncer.ini": ini, "users.txt": `"postgres" ""` + "\n"} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
+			return "", err
 		}
 	}
 	// PgBouncer refuses to run as root: it drops to the postgres user,
 	// which must read the directory.
 	if err := os.Chmod(dir, 0o777); err != nil {
-		t.Fatal(err)
+		return "", err
 	}
 	args := []string{"-q", filepath.Join(dir, "pgbouncer.ini")} // -q: the log goes to its file only
 	if os.Geteuid() == 0 {
 		args = append([]string{"-u", "postgres"}, args...)
 	}
+	_ = os.Remove(filepath.Join(dir, "pgbouncer.pid")) // an earlier attempt's
 	cmd := exec.Command(bin, args...)
 	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	proc, err := startServer(cmd, filepath.Join(dir, "pgbouncer.log"))
+	if err != nil {
+		return "", err
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	t.Cleanup(proc.stop)
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	waitPort(t, addr)
-	return "postgres://postgres@" + addr + "/test?sslmode=disable"
+	return addr, proc.waitReady(10*time.Second, func() error {
+		if err := proc.logSays(" LOG process up: "); err != nil { // after it bound the port
+			return err
+		}
+		return listening(addr)
+	})
 }

@@ -707,7 +707,10 @@ func testClaimOutlivesSend[TTx any](t *testing.T, b Backend[TTx]) {
 	if err := b.Outbox.Enqueue(ctx, msg("stuck")); err != nil {
 		t.Fatal(err)
 	}
-	cfg := outbox.RelayConfig{Batch: 1, Concurrency: 1, Lease: 400 * time.Millisecond, SendTimeout: 200 * time.Millisecond}
+	// The lease leaves a loaded machine time for a renewal (every Lease/4)
+	// to land: at 400 ms, a run of four -race packages at once (NATS
+	// clusters starting beside it) once had the second relay take the row.
+	cfg := outbox.RelayConfig{Batch: 1, Concurrency: 1, Lease: 1200 * time.Millisecond, SendTimeout: 200 * time.Millisecond}
 	// A sender that ignores its context (a client library that does not
 	// honour deadlines): the send returns only when released.
 	slow := newSink()
@@ -718,8 +721,8 @@ func testClaimOutlivesSend[TTx any](t *testing.T, b Backend[TTx]) {
 	<-slow.entered
 	other := newSink()
 	second := relay(t, b.Outbox.Store, other, cfg)
-	// Poll for three leases: the row must stay the first relay's.
-	for until := time.Now().Add(3 * cfg.Lease); time.Now().Before(until); {
+	// Poll for two leases: the row must stay the first relay's.
+	for until := time.Now().Add(2 * cfg.Lease); time.Now().Before(until); {
 		n, err := second.RunOnce(ctx)
 		if err != nil {
 			t.Fatal(err)

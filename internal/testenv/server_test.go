@@ -2,7 +2,10 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"net"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -53,11 +56,71 @@ func TestRedisServerStartsAgainOnATakenPort(t *testing.T) {
 				t.Fatal(err)
 			}
 			if want := "process_id:"; !strings.Contains(info, want) || r.proc == nil ||
-				!strings.Contains(info, want+strconv.Itoa(r.proc.Process.Pid)+"\r\n") {
+				!strings.Contains(info, want+strconv.Itoa(r.proc.cmd.Process.Pid)+"\r\n") {
 				t.Fatalf("the server answering on %s is not the one started", r.Addr)
 			}
 			r.Kill(t)
 			r.Start(t) // and it starts again on its own address
 		})
+	}
+}
+
+// TestPgBouncerStartsAgainOnATakenPort: PgBouncer, given a port another
+// server holds, exits; the start goes on to another port.
+func TestPgBouncerStartsAgainOnATakenPort(t *testing.T) {
+	ProbePostgres(t)
+	bin, err := exec.LookPath("pgbouncer")
+	if err != nil {
+		Need(t, "pgbouncer", "PATH", err)
+	}
+	owner := StartRedisServer(t, "--save", "")
+	_, port, _ := net.SplitHostPort(owner.Addr)
+	taken, _ := strconv.Atoi(port)
+	dir, err := os.MkdirTemp("", "idem-pgbouncer-") // not t.TempDir: PgBouncer runs as postgres
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	_, err = startPgBouncer(t, bin, dir, taken)
+	var exit *earlyExitError
+	if !errors.As(err, &exit) {
+		t.Fatalf("pgbouncer on a taken port: %v, want an early exit", err)
+	}
+	addr, err := startPgBouncer(t, bin, dir, freePort(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := listening(addr); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNATSServerExitsOnATakenPort: a NATS server whose route port is taken
+// exits, and the cluster start sees it as an early exit (and so starts
+// the cluster again), not as a server ready.
+func TestNATSServerExitsOnATakenPort(t *testing.T) {
+	bin, err := exec.LookPath("nats-server")
+	if err != nil {
+		Need(t, "nats-server", "PATH", err)
+	}
+	owner := StartRedisServer(t, "--save", "")
+	_, port, _ := net.SplitHostPort(owner.Addr)
+	taken, _ := strconv.Atoi(port)
+	picks := 0
+	pick := func(t testing.TB) int {
+		picks++
+		if picks == 2 { // the first server's route port
+			return taken
+		}
+		return freePort(t)
+	}
+	c := &NATSCluster{}
+	err = c.start(t, pick, bin, t.TempDir(), 1)
+	for _, p := range c.procs {
+		p.stop()
+	}
+	var exit *earlyExitError
+	if !errors.As(err, &exit) {
+		t.Fatalf("a server on a taken route port: %v, want an early exit", err)
 	}
 }

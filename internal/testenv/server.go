@@ -1,0 +1,125 @@
+package testenv
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// server is a server process a test started, watched for its exit.
+type server struct {
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has exited
+	err    error         // cmd.Wait's, once exited is closed
+	log    string        // its log file, quoted when it exits early
+}
+
+// startServer starts cmd; log names its log file ("" for none).
+func startServer(cmd *exec.Cmd, log string) (*server, error) {
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &server{cmd: cmd, exited: make(chan struct{}), log: log}
+	go func() { s.err = cmd.Wait(); close(s.exited) }()
+	return s, nil
+}
+
+// earlyExitError: a server exited before it answered — most often because
+// a port that was free when chosen was taken before the server bound it
+// (another test's server, a client's ephemeral port). Start it again on
+// new ports.
+type earlyExitError struct {
+	err error
+	log string // the last lines of its log
+}
+
+func (e *earlyExitError) Error() string {
+	return fmt.Sprintf("exited before it answered (%v); its log ends:\n%s", e.err, e.log)
+}
+
+// waitReady polls ready every 20 ms until it returns nil, the process
+// exits (an *earlyExitError) or timeout passes (the process is then
+// killed).
+func (s *server) waitReady(timeout time.Duration, ready func() error) error {
+	deadline := time.After(timeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := ready()
+		if err == nil {
+			select {
+			case <-s.exited: // what answered was another process
+			default:
+				return nil
+			}
+		}
+		select {
+		case <-s.exited:
+			return &earlyExitError{err: s.err, log: s.logTail()}
+		case <-deadline:
+			s.stop()
+			return fmt.Errorf("not ready within %v (%v); its log ends:\n%s", timeout, err, s.logTail())
+		case <-tick.C:
+		}
+	}
+}
+
+// freePort returns a loopback port that was free when chosen.
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// listening reports whether something accepts connections at addr.
+func listening(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err == nil {
+		c.Close()
+	}
+	return err
+}
+
+// logSays reports whether the server's own log has a line containing
+// what: a server that says it listens is the one listening, not another
+// process holding the port.
+func (s *server) logSays(what string) error {
+	b, err := os.ReadFile(s.log)
+	if err == nil && !strings.Contains(string(b), what) {
+		err = fmt.Errorf("its log does not say %q yet", what)
+	}
+	return err
+}
+
+// stop kills the process and waits for it (nothing if it has exited).
+func (s *server) stop() {
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+}
+
+// running reports whether the process has not exited.
+func (s *server) running() bool {
+	select {
+	case <-s.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+func (s *server) logTail() string {
+	if s.log == "" {
+		return ""
+	}
+	b, _ := os.ReadFile(s.log)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-5):], "\n")
+}
