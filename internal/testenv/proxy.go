@@ -15,9 +15,10 @@ type Proxy struct {
 	target string
 	addr   string
 
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
+	mu      sync.Mutex
+	ln      net.Listener
+	conns   map[net.Conn]struct{}
+	stalled chan struct{} // non-nil while stalled: closed by Unstall
 }
 
 // StartProxy listens on a free loopback port and forwards to target.
@@ -74,8 +75,8 @@ func (p *Proxy) pipe(c net.Conn) {
 		return
 	}
 	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(s, c); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, s); done <- struct{}{} }()
+	go func() { p.copy(s, c); done <- struct{}{} }()
+	go func() { p.copy(c, s); done <- struct{}{} }()
 	<-done
 	c.Close()
 	s.Close()
@@ -83,6 +84,50 @@ func (p *Proxy) pipe(c net.Conn) {
 	delete(p.conns, c)
 	delete(p.conns, s)
 	p.mu.Unlock()
+}
+
+// copy forwards src to dst, holding what it read while the proxy is
+// stalled.
+func (p *Proxy) copy(dst io.Writer, src io.Reader) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			gate := p.stalled
+			p.mu.Unlock()
+			if gate != nil {
+				<-gate
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// Stall holds every byte in either direction, on open connections and new
+// ones, until Unstall: a server or network that stops answering without
+// closing anything — calls hang instead of failing.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stalled == nil {
+		p.stalled = make(chan struct{})
+	}
+}
+
+// Unstall lets the held bytes through and forwards again.
+func (p *Proxy) Unstall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stalled != nil {
+		close(p.stalled)
+		p.stalled = nil
+	}
 }
 
 // Cut closes every proxied connection and stops accepting new ones.
@@ -96,6 +141,10 @@ func (p *Proxy) Cut() {
 	for c := range p.conns {
 		c.Close()
 		delete(p.conns, c)
+	}
+	if p.stalled != nil { // the held copies end on the closed connections
+		close(p.stalled)
+		p.stalled = nil
 	}
 }
 

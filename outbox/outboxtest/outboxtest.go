@@ -647,7 +647,7 @@ func testAckDuringSend[TTx any](t *testing.T, b Backend[TTx]) {
 }
 
 // testSlowBatch: a batch whose sends take longer than the claim's lease (here
-// 8 sends of 150ms one at a time against a 600ms lease) must not let a second
+// 8 sends of 400 ms one at a time against a 2.4 s lease) must not let a second
 // relay re-claim and re-send rows the first already sent or is about to.
 func testSlowBatch[TTx any](t *testing.T, b Backend[TTx]) {
 	ctx := context.Background()
@@ -658,12 +658,14 @@ func testSlowBatch[TTx any](t *testing.T, b Backend[TTx]) {
 		}
 	}
 	s := newSink()
-	// The claim's recording margin (Lease/4, 300 ms) is what a loaded
-	// machine has to record a batch in before another relay may take it:
-	// at 150 ms (a 600 ms lease) a CI run under -race beside other packages
-	// once recorded too late, and the row was sent again.
-	s.delay = 300 * time.Millisecond
-	cfg := outbox.RelayConfig{Batch: n, Concurrency: 1, Lease: 1200 * time.Millisecond, SendTimeout: 400 * time.Millisecond}
+	// The relay keeps its claim by renewing it every Lease/4; a process
+	// that cannot renew for a whole lease (stopped, or starved of CPU)
+	// loses it, and a send it has under way then happens twice — what a
+	// lease cannot prevent, and why receivers deduplicate by the key. So
+	// the lease leaves a loaded machine room: CI runs under -race beside
+	// other packages resent a row at a 600 ms lease, and once at 1.2 s.
+	s.delay = 400 * time.Millisecond
+	cfg := outbox.RelayConfig{Batch: n, Concurrency: 1, Lease: 2400 * time.Millisecond, SendTimeout: 800 * time.Millisecond}
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(20 * time.Second)
 	for range 2 {

@@ -72,6 +72,14 @@ type CampaignConfig struct {
 	// cold round trip at the end of the retention). Nothing runs twice; a
 	// retry gets the key as new.
 	InProgressAtExpiry bool
+	// TakeoverOfMomentaryClaims accepts TakenOver where Acquired would be
+	// (no claim was handed out): a store that claims a key for a moment
+	// while it asks elsewhere — the tiered store's hot claim while it reads
+	// the cold tier — lets another caller take that claim over when the
+	// asking outlasts the request's lease, and that caller is told
+	// TakenOver although no work ran under the claim. The first caller
+	// then fails closed; only one of them owns the key.
+	TakeoverOfMomentaryClaims bool
 	// SettleExtendsLease: a Complete or Fail extends the owner's lease by up
 	// to this much before it takes effect (the tiered store does, so that no
 	// takeover meets its cold archive): while it runs, duplicates may be told
@@ -495,6 +503,7 @@ func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]in
 	for i := range ops {
 		in := ops[i].Input.(opInput)
 		in.LaxExpiry = cfg.InProgressAtExpiry
+		in.LaxTakeover = cfg.TakeoverOfMomentaryClaims
 		in.SettleLease = cfg.SettleExtendsLease.Milliseconds()
 		ops[i].Input = in
 	}

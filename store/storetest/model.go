@@ -41,6 +41,9 @@ type opInput struct {
 	// LaxExpiry allows InProgress or Mismatch for a settled record at its
 	// expiry.
 	LaxExpiry bool `json:"-"`
+	// LaxTakeover allows TakenOver where Acquired would be (see
+	// CampaignConfig.TakeoverOfMomentaryClaims).
+	LaxTakeover bool `json:"-"`
 	// SettleLease (ms): a complete or fail with an unknown result may have
 	// extended the lease by this much (CampaignConfig.SettleExtendsLease).
 	SettleLease int64 `json:"-"`
@@ -160,6 +163,9 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 	case idem.TakenOver:
 		if newFence && presentLike(s, in) && s.St == idem.StateInFlight && s.FP == in.FP && leaseMayEnd(s, in) {
 			return []mstate{claimed(s, in, out)}
+		}
+		if in.LaxTakeover && newFence && (absentLike(s, in) || (presentLike(s, in) && s.St == idem.StateReleased && s.FP == in.FP)) {
+			return []mstate{claimed(s, in, out)} // see CampaignConfig.TakeoverOfMomentaryClaims
 		}
 	case idem.InProgress:
 		if presentLike(s, in) && s.St == idem.StateInFlight && s.FP == in.FP && leaseMayLast(s, in) {

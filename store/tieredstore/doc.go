@@ -18,6 +18,12 @@
 // another caller's momentary hot claim (a re-warm, or another fingerprint
 // consulting the cold tier) just as the cold record's retention ends may be
 // told InProgress or Mismatch instead of getting the key as new. Nothing runs
-// twice; its retry gets the key. The fault campaign declares this
-// (storetest.CampaignConfig.InProgressAtExpiry) and checks everything else.
+// twice; its retry gets the key. And a caller whose cold read outlasts its
+// request's lease leaves its momentary hot claim open to a takeover: the
+// caller that takes it is told TakenOver although nothing ran under the
+// claim (the hot tier cannot tell it from a dead owner's), and the first
+// caller fails closed with ErrStoreUnavailable; one of them owns the key.
+// The fault campaign declares both (storetest.CampaignConfig's
+// InProgressAtExpiry and TakeoverOfMomentaryClaims) and checks everything
+// else.
 package tieredstore

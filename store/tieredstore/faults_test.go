@@ -14,6 +14,7 @@ import (
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/sqlitestore"
+	"github.com/idemgo/idem/store/storetest"
 	"github.com/idemgo/idem/store/tieredstore"
 )
 
@@ -400,5 +401,75 @@ func TestDuplicateDuringDelete(t *testing.T) {
 	req.Fingerprint = "fp"
 	if b, err := s.Acquire(ctx, req); err != nil || b.Outcome != idem.Acquired || b.Fence <= rewarm.Fence {
 		t.Fatalf("after the Delete: %v fence %d, %v", b.Outcome, b.Fence, err)
+	}
+}
+
+// TestTakeoverOfAMomentaryClaim: a caller's acquisition claims the hot tier
+// and then asks the cold one; when the cold answer outlasts the request's
+// lease (here the cold tier stops answering for a while), another caller
+// takes the hot claim over. Nothing had run under it, and the first caller
+// must not get a claim too: exactly one of them owns the key, the first
+// one fails closed with a retryable error, and the one that took over is
+// told TakenOver (the tier cannot tell a momentary claim from a dead
+// owner's, so it reports what a takeover is: a claim whose lease ended).
+func TestTakeoverOfAMomentaryClaim(t *testing.T) {
+	schema := testenv.RandomName("idemtest_")
+	conn, proxy := testenv.PostgresProxy(t)
+	slowCold := testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: conn})
+	cold := testenv.OpenPostgres(t, schema, pgstore.Config{})
+	clock := storetest.NewManualClock(time.Now())
+	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	first, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: slowCold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := slowCold.Pool().Ping(ctx); err != nil { // a connection in the pool before the cut
+		t.Fatal(err)
+	}
+	proxy.Stall()
+	req := idem.AcquireRequest{Key: "PAY-12", Fingerprint: "fp", Lease: time.Second, Retention: time.Hour}
+	type answer struct {
+		a   idem.Acquisition
+		err error
+	}
+	firstDone := make(chan answer, 1)
+	go func() {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		a, err := first.Acquire(cctx, req)
+		firstDone <- answer{a, err}
+	}()
+	// The first caller's hot claim exists; its lease ends while the cold
+	// tier keeps it waiting.
+	testenv.Eventually(t, 10*time.Second, "the first caller's hot claim", func() error {
+		rec, err := hot.Get(ctx, "PAY-12")
+		if err == nil && rec.State != idem.StateInFlight {
+			err = fmt.Errorf("state %v", rec.State)
+		}
+		return err
+	})
+	clock.Advance(2 * time.Second)
+	b, err := second.Acquire(ctx, req)
+	if err != nil || b.Outcome != idem.TakenOver {
+		t.Fatalf("the second caller: %v, %v; want TakenOver", b.Outcome, err)
+	}
+	proxy.Unstall()
+	got := <-firstDone
+	if got.err == nil {
+		t.Fatalf("the first caller got %v (fence %d) while the second owns the key (fence %d)", got.a.Outcome, got.a.Fence, b.Fence)
+	}
+	if !errors.Is(got.err, idem.ErrStoreUnavailable) {
+		t.Fatalf("the first caller: %v, want a retryable ErrStoreUnavailable", got.err)
+	}
+	if err := second.Complete(ctx, "PAY-12", b.Fence, []byte("booked"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := first.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
+		t.Fatalf("the first caller's retry: %v %q, %v; want the replay", r.Outcome, r.Record.Result, err)
 	}
 }

@@ -130,7 +130,9 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		start := time.Now()
 		if err := s.hot.Heartbeat(ctx, req.Key, a.Fence, req.Lease); err != nil {
 			if errors.Is(err, idem.ErrStaleFence) {
-				return idem.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the claim was deleted while the cold tier was consulted; retry", idem.ErrStoreUnavailable)
+				// Deleted, or taken over by another caller when the cold
+				// read outlasted the lease: the claim is not ours.
+				return idem.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the claim was deleted or taken over while the cold tier was consulted; retry", idem.ErrStoreUnavailable)
 			}
 			_ = s.hot.Release(context.WithoutCancel(ctx), req.Key, a.Fence)
 			return idem.Acquisition{}, err

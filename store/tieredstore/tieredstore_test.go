@@ -103,7 +103,7 @@ func TestCampaign(t *testing.T) {
 	testenv.ProbePostgres(t)
 	testenv.RedisClient(t).Close()
 	const settle = 300 * time.Millisecond
-	cfg := storetest.CampaignConfig{TestName: "TestCampaign", Processes: 2, InProgressAtExpiry: true, SettleExtendsLease: settle,
+	cfg := storetest.CampaignConfig{TestName: "TestCampaign", Processes: 2, InProgressAtExpiry: true, TakeoverOfMomentaryClaims: true, SettleExtendsLease: settle,
 		Open: func(t testing.TB, location string) idem.Store {
 			parts := strings.SplitN(location, " ", 3)
 			hot := testenv.OpenRedis(t, parts[0])

@@ -1,0 +1,54 @@
+package storetest
+
+import (
+	"testing"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/idemgo/idem"
+)
+
+// TestTakeoverOfAMomentaryClaim: the history a tiered-store campaign
+// recorded under load (seed 3046965480135736403, times in ms from its
+// start): p0's acquisition claimed the hot tier and waited 1.1 s on the
+// cold one; meanwhile another caller took that claim over, released it,
+// and a third acquired and completed the key; p0 was then answered with
+// the replay. The takeover follows no claim handed out, so the strict
+// model refuses the history; with TakeoverOfMomentaryClaims it is
+// accepted. The same history with the takeover answered as a replay
+// instead stays refused either way (a replay before any completion).
+func TestTakeoverOfAMomentaryClaim(t *testing.T) {
+	const f1, f3 = 1796080027640376, 1796080027648611
+	result := "c1/A/p0/f1796080027648611"
+	history := func(lax bool, second idem.Outcome) []porcupine.Operation {
+		op := func(client int, in opInput, out opOutput) porcupine.Operation {
+			in.Key, in.LaxTakeover = "c1", lax
+			return porcupine.Operation{ClientId: client, Input: in, Call: in.Call, Output: out, Return: in.Return}
+		}
+		return []porcupine.Operation{
+			op(0, opInput{Kind: opAcquire, FP: "A", Lease: 104, Ret: 616, Call: 0, Return: 1100},
+				opOutput{Outcome: idem.Replayed, State: idem.StateCompleted, Result: result, ExpiresAt: 2276}),
+			op(1, opInput{Kind: opAcquire, FP: "A", Lease: 309, Ret: 455, Call: 112, Return: 117},
+				opOutput{Outcome: second, Fence: f1, LeaseUntil: 423, ExpiresAt: 621}),
+			op(1, opInput{Kind: opRelease, Fence: f1, Call: 119, Return: 121}, opOutput{}),
+			op(2, opInput{Kind: opAcquire, FP: "A", Lease: 105, Ret: 1128, Call: 120, Return: 129},
+				opOutput{Outcome: idem.Acquired, Fence: f3, LeaseUntil: 230, ExpiresAt: 1249}),
+			op(2, opInput{Kind: opComplete, Fence: f3, Result: result, Ret: 1128, Call: 130, Return: 144}, opOutput{}),
+		}
+	}
+	model := recordModel.ToModel()
+	for _, c := range []struct {
+		lax    bool
+		second idem.Outcome
+		want   bool // linearizable
+	}{
+		{false, idem.TakenOver, false},
+		{true, idem.TakenOver, true},
+		{true, idem.Acquired, true},
+		{true, idem.Replayed, false},
+	} {
+		if got := porcupine.CheckOperations(model, history(c.lax, c.second)); got != c.want {
+			t.Errorf("lax=%v, second answered %v: linearizable %v, want %v", c.lax, c.second, got, c.want)
+		}
+	}
+}
