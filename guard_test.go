@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/storetest"
 )
@@ -172,11 +174,34 @@ func TestInProgressAndPoison(t *testing.T) {
 	}
 }
 
+// TestHeartbeatKeepsLease: while the work runs past three leases, the
+// Guard's heartbeats keep its claim, and a duplicate is told InProgress.
+// The store's clock is a ManualClock moved a half lease at a time, each
+// step waiting for a heartbeat (real ticks) that extends the lease from
+// the new time: a machine too loaded to beat on time slows the test down,
+// it does not fail it.
 func TestHeartbeatKeepsLease(t *testing.T) {
-	g, s := newGuard(t, idem.Config{Lease: 600 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond})
+	clock := storetest.NewManualClock(time.Now())
+	s := memstore.New(memstore.Config{Clock: clock})
+	t.Cleanup(func() { s.Close() })
+	const lease = 600 * time.Millisecond
+	g, err := idem.NewGuard(idem.Config{Store: s, Lease: lease, HeartbeatInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
-	_, err := g.Run(ctx, key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
-		time.Sleep(1800 * time.Millisecond) // three leases long
+	_, err = g.Run(ctx, key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+		for range 6 { // three leases
+			clock.Advance(lease / 2)
+			moved := clock.Now()
+			testenv.Eventually(t, 10*time.Second, "a heartbeat after the clock moved", func() error {
+				rec, err := s.Get(ctx, g.StorageKey(key))
+				if err == nil && rec.LeaseUntil.Before(moved.Add(lease)) {
+					err = fmt.Errorf("lease until %v, the clock at %v", rec.LeaseUntil, moved)
+				}
+				return err
+			})
+		}
 		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Second, Retention: time.Hour})
 		if err != nil || a.Outcome != idem.InProgress {
 			t.Errorf("while heartbeating, a duplicate got %v, %v", a.Outcome, err)
