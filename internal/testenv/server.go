@@ -105,16 +105,7 @@ func (s *server) stop() {
 	<-s.exited
 }
 
-// running reports whether the process has not exited.
-func (s *server) running() bool {
-	select {
-	case <-s.exited:
-		return false
-	default:
-		return true
-	}
-}
-
+// logTail returns the last lines of the server's log.
 func (s *server) logTail() string {
 	if s.log == "" {
 		return ""
