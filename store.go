@@ -110,6 +110,17 @@ type Archiver interface {
 	Archive(ctx context.Context, rec Record, retention time.Duration) error
 }
 
+// StoredArchiver is an Archiver that also tells whether rec was stored
+// (false: what the key held was kept, by Archive's rules). The tiered store
+// uses it to tell a settle whose archive a concurrent Delete kept out (its
+// result never visible: the settle is refused) from one whose archive was
+// stored and then deleted (its result was visible: the settle took effect).
+// memstore, sqlitestore and pgstore implement it.
+type StoredArchiver interface {
+	Archiver
+	ArchiveStored(ctx context.Context, rec Record, retention time.Duration) (stored bool, err error)
+}
+
 // Migrator is implemented by stores with a schema to create or upgrade.
 // Migrate is idempotent.
 type Migrator interface {

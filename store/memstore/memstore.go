@@ -268,11 +268,17 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 
 // Archive implements idem.Archiver.
 func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
+	_, err := s.ArchiveStored(ctx, rec, retention)
+	return err
+}
+
+// ArchiveStored implements idem.StoredArchiver.
+func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention time.Duration) (bool, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return false, err
 	}
 	if err := s.limits.CheckArchive(rec, retention); err != nil {
-		return err
+		return false, err
 	}
 	now := s.clock.Now()
 	kept := append([]byte(nil), rec.Result...)
@@ -283,7 +289,7 @@ func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Dur
 	held := ok && (e.state == idem.StateCompleted || e.state == idem.StateFailed || e.state == idem.StateReleased) && now.Before(e.expiresAt)
 	settled := rec.State == idem.StateCompleted || rec.State == idem.StateFailed
 	if held && (e.fence > rec.Fence || (e.fence == rec.Fence && settled)) {
-		return nil
+		return false, nil
 	}
 	fence := rec.Fence
 	if ok && e.fence > fence {
@@ -291,7 +297,7 @@ func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Dur
 	}
 	sh.m[rec.Key] = &entry{state: rec.State, fence: fence, fingerprint: rec.Fingerprint, attempts: rec.Attempts,
 		result: kept, expiresAt: now.Add(retention), updatedAt: now}
-	return nil
+	return true, nil
 }
 
 // Get implements idem.Store.

@@ -528,15 +528,22 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 
 // Archive implements idem.Archiver with one statement.
 func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
+	_, err := s.ArchiveStored(ctx, rec, retention)
+	return err
+}
+
+// ArchiveStored implements idem.StoredArchiver: the upsert's affected rows
+// tell (none when its WHERE kept the row).
+func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention time.Duration) (bool, error) {
 	if err := s.limits.CheckArchive(rec, retention); err != nil {
-		return err
+		return false, err
 	}
 	result := rec.Result
 	if result == nil {
 		result = []byte{}
 	}
-	_, err := s.pool.Exec(ctx, s.sql.archive, rec.Key, int16(rec.State), int64(rec.Fence), rec.Fingerprint, int32(rec.Attempts), result, retention.Milliseconds())
-	return wrap("archive", err)
+	tag, err := s.pool.Exec(ctx, s.sql.archive, rec.Key, int16(rec.State), int64(rec.Fence), rec.Fingerprint, int32(rec.Attempts), result, retention.Milliseconds())
+	return err == nil && tag.RowsAffected() > 0, wrap("archive", err)
 }
 
 // Close closes the pool if Open created it.

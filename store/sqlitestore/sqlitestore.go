@@ -413,15 +413,26 @@ func (s *Store) CountStates(ctx context.Context) (map[idem.State]int64, error) {
 
 // Archive implements idem.Archiver with one statement.
 func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
+	_, err := s.ArchiveStored(ctx, rec, retention)
+	return err
+}
+
+// ArchiveStored implements idem.StoredArchiver: the statement's changed
+// rows tell.
+func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention time.Duration) (bool, error) {
 	if err := s.limits.CheckArchive(rec, retention); err != nil {
-		return err
+		return false, err
 	}
 	result := rec.Result
 	if result == nil {
 		result = []byte{}
 	}
-	_, err := s.archive.ExecContext(ctx, rec.Key, int(rec.State), int64(rec.Fence), rec.Fingerprint, rec.Attempts, result, s.nowMs(), retention.Milliseconds())
-	return s.wrap("archive", err)
+	res, err := s.archive.ExecContext(ctx, rec.Key, int(rec.State), int64(rec.Fence), rec.Fingerprint, rec.Attempts, result, s.nowMs(), retention.Milliseconds())
+	if err != nil {
+		return false, s.wrap("archive", err)
+	}
+	n, err := res.RowsAffected()
+	return n > 0, s.wrap("archive", err)
 }
 
 // Close closes the database.

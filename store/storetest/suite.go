@@ -732,6 +732,9 @@ func testCountStates(t *testing.T, s idem.Store) {
 
 func testArchive(t *testing.T, s idem.Store) {
 	a := s.(idem.Archiver)
+	if sa, ok := s.(idem.StoredArchiver); ok {
+		a = storedChecker{t, sa}
+	}
 	ctx := context.Background()
 	rec := idem.Record{Key: "arch", State: idem.StateCompleted, Fence: 7, Fingerprint: "fp", Attempts: 1, Result: []byte("first")}
 	if err := a.Archive(ctx, rec, retention); err != nil {
@@ -992,4 +995,25 @@ func testReleaseKeepsRetention(t *testing.T, s idem.Store) {
 	if err != nil || rec.State != idem.StateReleased || rec.ExpiresAt.Before(a.Record.ExpiresAt.Add(-time.Second)) {
 		t.Fatalf("released record %+v, %v; want expiry about %v", rec, err, a.Record.ExpiresAt)
 	}
+}
+
+// storedChecker archives through ArchiveStored and checks what it reports
+// against what the store then holds: stored means the key now holds rec
+// (its state and result, a fence no smaller), kept means it does not.
+type storedChecker struct {
+	t *testing.T
+	a idem.StoredArchiver
+}
+
+func (c storedChecker) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
+	stored, err := c.a.ArchiveStored(ctx, rec, retention)
+	if err != nil {
+		return err
+	}
+	got, gerr := c.a.(idem.Store).Get(ctx, rec.Key)
+	holds := gerr == nil && got.State == rec.State && got.Fence >= rec.Fence && bytes.Equal(got.Result, rec.Result) // the fence never decreases
+	if stored != holds {
+		c.t.Fatalf("ArchiveStored(%s fence %d %q) reported stored=%v; the key then holds %+v, %v", rec.State, rec.Fence, rec.Result, stored, got, gerr)
+	}
+	return nil
 }

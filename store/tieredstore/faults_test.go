@@ -473,3 +473,54 @@ func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 		t.Fatalf("the first caller's retry: %v %q, %v; want the replay", r.Outcome, r.Record.Result, err)
 	}
 }
+
+// TestDeleteAfterArchive: an operator deletes a key just after its owner's
+// settle archived the result — after a duplicate was already replayed
+// that result from the cold tier. Found by the fault campaign under load
+// (seed 4005012456386975865): the hot settle found no record and the owner
+// was told ErrStaleFence, a settle refused after its result was served.
+// The settle took effect (then the key was deleted): the owner is told so.
+// (TestDeleteDuringSettle is the other order: the delete's tombstone keeps
+// the archive out, nothing is served, and the owner is refused.)
+func TestDeleteAfterArchive(t *testing.T) {
+	for _, coldKind := range []string{"memory", "postgres"} {
+		t.Run(coldKind, func(t *testing.T) {
+			hot := memstore.New(memstore.Config{SweepInterval: -1})
+			var cold idem.Store = memstore.New(memstore.Config{SweepInterval: -1})
+			if coldKind == "postgres" {
+				cold = testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
+			}
+			s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			ctx := context.Background()
+			req := idem.AcquireRequest{Key: "PAY-13", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+			a, err := s.Acquire(ctx, req)
+			if err != nil || a.Outcome != idem.Acquired {
+				t.Fatal(a.Outcome, err)
+			}
+			var dup idem.Acquisition
+			tieredstore.SetAfterArchive(s, func() {
+				if dup, err = s.Acquire(ctx, req); err != nil {
+					t.Error(err)
+				}
+				if err := s.Delete(ctx, "PAY-13"); err != nil {
+					t.Error(err)
+				}
+			})
+			settleErr := s.Complete(ctx, "PAY-13", a.Fence, []byte("booked"), time.Hour)
+			tieredstore.SetAfterArchive(s, nil)
+			if dup.Outcome != idem.Replayed || string(dup.Record.Result) != "booked" {
+				t.Fatalf("the duplicate before the delete: %v %q", dup.Outcome, dup.Record.Result)
+			}
+			if settleErr != nil {
+				t.Fatalf("the owner was told %v after a duplicate was replayed its result", settleErr)
+			}
+			if b, err := s.Acquire(ctx, req); err != nil || b.Outcome != idem.Acquired || b.Fence <= a.Fence {
+				t.Fatalf("after the delete the key must be new: %v fence %d (old %d), %v", b.Outcome, b.Fence, a.Fence, err)
+			}
+		})
+	}
+}

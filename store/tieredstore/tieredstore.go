@@ -219,7 +219,12 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 	}
 	rec := idem.Record{Key: key, State: st, Fence: fence, Fingerprint: cur.Fingerprint, Attempts: cur.Attempts, Result: result}
 	actx, cancel := context.WithTimeout(ctx, s.settleTimeout/2)
-	err = s.archive.Archive(actx, rec, retention)
+	stored := true // what an Archiver that does not say is taken to have done
+	if sa, ok := s.archive.(idem.StoredArchiver); ok {
+		stored, err = sa.ArchiveStored(actx, rec, retention)
+	} else {
+		err = s.archive.Archive(actx, rec, retention)
+	}
 	cancel()
 	if err != nil {
 		return fmt.Errorf("idem/tieredstore: not settled, the cold tier refused the archive: %w", err)
@@ -239,7 +244,17 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 		// told its settle was refused, and the archived result must not be
 		// replayed: withdraw it with a tombstone of this fence (a newer
 		// owner's archive, with a larger fence, stays).
-		if now, gerr := s.hot.Get(context.WithoutCancel(ctx), key); gerr == nil && now.State == st && bytes.Equal(now.Result, result) && now.Fingerprint == cur.Fingerprint {
+		now, gerr := s.hot.Get(context.WithoutCancel(ctx), key)
+		if gerr == nil && now.State == st && bytes.Equal(now.Result, result) && now.Fingerprint == cur.Fingerprint {
+			return nil
+		}
+		// No hot record, and the archive was stored: the key was deleted
+		// (or its record expired) after the archive made the result
+		// visible — a duplicate may have been replayed it. The settle took
+		// effect, then the key went; the owner is told so. (A Delete whose
+		// tombstone came first kept the archive out: nothing was visible,
+		// and the settle is refused below.)
+		if errors.Is(gerr, idem.ErrNotFound) && stored {
 			return nil
 		}
 		bg := context.WithoutCancel(ctx)
