@@ -40,7 +40,9 @@ type Config struct {
 // tier first — with the owner's fence, after checking it and extending its
 // lease in the hot tier, so no takeover can meet the archive in flight —
 // and then settled in the hot tier: when Complete returns nil the result is
-// durable for the full retention, and an owner killed between the two
+// durable for the full retention (unless the key is deleted: a Delete that
+// lands after the archive leaves the settle in effect, ordered before it),
+// and an owner killed between the two
 // writes leaves a hot claim whose takeover finds the result in the cold
 // tier. Unsettled records (in flight, released, poisoned) keep the full
 // retention in the hot tier; settled ones stay there for HotRetention.
