@@ -73,9 +73,7 @@ func TestPgBouncerStartsAgainOnATakenPort(t *testing.T) {
 	if err != nil {
 		Need(t, "pgbouncer", "PATH", err)
 	}
-	owner := StartRedisServer(t, "--save", "")
-	_, port, _ := net.SplitHostPort(owner.Addr)
-	taken, _ := strconv.Atoi(port)
+	taken := takenPort(t)
 	dir, err := os.MkdirTemp("", "idem-pgbouncer-") // not t.TempDir: PgBouncer runs as postgres
 	if err != nil {
 		t.Fatal(err)
@@ -103,9 +101,7 @@ func TestNATSServerExitsOnATakenPort(t *testing.T) {
 	if err != nil {
 		Need(t, "nats-server", "PATH", err)
 	}
-	owner := StartRedisServer(t, "--save", "")
-	_, port, _ := net.SplitHostPort(owner.Addr)
-	taken, _ := strconv.Atoi(port)
+	taken := takenPort(t)
 	picks := 0
 	pick := func(t testing.TB) int {
 		picks++
@@ -123,4 +119,15 @@ func TestNATSServerExitsOnATakenPort(t *testing.T) {
 	if !errors.As(err, &exit) {
 		t.Fatalf("a server on a taken route port: %v, want an early exit", err)
 	}
+}
+
+// takenPort returns a port a redis-server holds until the test ends.
+func takenPort(t *testing.T) int {
+	owner := StartRedisServer(t, "--save", "")
+	_, port, _ := net.SplitHostPort(owner.Addr)
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -199,6 +199,23 @@ func TestSettleNeverMeetsATakeover(t *testing.T) {
 	}
 }
 
+// settleTiers returns a tiered store over a memory hot tier and a cold
+// tier of coldKind ("memory" or "postgres") with a 2 s SettleTimeout, and
+// its hot tier; closed when the test ends.
+func settleTiers(t *testing.T, coldKind string) (*tieredstore.Store, *memstore.Store) {
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	var cold idem.Store = memstore.New(memstore.Config{SweepInterval: -1})
+	if coldKind == "postgres" {
+		cold = testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
+	}
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, hot
+}
+
 // TestDeleteDuringSettle: an operator deletes a key while its owner is
 // between the settle's hot check and its cold archive. Found by the fault
 // campaign: the archive landed after the cold delete, the hot settle was
@@ -208,16 +225,7 @@ func TestSettleNeverMeetsATakeover(t *testing.T) {
 func TestDeleteDuringSettle(t *testing.T) {
 	for _, coldKind := range []string{"memory", "postgres"} {
 		t.Run(coldKind, func(t *testing.T) {
-			hot := memstore.New(memstore.Config{SweepInterval: -1})
-			var cold idem.Store = memstore.New(memstore.Config{SweepInterval: -1})
-			if coldKind == "postgres" {
-				cold = testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: testenv.PostgresURL})
-			}
-			s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 2 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
+			s, hot := settleTiers(t, coldKind)
 			ctx := context.Background()
 			req := idem.AcquireRequest{Key: "PAY-7", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 			a, err := s.Acquire(ctx, req)
@@ -485,16 +493,7 @@ func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 func TestDeleteAfterArchive(t *testing.T) {
 	for _, coldKind := range []string{"memory", "postgres"} {
 		t.Run(coldKind, func(t *testing.T) {
-			hot := memstore.New(memstore.Config{SweepInterval: -1})
-			var cold idem.Store = memstore.New(memstore.Config{SweepInterval: -1})
-			if coldKind == "postgres" {
-				cold = testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
-			}
-			s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 2 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
+			s, _ := settleTiers(t, coldKind)
 			ctx := context.Background()
 			req := idem.AcquireRequest{Key: "PAY-13", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 			a, err := s.Acquire(ctx, req)
