@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/idemgo/idem"
 )
@@ -28,16 +29,24 @@ var compactKeys = base64.RawURLEncoding.Strict()
 // key; else 0 and the key, but 1, the key and 1 for a key of 15 bytes, so
 // that no other field is 16 bytes long.
 func bucketField(key string) string {
+	return string(appendBucketField(nil, key))
+}
+
+// appendBucketField appends the field of key (bucketField) to b.
+func appendBucketField(b []byte, key string) []byte {
 	if len(key) == 24 && strings.HasPrefix(key, "1~") {
-		var b [16]byte
-		if n, err := compactKeys.Decode(b[:], []byte(key[2:])); err == nil && n == 16 {
-			return string(b[:])
+		var d [16]byte
+		if n, err := compactKeys.Decode(d[:], []byte(key[2:])); err == nil && n == 16 {
+			return append(b, d[:]...)
 		}
 	}
 	if len(key) == 15 {
-		return "\x01" + key + "\x01"
+		b = append(b, 1)
+		b = append(b, key...)
+		return append(b, 1)
 	}
-	return "\x00" + key
+	b = append(b, 0)
+	return append(b, key...)
 }
 
 // fieldKey is the storage key of a bucket's field ("" for none).
@@ -53,14 +62,32 @@ func fieldKey(f string) string {
 	return ""
 }
 
-// bucketName is the bucket of the record whose own key is name (see above).
-func (s *Store) bucketName(name, field string) string {
-	slot := keySlot(name)
+// locateInBucket returns the own key name of key's record, its bucket's
+// name (see above) and its field, cut from one string: one allocation for
+// the three (they are made for every transition).
+func (s *Store) locateInBucket(key string) (name, bucket, field string) {
+	var fb [64]byte
+	f := appendBucketField(fb[:0], key)
 	n := uint32(0)
 	if s.bucketsPerSlot > 1 {
-		n = fnv32(field) % uint32(s.bucketsPerSlot)
+		n = fnv32(f) % uint32(s.bucketsPerSlot)
 	}
-	return s.prefix + "{" + slotTags()[slot] + "}#" + strconv.FormatUint(uint64(n), 10)
+	const maxDigits = 10
+	b := make([]byte, 0, 2*len(s.prefix)+len(key)+len(f)+maxDigits+16)
+	b = append(b, s.prefix...)
+	b = append(b, '{')
+	b = append(b, key...)
+	b = append(b, '}')
+	nameEnd := len(b)
+	b = append(b, s.prefix...)
+	b = append(b, '{')
+	b = append(b, slotTags()[keySlot(b[:nameEnd])]...)
+	b = append(b, "}#"...)
+	b = strconv.AppendUint(b, uint64(n), 10)
+	bucketEnd := len(b)
+	b = append(b, f...)
+	all := unsafe.String(unsafe.SliceData(b), len(b)) // b is not written again
+	return all[:nameEnd], all[nameEnd:bucketEnd], all[bucketEnd:]
 }
 
 // isBucket: name, found under the prefix, is a bucket (a record's own key
@@ -69,7 +96,7 @@ func (s *Store) isBucket(name string) bool {
 	return !strings.HasSuffix(name, "}")
 }
 
-func fnv32(s string) uint32 {
+func fnv32[T string | []byte](s T) uint32 {
 	h := uint32(2166136261)
 	for i := 0; i < len(s); i++ {
 		h ^= uint32(s[i])
@@ -81,20 +108,37 @@ func fnv32(s string) uint32 {
 // keySlot is the Redis Cluster slot of a key name: CRC16 of its hash tag
 // (the part between the first "{" and the next "}", if not empty) or of the
 // whole name, modulo 16384.
-func keySlot(name string) uint16 {
-	if i := strings.IndexByte(name, '{'); i >= 0 {
-		if j := strings.IndexByte(name[i+1:], '}'); j > 0 {
-			name = name[i+1 : i+1+j]
+func keySlot[T string | []byte](name T) uint16 {
+	for i := 0; i < len(name); i++ {
+		if name[i] != '{' {
+			continue
 		}
+		for j := i + 1; j < len(name); j++ {
+			if name[j] == '}' {
+				if j > i+1 {
+					name = name[i+1 : j]
+				}
+				break
+			}
+		}
+		break
 	}
 	return crc16(name) % clusterSlots
 }
 
 // crc16 is CRC-16/XMODEM, the cluster's key hash.
-func crc16(s string) uint16 {
+func crc16[T string | []byte](s T) uint16 {
 	var crc uint16
 	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^s[i]]
+	}
+	return crc
+}
+
+// crc16Table is CRC-16/XMODEM (polynomial 0x1021) of each byte.
+var crc16Table = func() (t [256]uint16) {
+	for b := range t {
+		crc := uint16(b) << 8
 		for range 8 {
 			if crc&0x8000 != 0 {
 				crc = crc<<1 ^ 0x1021
@@ -102,9 +146,10 @@ func crc16(s string) uint16 {
 				crc <<= 1
 			}
 		}
+		t[b] = crc
 	}
-	return crc
-}
+	return t
+}()
 
 // slotTags returns, for each slot, the first name in base-36 counting order
 // that hashes to it.

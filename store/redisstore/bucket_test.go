@@ -437,3 +437,36 @@ func TestBucketSweepIsBounded(t *testing.T) {
 	}
 	t.Logf("3,000 expired records swept in the course of %d new records", len(live))
 }
+
+// TestLocate: a record's own key, its bucket and its field, cut from one
+// string, are what KeyName, the slot's tag and BucketField say, and the
+// field maps back to the key.
+func TestLocate(t *testing.T) {
+	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
+	for _, k := range append([]string{"fifteen-bytes-k", "1~" + strings.Repeat("_", 22)}, bucketSlotKeys...) {
+		keys, field := s.Locate(k)
+		name := s.KeyName(k)
+		want := strings.TrimSuffix(s.KeyName(""), "{}") + "{" + redisstore.SlotTag(redisstore.KeySlot(name)) + "}#0"
+		if keys[0] != name || keys[1] != want || field != redisstore.BucketField(k) || redisstore.FieldKey(field) != k {
+			t.Errorf("%q: keys %q field %q; want [%q %q] and %q", k, keys, field, name, want, redisstore.BucketField(k))
+		}
+	}
+	// CRC-16/XMODEM's check value, which Redis's cluster spec quotes.
+	if got := redisstore.KeySlot("123456789"); got != 0x31c3 {
+		t.Errorf("slot of 123456789: %#x, want 0x31c3", got)
+	}
+}
+
+// TestLocateAllocations: locating a record in its bucket allocates the
+// keys' slice and one string for the three names.
+func TestLocateAllocations(t *testing.T) {
+	if raceDetector {
+		t.Skip("the race detector allocates on its own account; .ci/run runs this without it")
+	}
+	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
+	for _, k := range []string{"1~" + strings.Repeat("A", 22), "POST /orders\x1f8f14e45f-ceea-467a"} {
+		if n := testing.AllocsPerRun(100, func() { s.Locate(k) }); n != 2 {
+			t.Errorf("%q: %v allocations, want 2", k, n)
+		}
+	}
+}

@@ -625,12 +625,11 @@ func (s *Store) runOnce(ctx context.Context, script *redis.Script, keys []string
 // locate returns the keys of key's record as a script takes them: its own
 // key, and with buckets its bucket, then its field (the first argument).
 func (s *Store) locate(key string) (keys []string, field string) {
-	name := s.KeyName(key)
 	if s.bucketsPerSlot == 0 {
-		return []string{name}, ""
+		return []string{s.KeyName(key)}, ""
 	}
-	field = bucketField(key)
-	return []string{name, s.bucketName(name, field)}, field
+	name, bucket, field := s.locateInBucket(key)
+	return []string{name, bucket}, field
 }
 
 // transition runs script (a transition) for key's record with args[1:],
