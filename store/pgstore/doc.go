@@ -17,4 +17,12 @@
 // atomic: it applies to every call or to none; a value the server refuses in
 // one call (a key text cannot hold) makes each call run alone, so only that
 // one fails.
+//
+// A retention of a minute or more ends at the next whole second after it
+// (a record is kept up to a second longer than asked, never shorter), so a
+// settle within the second of its acquire leaves expires_at, the indexed
+// column, unchanged and PostgreSQL updates the row in place (a HOT update:
+// no second index entry, the old version pruned from its page without
+// VACUUM); the table keeps 10% of each page free for that (fillfactor 90,
+// migration 2). Shorter retentions are exact.
 package pgstore

@@ -216,6 +216,19 @@ func Statements(schema string) (acquire, settle string) {
 	return st.acquire, st.settle
 }
 
+// expiryAfter is the SQL of the expiry ms milliseconds (an SQL expression)
+// from now: for a retention of a minute or more, rounded up to the next
+// whole second, so that a settle a moment after its acquire (the same
+// retention, the same second) leaves expires_at, an indexed column, as it
+// was, and PostgreSQL updates the row in place (HOT: no new index entries,
+// the old version pruned from its page without VACUUM). A record is then
+// kept up to a second longer than asked, never shorter; shorter retentions
+// (tests, leases) are exact.
+func expiryAfter(ms string) string {
+	at := `now() + ` + ms + ` * interval '1 millisecond'`
+	return `(CASE WHEN ` + ms + ` >= 60000 THEN to_timestamp(ceil(extract(epoch from ` + at + `))) ELSE ` + at + ` END)`
+}
+
 const recordCols = `k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at`
 
 func buildSQL(table string) statements {
@@ -228,10 +241,10 @@ func buildSQL(table string) statements {
 		take     = `(` + expired + ` OR NOT (` + mismatch + ` OR ` + live + ` OR ` + settled + ` OR ` + limit + `))`
 		poison   = `(NOT ` + expired + ` AND NOT ` + mismatch + ` AND NOT ` + live + ` AND NOT ` + settled + ` AND ` + limit + `)`
 		leaseEnd = `(now() + $3::float8 * interval '1 millisecond')`
-		keepEnd  = `(now() + $4::float8 * interval '1 millisecond')`
 		// the fence floor: the server's clock in microseconds (idem.FenceFloor)
 		floor = `(extract(epoch from clock_timestamp()) * 1000000)::bigint`
 	)
+	keepEnd := expiryAfter(`$4::float8`)
 	// The acquire's decision, for one row (the statement for one key) or for
 	// many (over arrays of keys and fingerprints, in key order, so that two
 	// statements never lock the same rows in opposite orders).
@@ -270,7 +283,7 @@ FROM unnest($1::text[], $2::text[]) AS i(k, fp) ORDER BY i.k` + onConflict,
 		// tells a settled row (true) from such a placeholder. Rows go in
 		// key order (see acquireMany).
 		settleMany: insert + `
-SELECT i.k, i.st, i.fence, '', 0, i.res, now() + i.keep * interval '1 millisecond', 'epoch'::timestamptz, now(), 0
+SELECT i.k, i.st, i.fence, '', 0, i.res, ` + expiryAfter(`i.keep`) + `, 'epoch'::timestamptz, now(), 0
 FROM unnest($1::text[], $2::int8[], $3::float8[], $4::int2[], $5::bytea[]) AS i(k, fence, keep, st, res) ORDER BY i.k
 ON CONFLICT (k) DO UPDATE SET state = EXCLUDED.state, result = EXCLUDED.result, lease_until = now(),
 	expires_at = EXCLUDED.lease_until, updated_at = now()
@@ -278,11 +291,11 @@ WHERE r.fence = EXCLUDED.fence AND r.state = 1 AND r.expires_at > now()
 RETURNING r.k, r.expires_at > now()`,
 		// $1 key, $2 fence, $3 lease ms
 		heartbeat: `UPDATE ` + table + ` SET lease_until = now() + $3::float8 * interval '1 millisecond',
-	expires_at = greatest(expires_at, now() + $3::float8 * interval '1 millisecond'), updated_at = now()
+	expires_at = greatest(expires_at, ` + expiryAfter(`$3::float8`) + `), updated_at = now()
 WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 		// $1 key, $2 fence, $3 retention ms, $4 state, $5 result
 		settle: `UPDATE ` + table + ` SET state = $4, result = $5, lease_until = now(),
-	expires_at = now() + $3::float8 * interval '1 millisecond', updated_at = now()
+	expires_at = ` + expiryAfter(`$3::float8`) + `, updated_at = now()
 WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 		release: `UPDATE ` + table + ` SET state = 5, lease_until = now(), updated_at = now()
 WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
@@ -292,7 +305,7 @@ WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 		list:  `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k > $1 AND expires_at > now() ORDER BY k LIMIT $2`,
 		// $1 key, $2 state, $3 fence, $4 fp, $5 attempts, $6 result, $7 retention ms
 		archive: `INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
-VALUES ($1, $2, $3, $4, $5, $6, now(), now() + $7::float8 * interval '1 millisecond', now(), 4)
+VALUES ($1, $2, $3, $4, $5, $6, now(), ` + expiryAfter(`$7::float8`) + `, now(), 4)
 ON CONFLICT (k) DO UPDATE SET state = EXCLUDED.state, fence = greatest(r.fence, EXCLUDED.fence), fp = EXCLUDED.fp,
 	attempts = EXCLUDED.attempts, result = EXCLUDED.result, lease_until = now(),
 	expires_at = EXCLUDED.expires_at, updated_at = now()
@@ -318,7 +331,11 @@ func (s *Store) Migrations() []sqlmigrate.Step {
 		updated_at  timestamptz NOT NULL,
 		outcome     smallint    NOT NULL  -- the outcome of the last acquire
 	);
-	CREATE INDEX IF NOT EXISTS ` + idx + ` ON ` + s.table + ` (expires_at)`}}
+	CREATE INDEX IF NOT EXISTS ` + idx + ` ON ` + s.table + ` (expires_at)`},
+		// Room on each page for the settle's new row version, so that it is
+		// written in place (see expiryAfter). Only pages written from now on
+		// keep it; the lock taken does not block reads or writes.
+		{Version: 2, Name: "room for in-place settles (fillfactor 90)", SQL: `ALTER TABLE ` + s.table + ` SET (fillfactor = 90)`}}
 }
 
 // Migrate creates or upgrades the schema: the missing numbered migrations,
