@@ -54,6 +54,7 @@ type Group[Req, Resp any] struct {
 	seen     map[string]struct{} // forming a batch, under mu
 
 	batches, batched atomic.Int64
+	running          sync.WaitGroup // the goroutines running batches
 }
 
 type state uint8
@@ -170,11 +171,18 @@ func (g *Group[Req, Resp]) next() {
 	g.queue = rest
 	clear(g.seen)
 	g.mu.Unlock()
+	g.running.Add(1) // before this slot's goroutine ends (see Wait)
 	go func() {
+		defer g.running.Done()
 		g.run(batch)
 		g.next()
 	}()
 }
+
+// Wait returns when no batch is running: a batch whose callers all gave up
+// goes on to its end, and the connection it holds should not be closed
+// under it. Calls that start meanwhile are not waited for.
+func (g *Group[Req, Resp]) Wait() { g.running.Wait() }
 
 // run runs a batch on a context that ends when every member's has, and
 // answers each member.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -339,5 +340,43 @@ func TestAPanicFreesItsSlot(t *testing.T) {
 	}()
 	if got, err := g.Do(context.Background(), "after"); err != nil || got != "re:after" {
 		t.Fatalf("the call after a panic: %q %v", got, err)
+	}
+}
+
+// TestWaitOutlastsTheBatch: after every member of a batch gave up (each
+// returned its context's error), Wait returns only when the batch's round
+// trip has ended — what a store's Close waits for before it closes the
+// connections the batch holds.
+func TestWaitOutlastsTheBatch(t *testing.T) {
+	e, g := newEcho(Config[string]{MaxInFlight: 1})
+	inBatch, proceed := make(chan struct{}), make(chan struct{})
+	var ended atomic.Bool
+	e.batchFn = func(ctx context.Context, reqs []string, resps []string, errs []error) {
+		close(inBatch)
+		<-proceed // a round trip that outlasts its callers
+		ended.Store(true)
+	}
+	started, release := e.hold()
+	go func() { _, _ = g.Do(context.Background(), "first") }()
+	<-started
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	for _, r := range []string{"a", "b"} {
+		go func() { _, err := g.Do(ctx, r); done <- err }()
+	}
+	waitQueued(t, g, 2)
+	release()
+	<-inBatch
+	cancel()
+	for range 2 {
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a member got %v", err)
+		}
+	}
+	waited := make(chan bool)
+	go func() { g.Wait(); waited <- ended.Load() }()
+	close(proceed)
+	if !<-waited {
+		t.Fatal("Wait returned while the batch was still running")
 	}
 }

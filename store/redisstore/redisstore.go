@@ -911,10 +911,16 @@ func escapeGlob(s string) string {
 	return r.Replace(s)
 }
 
-// Close closes the client if Config.CloseClient was set.
+// Close closes the client if Config.CloseClient was set, once the shared
+// round trips still in flight have ended (a batch whose callers all gave up
+// runs to its end; closing the client under it would break its connection).
 func (s *Store) Close() error {
-	if s.close {
-		return s.c.Close()
+	if !s.close {
+		return nil
 	}
-	return nil
+	if s.acquires != nil {
+		s.acquires.Wait()
+		s.owneds.Wait()
+	}
+	return s.c.Close()
 }
