@@ -9,7 +9,9 @@
 -- key and 1 for a key of 15 bytes: no other field is 16 bytes long). The
 -- value is packed (format 2), big-endian:
 --   B flags: 128 + 64 if the fingerprint is a digest + 32 if a settle wrote
---     the record + the state,
+--     the record + 8 if the bucket's TTL was at least the expiry plus the
+--     expiry less the last transition (e + (e - u)) when the value was
+--     written + the state,
 --   I7 fence, B attempts, I6 expires at (ms), I4 expires at less updated
 --   at (ms),
 --   in flight: I6 lease until, B tag, c10 nonce (as in format 1);
@@ -42,6 +44,9 @@ load = function(k)
   k.inb = true
   local fl, f, a, e, age, pos = struct.unpack(B_FMT, v)
   local st = fl % 8
+  -- The bucket's TTL only grows while the bucket exists (nothing shortens
+  -- it), so what a flagged value says of it still holds.
+  if fl % 16 >= 8 then k.room = e + age end
   local r = {st = st, f = f, a = a, e = e, u = e - age, l = 0, tag = 0, n = '', raw = v}
   if st == 1 then
     r.l, r.tag, pos = struct.unpack('>I6B', v, pos)
@@ -58,10 +63,12 @@ load = function(k)
   r.r = string.sub(v, pos)
   return r
 end
--- bpack returns r packed for a bucket, or nil where it does not fit one.
-local function bpack(r)
+-- bpack returns r packed for a bucket, or nil where it does not fit one;
+-- room: flag 8 (see above).
+local function bpack(r, room)
   if r.a > 255 or r.f >= 2^56 or r.e - r.u >= 2^32 then return nil end
   local fl, p = 128 + r.st, r.p
+  if room then fl = fl + 8 end
   if #p == 17 and string.byte(p, 1) == 1 then
     fl, p = fl + 64, string.sub(p, 2)
   elseif #p <= 256 then
@@ -103,9 +110,21 @@ local function sweepBucket(b, now)
   end
 end
 -- save writes r (r.u is now: every transition sets it) where it fits: its
--- bucket, else its own key; and deletes the other copy.
+-- bucket, else its own key; and deletes the other copy. The bucket's TTL
+-- must stay past r.e: asked with PEXPIRETIME, unless the value r replaces
+-- said enough of it (flag 8, k.room) — as it does for the settle of a claim
+-- whose retention is no longer than the claim's (the claim's save made the
+-- TTL last the claim's retention twice over), which saves the settle a call.
+-- A value is flagged when the TTL is known to reach r.e + (r.e - r.u);
+-- where the TTL is extended, it is extended to r.e + 2 (r.e - r.u), so that
+-- the next writes need not extend it again.
 save = function(k, r)
-  local v = #k.f <= 64 and bpack(r)
+  local span = r.e - r.u
+  local ask, room = true, true
+  if k.room and r.e <= k.room then
+    ask, room = false, r.e + span <= k.room
+  end
+  local v = #k.f <= 64 and bpack(r, room)
   if not v then
     if k.inb then redis.call('HDEL', k.b, k.f); k.inb = nil end
     k.str = true
@@ -116,8 +135,8 @@ save = function(k, r)
   if redis.call('HSET', k.b, k.f, v) == 1 and r.f % 8 == 0 then sweepBucket(k.b, r.u) end
   k.inb = true
   if k.str then redis.call('DEL', k.s); k.str = nil end
-  if redis.call('PEXPIRETIME', k.b) < r.e then
-    redis.call('PEXPIREAT', k.b, r.e + (r.e - r.u)) -- with room for the next writes
+  if ask and redis.call('PEXPIRETIME', k.b) < r.e + span then
+    redis.call('PEXPIREAT', k.b, r.e + 2 * span)
   end
   return v
 end

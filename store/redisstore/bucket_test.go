@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -151,7 +152,7 @@ func TestBucketPlacement(t *testing.T) {
 	if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "retried", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Fence <= fence || where("retried") != "bucket" {
 		t.Fatalf("after Delete: fence %d (was %d), %v, in %s", a.Fence, fence, err, where("retried"))
 	}
-	if ttl, err := c.PTTL(ctx, func() string { keys, _ := s.Locate(compact); return keys[1] }()).Result(); err != nil || ttl < 59*time.Minute || ttl > 2*time.Hour {
+	if ttl, err := c.PTTL(ctx, func() string { keys, _ := s.Locate(compact); return keys[1] }()).Result(); err != nil || ttl < 59*time.Minute || ttl > 3*time.Hour { // at most three retentions (bucket.lua)
 		t.Fatalf("bucket TTL %v %v, want the latest expiry of its records", ttl, err)
 	}
 }
@@ -467,6 +468,97 @@ func TestLocateAllocations(t *testing.T) {
 	for _, k := range []string{"1~" + strings.Repeat("A", 22), "POST /orders\x1f8f14e45f-ceea-467a"} {
 		if n := testing.AllocsPerRun(100, func() { s.Locate(k) }); n != 2 {
 			t.Errorf("%q: %v allocations, want 2", k, n)
+		}
+	}
+}
+
+// TestBucketTTLAskedOncePerLifecycle: a claim's save leaves the bucket's
+// TTL long enough for its settle (a retention no longer than the claim's),
+// and says so in the value (flag 8), so the settle does not ask the TTL
+// again: one PEXPIRETIME a lifecycle, not two. A settle that needs more
+// (a longer retention), or whose claim was saved without the flag (by the
+// previous release), asks and extends. Every record ends inside its
+// bucket's TTL. A server of its own: the counts are the server's.
+func TestBucketTTLAskedOncePerLifecycle(t *testing.T) {
+	srv := testenv.StartRedisServer(t)
+	s := testenv.OpenRedisConfig(t, srv.Addr, redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1})
+	ctx := context.Background()
+	c := s.Client()
+	pexpiretimes := func() int {
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_pexpiretime:calls="); ok {
+				n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+				return n
+			}
+		}
+		return 0
+	}
+	lifecycle := func(key string, claim, settle time.Duration) {
+		t.Helper()
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: claim})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, key, a.Fence, []byte("ok"), settle); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 100
+	for i := range n {
+		lifecycle(fmt.Sprintf("k-%d", i), time.Hour, time.Hour)
+	}
+	if got := pexpiretimes(); got != n {
+		t.Errorf("%d lifecycles asked the bucket's TTL %d times, want %d (once each)", n, got, n)
+	}
+
+	// A settle with a longer retention than its claim's asks, and extends.
+	before := pexpiretimes()
+	lifecycle("longer", 2*time.Minute, 48*time.Hour)
+	if got := pexpiretimes() - before; got != 2 {
+		t.Errorf("a settle of 48 h after a claim of 2 min: %d asks, want 2", got)
+	}
+
+	// A claim saved without the flag, as the previous release saved it.
+	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "unflagged", Lease: time.Minute, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, field := s.Locate("unflagged")
+	if err := c.Eval(ctx, `local v = redis.call('HGET', KEYS[1], ARGV[1])
+local fl = string.byte(v, 1)
+if fl % 16 < 8 then return redis.error_reply('the claim is not flagged') end
+redis.call('HSET', KEYS[1], ARGV[1], string.char(fl - 8) .. string.sub(v, 2))
+return 1`, []string{keys[1]}, field).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before = pexpiretimes()
+	if err := s.Complete(ctx, "unflagged", a.Fence, []byte("ok"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got := pexpiretimes() - before; got != 1 {
+		t.Errorf("the settle of an unflagged claim asked the TTL %d times, want 1", got)
+	}
+
+	// Every record's expiry is inside its bucket's TTL.
+	for _, k := range []string{"longer", "unflagged", "k-0", fmt.Sprintf("k-%d", n-1)} {
+		rec, err := s.Get(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, _ := s.Locate(k)
+		ttl, err := c.PExpireTime(ctx, keys[1]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if end := time.UnixMilli(int64(ttl / time.Millisecond)); rec.ExpiresAt.After(end) {
+			t.Errorf("%s expires at %v, after its bucket (%v)", k, rec.ExpiresAt, end)
 		}
 	}
 }

@@ -181,7 +181,8 @@ type Config struct {
 	// call, a bucket deletes its expired records when new records arrive a
 	// minute or more after its last sweep (one new record in eight looks; a
 	// few hundred fields per call), and the bucket's own TTL stays past its
-	// latest record's expiry, so an idle bucket goes whole.
+	// latest record's expiry, so an idle bucket goes whole (at most three
+	// retentions after its last write).
 	//
 	// Records written before buckets were on are read and moved into their
 	// bucket by their next transition; a process without buckets does not
