@@ -273,6 +273,16 @@ func TestBucketSweepsExpiredRecords(t *testing.T) {
 		}
 		return k
 	}
+	setSweepTime := func(ms int64) {
+		b := []byte{byte(ms >> 40), byte(ms >> 32), byte(ms >> 24), byte(ms >> 16), byte(ms >> 8), byte(ms)}
+		if err := c.HSet(ctx, bucket, "", string(b)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The bucket's sweep time an hour ahead before the first record: else
+	// the second record's write may sweep the first (its write looks at the
+	// sweep time when its fence says so, and a new bucket has none yet).
+	setSweepTime(time.Now().Add(time.Hour).UnixMilli())
 	expired := []string{complete(time.Millisecond), complete(time.Millisecond)}
 	testenv.Eventually(t, 5*time.Second, "Redis's clock passing the 1 ms retention", func() error {
 		for _, k := range expired {
@@ -290,13 +300,6 @@ func TestBucketSweepsExpiredRecords(t *testing.T) {
 		}
 		return in
 	}
-	setSweepTime := func(ms int64) {
-		b := []byte{byte(ms >> 40), byte(ms >> 32), byte(ms >> 24), byte(ms >> 16), byte(ms >> 8), byte(ms)}
-		if err := c.HSet(ctx, bucket, "", string(b)).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	setSweepTime(time.Now().Add(time.Hour).UnixMilli())
 	var live []string
 	for range 30 { // the sweep time has not come: nothing is swept
 		live = append(live, complete(time.Hour))
