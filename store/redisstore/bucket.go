@@ -25,14 +25,9 @@ const clusterSlots = 16384
 // Strict, so that each 16 bytes have one spelling only).
 var compactKeys = base64.RawURLEncoding.Strict()
 
-// bucketField is the field of key in its bucket: the 16 bytes of a compact
-// key; else 0 and the key, but 1, the key and 1 for a key of 15 bytes, so
-// that no other field is 16 bytes long.
-func bucketField(key string) string {
-	return string(appendBucketField(nil, key))
-}
-
-// appendBucketField appends the field of key (bucketField) to b.
+// appendBucketField appends the field of key in its bucket to b: the 16
+// bytes of a compact key; else 0 and the key, but 1, the key and 1 for a
+// key of 15 bytes, so that no other field is 16 bytes long.
 func appendBucketField(b []byte, key string) []byte {
 	if len(key) == 24 && strings.HasPrefix(key, "1~") {
 		var d [16]byte

@@ -32,7 +32,7 @@ func KeySlot(name string) int { return int(keySlot(name)) }
 
 // BucketField and FieldKey map a storage key to its field and back.
 var (
-	BucketField = bucketField
+	BucketField = func(key string) string { return string(appendBucketField(nil, key)) }
 	FieldKey    = fieldKey
 )
 
