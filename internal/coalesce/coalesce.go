@@ -6,10 +6,14 @@
 // single-call function: a lone caller pays no added latency and no batch
 // overhead. A call that finds every slot busy waits in a queue; when a
 // round trip ends, its slot takes what is waiting (up to MaxBatch, never
-// two requests with the same key) and one of the waiting callers runs it
-// as one batch for everyone, on a goroutine of its own (one per batch):
-// every caller, the one whose round trip ended included, returns as soon as
-// its own answer is there.
+// two requests with the same key) and runs it as one batch for everyone,
+// on a goroutine of its own (one per batch): every caller, the one whose
+// round trip ended included, returns as soon as its own answer is there.
+//
+// Under load a Group can hold lone calls back (Config.LoneInFlight and
+// MinBatch): while batches are forming anyway, a lone call would spend a
+// whole round trip on one request, so it waits for a batch instead, and
+// the queue goes out as soon as it is MinBatch long and a slot is free.
 //
 // The batch runs on a context that keeps the first member's values and is
 // cancelled only when every member's context is done: one caller giving up
@@ -40,6 +44,16 @@ type Config[Req any] struct {
 	// key never share a batch (the second waits for the next one), for
 	// statements that may touch a row only once.
 	Key func(Req) string
+	// LoneInFlight bounds, while the group is loaded, the round trips in
+	// flight beside which a call still runs alone; past it the call waits
+	// for a batch. Loaded: the recent batches (a moving average over about
+	// the last eight) carried two requests or more. Defaults to
+	// MaxInFlight: a call runs alone whenever a slot is free.
+	LoneInFlight int
+	// MinBatch, when set, sends the queue at once when it holds this many
+	// requests and a slot is free, instead of at the end of a round trip
+	// (which still takes whatever waits).
+	MinBatch int
 }
 
 // Group coalesces calls of one kind.
@@ -52,6 +66,7 @@ type Group[Req, Resp any] struct {
 	inFlight int
 	queue    []*call[Req, Resp]
 	seen     map[string]struct{} // forming a batch, under mu
+	avgBatch int                 // moving average of batch sizes, ×16 (see loaded)
 
 	batches, batched atomic.Int64
 	running          sync.WaitGroup // the goroutines running batches
@@ -85,13 +100,17 @@ func New[Req, Resp any](cfg Config[Req], one func(context.Context, Req) (Resp, e
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = max(1, runtime.NumCPU()/2)
 	}
+	if cfg.LoneInFlight <= 0 || cfg.LoneInFlight > cfg.MaxInFlight {
+		cfg.LoneInFlight = cfg.MaxInFlight
+	}
 	return &Group[Req, Resp]{one: one, batch: batch, cfg: cfg, seen: map[string]struct{}{}}
 }
 
 // Do runs req alone or in a batch and returns its response.
 func (g *Group[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	g.mu.Lock()
-	if g.inFlight < g.cfg.MaxInFlight && len(g.queue) == 0 {
+	if g.inFlight < g.cfg.MaxInFlight && len(g.queue) == 0 &&
+		(g.inFlight < g.cfg.LoneInFlight || !g.loaded()) {
 		g.inFlight++
 		g.mu.Unlock()
 		defer g.next() // also if one panics: the slot passes on
@@ -99,7 +118,12 @@ func (g *Group[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	}
 	c := &call[Req, Resp]{ctx: ctx, req: req, done: make(chan struct{}, 1)}
 	g.queue = append(g.queue, c)
-	g.mu.Unlock()
+	if g.cfg.MinBatch > 0 && len(g.queue) >= g.cfg.MinBatch && g.inFlight < g.cfg.MaxInFlight {
+		g.inFlight++
+		g.dispatch() // unlocks g.mu
+	} else {
+		g.mu.Unlock()
+	}
 
 	select {
 	case <-c.done:
@@ -140,6 +164,14 @@ func (g *Group[Req, Resp]) remove(c *call[Req, Resp]) {
 	}
 }
 
+// loaded says whether batches are forming: the moving average of their
+// sizes is two requests or more. Under g.mu.
+func (g *Group[Req, Resp]) loaded() bool { return g.avgBatch >= 2*16 }
+
+// noteBatch adds a batch of n requests to the moving average (rounded up,
+// so that batches of two reach 2*16). Under g.mu.
+func (g *Group[Req, Resp]) noteBatch(n int) { g.avgBatch = (7*g.avgBatch + 16*n + 7) / 8 }
+
 // next hands the slot of a finished round trip to what is waiting, or frees
 // it.
 func (g *Group[Req, Resp]) next() {
@@ -149,6 +181,12 @@ func (g *Group[Req, Resp]) next() {
 		g.mu.Unlock()
 		return
 	}
+	g.dispatch()
+}
+
+// dispatch sends what is waiting as one batch, on a slot already counted
+// in g.inFlight, and unlocks g.mu.
+func (g *Group[Req, Resp]) dispatch() {
 	batch := make([]*call[Req, Resp], 0, min(len(g.queue), g.cfg.MaxBatch))
 	rest := g.queue[:0]
 	for _, c := range g.queue {
@@ -167,6 +205,7 @@ func (g *Group[Req, Resp]) next() {
 		c.state = taken
 		batch = append(batch, c)
 	}
+	g.noteBatch(len(batch))
 	clear(g.queue[len(rest):])
 	g.queue = rest
 	clear(g.seen)

@@ -141,6 +141,105 @@ func TestWaitingCallsShareTheNextRoundTrip(t *testing.T) {
 	}
 }
 
+// TestUnderLoadACallWaitsForABatch: while batches are forming (the group
+// is loaded) and LoneInFlight round trips are out, a call waits instead of
+// running alone, though slots are free; the queue goes out as soon as it is
+// MinBatch long, beside the round trip still in flight.
+func TestUnderLoadACallWaitsForABatch(t *testing.T) {
+	e, g := newEcho(Config[string]{MaxInFlight: 4, LoneInFlight: 1, MinBatch: 2})
+	g.mu.Lock()
+	for range 8 {
+		g.noteBatch(4) // as after batches of four
+	}
+	g.mu.Unlock()
+	ctx := context.Background()
+	started, release := e.hold()
+	first := make(chan string, 1)
+	go func() { r, _ := g.Do(ctx, "1"); first <- r }()
+	<-started
+	answers := make(chan string, 2)
+	go func() { r, _ := g.Do(ctx, "2"); answers <- r }()
+	waitQueued(t, g, 1) // not alone: three slots are free
+	go func() { r, _ := g.Do(ctx, "3"); answers <- r }()
+	got := []string{<-answers, <-answers} // while "1" is still held
+	if !(got[0] == "re:2" && got[1] == "re:3" || got[0] == "re:3" && got[1] == "re:2") {
+		t.Fatalf("answers %q, want re:2 and re:3", got)
+	}
+	e.mu.Lock()
+	batches, singles := fmt.Sprint(e.batches), fmt.Sprint(e.singles)
+	e.mu.Unlock()
+	if batches != "[[2 3]]" || singles != "[1]" {
+		t.Fatalf("batches %s, singles %s; want [[2 3]] and [1]", batches, singles)
+	}
+	release()
+	if r := <-first; r != "re:1" {
+		t.Fatalf("the held call answered %q", r)
+	}
+}
+
+// TestUnloadedCallsRunAlone: with no batches forming, a call runs alone
+// whenever a slot is free, however many round trips are out (LoneInFlight
+// holds calls back only under load): a few callers never wait for one
+// another.
+func TestUnloadedCallsRunAlone(t *testing.T) {
+	e, g := newEcho(Config[string]{MaxInFlight: 4, LoneInFlight: 1, MinBatch: 2})
+	ctx := context.Background()
+	started, release := e.hold()
+	first := make(chan string, 1)
+	go func() { r, _ := g.Do(ctx, "1"); first <- r }()
+	<-started
+	alone := make(chan error, 1)
+	go func() {
+		for _, k := range []string{"2", "3"} {
+			if r, err := g.Do(ctx, k); err != nil || r != "re:"+k {
+				alone <- fmt.Errorf("call %s beside a held one: %q %v", k, r, err)
+				return
+			}
+		}
+		alone <- nil
+	}()
+	select {
+	case err := <-alone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		release()
+		t.Fatal("calls beside a held one, with no batches forming, waited for it")
+	}
+	release()
+	<-first
+	if len(e.batches) != 0 || len(e.singles) != 3 {
+		t.Fatalf("batches %v, singles %v; want none and three", e.batches, e.singles)
+	}
+}
+
+// TestLoadFollowsTheBatches: the group is loaded once its recent batches
+// carry two requests or more on average, and no longer once they carry one.
+func TestLoadFollowsTheBatches(t *testing.T) {
+	_, g := newEcho(Config[string]{})
+	n := 0
+	for ; !g.loaded(); n++ {
+		if n == 40 {
+			t.Fatal("batches of two never made the group loaded")
+		}
+		g.noteBatch(2)
+	}
+	for range 40 {
+		g.noteBatch(64)
+	}
+	n = 0
+	for ; g.loaded(); n++ {
+		if n == 40 {
+			t.Fatal("batches of one never ended the load")
+		}
+		g.noteBatch(1)
+	}
+	if n < 4 {
+		t.Fatalf("%d batches of one ended a load of batches of 64, want a moving average (several)", n)
+	}
+}
+
 func TestOneKeyOncePerBatch(t *testing.T) {
 	e, g := newEcho(Config[string]{MaxInFlight: 1, Key: func(s string) string { return s[:1] }})
 	started, release := e.hold()

@@ -14,37 +14,51 @@ import (
 // maxBatch bounds the calls of one shared round trip.
 const maxBatch = 64
 
-// maxInFlight bounds the shared round trips of one kind out at once. Redis
-// runs one script at a time however many arrive, so a batch in flight costs
-// the server nothing while the client forms the next: measured (2 cores, 32
-// workers, idem bench lifecycles on one Redis), 1 in flight made 27,000–31,000
-// lifecycles/s, 2 made 33,000, 4 made 38,000–40,000 and 8 made 33,000.
-const maxInFlight = 4
+// The round trips out at once, and when a call goes alone (see
+// coalesce.Config). Redis runs one script at a time however many arrive,
+// so a batch in flight costs the server nothing while the client forms the
+// next, and a lone call under load costs it a whole round trip for one
+// call: while batches form, at most two lone calls are out, and a queue of
+// eight goes out at once if a slot is free. Measured (2 cores, 32 workers,
+// lifecycles on one Redis, 4 s runs alternating, medians of five): 4 in
+// flight, 2 alone, 8 at once made 37,800/s; 4 in flight, calls alone
+// whenever a slot was free, 31,000/s; 2 in flight, 32,900/s; a group each
+// for acquisitions and settles (before they shared one), 4 in flight,
+// 30,300/s.
+const (
+	maxInFlight  = 4
+	loneInFlight = 2
+	minBatch     = 8
+)
 
-// scriptCall is one script run: its keys and arguments.
+// scriptCall is one transition: the script that runs it alone, its kind in
+// a batch (acquireKind or ownedKind), its keys and arguments.
 type scriptCall struct {
+	one  *redis.Script
+	kind string
 	keys []string
 	args []any
 }
 
-// newGroup coalesces the calls of script; many is its form that runs a
-// batch in one script run.
-func (s *Store) newGroup(script, many *redis.Script) *coalesce.Group[scriptCall, *redis.Cmd] {
-	return coalesce.New(coalesce.Config[scriptCall]{MaxBatch: maxBatch, MaxInFlight: maxInFlight},
+// newGroup coalesces the store's transitions, acquisitions and settles
+// alike: a batch is one run of the batch script, which holds both.
+func (s *Store) newGroup() *coalesce.Group[scriptCall, *redis.Cmd] {
+	return coalesce.New(coalesce.Config[scriptCall]{
+		MaxBatch: maxBatch, MaxInFlight: maxInFlight, LoneInFlight: loneInFlight, MinBatch: minBatch},
 		func(ctx context.Context, c scriptCall) (*redis.Cmd, error) {
-			return s.run(ctx, script, c.keys, c.args...), nil
+			return s.run(ctx, c.one, c.keys, c.args...), nil
 		},
 		func(ctx context.Context, calls []scriptCall, out []*redis.Cmd, _ []error) {
-			s.runMany(ctx, script, many, calls, out)
+			s.runMany(ctx, calls, out)
 		})
 }
 
-// call runs script on keys through group (alone when group is nil).
-func (s *Store) call(ctx context.Context, group *coalesce.Group[scriptCall, *redis.Cmd], script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	if group == nil {
-		return s.run(ctx, script, keys, args...)
+// call runs c through the store's group (alone when not coalesced).
+func (s *Store) call(ctx context.Context, c scriptCall) *redis.Cmd {
+	if s.calls == nil {
+		return s.run(ctx, c.one, c.keys, c.args...)
 	}
-	cmd, err := group.Do(ctx, scriptCall{keys: keys, args: args})
+	cmd, err := s.calls.Do(ctx, c)
 	if err != nil { // the caller's context ended while the call waited
 		cmd = redis.NewCmd(ctx)
 		cmd.SetErr(err)
@@ -54,17 +68,17 @@ func (s *Store) call(ctx context.Context, group *coalesce.Group[scriptCall, *red
 
 // runMany runs a batch of calls. On one server (a *redis.Client: a single
 // Redis, or Sentinel's master through a failover client) the batch is one
-// run of many, the script's batch form, with WAIT after it in the same
-// round trip when Config.WaitReplicas asks for it. On a Cluster, whose keys
-// live on many nodes, or a Ring, it is one pipeline of script calls (go-redis
+// run of the batch script, with WAIT after it in the same round trip when
+// Config.WaitReplicas asks for it. On a Cluster, whose keys live on many
+// nodes, or a Ring, it is one pipeline of the calls' own scripts (go-redis
 // splits it by node or shard) — on a Cluster with WAIT, one pipeline per
 // master, each ending with its WAIT, sent at once. A script the server does
 // not know yet (NOSCRIPT: it did not run) is sent again with its source.
 // Each call gets its own answer or error; a round trip that could not be
 // made fails every call of it, as a lone call would fail.
-func (s *Store) runMany(ctx context.Context, script, many *redis.Script, calls []scriptCall, out []*redis.Cmd) {
+func (s *Store) runMany(ctx context.Context, calls []scriptCall, out []*redis.Cmd) {
 	if _, oneServer := s.c.(*redis.Client); oneServer {
-		s.runBatchScript(ctx, many, calls, out)
+		s.runBatchScript(ctx, calls, out)
 		return
 	}
 	// A Cluster, or a client that shards keys itself (a Ring): a script may
@@ -73,7 +87,7 @@ func (s *Store) runMany(ctx context.Context, script, many *redis.Script, calls [
 	cc, cluster := s.c.(*redis.ClusterClient)
 	switch {
 	case !cluster || s.waitReplicas == 0:
-		s.runPipeline(ctx, s.c, script, calls, indexes(len(calls)), out)
+		s.runPipeline(ctx, s.c, calls, indexes(len(calls)), out)
 	default:
 		byMaster := map[*redis.Client][]int{}
 		for i, c := range calls {
@@ -90,7 +104,7 @@ func (s *Store) runMany(ctx context.Context, script, many *redis.Script, calls [
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				s.runPipeline(ctx, m, script, calls, idx, out)
+				s.runPipeline(ctx, m, calls, idx, out)
 			}()
 		}
 		wg.Wait()
@@ -105,15 +119,16 @@ func (s *Store) runMany(ctx context.Context, script, many *redis.Script, calls [
 	}
 }
 
-// runBatchScript runs calls as one run of many (see runMany) and hands each
-// call its element of the answer.
-func (s *Store) runBatchScript(ctx context.Context, many *redis.Script, calls []scriptCall, out []*redis.Cmd) {
+// runBatchScript runs calls as one run of the batch script (see runMany)
+// and hands each call its element of the answer.
+func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []*redis.Cmd) {
 	keys := make([]string, 0, len(calls)*len(calls[0].keys))
-	args := make([]any, 0, len(calls)*len(calls[0].args))
+	args := make([]any, 0, len(calls)*(1+len(calls[0].args)))
 	for _, c := range calls {
 		keys = append(keys, c.keys...)
-		args = append(args, c.args...)
+		args = append(append(args, c.kind), c.args...)
 	}
+	many := s.batchScript
 	var cmd, wait *redis.Cmd
 	for try := 0; ; try++ {
 		run := many.EvalSha
@@ -152,15 +167,15 @@ func (s *Store) runBatchScript(ctx context.Context, many *redis.Script, calls []
 }
 
 // runPipeline sends the calls at idx through node (see runMany).
-func (s *Store) runPipeline(ctx context.Context, node redis.Cmdable, script *redis.Script, calls []scriptCall, idx []int, out []*redis.Cmd) {
+func (s *Store) runPipeline(ctx context.Context, node redis.Cmdable, calls []scriptCall, idx []int, out []*redis.Cmd) {
 	pending := idx
 	for try := 0; ; try++ {
 		pipe := node.Pipeline()
 		for _, i := range pending {
 			if try == 0 {
-				out[i] = script.EvalSha(ctx, pipe, calls[i].keys, calls[i].args...)
+				out[i] = calls[i].one.EvalSha(ctx, pipe, calls[i].keys, calls[i].args...)
 			} else {
-				out[i] = script.Eval(ctx, pipe, calls[i].keys, calls[i].args...) // with its source
+				out[i] = calls[i].one.Eval(ctx, pipe, calls[i].keys, calls[i].args...) // with its source
 			}
 		}
 		var wait *redis.Cmd
@@ -217,8 +232,8 @@ func (s *Store) checkWait(wait *redis.Cmd, out []*redis.Cmd, sent, again []int) 
 // CoalesceStats returns how many shared round trips (pipelines) the store
 // sent and how many calls they carried (zeros when not coalesced).
 func (s *Store) CoalesceStats() (trips, calls int64) {
-	if s.acquires == nil {
+	if s.calls == nil {
 		return 0, 0
 	}
-	return coalesce.Sum(s.acquires, s.owneds)
+	return s.calls.Stats()
 }

@@ -8,11 +8,9 @@ func DecodeRecord(v string) (idem.Record, bool) { return decodeRecord("", v) }
 // EncodeFingerprint is the fingerprint as the scripts compare it.
 func EncodeFingerprint(fp string) string { return encodeFingerprint(fp) }
 
-// The batch forms of the scripts (five arguments per key), for the tests.
-var (
-	AcquireManyScript = acquireManyLua
-	OwnedManyScript   = ownedManyLua
-)
+// BatchScript is the script of a coalesced batch: per key its kind ("a"
+// acquire, "o" heartbeat or settle) and that transition's five arguments.
+var BatchScript = batchLua
 
 // The bucketed scripts (Config.Buckets): keys the record's own and its
 // bucket, the field first among the arguments.

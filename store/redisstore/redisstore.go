@@ -40,21 +40,21 @@ var ownedBody string
 var bucketLua string
 
 // Each script is the record encoding's functions, a transition's function,
-// then a tail that calls it: once (a lone call), or once per call of a
-// coalesced batch, each call under pcall so an error answers its own call
-// only. A call is one key and five arguments, or with buckets (bucket.lua)
-// two keys (the record's own and its bucket's) and six arguments (its field
-// first).
+// then a tail that calls it once (a lone call). A coalesced batch is one run
+// of the batch script, which holds both transitions and calls one per call
+// of the batch, each under pcall so an error answers its own call only
+// (batchTail). A call is one key and five arguments, or with buckets
+// (bucket.lua) two keys (the record's own and its bucket's) and six
+// arguments (its field first); in a batch each call's arguments start with
+// its kind: acquireKind or ownedKind.
 var (
-	acquireLua     = recordLua + acquireBody + clockLua + oneTail("acquire", acquireArgs, plainCall)
-	ownedLua       = recordLua + ownedBody + clockLua + oneTail("owned", ownedArgs, plainCall)
-	acquireManyLua = recordLua + acquireBody + clockLua + manyTail("acquire", acquireArgs, plainCall)
-	ownedManyLua   = recordLua + ownedBody + clockLua + manyTail("owned", ownedArgs, plainCall)
+	acquireLua = recordLua + acquireBody + clockLua + oneTail("acquire", acquireArgs, plainCall)
+	ownedLua   = recordLua + ownedBody + clockLua + oneTail("owned", ownedArgs, plainCall)
+	batchLua   = recordLua + acquireBody + ownedBody + clockLua + batchTail(plainCall)
 
-	bucketAcquireLua     = recordLua + bucketLua + acquireBody + clockLua + oneTail("acquire", acquireArgs, bucketCall)
-	bucketOwnedLua       = recordLua + bucketLua + ownedBody + clockLua + oneTail("owned", ownedArgs, bucketCall)
-	bucketAcquireManyLua = recordLua + bucketLua + acquireBody + clockLua + manyTail("acquire", acquireArgs, bucketCall)
-	bucketOwnedManyLua   = recordLua + bucketLua + ownedBody + clockLua + manyTail("owned", ownedArgs, bucketCall)
+	bucketAcquireLua = recordLua + bucketLua + acquireBody + clockLua + oneTail("acquire", acquireArgs, bucketCall)
+	bucketOwnedLua   = recordLua + bucketLua + ownedBody + clockLua + oneTail("owned", ownedArgs, bucketCall)
+	bucketBatchLua   = recordLua + bucketLua + acquireBody + ownedBody + clockLua + batchTail(bucketCall)
 )
 
 // clockLua reads the server's time once per script: now in ms, floor (the
@@ -72,23 +72,38 @@ const (
 )
 
 // callShape says where the i-th call of a script finds its keys and
-// arguments: keys per call, the location its function gets, and j.
-type callShape struct{ keys, loc, j string }
+// arguments: keys per call, the location its function gets, and j (the
+// index of its first argument less one), alone and in a batch (kind: the
+// index of its kind, loc and j shifted past it).
+type callShape struct{ keys, loc, j, kind, batchLoc, batchJ string }
 
 var (
-	plainCall  = callShape{keys: "1", loc: "KEYS[i]", j: "(i - 1) * 5"}
-	bucketCall = callShape{keys: "2", loc: "{s = KEYS[2 * i - 1], b = KEYS[2 * i], f = ARGV[(i - 1) * 6 + 1]}", j: "(i - 1) * 6 + 1"}
+	plainCall = callShape{keys: "1", loc: "KEYS[i]", j: "(i - 1) * 5",
+		kind: "(i - 1) * 6 + 1", batchLoc: "KEYS[i]", batchJ: "(i - 1) * 6 + 1"}
+	bucketCall = callShape{keys: "2", loc: "{s = KEYS[2 * i - 1], b = KEYS[2 * i], f = ARGV[(i - 1) * 6 + 1]}", j: "(i - 1) * 6 + 1",
+		kind: "(i - 1) * 7 + 1", batchLoc: "{s = KEYS[2 * i - 1], b = KEYS[2 * i], f = ARGV[(i - 1) * 7 + 2]}", batchJ: "(i - 1) * 7 + 2"}
+)
+
+// The kinds of call a batch carries, each call's first argument there.
+const (
+	acquireKind = "a"
+	ownedKind   = "o"
 )
 
 func oneTail(fn, args string, c callShape) string {
 	return "local i = 1\nlocal j = " + c.j + "\nreturn " + fn + "(" + c.loc + ", " + args + ")\n"
 }
 
-func manyTail(fn, args string, c callShape) string {
+func batchTail(c callShape) string {
 	return `local out = {}
 for i = 1, #KEYS / ` + c.keys + ` do
-  local j = ` + c.j + `
-  local ok, v = pcall(` + fn + `, ` + c.loc + `, ` + args + `)
+  local j = ` + c.batchJ + `
+  local ok, v
+  if ARGV[` + c.kind + `] == '` + acquireKind + `' then
+    ok, v = pcall(acquire, ` + c.batchLoc + `, ` + acquireArgs + `)
+  else
+    ok, v = pcall(owned, ` + c.batchLoc + `, ` + ownedArgs + `)
+  end
   if not ok and type(v) ~= 'table' then v = {err = tostring(v)} end
   out[i] = v
 end
@@ -97,15 +112,13 @@ return out
 }
 
 var (
-	acquireScript     = redis.NewScript(acquireLua)
-	ownedScript       = redis.NewScript(ownedLua)
-	acquireManyScript = redis.NewScript(acquireManyLua)
-	ownedManyScript   = redis.NewScript(ownedManyLua)
+	acquireScript = redis.NewScript(acquireLua)
+	ownedScript   = redis.NewScript(ownedLua)
+	batchScript   = redis.NewScript(batchLua)
 
-	bucketAcquireScript     = redis.NewScript(bucketAcquireLua)
-	bucketOwnedScript       = redis.NewScript(bucketOwnedLua)
-	bucketAcquireManyScript = redis.NewScript(bucketAcquireManyLua)
-	bucketOwnedManyScript   = redis.NewScript(bucketOwnedManyLua)
+	bucketAcquireScript = redis.NewScript(bucketAcquireLua)
+	bucketOwnedScript   = redis.NewScript(bucketOwnedLua)
+	bucketBatchScript   = redis.NewScript(bucketBatchLua)
 	// peekScript reads a record of a bucketed store: KEYS its own key and
 	// its bucket, ARGV[1] its field. It answers the bucket's value (false
 	// when past its expiry), else what the own key holds: a string, or a
@@ -158,11 +171,12 @@ type Config struct {
 	// WaitTimeout bounds each WAIT. Defaults to 1s.
 	WaitTimeout time.Duration
 	// NoCoalesce sends every call's script alone. By default, calls that
-	// arrive while earlier ones are in flight share the next round trip: one
-	// pipeline of their scripts (on a Cluster, one per node), each script
-	// deciding its own key as it would alone. A call that finds the store
-	// idle is sent at once. With WaitReplicas, each pipeline ends with its
-	// WAIT (on a Cluster, one pipeline per master).
+	// arrive while earlier ones are in flight share the next round trip,
+	// acquisitions and settles alike: on one server one run of the batch
+	// script, on a Cluster one pipeline of their scripts per node, each
+	// call deciding its own key as it would alone. A call that finds the
+	// store idle is sent at once. With WaitReplicas, each round trip ends
+	// with its WAIT (on a Cluster, one pipeline per master).
 	NoCoalesce bool
 	// Buckets > 0 keeps records in hashes, many records per hash (its
 	// bucket), instead of a key per record: a completed record with a
@@ -219,9 +233,8 @@ type Store struct {
 
 	bucketsPerSlot int // 0: a key per record
 
-	acquireScript, ownedScript *redis.Script
-	acquires                   *coalesce.Group[scriptCall, *redis.Cmd] // nil: not coalesced
-	owneds                     *coalesce.Group[scriptCall, *redis.Cmd]
+	acquireScript, ownedScript, batchScript *redis.Script
+	calls                                   *coalesce.Group[scriptCall, *redis.Cmd] // nil: not coalesced
 }
 
 // nonce returns 10 bytes unique to one call of this Store: its random
@@ -270,15 +283,12 @@ func New(cfg Config) (*Store, error) {
 	if _, err := rand.Read(s.process[:]); err != nil {
 		return nil, fmt.Errorf("idem/redisstore: %w", err)
 	}
-	acquireMany, ownedMany := acquireManyScript, ownedManyScript
-	s.acquireScript, s.ownedScript = acquireScript, ownedScript
+	s.acquireScript, s.ownedScript, s.batchScript = acquireScript, ownedScript, batchScript
 	if s.bucketsPerSlot > 0 {
-		acquireMany, ownedMany = bucketAcquireManyScript, bucketOwnedManyScript
-		s.acquireScript, s.ownedScript = bucketAcquireScript, bucketOwnedScript
+		s.acquireScript, s.ownedScript, s.batchScript = bucketAcquireScript, bucketOwnedScript, bucketBatchScript
 	}
 	if !cfg.NoCoalesce {
-		s.acquires = s.newGroup(s.acquireScript, acquireMany)
-		s.owneds = s.newGroup(s.ownedScript, ownedMany)
+		s.calls = s.newGroup()
 	}
 	return s, nil
 }
@@ -636,14 +646,14 @@ func (s *Store) locate(key string) (keys []string, field string) {
 // transition runs script (a transition) for key's record with args[1:],
 // through group; args[0] is a place for the field, which the bucketed
 // scripts take first.
-func (s *Store) transition(ctx context.Context, group *coalesce.Group[scriptCall, *redis.Cmd], script *redis.Script, key string, args ...any) *redis.Cmd {
+func (s *Store) transition(ctx context.Context, kind string, script *redis.Script, key string, args ...any) *redis.Cmd {
 	keys, field := s.locate(key)
 	if len(keys) > 1 {
 		args[0] = field
 	} else {
 		args = args[1:]
 	}
-	return s.call(ctx, group, script, keys, args...)
+	return s.call(ctx, scriptCall{one: script, kind: kind, keys: keys, args: args})
 }
 
 // Acquire implements idem.Store with one script.
@@ -654,7 +664,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := ctx.Err(); err != nil {
 		return idem.Acquisition{}, err
 	}
-	v, err := s.transition(ctx, s.acquires, s.acquireScript, req.Key, nil, encodeFingerprint(req.Fingerprint),
+	v, err := s.transition(ctx, acquireKind, s.acquireScript, req.Key, nil, encodeFingerprint(req.Fingerprint),
 		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts, s.nonce()).Slice()
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
@@ -678,7 +688,7 @@ func (s *Store) owned(ctx context.Context, op, code string, key string, fence ui
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := s.transition(ctx, s.owneds, s.ownedScript, key, nil, code, fence, ms, result, s.nonce()).Int()
+	n, err := s.transition(ctx, ownedKind, s.ownedScript, key, nil, code, fence, ms, result, s.nonce()).Int()
 	if err != nil {
 		return wrap(op, err)
 	}
@@ -919,9 +929,8 @@ func (s *Store) Close() error {
 	if !s.close {
 		return nil
 	}
-	if s.acquires != nil {
-		s.acquires.Wait()
-		s.owneds.Wait()
+	if s.calls != nil {
+		s.calls.Wait()
 	}
 	return s.c.Close()
 }
