@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -27,10 +28,11 @@ func TestBatchScripts(t *testing.T) {
 		t.Fatal(err)
 	}
 	acquire := func() []any {
-		v, err := c.Eval(ctx, redisstore.BatchScript, []string{a, held, b},
-			"a", fp, 60000, 3600000, 0, "n-a",
-			"a", fp, 60000, 3600000, 0, "n-held",
-			"a", fp, 60000, 3600000, 0, "n-b").Slice()
+		var calls []byte
+		for _, nonce := range []string{"n-a", "n-held", "n-b"} {
+			calls = redisstore.PackAcquire(calls, fp, 60000, 3600000, 0, nonce)
+		}
+		v, err := c.Eval(ctx, redisstore.BatchScript, []string{a, held, b}, calls).Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,14 +61,14 @@ func TestBatchScripts(t *testing.T) {
 	// server's time in µs, at least the fences before): one error, the
 	// rest answered in order, each seeing the calls before it.
 	c1, c2 := s.KeyName("c1"), s.KeyName("c2")
-	v, err := c.Eval(ctx, redisstore.BatchScript, []string{a, held, b, b, b, c1, c2},
-		"o", "c", fences[0], 3600000, "done-a", "s-a",
-		"o", "?", fences[1], 3600000, "", "s-held",
-		"o", "c", fences[2]-1, 3600000, "stale", "s-b1",
-		"o", "c", fences[2], 3600000, "done-b", "s-b2",
-		"a", fp, 60000, 3600000, 0, "n-b2",
-		"a", fp, 60000, 3600000, 0, "n-c1",
-		"o", "c", fences[2], 3600000, "never", "s-c2").Slice()
+	calls := redisstore.PackOwned(nil, "c", fences[0], 3600000, []byte("done-a"), "s-a")
+	calls = redisstore.PackOwned(calls, "?", fences[1], 3600000, []byte(""), "s-held")
+	calls = redisstore.PackOwned(calls, "c", fences[2]-1, 3600000, []byte("stale"), "s-b1")
+	calls = redisstore.PackOwned(calls, "c", fences[2], 3600000, []byte("done-b"), "s-b2")
+	calls = redisstore.PackAcquire(calls, fp, 60000, 3600000, 0, "n-b2")
+	calls = redisstore.PackAcquire(calls, fp, 60000, 3600000, 0, "n-c1")
+	calls = redisstore.PackOwned(calls, "c", fences[2], 3600000, []byte("never"), "s-c2")
+	v, err := c.Eval(ctx, redisstore.BatchScript, []string{a, held, b, b, b, c1, c2}, calls).Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,5 +94,72 @@ func TestBatchScripts(t *testing.T) {
 	}
 	if rec, err := s.Get(ctx, "held"); err != nil || rec.State != idem.StateInFlight {
 		t.Fatalf("held after an erring settle: %+v %v, want still in flight", rec, err)
+	}
+}
+
+// TestConcurrentLifecyclesShareRoundTrips: 32 workers run lifecycles on one
+// store, a key per record and in buckets; their calls travel in batches
+// (acquisitions and settles packed in one argument, fields included), and
+// every record ends completed with its own result.
+func TestConcurrentLifecyclesShareRoundTrips(t *testing.T) {
+	for _, buckets := range []int{0, 64} {
+		t.Run(fmt.Sprintf("buckets=%d", buckets), func(t *testing.T) {
+			s := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: buckets})
+			ctx := context.Background()
+			const workers, each = 32, 40
+			errs := make(chan error, workers)
+			for w := range workers {
+				go func() {
+					for i := range each {
+						key := fmt.Sprintf("w%d-%d", w, i)
+						a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: "fp-" + key, Lease: time.Minute, Retention: time.Hour})
+						if err == nil && a.Outcome != idem.Acquired {
+							err = fmt.Errorf("%s: %v", key, a.Outcome)
+						}
+						if err == nil {
+							err = s.Complete(ctx, key, a.Fence, []byte("result of "+key), time.Hour)
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+					}
+					errs <- nil
+				}()
+			}
+			for range workers {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			for w := range workers {
+				for i := range each {
+					key := fmt.Sprintf("w%d-%d", w, i)
+					rec, err := s.Get(ctx, key)
+					if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "result of "+key {
+						t.Fatalf("%s: %+v %v", key, rec, err)
+					}
+				}
+			}
+			if trips, calls := s.CoalesceStats(); trips == 0 || calls < 2*trips {
+				t.Fatalf("%d shared round trips carrying %d calls: no batches formed", trips, calls)
+			}
+		})
+	}
+}
+
+// TestPackAllocations: packing a call into a batch's argument allocates
+// nothing once the buffer has room (the batch allocates it once).
+func TestPackAllocations(t *testing.T) {
+	if raceDetector {
+		t.Skip("the race detector allocates")
+	}
+	buf := make([]byte, 0, 512)
+	fp, result := redisstore.EncodeFingerprint("0123456789abcdef0123456789abcdef"), []byte(`{"status":"ok"}`)
+	if n := testing.AllocsPerRun(100, func() {
+		buf = redisstore.PackAcquire(buf[:0], fp, 60000, 3600000, 3, "0123456789")
+		buf = redisstore.PackOwned(buf, "c", 1764557123456789, 3600000, result, "0123456789")
+	}); n != 0 {
+		t.Fatalf("%v allocations to pack two calls, want 0", n)
 	}
 }

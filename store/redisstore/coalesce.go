@@ -2,7 +2,9 @@ package redisstore
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -31,13 +33,68 @@ const (
 	minBatch     = 8
 )
 
-// scriptCall is one transition: the script that runs it alone, its kind in
-// a batch (acquireKind or ownedKind), its keys and arguments.
+// scriptCall is one transition of one record: the script that runs it
+// alone, the record's keys (and with buckets its field) and the
+// transition's arguments, typed: a lone call sends them as its script's
+// ARGV (args), a batch packs every call's into its one argument
+// (appendPacked).
 type scriptCall struct {
-	one  *redis.Script
-	kind string
-	keys []string
-	args []any
+	one     *redis.Script
+	keys    []string
+	field   string
+	nonce   [10]byte
+	acquire bool
+	// An acquisition's.
+	fp          string
+	lease, keep int64
+	maxAttempts int
+	// A heartbeat's or a settle's.
+	op     string
+	fence  uint64
+	ms     int64
+	result []byte
+}
+
+// args returns the call's ARGV for its script alone: with buckets the
+// field first, then the transition's five arguments.
+func (c *scriptCall) args() []any {
+	a := make([]any, 0, 6)
+	if len(c.keys) > 1 {
+		a = append(a, c.field)
+	}
+	nonce := string(c.nonce[:])
+	if c.acquire {
+		return append(a, c.fp, c.lease, c.keep, c.maxAttempts, nonce)
+	}
+	return append(a, c.op, c.fence, c.ms, c.result, nonce)
+}
+
+// appendPacked appends the call as the batch script reads it (batchTail):
+// 'a', I4 field length, field, I4 fingerprint length, fingerprint, i8
+// lease, i8 retention, i8 max attempts, c10 nonce; or 'o', I4 field
+// length, field, c1 op, B fence length, the fence in decimal (compared as
+// written, like a lone call's), i8 ms, I4 result length, result, c10
+// nonce. Big-endian.
+func (c *scriptCall) appendPacked(b []byte) []byte {
+	str := func(b []byte, s string) []byte {
+		return append(binary.BigEndian.AppendUint32(b, uint32(len(s))), s...)
+	}
+	if c.acquire {
+		b = str(append(b, 'a'), c.field)
+		b = str(b, c.fp)
+		b = binary.BigEndian.AppendUint64(b, uint64(c.lease))
+		b = binary.BigEndian.AppendUint64(b, uint64(c.keep))
+		b = binary.BigEndian.AppendUint64(b, uint64(int64(c.maxAttempts)))
+		return append(b, c.nonce[:]...)
+	}
+	b = str(append(b, 'o'), c.field)
+	b = append(b, c.op[0])
+	at := len(b)
+	b = strconv.AppendUint(append(b, 0), c.fence, 10)
+	b[at] = byte(len(b) - at - 1)
+	b = binary.BigEndian.AppendUint64(b, uint64(c.ms))
+	b = append(binary.BigEndian.AppendUint32(b, uint32(len(c.result))), c.result...)
+	return append(b, c.nonce[:]...)
 }
 
 // newGroup coalesces the store's transitions, acquisitions and settles
@@ -46,7 +103,7 @@ func (s *Store) newGroup() *coalesce.Group[scriptCall, *redis.Cmd] {
 	return coalesce.New(coalesce.Config[scriptCall]{
 		MaxBatch: maxBatch, MaxInFlight: maxInFlight, LoneInFlight: loneInFlight, MinBatch: minBatch},
 		func(ctx context.Context, c scriptCall) (*redis.Cmd, error) {
-			return s.run(ctx, c.one, c.keys, c.args...), nil
+			return s.run(ctx, c.one, c.keys, c.args()...), nil
 		},
 		func(ctx context.Context, calls []scriptCall, out []*redis.Cmd, _ []error) {
 			s.runMany(ctx, calls, out)
@@ -56,7 +113,7 @@ func (s *Store) newGroup() *coalesce.Group[scriptCall, *redis.Cmd] {
 // call runs c through the store's group (alone when not coalesced).
 func (s *Store) call(ctx context.Context, c scriptCall) *redis.Cmd {
 	if s.calls == nil {
-		return s.run(ctx, c.one, c.keys, c.args...)
+		return s.run(ctx, c.one, c.keys, c.args()...)
 	}
 	cmd, err := s.calls.Do(ctx, c)
 	if err != nil { // the caller's context ended while the call waited
@@ -123,11 +180,12 @@ func (s *Store) runMany(ctx context.Context, calls []scriptCall, out []*redis.Cm
 // and hands each call its element of the answer.
 func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []*redis.Cmd) {
 	keys := make([]string, 0, len(calls)*len(calls[0].keys))
-	args := make([]any, 0, len(calls)*(1+len(calls[0].args)))
-	for _, c := range calls {
-		keys = append(keys, c.keys...)
-		args = append(append(args, c.kind), c.args...)
+	packed := make([]byte, 0, len(calls)*(64+len(calls[0].fp)+len(calls[0].result)))
+	for i := range calls {
+		keys = append(keys, calls[i].keys...)
+		packed = calls[i].appendPacked(packed)
 	}
+	args := []any{packed}
 	many := s.batchScript
 	var cmd, wait *redis.Cmd
 	for try := 0; ; try++ {
@@ -173,9 +231,9 @@ func (s *Store) runPipeline(ctx context.Context, node redis.Cmdable, calls []scr
 		pipe := node.Pipeline()
 		for _, i := range pending {
 			if try == 0 {
-				out[i] = calls[i].one.EvalSha(ctx, pipe, calls[i].keys, calls[i].args...)
+				out[i] = calls[i].one.EvalSha(ctx, pipe, calls[i].keys, calls[i].args()...)
 			} else {
-				out[i] = calls[i].one.Eval(ctx, pipe, calls[i].keys, calls[i].args...) // with its source
+				out[i] = calls[i].one.Eval(ctx, pipe, calls[i].keys, calls[i].args()...) // with its source
 			}
 		}
 		var wait *redis.Cmd

@@ -8,9 +8,23 @@ func DecodeRecord(v string) (idem.Record, bool) { return decodeRecord("", v) }
 // EncodeFingerprint is the fingerprint as the scripts compare it.
 func EncodeFingerprint(fp string) string { return encodeFingerprint(fp) }
 
-// BatchScript is the script of a coalesced batch: per key its kind ("a"
-// acquire, "o" heartbeat or settle) and that transition's five arguments.
+// BatchScript is the script of a coalesced batch (a key per call, the
+// calls packed in its one argument by PackAcquire and PackOwned).
 var BatchScript = batchLua
+
+// PackAcquire and PackOwned append a call as BatchScript reads it (a key
+// per record, no field).
+func PackAcquire(b []byte, fp string, lease, keep int64, maxAttempts int, nonce string) []byte {
+	c := scriptCall{acquire: true, fp: fp, lease: lease, keep: keep, maxAttempts: maxAttempts}
+	copy(c.nonce[:], nonce)
+	return c.appendPacked(b)
+}
+
+func PackOwned(b []byte, op string, fence uint64, ms int64, result []byte, nonce string) []byte {
+	c := scriptCall{op: op, fence: fence, ms: ms, result: result}
+	copy(c.nonce[:], nonce)
+	return c.appendPacked(b)
+}
 
 // The bucketed scripts (Config.Buckets): keys the record's own and its
 // bucket, the field first among the arguments.

@@ -45,8 +45,8 @@ var bucketLua string
 // of the batch, each under pcall so an error answers its own call only
 // (batchTail). A call is one key and five arguments, or with buckets
 // (bucket.lua) two keys (the record's own and its bucket's) and six
-// arguments (its field first); in a batch each call's arguments start with
-// its kind: acquireKind or ownedKind.
+// arguments (its field first); a batch's calls are packed in its one
+// argument (scriptCall.appendPacked).
 var (
 	acquireLua = recordLua + acquireBody + clockLua + oneTail("acquire", acquireArgs, plainCall)
 	ownedLua   = recordLua + ownedBody + clockLua + oneTail("owned", ownedArgs, plainCall)
@@ -73,36 +73,34 @@ const (
 
 // callShape says where the i-th call of a script finds its keys and
 // arguments: keys per call, the location its function gets, and j (the
-// index of its first argument less one), alone and in a batch (kind: the
-// index of its kind, loc and j shifted past it).
-type callShape struct{ keys, loc, j, kind, batchLoc, batchJ string }
+// index of its first argument less one); in a batch, batchLoc is the
+// location, f the field read from the packed argument.
+type callShape struct{ keys, loc, j, batchLoc string }
 
 var (
-	plainCall = callShape{keys: "1", loc: "KEYS[i]", j: "(i - 1) * 5",
-		kind: "(i - 1) * 6 + 1", batchLoc: "KEYS[i]", batchJ: "(i - 1) * 6 + 1"}
+	plainCall  = callShape{keys: "1", loc: "KEYS[i]", j: "(i - 1) * 5", batchLoc: "KEYS[i]"}
 	bucketCall = callShape{keys: "2", loc: "{s = KEYS[2 * i - 1], b = KEYS[2 * i], f = ARGV[(i - 1) * 6 + 1]}", j: "(i - 1) * 6 + 1",
-		kind: "(i - 1) * 7 + 1", batchLoc: "{s = KEYS[2 * i - 1], b = KEYS[2 * i], f = ARGV[(i - 1) * 7 + 2]}", batchJ: "(i - 1) * 7 + 2"}
-)
-
-// The kinds of call a batch carries, each call's first argument there.
-const (
-	acquireKind = "a"
-	ownedKind   = "o"
+		batchLoc: "{s = KEYS[2 * i - 1], b = KEYS[2 * i], f = f}"}
 )
 
 func oneTail(fn, args string, c callShape) string {
 	return "local i = 1\nlocal j = " + c.j + "\nreturn " + fn + "(" + c.loc + ", " + args + ")\n"
 }
 
+// batchTail runs the calls packed in ARGV[1] (scriptCall.appendPacked) in
+// order, each on its keys.
 func batchTail(c callShape) string {
-	return `local out = {}
+	return `local out, packed, pos = {}, ARGV[1], 1
 for i = 1, #KEYS / ` + c.keys + ` do
-  local j = ` + c.batchJ + `
-  local ok, v
-  if ARGV[` + c.kind + `] == '` + acquireKind + `' then
-    ok, v = pcall(acquire, ` + c.batchLoc + `, ` + acquireArgs + `)
+  local ok, v, f
+  if string.byte(packed, pos) == 97 then
+    local fp, lease, keep, maxa, nonce
+    f, fp, lease, keep, maxa, nonce, pos = struct.unpack('>I4c0I4c0i8i8i8c10', packed, pos + 1)
+    ok, v = pcall(acquire, ` + c.batchLoc + `, fp, lease, keep, maxa, nonce, now, floor)
   else
-    ok, v = pcall(owned, ` + c.batchLoc + `, ` + ownedArgs + `)
+    local op, fence, ms, result, nonce
+    f, op, fence, ms, result, nonce, pos = struct.unpack('>I4c0c1Bc0i8I4c0c10', packed, pos + 1)
+    ok, v = pcall(owned, ` + c.batchLoc + `, op, fence, ms, result, nonce, now)
   end
   if not ok and type(v) ~= 'table' then v = {err = tostring(v)} end
   out[i] = v
@@ -240,11 +238,10 @@ type Store struct {
 // nonce returns 10 bytes unique to one call of this Store: its random
 // process id and a counter (unique for 2^32 calls, and it matters only
 // between the runs of one call on one record).
-func (s *Store) nonce() string {
-	var b [10]byte
+func (s *Store) nonce() (b [10]byte) {
 	copy(b[:], s.process[:])
 	binary.BigEndian.PutUint32(b[6:], s.nonces.Add(1))
-	return string(b[:])
+	return b
 }
 
 // New returns a store on cfg.Client.
@@ -643,17 +640,12 @@ func (s *Store) locate(key string) (keys []string, field string) {
 	return []string{name, bucket}, field
 }
 
-// transition runs script (a transition) for key's record with args[1:],
-// through group; args[0] is a place for the field, which the bucketed
-// scripts take first.
-func (s *Store) transition(ctx context.Context, kind string, script *redis.Script, key string, args ...any) *redis.Cmd {
-	keys, field := s.locate(key)
-	if len(keys) > 1 {
-		args[0] = field
-	} else {
-		args = args[1:]
-	}
-	return s.call(ctx, scriptCall{one: script, kind: kind, keys: keys, args: args})
+// transition runs c (a transition of key's record, its arguments set) on
+// the record, through the store's group.
+func (s *Store) transition(ctx context.Context, key string, c scriptCall) *redis.Cmd {
+	c.keys, c.field = s.locate(key)
+	c.nonce = s.nonce()
+	return s.call(ctx, c)
 }
 
 // Acquire implements idem.Store with one script.
@@ -664,8 +656,8 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := ctx.Err(); err != nil {
 		return idem.Acquisition{}, err
 	}
-	v, err := s.transition(ctx, acquireKind, s.acquireScript, req.Key, nil, encodeFingerprint(req.Fingerprint),
-		req.Lease.Milliseconds(), max(req.Retention, req.Lease).Milliseconds(), req.MaxAttempts, s.nonce()).Slice()
+	v, err := s.transition(ctx, req.Key, scriptCall{one: s.acquireScript, acquire: true, fp: encodeFingerprint(req.Fingerprint),
+		lease: req.Lease.Milliseconds(), keep: max(req.Retention, req.Lease).Milliseconds(), maxAttempts: req.MaxAttempts}).Slice()
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
 	}
@@ -688,7 +680,7 @@ func (s *Store) owned(ctx context.Context, op, code string, key string, fence ui
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := s.transition(ctx, ownedKind, s.ownedScript, key, nil, code, fence, ms, result, s.nonce()).Int()
+	n, err := s.transition(ctx, key, scriptCall{one: s.ownedScript, op: code, fence: fence, ms: ms, result: result}).Int()
 	if err != nil {
 		return wrap(op, err)
 	}
