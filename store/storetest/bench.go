@@ -13,33 +13,15 @@ import (
 // Bench runs the shared benchmarks on a store from newStore:
 //
 //   - Lifecycle: acquire a fresh key and complete it (two transitions);
+//   - Lifecycle32: the same from 32 goroutines (16 per -cpu), where a
+//     coalescing store shares round trips;
 //   - Replay: acquire a completed key (one transition, the duplicate path);
 //   - HotKey: every goroutine acquires the same in-flight key (contention).
 //
 // Each runs with b.RunParallel, so -cpu sets the concurrency.
 func Bench(b *testing.B, newStore NewStore) {
-	b.Run("Lifecycle", func(b *testing.B) {
-		s := newStore(b)
-		var seq atomic.Uint64
-		result := []byte(`{"ok":true}`)
-		b.ReportAllocs()
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			ctx := context.Background()
-			buf := make([]byte, 0, 32)
-			for pb.Next() {
-				buf = strconv.AppendUint(append(buf[:0], "life-"...), seq.Add(1), 10)
-				key := string(buf)
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
-				if err != nil || a.Outcome != idem.Acquired {
-					b.Fatalf("acquire: %v %v", a.Outcome, err)
-				}
-				if err := s.Complete(ctx, key, a.Fence, result, time.Hour); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	})
+	b.Run("Lifecycle", func(b *testing.B) { benchLifecycle(b, newStore, 1) })
+	b.Run("Lifecycle32", func(b *testing.B) { benchLifecycle(b, newStore, 16) })
 	b.Run("Replay", func(b *testing.B) {
 		s := newStore(b)
 		ctx := context.Background()
@@ -84,5 +66,31 @@ func Bench(b *testing.B, newStore NewStore) {
 				}
 			}
 		})
+	})
+}
+
+// benchLifecycle runs lifecycles of fresh keys from parallelism goroutines
+// per -cpu.
+func benchLifecycle(b *testing.B, newStore NewStore, parallelism int) {
+	s := newStore(b)
+	var seq atomic.Uint64
+	result := []byte(`{"ok":true}`)
+	b.ReportAllocs()
+	b.SetParallelism(parallelism)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		buf := make([]byte, 0, 32)
+		for pb.Next() {
+			buf = strconv.AppendUint(append(buf[:0], "life-"...), seq.Add(1), 10)
+			key := string(buf)
+			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+			if err != nil || a.Outcome != idem.Acquired {
+				b.Fatalf("acquire: %v %v", a.Outcome, err)
+			}
+			if err := s.Complete(ctx, key, a.Fence, result, time.Hour); err != nil {
+				b.Fatal(err)
+			}
+		}
 	})
 }
