@@ -10,10 +10,11 @@
 // on a goroutine of its own (one per batch): every caller, the one whose
 // round trip ended included, returns as soon as its own answer is there.
 //
-// Under load a Group can hold lone calls back (Config.LoneInFlight and
-// MinBatch): while batches are forming anyway, a lone call would spend a
-// whole round trip on one request, so it waits for a batch instead, and
-// the queue goes out as soon as it is MinBatch long and a slot is free.
+// Under load a Group can hold lone calls back (Config.LoneInFlight,
+// LoadedAt and MinBatch): while many requests are in it, a lone call would
+// spend a whole round trip on one request, so it waits for a batch
+// instead, and the queue goes out as soon as it is MinBatch long and a
+// slot is free.
 //
 // The batch runs on a context that keeps the first member's values and is
 // cancelled only when every member's context is done: one caller giving up
@@ -46,10 +47,12 @@ type Config[Req any] struct {
 	Key func(Req) string
 	// LoneInFlight bounds, while the group is loaded, the round trips in
 	// flight beside which a call still runs alone; past it the call waits
-	// for a batch. Loaded: the recent batches (a moving average over about
-	// the last eight) carried two requests or more. Defaults to
-	// MaxInFlight: a call runs alone whenever a slot is free.
+	// for a batch. Defaults to MaxInFlight: a call runs alone whenever a
+	// slot is free.
 	LoneInFlight int
+	// LoadedAt: the group is loaded while at least this many requests are
+	// in it, queued or in flight. Defaults to 1.
+	LoadedAt int
 	// MinBatch, when set, sends the queue at once when it holds this many
 	// requests and a slot is free, instead of at the end of a round trip
 	// (which still takes whatever waits).
@@ -66,7 +69,7 @@ type Group[Req, Resp any] struct {
 	inFlight int
 	queue    []*call[Req, Resp]
 	seen     map[string]struct{} // forming a batch, under mu
-	avgBatch int                 // moving average of batch sizes, ×16 (see loaded)
+	flying   int                 // requests in the round trips in flight
 
 	batches, batched atomic.Int64
 	running          sync.WaitGroup // the goroutines running batches
@@ -103,6 +106,9 @@ func New[Req, Resp any](cfg Config[Req], one func(context.Context, Req) (Resp, e
 	if cfg.LoneInFlight <= 0 || cfg.LoneInFlight > cfg.MaxInFlight {
 		cfg.LoneInFlight = cfg.MaxInFlight
 	}
+	if cfg.LoadedAt <= 0 {
+		cfg.LoadedAt = 1
+	}
 	return &Group[Req, Resp]{one: one, batch: batch, cfg: cfg, seen: map[string]struct{}{}}
 }
 
@@ -112,8 +118,9 @@ func (g *Group[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	if g.inFlight < g.cfg.MaxInFlight && len(g.queue) == 0 &&
 		(g.inFlight < g.cfg.LoneInFlight || !g.loaded()) {
 		g.inFlight++
+		g.flying++
 		g.mu.Unlock()
-		defer g.next() // also if one panics: the slot passes on
+		defer g.next(1) // also if one panics: the slot passes on
 		return g.one(ctx, req)
 	}
 	c := &call[Req, Resp]{ctx: ctx, req: req, done: make(chan struct{}, 1)}
@@ -164,18 +171,15 @@ func (g *Group[Req, Resp]) remove(c *call[Req, Resp]) {
 	}
 }
 
-// loaded says whether batches are forming: the moving average of their
-// sizes is two requests or more. Under g.mu.
-func (g *Group[Req, Resp]) loaded() bool { return g.avgBatch >= 2*16 }
-
-// noteBatch adds a batch of n requests to the moving average (rounded up,
-// so that batches of two reach 2*16). Under g.mu.
-func (g *Group[Req, Resp]) noteBatch(n int) { g.avgBatch = (7*g.avgBatch + 16*n + 7) / 8 }
+// loaded says whether LoadedAt requests are in the group, queued or in
+// flight. Under g.mu.
+func (g *Group[Req, Resp]) loaded() bool { return g.flying+len(g.queue) >= g.cfg.LoadedAt }
 
 // next hands the slot of a finished round trip to what is waiting, or frees
 // it.
-func (g *Group[Req, Resp]) next() {
+func (g *Group[Req, Resp]) next(ended int) {
 	g.mu.Lock()
+	g.flying -= ended
 	if len(g.queue) == 0 {
 		g.inFlight--
 		g.mu.Unlock()
@@ -205,7 +209,7 @@ func (g *Group[Req, Resp]) dispatch() {
 		c.state = taken
 		batch = append(batch, c)
 	}
-	g.noteBatch(len(batch))
+	g.flying += len(batch)
 	clear(g.queue[len(rest):])
 	g.queue = rest
 	clear(g.seen)
@@ -214,7 +218,7 @@ func (g *Group[Req, Resp]) dispatch() {
 	go func() {
 		defer g.running.Done()
 		g.run(batch)
-		g.next()
+		g.next(len(batch))
 	}()
 }
 

@@ -141,17 +141,13 @@ func TestWaitingCallsShareTheNextRoundTrip(t *testing.T) {
 	}
 }
 
-// TestUnderLoadACallWaitsForABatch: while batches are forming (the group
-// is loaded) and LoneInFlight round trips are out, a call waits instead of
-// running alone, though slots are free; the queue goes out as soon as it is
-// MinBatch long, beside the round trip still in flight.
+// TestUnderLoadACallWaitsForABatch: while the group is loaded (LoadedAt
+// requests in it: here one, the call in flight) and LoneInFlight round
+// trips are out, a call waits instead of running alone, though slots are
+// free; the queue goes out as soon as it is MinBatch long, beside the round
+// trip still in flight.
 func TestUnderLoadACallWaitsForABatch(t *testing.T) {
-	e, g := newEcho(Config[string]{MaxInFlight: 4, LoneInFlight: 1, MinBatch: 2})
-	g.mu.Lock()
-	for range 8 {
-		g.noteBatch(4) // as after batches of four
-	}
-	g.mu.Unlock()
+	e, g := newEcho(Config[string]{MaxInFlight: 4, LoneInFlight: 1, MinBatch: 2, LoadedAt: 1})
 	ctx := context.Background()
 	started, release := e.hold()
 	first := make(chan string, 1)
@@ -177,12 +173,12 @@ func TestUnderLoadACallWaitsForABatch(t *testing.T) {
 	}
 }
 
-// TestUnloadedCallsRunAlone: with no batches forming, a call runs alone
-// whenever a slot is free, however many round trips are out (LoneInFlight
-// holds calls back only under load): a few callers never wait for one
-// another.
+// TestUnloadedCallsRunAlone: with fewer than LoadedAt requests in the
+// group, a call runs alone whenever a slot is free, however many round
+// trips are out (LoneInFlight holds calls back only under load): a few
+// callers never wait for one another.
 func TestUnloadedCallsRunAlone(t *testing.T) {
-	e, g := newEcho(Config[string]{MaxInFlight: 4, LoneInFlight: 1, MinBatch: 2})
+	e, g := newEcho(Config[string]{MaxInFlight: 4, LoneInFlight: 1, MinBatch: 2, LoadedAt: 3})
 	ctx := context.Background()
 	started, release := e.hold()
 	first := make(chan string, 1)
@@ -211,32 +207,6 @@ func TestUnloadedCallsRunAlone(t *testing.T) {
 	<-first
 	if len(e.batches) != 0 || len(e.singles) != 3 {
 		t.Fatalf("batches %v, singles %v; want none and three", e.batches, e.singles)
-	}
-}
-
-// TestLoadFollowsTheBatches: the group is loaded once its recent batches
-// carry two requests or more on average, and no longer once they carry one.
-func TestLoadFollowsTheBatches(t *testing.T) {
-	_, g := newEcho(Config[string]{})
-	n := 0
-	for ; !g.loaded(); n++ {
-		if n == 40 {
-			t.Fatal("batches of two never made the group loaded")
-		}
-		g.noteBatch(2)
-	}
-	for range 40 {
-		g.noteBatch(64)
-	}
-	n = 0
-	for ; g.loaded(); n++ {
-		if n == 40 {
-			t.Fatal("batches of one never ended the load")
-		}
-		g.noteBatch(1)
-	}
-	if n < 4 {
-		t.Fatalf("%d batches of one ended a load of batches of 64, want a moving average (several)", n)
 	}
 }
 

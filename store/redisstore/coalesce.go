@@ -19,17 +19,28 @@ const maxBatch = 64
 // The round trips out at once, and when a call goes alone (see
 // coalesce.Config). Redis runs one script at a time however many arrive,
 // so a batch in flight costs the server nothing while the client forms the
-// next, and a lone call under load costs it a whole round trip for one
-// call: while batches form, at most two lone calls are out, and a queue of
-// eight goes out at once if a slot is free. Measured (2 cores, 32 workers,
-// lifecycles on one Redis, 4 s runs alternating, medians of five): 4 in
-// flight, 2 alone, 8 at once made 37,800/s; 4 in flight, calls alone
-// whenever a slot was free, 31,000/s; 2 in flight, 32,900/s; a group each
-// for acquisitions and settles (before they shared one), 4 in flight,
-// 30,300/s.
+// next, and where the cores are the limit a lone call costs a whole round
+// trip for one call: while 16 calls or more are in the store, at most two
+// lone calls are out, and a queue of eight goes out at once if a slot is
+// free. With fewer calls in the store (a few callers, or a distant server
+// where each round trip is long) a call goes alone whenever one of the 8
+// slots is free, as many at once as before acquisitions and settles shared
+// one group (4 each).
+//
+// Measured on 2026-12-01, 2 cores, idem bench lifecycles, 3 s runs:
+// against Redis on the same host, 32 workers, three alternating rounds,
+// this made 27,200 / 25,800 / 25,500 lifecycles/s where the separate
+// groups made 23,700 / 29,000 / 23,400 and 4 in flight with the same hold
+// (from two batched calls on average) 30,600 / 33,800 / 28,100; through a
+// proxy that delays each direction by about a millisecond, 6 to 24 workers, this
+// matched or beat the separate groups (1,293 against 1,279 lifecycles/s at
+// 6 workers, 1,845 / 1,658 at 8, 3,169 / 3,030 at 16, 4,637 / 4,127 at
+// 24) where that faster local setting lost up to 46% (886 against 1,689
+// at 8 workers): with its 4 slots and the hold it kept too few calls out.
 const (
-	maxInFlight  = 4
+	maxInFlight  = 8
 	loneInFlight = 2
+	loadedAt     = 16
 	minBatch     = 8
 )
 
@@ -101,7 +112,7 @@ func (c *scriptCall) appendPacked(b []byte) []byte {
 // alike: a batch is one run of the batch script, which holds both.
 func (s *Store) newGroup() *coalesce.Group[scriptCall, *redis.Cmd] {
 	return coalesce.New(coalesce.Config[scriptCall]{
-		MaxBatch: maxBatch, MaxInFlight: maxInFlight, LoneInFlight: loneInFlight, MinBatch: minBatch},
+		MaxBatch: maxBatch, MaxInFlight: maxInFlight, LoneInFlight: loneInFlight, LoadedAt: loadedAt, MinBatch: minBatch},
 		func(ctx context.Context, c scriptCall) (*redis.Cmd, error) {
 			return s.run(ctx, c.one, c.keys, c.args()...), nil
 		},
