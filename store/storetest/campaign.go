@@ -78,7 +78,10 @@ type CampaignConfig struct {
 	// the cold tier — lets another caller take that claim over when the
 	// asking outlasts the request's lease, and that caller is told
 	// TakenOver although no work ran under the claim. The first caller
-	// then fails closed; only one of them owns the key.
+	// then fails closed; only one of them owns the key. Callers that come
+	// while the momentary claim stands are told InProgress (or Mismatch,
+	// for the other fingerprint), though the claim's own caller may end
+	// up answered with a replay: accepted too, as answers that run nothing.
 	TakeoverOfMomentaryClaims bool
 	// SettleExtendsLease: a Complete or Fail extends the owner's lease by up
 	// to this much before it takes effect (the tiered store does, so that no

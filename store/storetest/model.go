@@ -41,7 +41,8 @@ type opInput struct {
 	// LaxExpiry allows InProgress or Mismatch for a settled record at its
 	// expiry.
 	LaxExpiry bool `json:"-"`
-	// LaxTakeover allows TakenOver where Acquired would be (see
+	// LaxTakeover allows TakenOver where Acquired would be, and InProgress
+	// or Mismatch where no claim was handed out (see
 	// CampaignConfig.TakeoverOfMomentaryClaims).
 	LaxTakeover bool `json:"-"`
 	// SettleLease (ms): a complete or fail with an unknown result may have
@@ -177,6 +178,9 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 		if in.LaxExpiry && s.Exists && settled(s.St) && mayBeExpired(s, in) {
 			return []mstate{s} // see CampaignConfig.InProgressAtExpiry
 		}
+		if in.LaxTakeover && momentaryClaimMayStand(s, in) {
+			return []mstate{s} // see CampaignConfig.TakeoverOfMomentaryClaims
+		}
 	case idem.Replayed:
 		if presentLike(s, in) && settled(s.St) && s.FP == in.FP && out.State == s.St && out.Result == s.Result {
 			return []mstate{s}
@@ -188,8 +192,20 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 		if in.LaxExpiry && s.Exists && settled(s.St) && mayBeExpired(s, in) {
 			return []mstate{s} // see CampaignConfig.InProgressAtExpiry
 		}
+		if in.LaxTakeover && momentaryClaimMayStand(s, in) {
+			return []mstate{s} // see CampaignConfig.TakeoverOfMomentaryClaims
+		}
 	}
 	return nil
+}
+
+// momentaryClaimMayStand: where no claim was handed out (the record absent
+// or released), another caller's acquisition may hold a momentary claim
+// that its answer never shows (the tiered store claims the hot tier while
+// it asks the cold one, then answers the replay), and InProgress or
+// Mismatch may come from it: answers that run nothing and change nothing.
+func momentaryClaimMayStand(s mstate, in opInput) bool {
+	return absentLike(s, in) || (presentLike(s, in) && s.St == idem.StateReleased)
 }
 
 // stepOwned covers complete, fail, release and heartbeat.

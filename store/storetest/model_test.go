@@ -52,3 +52,48 @@ func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 		}
 	}
 }
+
+// TestInProgressFromAMomentaryClaim: the history of CI's tiered-store
+// campaign (seed 9086440848421524875, times shortened): p0's acquisition
+// claimed the hot tier and waited on the cold one through an outage;
+// meanwhile p1 was answered InProgress by that claim, took it over once
+// its lease ended and completed the key; p0 was then answered with the
+// replay. The InProgress answer follows no claim handed out, so the strict
+// model refuses the history; with TakeoverOfMomentaryClaims it is
+// accepted, as an answer that runs nothing. A Mismatch answered by a
+// momentary claim of the other fingerprint is the same case.
+func TestInProgressFromAMomentaryClaim(t *testing.T) {
+	const f2 = 1796105469720139
+	result := "c1/A/p0/f1796105469720139"
+	history := func(lax bool, fp string, seen idem.Outcome) []porcupine.Operation {
+		op := func(client int, in opInput, out opOutput) porcupine.Operation {
+			in.Key, in.LaxTakeover = "c1", lax
+			return porcupine.Operation{ClientId: client, Input: in, Call: in.Call, Output: out, Return: in.Return}
+		}
+		return []porcupine.Operation{
+			op(0, opInput{Kind: opAcquire, FP: "A", Lease: 214, Ret: 1489, Call: 0, Return: 1900},
+				opOutput{Outcome: idem.Replayed, State: idem.StateCompleted, Result: result, ExpiresAt: 3000}),
+			op(1, opInput{Kind: opAcquire, FP: fp, Lease: 392, Ret: 371, Call: 100, Return: 110},
+				opOutput{Outcome: seen, LeaseUntil: 300, ExpiresAt: 1500}),
+			op(1, opInput{Kind: opAcquire, FP: "A", Lease: 217, Ret: 988, Call: 1300, Return: 1310},
+				opOutput{Outcome: idem.TakenOver, Fence: f2, LeaseUntil: 1520, ExpiresAt: 2300}),
+			op(1, opInput{Kind: opComplete, Fence: f2, Result: result, Ret: 988, Call: 1500, Return: 1510}, opOutput{}),
+		}
+	}
+	model := recordModel.ToModel()
+	for _, c := range []struct {
+		lax  bool
+		fp   string
+		seen idem.Outcome
+		want bool // linearizable
+	}{
+		{false, "A", idem.InProgress, false},
+		{true, "A", idem.InProgress, true},
+		{true, "B", idem.Mismatch, true},
+		{true, "A", idem.Replayed, false}, // a replay before any completion
+	} {
+		if got := porcupine.CheckOperations(model, history(c.lax, c.fp, c.seen)); got != c.want {
+			t.Errorf("lax=%v, fp %s answered %v: linearizable %v, want %v", c.lax, c.fp, c.seen, got, c.want)
+		}
+	}
+}
