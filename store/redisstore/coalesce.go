@@ -225,7 +225,7 @@ func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []*r
 		if err != nil {
 			out[i].SetErr(err)
 		} else if e, ok := answers[i].(error); ok {
-			out[i].SetErr(e) // this call's own error (see manyTail)
+			out[i].SetErr(e) // this call's own error (see batchTail)
 		} else {
 			out[i].SetVal(answers[i])
 		}

@@ -21,10 +21,7 @@ func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 	const f1, f3 = 1796080027640376, 1796080027648611
 	result := "c1/A/p0/f1796080027648611"
 	history := func(lax bool, second idem.Outcome) []porcupine.Operation {
-		op := func(client int, in opInput, out opOutput) porcupine.Operation {
-			in.Key, in.LaxTakeover = "c1", lax
-			return porcupine.Operation{ClientId: client, Input: in, Call: in.Call, Output: out, Return: in.Return}
-		}
+		op := func(client int, in opInput, out opOutput) porcupine.Operation { return c1Op(client, lax, in, out) }
 		return []porcupine.Operation{
 			op(0, opInput{Kind: opAcquire, FP: "A", Lease: 104, Ret: 616, Call: 0, Return: 1100},
 				opOutput{Outcome: idem.Replayed, State: idem.StateCompleted, Result: result, ExpiresAt: 2276}),
@@ -66,10 +63,7 @@ func TestInProgressFromAMomentaryClaim(t *testing.T) {
 	const f2 = 1796105469720139
 	result := "c1/A/p0/f1796105469720139"
 	history := func(lax bool, fp string, seen idem.Outcome) []porcupine.Operation {
-		op := func(client int, in opInput, out opOutput) porcupine.Operation {
-			in.Key, in.LaxTakeover = "c1", lax
-			return porcupine.Operation{ClientId: client, Input: in, Call: in.Call, Output: out, Return: in.Return}
-		}
+		op := func(client int, in opInput, out opOutput) porcupine.Operation { return c1Op(client, lax, in, out) }
 		return []porcupine.Operation{
 			op(0, opInput{Kind: opAcquire, FP: "A", Lease: 214, Ret: 1489, Call: 0, Return: 1900},
 				opOutput{Outcome: idem.Replayed, State: idem.StateCompleted, Result: result, ExpiresAt: 3000}),
@@ -96,4 +90,10 @@ func TestInProgressFromAMomentaryClaim(t *testing.T) {
 			t.Errorf("lax=%v, fp %s answered %v: linearizable %v, want %v", c.lax, c.fp, c.seen, got, c.want)
 		}
 	}
+}
+
+// c1Op is one operation on key c1 for the model tests, at the times in in.
+func c1Op(client int, lax bool, in opInput, out opOutput) porcupine.Operation {
+	in.Key, in.LaxTakeover = "c1", lax
+	return porcupine.Operation{ClientId: client, Input: in, Call: in.Call, Output: out, Return: in.Return}
 }
