@@ -4,6 +4,12 @@
 // audit window, so a duplicate that arrives after the hot store forgot the key
 // is still caught.
 //
+// A settle that outlives its own lease extension (the owner stalled longer
+// than SettleTimeout between its archive and its hot settle, and another
+// owner took the key over) is answered ErrSettleUncertain, not
+// ErrStaleFence: its result may have been replayed before it was withdrawn.
+// A request that meets a Delete under way is told to retry.
+//
 // Round trips: a fresh claim costs one hot acquire, one cold read and one
 // fenced hot heartbeat (the claim must still stand after the cold read); a
 // replay from the hot store, one hot acquire; an in-progress or mismatch

@@ -7,3 +7,11 @@ func SetAfterArchive(s *Store, f func()) { s.afterArchive = f }
 // SetBeforeArchive installs a hook that runs in Complete and Fail after the
 // hot tier's lease check and before the cold archive.
 func SetBeforeArchive(s *Store, f func()) { s.beforeArchive = f }
+
+// SetDuringDelete installs a hook that runs in Delete between the cold
+// tombstone and the hot removal.
+func SetDuringDelete(s *Store, f func()) { s.duringDelete = f }
+
+// SetAfterDeleteReads installs a hook that runs in Delete after it read
+// both tiers.
+func SetAfterDeleteReads(s *Store, f func()) { s.afterDeleteReads = f }

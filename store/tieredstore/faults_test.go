@@ -523,3 +523,247 @@ func TestDeleteAfterArchive(t *testing.T) {
 		})
 	}
 }
+
+// TestDeleteAfterArchiveThenNewOwner: as TestDeleteAfterArchive, and a new
+// generation claims the key before the owner's hot settle runs. Found by
+// CI's fault campaign (seed 165704188573814559): duplicates were replayed
+// the archived result, the key was deleted and claimed anew, and the owner —
+// whose hot settle then met the new claim — was told ErrStaleFence. The
+// settle took effect before the delete: the owner is told so, and the new
+// generation's claim is left alone.
+func TestDeleteAfterArchiveThenNewOwner(t *testing.T) {
+	for _, coldKind := range []string{"memory", "postgres"} {
+		t.Run(coldKind, func(t *testing.T) {
+			s, _ := settleTiers(t, coldKind)
+			ctx := context.Background()
+			req := idem.AcquireRequest{Key: "PAY-14", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+			a, err := s.Acquire(ctx, req)
+			if err != nil || a.Outcome != idem.Acquired {
+				t.Fatal(a.Outcome, err)
+			}
+			var dup, next idem.Acquisition
+			tieredstore.SetAfterArchive(s, func() {
+				if dup, err = s.Acquire(ctx, req); err != nil {
+					t.Error(err)
+				}
+				if err := s.Delete(ctx, "PAY-14"); err != nil {
+					t.Error(err)
+				}
+				if next, err = s.Acquire(ctx, req); err != nil {
+					t.Error(err)
+				}
+			})
+			settleErr := s.Complete(ctx, "PAY-14", a.Fence, []byte("booked"), time.Hour)
+			tieredstore.SetAfterArchive(s, nil)
+			if dup.Outcome != idem.Replayed || string(dup.Record.Result) != "booked" {
+				t.Fatalf("the duplicate before the delete: %v %q", dup.Outcome, dup.Record.Result)
+			}
+			if next.Outcome != idem.Acquired || next.Fence <= a.Fence {
+				t.Fatalf("after the delete the key must be new: %v fence %d (old %d)", next.Outcome, next.Fence, a.Fence)
+			}
+			if settleErr != nil {
+				t.Fatalf("the owner was told %v after a duplicate was replayed its result", settleErr)
+			}
+			// The new generation owns the key: duplicates wait for it, and its
+			// settle is the one replayed.
+			if d, err := s.Acquire(ctx, req); err != nil || d.Outcome != idem.InProgress {
+				t.Fatalf("a duplicate during the new generation: %v %q %v", d.Outcome, d.Record.Result, err)
+			}
+			if err := s.Complete(ctx, "PAY-14", next.Fence, []byte("booked again"), time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "booked again" {
+				t.Fatalf("the new generation's result: %v %q %v", r.Outcome, r.Record.Result, err)
+			}
+		})
+	}
+}
+
+// TestPauseBeforeArchive: the owner stalls after the settle's lease
+// extension and before its archive, for longer than the extension; a
+// duplicate takes the key over, and the late archive lands beside the new
+// claim, where another duplicate is replayed it before the owner's hot
+// settle is refused. The owner must not be told ErrStaleFence ("refused,
+// nothing changed") about a result that was served: it is told the outcome
+// is unknown, and the archive is withdrawn so the new owner's work decides.
+func TestPauseBeforeArchive(t *testing.T) {
+	for _, coldKind := range []string{"memory", "postgres"} {
+		t.Run(coldKind, func(t *testing.T) {
+			clock := storetest.NewManualClock(time.Now()) // the hot tier's: the pause is an advance
+			hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+			var cold idem.Store = memstore.New(memstore.Config{SweepInterval: -1})
+			if coldKind == "postgres" {
+				cold = testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
+			}
+			const settle = 200 * time.Millisecond
+			s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: settle})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			ctx := context.Background()
+			req := idem.AcquireRequest{Key: "PAY-15", Fingerprint: "fp", Lease: 50 * time.Millisecond, Retention: time.Hour}
+			a, err := s.Acquire(ctx, req)
+			if err != nil || a.Outcome != idem.Acquired {
+				t.Fatal(a.Outcome, err)
+			}
+			var taker, dup idem.Acquisition
+			tieredstore.SetBeforeArchive(s, func() {
+				clock.Advance(settle + time.Second) // the extended lease ends while the owner is paused
+				if taker, err = s.Acquire(ctx, req); err != nil {
+					t.Error(err)
+				}
+			})
+			tieredstore.SetAfterArchive(s, func() {
+				if dup, err = s.Acquire(ctx, req); err != nil {
+					t.Error(err)
+				}
+			})
+			settleErr := s.Complete(ctx, "PAY-15", a.Fence, []byte("paused owner's booking"), time.Hour)
+			tieredstore.SetBeforeArchive(s, nil)
+			tieredstore.SetAfterArchive(s, nil)
+			if taker.Outcome != idem.TakenOver {
+				t.Fatalf("the takeover during the pause: %v", taker.Outcome)
+			}
+			if dup.Outcome != idem.Replayed {
+				t.Fatalf("the duplicate after the late archive: %v %q (the scenario needs the archive served)", dup.Outcome, dup.Record.Result)
+			}
+			if settleErr == nil || errors.Is(settleErr, idem.ErrStaleFence) {
+				t.Fatalf("the owner was told %v after a duplicate was replayed its result beside another owner's claim; want an outcome-unknown error", settleErr)
+			}
+			if d, err := s.Acquire(ctx, req); err != nil || d.Outcome != idem.InProgress {
+				t.Fatalf("a duplicate after the withdrawal: %v %q %v, want InProgress (the new owner's claim)", d.Outcome, d.Record.Result, err)
+			}
+			if err := s.Complete(ctx, "PAY-15", taker.Fence, []byte("new owner's booking"), time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "new owner's booking" {
+				t.Fatalf("the new owner's result: %v %q %v", r.Outcome, r.Record.Result, err)
+			}
+		})
+	}
+}
+
+// TestAcquireDuringDelete: a request arrives while an operator's Delete is
+// between its cold tombstone and its hot removal, with the hot tier holding
+// nothing for the key (its copy past the hot retention). Found by the fault
+// campaign (seed 16945938265051866408): the request was given a claim, the
+// Delete then removed that claim, and the next request was given one too —
+// two owners ran the same key. A request during a Delete must be told to
+// retry (or keep its claim); never may two claims stand for one generation.
+func TestAcquireDuringDelete(t *testing.T) {
+	for _, coldKind := range []string{"memory", "postgres"} {
+		t.Run(coldKind, func(t *testing.T) {
+			s, hot := settleTiers(t, coldKind)
+			ctx := context.Background()
+			req := idem.AcquireRequest{Key: "PAY-16", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+			a, err := s.Acquire(ctx, req)
+			if err != nil || a.Outcome != idem.Acquired {
+				t.Fatal(a.Outcome, err)
+			}
+			if err := s.Complete(ctx, "PAY-16", a.Fence, []byte("booked"), time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if err := hot.Delete(ctx, "PAY-16"); err != nil { // the hot tier forgot (its retention)
+				t.Fatal(err)
+			}
+			var during idem.Acquisition
+			var duringErr error
+			tieredstore.SetDuringDelete(s, func() { during, duringErr = s.Acquire(ctx, req) })
+			if err := s.Delete(ctx, "PAY-16"); err != nil {
+				t.Fatal(err)
+			}
+			tieredstore.SetDuringDelete(s, nil)
+			after, err := s.Acquire(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if duringErr == nil && during.Outcome.Owns() && after.Outcome.Owns() {
+				t.Fatalf("two claims for one generation: %v (fence %d) during the Delete and %v (fence %d) after it", during.Outcome, during.Fence, after.Outcome, after.Fence)
+			}
+			if duringErr != nil && !errors.Is(duringErr, idem.ErrStoreUnavailable) {
+				t.Fatalf("the request during the Delete: %v, want ErrStoreUnavailable (retry)", duringErr)
+			}
+			if duringErr == nil && during.Outcome.Owns() {
+				if after.Outcome != idem.InProgress {
+					t.Fatalf("the claim taken during the Delete stands, yet a request after it got %v", after.Outcome)
+				}
+			} else if after.Outcome != idem.Acquired {
+				t.Fatalf("after the Delete the key must be new: %v %q", after.Outcome, after.Record.Result)
+			}
+		})
+	}
+}
+
+// TestPauseBeforeArchiveThenNewOwnerSettles: as TestPauseBeforeArchive, and
+// the owner that took the key over settles it before the paused owner's hot
+// settle runs: its archive (a larger fence) replaced the paused owner's,
+// which duplicates may have been replayed meanwhile. The paused owner is
+// told the outcome is unknown, and the new owner's result is the record.
+func TestPauseBeforeArchiveThenNewOwnerSettles(t *testing.T) {
+	clock := storetest.NewManualClock(time.Now())
+	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	const settle = 200 * time.Millisecond
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: settle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-17", Fingerprint: "fp", Lease: 50 * time.Millisecond, Retention: time.Hour}
+	a, err := s.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	var taker idem.Acquisition
+	tieredstore.SetBeforeArchive(s, func() {
+		tieredstore.SetBeforeArchive(s, nil) // once: the new owner settles too
+		clock.Advance(settle + time.Second)
+		if taker, err = s.Acquire(ctx, req); err != nil {
+			t.Error(err)
+		}
+	})
+	tieredstore.SetAfterArchive(s, func() {
+		tieredstore.SetAfterArchive(s, nil)
+		if err := s.Complete(ctx, "PAY-17", taker.Fence, []byte("new owner's booking"), time.Hour); err != nil {
+			t.Error(err)
+		}
+	})
+	settleErr := s.Complete(ctx, "PAY-17", a.Fence, []byte("paused owner's booking"), time.Hour)
+	tieredstore.SetBeforeArchive(s, nil)
+	tieredstore.SetAfterArchive(s, nil)
+	if taker.Outcome != idem.TakenOver {
+		t.Fatalf("the takeover during the pause: %v", taker.Outcome)
+	}
+	if !errors.Is(settleErr, tieredstore.ErrSettleUncertain) {
+		t.Fatalf("the paused owner was told %v, want ErrSettleUncertain", settleErr)
+	}
+	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "new owner's booking" {
+		t.Fatalf("the record: %v %q %v", r.Outcome, r.Record.Result, err)
+	}
+}
+
+// TestAcquireDuringDeleteOfAnUnknownKey: a Delete of a key neither tier
+// holds, and a request for that key arriving just after the Delete read
+// both tiers. The request's claim is the key's first generation; the
+// Delete, which found nothing, must not remove it (before, it removed the
+// hot key regardless, and the next request was given a second claim).
+func TestAcquireDuringDeleteOfAnUnknownKey(t *testing.T) {
+	s, _ := settleTiers(t, "memory")
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-18", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	var during idem.Acquisition
+	var duringErr error
+	tieredstore.SetAfterDeleteReads(s, func() { during, duringErr = s.Acquire(ctx, req) })
+	if err := s.Delete(ctx, "PAY-18"); err != nil {
+		t.Fatal(err)
+	}
+	tieredstore.SetAfterDeleteReads(s, nil)
+	if duringErr != nil || during.Outcome != idem.Acquired {
+		t.Fatalf("the request during the Delete: %v, %v", during.Outcome, duringErr)
+	}
+	if after, err := s.Acquire(ctx, req); err != nil || after.Outcome != idem.InProgress {
+		t.Fatalf("a request after the Delete: %v (fence %d, the first claim's %d), %v; want InProgress", after.Outcome, after.Fence, during.Fence, err)
+	}
+}

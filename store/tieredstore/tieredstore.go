@@ -52,8 +52,10 @@ type Store struct {
 	hotKeep       time.Duration
 	settleTimeout time.Duration
 
-	afterArchive  func() // test hook: between the two writes of a settle
-	beforeArchive func() // test hook: after the settle's lease check
+	afterArchive     func() // test hook: between the two writes of a settle
+	beforeArchive    func() // test hook: after the settle's lease check
+	duringDelete     func() // test hook: between Delete's tombstone and its hot removal
+	afterDeleteReads func() // test hook: after Delete read both tiers
 }
 
 // New validates cfg and returns a Store. Close closes both tiers.
@@ -103,7 +105,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		// or to re-warm the hot one): the settled record is the answer.
 		// If the cold tier cannot say, neither can we: fail closed.
 		rec, err := s.cold.Get(ctx, req.Key)
-		if err == nil && rec.State == idem.StateReleased && rec.Fence >= a.Record.Fence {
+		if err == nil && rec.State == idem.StateReleased && (rec.Fence >= a.Record.Fence || deleting(rec)) {
 			// A Delete's tombstone covers the hot record's generation: the
 			// Delete is under way and removes the hot copy next (which may
 			// be a duplicate's momentary claim, with no work under it).
@@ -125,6 +127,12 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		return a, nil
 	}
 	rec, err := s.cold.Get(ctx, req.Key)
+	if err == nil && deleting(rec) {
+		// A Delete is between its tombstone and its hot removal, which may
+		// remove this claim too: it is not a claim to hand out.
+		_ = s.hot.Release(context.WithoutCancel(ctx), req.Key, a.Fence)
+		return idem.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the key is being deleted; retry", idem.ErrStoreUnavailable)
+	}
 	if errors.Is(err, idem.ErrNotFound) || (err == nil && rec.State != idem.StateCompleted && rec.State != idem.StateFailed) {
 		// The claim must still stand after the cold round trip: a Delete
 		// that ran meanwhile removed it (and the cold record we did not
@@ -238,41 +246,85 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 	// stays until its lease ends and the takeover replays from the cold tier.
 	err = hot(context.WithoutCancel(ctx), key, fence, result, s.hotRetention(retention))
 	if errors.Is(err, idem.ErrStaleFence) {
-		// The claim ended before the hot settle: the owner stalled longer
-		// than the lease extension (CPU starvation, a long pause). If a
-		// duplicate meanwhile found the archive and re-warmed the hot tier
-		// with it, the settle is in effect: the result is what duplicates
-		// get. Otherwise the key may be another owner's now, the owner is
-		// told its settle was refused, and the archived result must not be
-		// replayed: withdraw it with a tombstone of this fence (a newer
-		// owner's archive, with a larger fence, stays).
-		now, gerr := s.hot.Get(context.WithoutCancel(ctx), key)
-		if gerr == nil && now.State == st && bytes.Equal(now.Result, result) && now.Fingerprint == cur.Fingerprint {
-			return nil
-		}
-		// No hot record, and the archive was stored: the key was deleted
-		// (or its record expired) after the archive made the result
-		// visible — a duplicate may have been replayed it. The settle took
-		// effect, then the key went; the owner is told so. (A Delete whose
-		// tombstone came first kept the archive out: nothing was visible,
-		// and the settle is refused below.)
-		if errors.Is(gerr, idem.ErrNotFound) && stored {
-			return nil
-		}
-		bg := context.WithoutCancel(ctx)
-		tomb := idem.Record{Key: key, State: idem.StateReleased, Fence: fence}
-		if terr := s.archive.Archive(bg, tomb, s.settleTimeout); terr != nil {
-			return fmt.Errorf("%w (and withdrawing its archive failed: %v)", err, terr)
-		}
-		// A duplicate that read the archive before the tombstone may have
-		// re-warmed the hot tier with it since: remove that copy too (the
-		// cold tier answers for the key; a newer owner's archive stays).
-		if now, gerr := s.hot.Get(bg, key); gerr == nil && now.State == st && bytes.Equal(now.Result, result) && now.Fingerprint == cur.Fingerprint {
-			_ = s.hot.Delete(bg, key)
-		}
-		return err
+		return s.settleRefused(context.WithoutCancel(ctx), rec, stored, err)
 	}
-	return nil
+	return err
+}
+
+// ErrSettleUncertain is returned by Complete and Fail when the owner's claim
+// ended between its cold archive and its hot settle while the archive stood
+// beside another owner's claim: duplicates may have been replayed the result
+// before it was withdrawn, and the key is now the other owner's. Neither
+// "settled" nor "refused, nothing changed" (ErrStaleFence) is true. It
+// happens only when the owner stalls for longer than SettleTimeout inside
+// the settle.
+var ErrSettleUncertain = errors.New("idem/tieredstore: settle outcome uncertain: the claim was lost after the result was archived, and duplicates may have been replayed it")
+
+// settleRefused decides what a settle whose archive is done (stored: it
+// took the cold record) and whose hot settle was refused (staleErr) means.
+// The owner stalled longer than the lease extension (CPU starvation, a long
+// pause), or the key was deleted meanwhile. The answer follows from what
+// duplicates may have seen:
+//   - the hot tier holds the settled result (a duplicate found the archive
+//     and re-warmed the hot tier with it): the settle is in effect;
+//   - the archive was kept out (a Delete's tombstone came first): nothing
+//     was visible, the settle is refused;
+//   - the archive was stored and is gone from the cold tier now (a Delete
+//     after it, perhaps followed by a new generation's claim), or the hot
+//     tier holds no record at all (the cold record is the record): the
+//     result was visible, the settle took effect;
+//   - the archive still stands beside another owner's hot claim (a takeover
+//     while the owner stalled), or the tiers cannot tell: the archive is
+//     withdrawn with a tombstone of its fence, so that the other owner's
+//     work decides, and the owner is told ErrSettleUncertain.
+func (s *Store) settleRefused(ctx context.Context, rec idem.Record, stored bool, staleErr error) error {
+	now, herr := s.hot.Get(ctx, rec.Key)
+	if herr == nil && sameSettle(now, rec) {
+		return nil
+	}
+	if !stored {
+		return staleErr
+	}
+	if herr != nil && !errors.Is(herr, idem.ErrNotFound) {
+		return s.withdraw(ctx, rec, fmt.Errorf("%w (the hot tier could not be read: %v)", ErrSettleUncertain, herr))
+	}
+	cold, cerr := s.cold.Get(ctx, rec.Key)
+	switch {
+	case cerr != nil && !errors.Is(cerr, idem.ErrNotFound):
+		return s.withdraw(ctx, rec, fmt.Errorf("%w (the cold tier could not be read: %v)", ErrSettleUncertain, cerr))
+	case cerr == nil && cold.Fence == rec.Fence && sameSettle(cold, rec):
+		if errors.Is(herr, idem.ErrNotFound) {
+			return nil // the hot record went (deleted or expired); the archive stands alone
+		}
+		return s.withdraw(ctx, rec, ErrSettleUncertain)
+	case cerr == nil && cold.State != idem.StateReleased:
+		// A larger fence's settle replaced the archive: another owner took
+		// the key over and settled it after this result was visible.
+		return ErrSettleUncertain
+	}
+	return nil // deleted after the archive made the result visible
+}
+
+// sameSettle reports whether r is the record that settle rec wrote.
+func sameSettle(r, rec idem.Record) bool {
+	return r.State == rec.State && r.Fingerprint == rec.Fingerprint && bytes.Equal(r.Result, rec.Result)
+}
+
+// withdraw replaces rec's archive with a tombstone of its fence (a newer
+// owner's archive, with a larger fence, stays) and returns err, or the
+// failure to withdraw.
+func (s *Store) withdraw(ctx context.Context, rec idem.Record, err error) error {
+	tomb := idem.Record{Key: rec.Key, State: idem.StateReleased, Fence: rec.Fence}
+	if terr := s.archive.Archive(ctx, tomb, s.settleTimeout); terr != nil {
+		return fmt.Errorf("%w (and withdrawing its archive failed: %v)", err, terr)
+	}
+	// A duplicate that read the archive before the tombstone may have
+	// re-warmed the hot tier with it since: remove that copy too (the cold
+	// tier answers for the key; a newer owner's archive stays).
+	if now, gerr := s.hot.Get(ctx, rec.Key); gerr == nil && sameSettle(now, rec) {
+		_ = s.hot.Delete(ctx, rec.Key)
+	}
+	return err
 }
 
 // Get implements idem.Store: the hot tier, then the cold one.
@@ -297,6 +349,15 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 // fence either tier holds for the key (every settle in flight holds that
 // fence or an older one), which keeps those archives out for as long as a
 // settle may take (SettleTimeout); the next generation's fences are larger.
+//
+// Until the hot record is removed, the tombstone is marked as a Delete
+// under way: a request that claims the key meanwhile is told to retry
+// (ErrStoreUnavailable) instead of being handed a claim that the hot
+// removal would take away — the next request would be handed a second one.
+// Once the hot record is gone the mark is cleared and the key is new. A
+// Delete that stops half-way leaves the key closed to new claims until its
+// tombstone expires (SettleTimeout). Two Deletes of one key at once may
+// clear each other's mark early.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	var fence uint64
 	found := false
@@ -310,13 +371,42 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		}
 		fence, found = max(fence, rec.Fence), true
 	}
-	if found {
-		tomb := idem.Record{Key: key, State: idem.StateReleased, Fence: fence}
-		if err := s.archive.Archive(ctx, tomb, s.settleTimeout); err != nil {
-			return err
-		}
+	if s.afterDeleteReads != nil {
+		s.afterDeleteReads()
 	}
-	return s.hot.Delete(ctx, key)
+	if !found {
+		// Nothing to delete. (Removing the hot key now could remove a claim
+		// taken since the reads above: the key's next generation.)
+		return nil
+	}
+	tomb := idem.Record{Key: key, State: idem.StateReleased, Fence: fence, Result: []byte(deletingMark)}
+	if err := s.archive.Archive(ctx, tomb, s.settleTimeout); err != nil {
+		return err
+	}
+	if s.duringDelete != nil {
+		s.duringDelete()
+	}
+	if err := s.hot.Delete(ctx, key); err != nil {
+		return err
+	}
+	// The hot tier holds nothing of the deleted generation now: claims from
+	// here on are the key's next one.
+	tomb.Result = nil
+	if err := s.archive.Archive(ctx, tomb, s.settleTimeout); err != nil {
+		return fmt.Errorf("idem/tieredstore: the key is deleted, but it stays closed to new claims until its tombstone expires (%v): %w", s.settleTimeout, err)
+	}
+	return nil
+}
+
+// deletingMark is the result of a Delete's tombstone until the Delete has
+// removed the hot record: an acquisition that meets it must not hand out a
+// claim, which the hot removal could take away. A tombstone of an earlier
+// release (no result) counts as a finished Delete.
+const deletingMark = "idem/tieredstore: delete under way"
+
+// deleting reports whether rec is the tombstone of a Delete under way.
+func deleting(rec idem.Record) bool {
+	return rec.State == idem.StateReleased && string(rec.Result) == deletingMark
 }
 
 // Sweep implements idem.Store: both tiers. It returns the larger of the two
