@@ -15,3 +15,6 @@ func SetDuringDelete(s *Store, f func()) { s.duringDelete = f }
 // SetAfterDeleteReads installs a hook that runs in Delete after it read
 // both tiers.
 func SetAfterDeleteReads(s *Store, f func()) { s.afterDeleteReads = f }
+
+// DeletingMark is the result of a Delete's tombstone while it is under way.
+const DeletingMark = deletingMark

@@ -767,3 +767,45 @@ func TestAcquireDuringDeleteOfAnUnknownKey(t *testing.T) {
 		t.Fatalf("a request after the Delete: %v (fence %d, the first claim's %d), %v; want InProgress", after.Outcome, after.Fence, during.Fence, err)
 	}
 }
+
+// TestRefusedSettleKeepsADeleteUnderWay: an owner's settle is refused while
+// a Delete of its key is under way (the Delete's tombstone written, the hot
+// record not yet removed). The refused settle withdraws its archive with a
+// tombstone of its own fence — which must not replace the Delete's, marked
+// as under way: until the Delete removed the hot record, a request must
+// still be told to retry, not handed a claim the removal would take away.
+func TestRefusedSettleKeepsADeleteUnderWay(t *testing.T) {
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-19", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	a, err := s.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	tieredstore.SetBeforeArchive(s, func() {
+		// The first half of a Delete: its tombstone, marked as under way …
+		tomb := idem.Record{Key: "PAY-19", State: idem.StateReleased, Fence: a.Fence, Result: []byte(tieredstore.DeletingMark)}
+		if err := cold.Archive(ctx, tomb, 2*time.Second); err != nil {
+			t.Error(err)
+		}
+		// … and the owner's hot claim ends (released here), so its hot
+		// settle is refused.
+		if err := hot.Release(ctx, "PAY-19", a.Fence); err != nil {
+			t.Error(err)
+		}
+	})
+	settleErr := s.Complete(ctx, "PAY-19", a.Fence, []byte("booked"), time.Hour)
+	tieredstore.SetBeforeArchive(s, nil)
+	if !errors.Is(settleErr, idem.ErrStaleFence) {
+		t.Fatalf("the settle: %v, want ErrStaleFence (its archive was kept out)", settleErr)
+	}
+	if b, err := s.Acquire(ctx, req); !errors.Is(err, idem.ErrStoreUnavailable) {
+		t.Fatalf("a request while the Delete is under way: %v (fence %d), %v; want ErrStoreUnavailable (retry)", b.Outcome, b.Fence, err)
+	}
+}

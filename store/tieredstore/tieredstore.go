@@ -268,7 +268,8 @@ var ErrSettleUncertain = errors.New("idem/tieredstore: settle outcome uncertain:
 //   - the hot tier holds the settled result (a duplicate found the archive
 //     and re-warmed the hot tier with it): the settle is in effect;
 //   - the archive was kept out (a Delete's tombstone came first): nothing
-//     was visible, the settle is refused;
+//     was visible, the settle is refused (and an earlier try's archive
+//     under the same fence withdrawn, as before);
 //   - the archive was stored and is gone from the cold tier now (a Delete
 //     after it, perhaps followed by a new generation's claim), or the hot
 //     tier holds no record at all (the cold record is the record): the
@@ -283,7 +284,10 @@ func (s *Store) settleRefused(ctx context.Context, rec idem.Record, stored bool,
 		return nil
 	}
 	if !stored {
-		return staleErr
+		// Kept out: what the cold tier holds under this fence, if
+		// anything, is an earlier try's archive (a Complete retried after an
+		// error), which the owner's refusal withdraws as well.
+		return s.withdraw(ctx, rec, staleErr)
 	}
 	if herr != nil && !errors.Is(herr, idem.ErrNotFound) {
 		return s.withdraw(ctx, rec, fmt.Errorf("%w (the hot tier could not be read: %v)", ErrSettleUncertain, herr))
@@ -314,9 +318,13 @@ func sameSettle(r, rec idem.Record) bool {
 // owner's archive, with a larger fence, stays) and returns err, or the
 // failure to withdraw.
 func (s *Store) withdraw(ctx context.Context, rec idem.Record, err error) error {
-	tomb := idem.Record{Key: rec.Key, State: idem.StateReleased, Fence: rec.Fence}
-	if terr := s.archive.Archive(ctx, tomb, s.settleTimeout); terr != nil {
-		return fmt.Errorf("%w (and withdrawing its archive failed: %v)", err, terr)
+	// A tombstone there already covers the archive — a Delete's, perhaps
+	// still marked as under way, which this one must not replace.
+	if c, cerr := s.cold.Get(ctx, rec.Key); cerr != nil || c.State != idem.StateReleased || c.Fence < rec.Fence {
+		tomb := idem.Record{Key: rec.Key, State: idem.StateReleased, Fence: rec.Fence}
+		if terr := s.archive.Archive(ctx, tomb, s.settleTimeout); terr != nil {
+			return fmt.Errorf("%w (and withdrawing its archive failed: %v)", err, terr)
+		}
 	}
 	// A duplicate that read the archive before the tombstone may have
 	// re-warmed the hot tier with it since: remove that copy too (the cold
