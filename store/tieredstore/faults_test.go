@@ -216,6 +216,69 @@ func settleTiers(t *testing.T, coldKind string) (*tieredstore.Store, *memstore.S
 	return s, hot
 }
 
+// pauseTiers is settleTiers with a SettleTimeout of 200ms and the hot tier
+// on a manual clock, so that a test can pause an owner past its lease
+// extension by advancing it.
+func pauseTiers(t *testing.T, coldKind string) (*tieredstore.Store, *storetest.ManualClock) {
+	clock := storetest.NewManualClock(time.Now())
+	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	var cold idem.Store = memstore.New(memstore.Config{SweepInterval: -1})
+	if coldKind == "postgres" {
+		cold = testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
+	}
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: pauseSettle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, clock
+}
+
+const pauseSettle = 200 * time.Millisecond
+
+// completedInTheColdTierOnly claims and completes req's key ("booked"),
+// then removes the hot copy, as the hot retention would.
+func completedInTheColdTierOnly(t *testing.T, s *tieredstore.Store, hot idem.Store, req idem.AcquireRequest) {
+	t.Helper()
+	ctx := context.Background()
+	a, err := s.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	if err := s.Complete(ctx, req.Key, a.Fence, []byte("booked"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := hot.Delete(ctx, req.Key); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// memoryTiers returns a tiered store over two memory stores, and the tiers,
+// with a SettleTimeout of 2s.
+func memoryTiers(t *testing.T) (*tieredstore.Store, *memstore.Store, *memstore.Store) {
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, hot, cold
+}
+
+// settlesAndReplays completes req's key with fence and checks that the
+// next request is replayed that result.
+func settlesAndReplays(t *testing.T, s *tieredstore.Store, req idem.AcquireRequest, fence uint64, result string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := s.Complete(ctx, req.Key, fence, []byte(result), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != result {
+		t.Fatalf("after the settle of fence %d: %v %q %v, want %q replayed", fence, r.Outcome, r.Record.Result, err, result)
+	}
+}
+
 // TestDeleteDuringSettle: an operator deletes a key while its owner is
 // between the settle's hot check and its cold archive. Found by the fault
 // campaign: the archive landed after the cold delete, the hot settle was
@@ -363,25 +426,10 @@ func TestRewarmNeverOutlivesTheColdRecord(t *testing.T) {
 // runs under it, and the key is about to be gone — but to retry. Found by
 // the fault campaign in CI (tiered, seed 9881422026823391970).
 func TestDuplicateDuringDelete(t *testing.T) {
-	hot := memstore.New(memstore.Config{SweepInterval: -1})
-	cold := memstore.New(memstore.Config{SweepInterval: -1})
-	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, hot, cold := memoryTiers(t)
 	ctx := context.Background()
 	req := idem.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
-	a, err := s.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
-		t.Fatal(a.Outcome, err)
-	}
-	if err := s.Complete(ctx, "PAY-9", a.Fence, []byte("booked"), time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if err := hot.Delete(ctx, "PAY-9"); err != nil { // the hot tier forgot (its retention)
-		t.Fatal(err)
-	}
+	completedInTheColdTierOnly(t, s, hot, req)
 	// A duplicate's momentary claim, taken to re-warm the hot tier …
 	rewarm, err := hot.Acquire(ctx, req)
 	if err != nil || rewarm.Outcome != idem.Acquired {
@@ -490,157 +538,123 @@ func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 // The settle took effect (then the key was deleted): the owner is told so.
 // (TestDeleteDuringSettle is the other order: the delete's tombstone keeps
 // the archive out, nothing is served, and the owner is refused.)
+//
+// With a new owner (CI's fault campaign, seed 165704188573814559): the key
+// is also claimed anew before the owner's hot settle runs, which then meets
+// the new claim — and the owner was told ErrStaleFence. The settle took
+// effect before the delete all the same, and the new generation's claim is
+// left alone.
 func TestDeleteAfterArchive(t *testing.T) {
 	for _, coldKind := range []string{"memory", "postgres"} {
-		t.Run(coldKind, func(t *testing.T) {
-			s, _ := settleTiers(t, coldKind)
-			ctx := context.Background()
-			req := idem.AcquireRequest{Key: "PAY-13", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
-			a, err := s.Acquire(ctx, req)
-			if err != nil || a.Outcome != idem.Acquired {
-				t.Fatal(a.Outcome, err)
-			}
-			var dup idem.Acquisition
-			tieredstore.SetAfterArchive(s, func() {
-				if dup, err = s.Acquire(ctx, req); err != nil {
-					t.Error(err)
+		for _, newOwner := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/new-owner=%v", coldKind, newOwner), func(t *testing.T) {
+				s, _ := settleTiers(t, coldKind)
+				ctx := context.Background()
+				req := idem.AcquireRequest{Key: "PAY-13", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+				a, err := s.Acquire(ctx, req)
+				if err != nil || a.Outcome != idem.Acquired {
+					t.Fatal(a.Outcome, err)
 				}
-				if err := s.Delete(ctx, "PAY-13"); err != nil {
-					t.Error(err)
+				var dup, next idem.Acquisition
+				tieredstore.SetAfterArchive(s, func() {
+					if dup, err = s.Acquire(ctx, req); err != nil {
+						t.Error(err)
+					}
+					if err := s.Delete(ctx, "PAY-13"); err != nil {
+						t.Error(err)
+					}
+					if newOwner {
+						if next, err = s.Acquire(ctx, req); err != nil {
+							t.Error(err)
+						}
+					}
+				})
+				settleErr := s.Complete(ctx, "PAY-13", a.Fence, []byte("booked"), time.Hour)
+				tieredstore.SetAfterArchive(s, nil)
+				if dup.Outcome != idem.Replayed || string(dup.Record.Result) != "booked" {
+					t.Fatalf("the duplicate before the delete: %v %q", dup.Outcome, dup.Record.Result)
 				}
+				if settleErr != nil {
+					t.Fatalf("the owner was told %v after a duplicate was replayed its result", settleErr)
+				}
+				if !newOwner {
+					next, err = s.Acquire(ctx, req)
+				}
+				if err != nil || next.Outcome != idem.Acquired || next.Fence <= a.Fence {
+					t.Fatalf("after the delete the key must be new: %v fence %d (old %d), %v", next.Outcome, next.Fence, a.Fence, err)
+				}
+				// The new generation owns the key: duplicates wait for it, and
+				// its settle is the one replayed.
+				if d, err := s.Acquire(ctx, req); err != nil || d.Outcome != idem.InProgress {
+					t.Fatalf("a duplicate during the new generation: %v %q %v", d.Outcome, d.Record.Result, err)
+				}
+				settlesAndReplays(t, s, req, next.Fence, "booked again")
 			})
-			settleErr := s.Complete(ctx, "PAY-13", a.Fence, []byte("booked"), time.Hour)
-			tieredstore.SetAfterArchive(s, nil)
-			if dup.Outcome != idem.Replayed || string(dup.Record.Result) != "booked" {
-				t.Fatalf("the duplicate before the delete: %v %q", dup.Outcome, dup.Record.Result)
-			}
-			if settleErr != nil {
-				t.Fatalf("the owner was told %v after a duplicate was replayed its result", settleErr)
-			}
-			if b, err := s.Acquire(ctx, req); err != nil || b.Outcome != idem.Acquired || b.Fence <= a.Fence {
-				t.Fatalf("after the delete the key must be new: %v fence %d (old %d), %v", b.Outcome, b.Fence, a.Fence, err)
-			}
-		})
-	}
-}
-
-// TestDeleteAfterArchiveThenNewOwner: as TestDeleteAfterArchive, and a new
-// generation claims the key before the owner's hot settle runs. Found by
-// CI's fault campaign (seed 165704188573814559): duplicates were replayed
-// the archived result, the key was deleted and claimed anew, and the owner —
-// whose hot settle then met the new claim — was told ErrStaleFence. The
-// settle took effect before the delete: the owner is told so, and the new
-// generation's claim is left alone.
-func TestDeleteAfterArchiveThenNewOwner(t *testing.T) {
-	for _, coldKind := range []string{"memory", "postgres"} {
-		t.Run(coldKind, func(t *testing.T) {
-			s, _ := settleTiers(t, coldKind)
-			ctx := context.Background()
-			req := idem.AcquireRequest{Key: "PAY-14", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
-			a, err := s.Acquire(ctx, req)
-			if err != nil || a.Outcome != idem.Acquired {
-				t.Fatal(a.Outcome, err)
-			}
-			var dup, next idem.Acquisition
-			tieredstore.SetAfterArchive(s, func() {
-				if dup, err = s.Acquire(ctx, req); err != nil {
-					t.Error(err)
-				}
-				if err := s.Delete(ctx, "PAY-14"); err != nil {
-					t.Error(err)
-				}
-				if next, err = s.Acquire(ctx, req); err != nil {
-					t.Error(err)
-				}
-			})
-			settleErr := s.Complete(ctx, "PAY-14", a.Fence, []byte("booked"), time.Hour)
-			tieredstore.SetAfterArchive(s, nil)
-			if dup.Outcome != idem.Replayed || string(dup.Record.Result) != "booked" {
-				t.Fatalf("the duplicate before the delete: %v %q", dup.Outcome, dup.Record.Result)
-			}
-			if next.Outcome != idem.Acquired || next.Fence <= a.Fence {
-				t.Fatalf("after the delete the key must be new: %v fence %d (old %d)", next.Outcome, next.Fence, a.Fence)
-			}
-			if settleErr != nil {
-				t.Fatalf("the owner was told %v after a duplicate was replayed its result", settleErr)
-			}
-			// The new generation owns the key: duplicates wait for it, and its
-			// settle is the one replayed.
-			if d, err := s.Acquire(ctx, req); err != nil || d.Outcome != idem.InProgress {
-				t.Fatalf("a duplicate during the new generation: %v %q %v", d.Outcome, d.Record.Result, err)
-			}
-			if err := s.Complete(ctx, "PAY-14", next.Fence, []byte("booked again"), time.Hour); err != nil {
-				t.Fatal(err)
-			}
-			if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "booked again" {
-				t.Fatalf("the new generation's result: %v %q %v", r.Outcome, r.Record.Result, err)
-			}
-		})
+		}
 	}
 }
 
 // TestPauseBeforeArchive: the owner stalls after the settle's lease
 // extension and before its archive, for longer than the extension; a
 // duplicate takes the key over, and the late archive lands beside the new
-// claim, where another duplicate is replayed it before the owner's hot
-// settle is refused. The owner must not be told ErrStaleFence ("refused,
-// nothing changed") about a result that was served: it is told the outcome
-// is unknown, and the archive is withdrawn so the new owner's work decides.
+// claim. Then either another duplicate is replayed it before the owner's
+// hot settle is refused ("served"), or the new owner settles first, its
+// archive (a larger fence) replacing the paused owner's, which duplicates
+// may have been replayed meanwhile ("superseded"). The paused owner must not
+// be told ErrStaleFence ("refused, nothing changed") about a result that
+// may have been served: it is told ErrSettleUncertain, and the new owner's
+// work decides the record.
 func TestPauseBeforeArchive(t *testing.T) {
 	for _, coldKind := range []string{"memory", "postgres"} {
-		t.Run(coldKind, func(t *testing.T) {
-			clock := storetest.NewManualClock(time.Now()) // the hot tier's: the pause is an advance
-			hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
-			var cold idem.Store = memstore.New(memstore.Config{SweepInterval: -1})
-			if coldKind == "postgres" {
-				cold = testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
-			}
-			const settle = 200 * time.Millisecond
-			s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: settle})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			ctx := context.Background()
-			req := idem.AcquireRequest{Key: "PAY-15", Fingerprint: "fp", Lease: 50 * time.Millisecond, Retention: time.Hour}
-			a, err := s.Acquire(ctx, req)
-			if err != nil || a.Outcome != idem.Acquired {
-				t.Fatal(a.Outcome, err)
-			}
-			var taker, dup idem.Acquisition
-			tieredstore.SetBeforeArchive(s, func() {
-				clock.Advance(settle + time.Second) // the extended lease ends while the owner is paused
-				if taker, err = s.Acquire(ctx, req); err != nil {
-					t.Error(err)
+		for _, then := range []string{"served", "superseded"} {
+			t.Run(coldKind+"/"+then, func(t *testing.T) {
+				s, clock := pauseTiers(t, coldKind)
+				ctx := context.Background()
+				req := idem.AcquireRequest{Key: "PAY-15", Fingerprint: "fp", Lease: 50 * time.Millisecond, Retention: time.Hour}
+				a, err := s.Acquire(ctx, req)
+				if err != nil || a.Outcome != idem.Acquired {
+					t.Fatal(a.Outcome, err)
 				}
-			})
-			tieredstore.SetAfterArchive(s, func() {
-				if dup, err = s.Acquire(ctx, req); err != nil {
-					t.Error(err)
+				var taker, dup idem.Acquisition
+				tieredstore.SetBeforeArchive(s, func() {
+					tieredstore.SetBeforeArchive(s, nil)     // once: the new owner may settle too
+					clock.Advance(pauseSettle + time.Second) // the extended lease ends while the owner is paused
+					if taker, err = s.Acquire(ctx, req); err != nil {
+						t.Error(err)
+					}
+				})
+				tieredstore.SetAfterArchive(s, func() {
+					tieredstore.SetAfterArchive(s, nil)
+					if then == "superseded" {
+						if err := s.Complete(ctx, "PAY-15", taker.Fence, []byte("new owner's booking"), time.Hour); err != nil {
+							t.Error(err)
+						}
+					} else if dup, err = s.Acquire(ctx, req); err != nil {
+						t.Error(err)
+					}
+				})
+				settleErr := s.Complete(ctx, "PAY-15", a.Fence, []byte("paused owner's booking"), time.Hour)
+				if taker.Outcome != idem.TakenOver {
+					t.Fatalf("the takeover during the pause: %v", taker.Outcome)
 				}
+				if then == "served" && dup.Outcome != idem.Replayed {
+					t.Fatalf("the duplicate after the late archive: %v %q (the scenario needs the archive served)", dup.Outcome, dup.Record.Result)
+				}
+				if !errors.Is(settleErr, tieredstore.ErrSettleUncertain) {
+					t.Fatalf("the paused owner was told %v, want ErrSettleUncertain", settleErr)
+				}
+				if then == "superseded" {
+					if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "new owner's booking" {
+						t.Fatalf("the record: %v %q %v", r.Outcome, r.Record.Result, err)
+					}
+					return
+				}
+				if d, err := s.Acquire(ctx, req); err != nil || d.Outcome != idem.InProgress {
+					t.Fatalf("a duplicate after the withdrawal: %v %q %v, want InProgress (the new owner's claim)", d.Outcome, d.Record.Result, err)
+				}
+				settlesAndReplays(t, s, req, taker.Fence, "new owner's booking")
 			})
-			settleErr := s.Complete(ctx, "PAY-15", a.Fence, []byte("paused owner's booking"), time.Hour)
-			tieredstore.SetBeforeArchive(s, nil)
-			tieredstore.SetAfterArchive(s, nil)
-			if taker.Outcome != idem.TakenOver {
-				t.Fatalf("the takeover during the pause: %v", taker.Outcome)
-			}
-			if dup.Outcome != idem.Replayed {
-				t.Fatalf("the duplicate after the late archive: %v %q (the scenario needs the archive served)", dup.Outcome, dup.Record.Result)
-			}
-			if settleErr == nil || errors.Is(settleErr, idem.ErrStaleFence) {
-				t.Fatalf("the owner was told %v after a duplicate was replayed its result beside another owner's claim; want an outcome-unknown error", settleErr)
-			}
-			if d, err := s.Acquire(ctx, req); err != nil || d.Outcome != idem.InProgress {
-				t.Fatalf("a duplicate after the withdrawal: %v %q %v, want InProgress (the new owner's claim)", d.Outcome, d.Record.Result, err)
-			}
-			if err := s.Complete(ctx, "PAY-15", taker.Fence, []byte("new owner's booking"), time.Hour); err != nil {
-				t.Fatal(err)
-			}
-			if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "new owner's booking" {
-				t.Fatalf("the new owner's result: %v %q %v", r.Outcome, r.Record.Result, err)
-			}
-		})
+		}
 	}
 }
 
@@ -657,16 +671,7 @@ func TestAcquireDuringDelete(t *testing.T) {
 			s, hot := settleTiers(t, coldKind)
 			ctx := context.Background()
 			req := idem.AcquireRequest{Key: "PAY-16", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
-			a, err := s.Acquire(ctx, req)
-			if err != nil || a.Outcome != idem.Acquired {
-				t.Fatal(a.Outcome, err)
-			}
-			if err := s.Complete(ctx, "PAY-16", a.Fence, []byte("booked"), time.Hour); err != nil {
-				t.Fatal(err)
-			}
-			if err := hot.Delete(ctx, "PAY-16"); err != nil { // the hot tier forgot (its retention)
-				t.Fatal(err)
-			}
+			completedInTheColdTierOnly(t, s, hot, req)
 			var during idem.Acquisition
 			var duringErr error
 			tieredstore.SetDuringDelete(s, func() { during, duringErr = s.Acquire(ctx, req) })
@@ -692,55 +697,6 @@ func TestAcquireDuringDelete(t *testing.T) {
 				t.Fatalf("after the Delete the key must be new: %v %q", after.Outcome, after.Record.Result)
 			}
 		})
-	}
-}
-
-// TestPauseBeforeArchiveThenNewOwnerSettles: as TestPauseBeforeArchive, and
-// the owner that took the key over settles it before the paused owner's hot
-// settle runs: its archive (a larger fence) replaced the paused owner's,
-// which duplicates may have been replayed meanwhile. The paused owner is
-// told the outcome is unknown, and the new owner's result is the record.
-func TestPauseBeforeArchiveThenNewOwnerSettles(t *testing.T) {
-	clock := storetest.NewManualClock(time.Now())
-	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
-	cold := memstore.New(memstore.Config{SweepInterval: -1})
-	const settle = 200 * time.Millisecond
-	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: settle})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-17", Fingerprint: "fp", Lease: 50 * time.Millisecond, Retention: time.Hour}
-	a, err := s.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
-		t.Fatal(a.Outcome, err)
-	}
-	var taker idem.Acquisition
-	tieredstore.SetBeforeArchive(s, func() {
-		tieredstore.SetBeforeArchive(s, nil) // once: the new owner settles too
-		clock.Advance(settle + time.Second)
-		if taker, err = s.Acquire(ctx, req); err != nil {
-			t.Error(err)
-		}
-	})
-	tieredstore.SetAfterArchive(s, func() {
-		tieredstore.SetAfterArchive(s, nil)
-		if err := s.Complete(ctx, "PAY-17", taker.Fence, []byte("new owner's booking"), time.Hour); err != nil {
-			t.Error(err)
-		}
-	})
-	settleErr := s.Complete(ctx, "PAY-17", a.Fence, []byte("paused owner's booking"), time.Hour)
-	tieredstore.SetBeforeArchive(s, nil)
-	tieredstore.SetAfterArchive(s, nil)
-	if taker.Outcome != idem.TakenOver {
-		t.Fatalf("the takeover during the pause: %v", taker.Outcome)
-	}
-	if !errors.Is(settleErr, tieredstore.ErrSettleUncertain) {
-		t.Fatalf("the paused owner was told %v, want ErrSettleUncertain", settleErr)
-	}
-	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "new owner's booking" {
-		t.Fatalf("the record: %v %q %v", r.Outcome, r.Record.Result, err)
 	}
 }
 
@@ -775,13 +731,7 @@ func TestAcquireDuringDeleteOfAnUnknownKey(t *testing.T) {
 // as under way: until the Delete removed the hot record, a request must
 // still be told to retry, not handed a claim the removal would take away.
 func TestRefusedSettleKeepsADeleteUnderWay(t *testing.T) {
-	hot := memstore.New(memstore.Config{SweepInterval: -1})
-	cold := memstore.New(memstore.Config{SweepInterval: -1})
-	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, hot, cold := memoryTiers(t)
 	ctx := context.Background()
 	req := idem.AcquireRequest{Key: "PAY-19", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 	a, err := s.Acquire(ctx, req)
