@@ -99,14 +99,20 @@ func TestConformanceRedisOverPostgres(t *testing.T) {
 // TestCampaign runs the fault campaign on Redis over PostgreSQL with a hot
 // retention of 300ms (so claims and replays go through the cold tier), the
 // cold tier reached through a TCP proxy that the campaign cuts now and then.
-func TestCampaign(t *testing.T) {
+func TestCampaign(t *testing.T) { campaign(t, "TestCampaign", 0) }
+
+// TestCampaignBuckets is TestCampaign with the hot tier's records in
+// buckets.
+func TestCampaignBuckets(t *testing.T) { campaign(t, "TestCampaignBuckets", 1) }
+
+func campaign(t *testing.T, name string, buckets int) {
 	testenv.ProbePostgres(t)
 	testenv.RedisClient(t).Close()
 	const settle = 300 * time.Millisecond
-	cfg := storetest.CampaignConfig{TestName: "TestCampaign", Processes: 2, InProgressAtExpiry: true, TakeoverOfMomentaryClaims: true, SettleExtendsLease: settle,
+	cfg := storetest.CampaignConfig{TestName: name, Processes: 2, InProgressAtExpiry: true, TakeoverOfMomentaryClaims: true, SettleExtendsLease: settle,
 		Open: func(t testing.TB, location string) idem.Store {
 			parts := strings.SplitN(location, " ", 3)
-			hot := testenv.OpenRedis(t, parts[0])
+			hot := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: parts[0], Buckets: buckets})
 			cold := testenv.OpenPostgres(t, parts[1], pgstore.Config{ConnString: parts[2]})
 			s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: 300 * time.Millisecond, SettleTimeout: settle})
 			if err != nil {
