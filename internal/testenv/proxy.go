@@ -5,6 +5,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Proxy is a TCP proxy in front of a real server, so a test can take the
@@ -19,6 +20,7 @@ type Proxy struct {
 	ln      net.Listener
 	conns   map[net.Conn]struct{}
 	stalled chan struct{} // non-nil while stalled: closed by Unstall
+	delay   time.Duration // each direction, for connections opened after SetDelay
 }
 
 // StartProxy listens on a free loopback port and forwards to target.
@@ -74,9 +76,12 @@ func (p *Proxy) pipe(c net.Conn) {
 		s.Close()
 		return
 	}
+	p.mu.Lock()
+	delay := p.delay
+	p.mu.Unlock()
 	done := make(chan struct{}, 2)
-	go func() { p.copy(s, c); done <- struct{}{} }()
-	go func() { p.copy(c, s); done <- struct{}{} }()
+	go func() { p.copy(s, c, delay); done <- struct{}{} }()
+	go func() { p.copy(c, s, delay); done <- struct{}{} }()
 	<-done
 	c.Close()
 	s.Close()
@@ -87,8 +92,12 @@ func (p *Proxy) pipe(c net.Conn) {
 }
 
 // copy forwards src to dst, holding what it read while the proxy is
-// stalled.
-func (p *Proxy) copy(dst io.Writer, src io.Reader) {
+// stalled, and each chunk for delay after it was read.
+func (p *Proxy) copy(dst io.Writer, src io.Reader, delay time.Duration) {
+	if delay > 0 {
+		dst = newDelayedWriter(dst, delay)
+		defer dst.(*delayedWriter).close()
+	}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -107,6 +116,63 @@ func (p *Proxy) copy(dst io.Writer, src io.Reader) {
 			return
 		}
 	}
+}
+
+// SetDelay makes the connections opened from now on deliver every chunk d
+// after the proxy read it, in each direction — a distant server, for
+// measuring what latency does to a client (a round trip then takes at least
+// 2d). Chunks keep their order and do not wait for each other: a delay, not
+// a bandwidth limit.
+func (p *Proxy) SetDelay(d time.Duration) {
+	p.mu.Lock()
+	p.delay = d
+	p.mu.Unlock()
+}
+
+// delayedWriter writes each chunk to w delay after Write was given it.
+type delayedWriter struct {
+	w      io.Writer
+	delay  time.Duration
+	chunks chan delayedChunk
+	failed chan struct{} // closed when a write to w failed
+	done   chan struct{}
+}
+
+type delayedChunk struct {
+	at   time.Time
+	data []byte
+}
+
+func newDelayedWriter(w io.Writer, delay time.Duration) *delayedWriter {
+	d := &delayedWriter{w: w, delay: delay, chunks: make(chan delayedChunk, 4096), failed: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		for c := range d.chunks {
+			time.Sleep(time.Until(c.at))
+			if _, err := d.w.Write(c.data); err != nil {
+				close(d.failed)
+				for range d.chunks { // drain, so Write never blocks
+				}
+				return
+			}
+		}
+	}()
+	return d
+}
+
+func (d *delayedWriter) Write(b []byte) (int, error) {
+	select {
+	case <-d.failed:
+		return 0, io.ErrClosedPipe
+	case d.chunks <- delayedChunk{at: time.Now().Add(d.delay), data: append([]byte(nil), b...)}:
+		return len(b), nil
+	}
+}
+
+// close delivers what is pending, then returns.
+func (d *delayedWriter) close() {
+	close(d.chunks)
+	<-d.done
 }
 
 // Stall holds every byte in either direction, on open connections and new

@@ -110,6 +110,10 @@ func OpenRedisConfig(t testing.TB, addr string, cfg redisstore.Config) *redissto
 		opt := *c.Options()
 		opt.Addr = addr
 		opt.MaxRetries = -1 // NewClient turned the -1 into 0; 0 would mean 3 again
+		// Through a proxy that delays (Proxy.SetDelay) every call holds its
+		// connection longer: enough of them that a benchmark's goroutines
+		// do not wait for the pool.
+		opt.PoolSize = max(opt.PoolSize, 64)
 		c.Close()
 		c = redis.NewClient(&opt)
 	}

@@ -20,8 +20,8 @@ import (
 //
 // Each runs with b.RunParallel, so -cpu sets the concurrency.
 func Bench(b *testing.B, newStore NewStore) {
-	b.Run("Lifecycle", func(b *testing.B) { benchLifecycle(b, newStore, 1) })
-	b.Run("Lifecycle32", func(b *testing.B) { benchLifecycle(b, newStore, 16) })
+	b.Run("Lifecycle", func(b *testing.B) { BenchLifecycle(b, newStore, 1) })
+	b.Run("Lifecycle32", func(b *testing.B) { BenchLifecycle(b, newStore, 16) })
 	b.Run("Replay", func(b *testing.B) {
 		s := newStore(b)
 		ctx := context.Background()
@@ -69,9 +69,9 @@ func Bench(b *testing.B, newStore NewStore) {
 	})
 }
 
-// benchLifecycle runs lifecycles of fresh keys from parallelism goroutines
-// per -cpu.
-func benchLifecycle(b *testing.B, newStore NewStore, parallelism int) {
+// BenchLifecycle runs lifecycles (acquire a fresh key, complete it) from
+// parallelism goroutines per -cpu, and reports lifecycles/s.
+func BenchLifecycle(b *testing.B, newStore NewStore, parallelism int) {
 	s := newStore(b)
 	var seq atomic.Uint64
 	result := []byte(`{"ok":true}`)
@@ -93,4 +93,5 @@ func benchLifecycle(b *testing.B, newStore NewStore, parallelism int) {
 			}
 		}
 	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "lifecycles/s")
 }

@@ -1,0 +1,59 @@
+package testenv
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// TestProxyDelay: through a proxy with a delay, every exchange with an
+// echo server takes at least twice the delay, and a burst of messages
+// arrives whole and in order (the chunks do not wait for each other).
+func TestProxyDelay(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	p := StartProxy(t, ln.Addr().String())
+	const delay = 20 * time.Millisecond
+	p.SetDelay(delay)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	start := time.Now()
+	const burst = 50
+	for i := range burst {
+		if _, err := c.Write([]byte{byte('a' + i%26), '\n'}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range burst {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line != string([]byte{byte('a' + i%26), '\n'}) {
+			t.Fatalf("message %d: %q", i, line)
+		}
+		if i == 0 {
+			if rtt := time.Since(start); rtt < 2*delay {
+				t.Fatalf("the first answer came after %v, under twice the delay (%v)", rtt, delay)
+			}
+		}
+	}
+}
