@@ -110,6 +110,18 @@ type Archiver interface {
 	Archive(ctx context.Context, rec Record, retention time.Duration) error
 }
 
+// Unclaimer is implemented by stores that can give back a claim under which
+// nothing ran. Unclaim is Release (the record in flight under fence becomes
+// released; ErrStaleFence otherwise) that also takes back the attempt the
+// claim counted, so MaxAttempts counts only acquisitions that may have run
+// work. The tiered store uses it when it fails an acquisition closed after
+// taking the hot claim (the cold tier unreachable): a store outage must not
+// poison a key whose work never ran. memstore, sqlitestore, pgstore and
+// redisstore implement it.
+type Unclaimer interface {
+	Unclaim(ctx context.Context, key string, fence uint64) error
+}
+
 // StoredArchiver is an Archiver that also tells whether rec was stored
 // (false: what the key held was kept, by Archive's rules). The tiered store
 // uses it to tell a settle whose archive a concurrent Delete kept out (its

@@ -11,9 +11,10 @@ import (
 )
 
 var (
-	_ idem.Store    = (*Store)(nil)
-	_ idem.Lister   = (*Store)(nil)
-	_ idem.Archiver = (*Store)(nil)
+	_ idem.Store     = (*Store)(nil)
+	_ idem.Lister    = (*Store)(nil)
+	_ idem.Archiver  = (*Store)(nil)
+	_ idem.Unclaimer = (*Store)(nil)
 )
 
 // Config configures a Store. The zero value works.
@@ -263,6 +264,16 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 		e.state = idem.StateReleased
 		e.leaseUntil = time.Time{}
 		e.updatedAt = now
+	})
+}
+
+// Unclaim implements idem.Unclaimer.
+func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
+	return s.owned(ctx, key, fence, func(e *entry, now time.Time) {
+		e.state = idem.StateReleased
+		e.leaseUntil = time.Time{}
+		e.updatedAt = now
+		e.attempts = max(e.attempts-1, 0)
 	})
 }
 

@@ -19,10 +19,11 @@ import (
 )
 
 var (
-	_ idem.Store    = (*Store)(nil)
-	_ idem.Lister   = (*Store)(nil)
-	_ idem.Migrator = (*Store)(nil)
-	_ idem.Archiver = (*Store)(nil)
+	_ idem.Store     = (*Store)(nil)
+	_ idem.Lister    = (*Store)(nil)
+	_ idem.Migrator  = (*Store)(nil)
+	_ idem.Archiver  = (*Store)(nil)
+	_ idem.Unclaimer = (*Store)(nil)
 )
 
 // Config configures a Store: New takes Pool, Open takes ConnString (or
@@ -114,8 +115,8 @@ type Store struct {
 }
 
 type statements struct {
-	acquire, heartbeat, settle, release, get, del, sweep, list, archive string
-	acquireMany, settleMany                                             string
+	acquire, heartbeat, settle, release, unclaim, get, del, sweep, list, archive string
+	acquireMany, settleMany                                                      string
 }
 
 // Open connects a pool from cfg.ConnString (or uses cfg.Pool) and migrates
@@ -298,6 +299,8 @@ WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 	expires_at = ` + expiryAfter(`$3::float8`) + `, updated_at = now()
 WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 		release: `UPDATE ` + table + ` SET state = 5, lease_until = now(), updated_at = now()
+WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
+		unclaim: `UPDATE ` + table + ` SET state = 5, lease_until = now(), updated_at = now(), attempts = greatest(attempts - 1, 0)
 WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 		get:   `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k = $1 AND expires_at > now()`,
 		del:   `DELETE FROM ` + table + ` WHERE k = $1`,
@@ -488,6 +491,14 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 		return err
 	}
 	return s.exec(ctx, "release", s.sql.release, key, int64(fence))
+}
+
+// Unclaim implements idem.Unclaimer with one statement.
+func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return err
+	}
+	return s.exec(ctx, "unclaim", s.sql.unclaim, key, int64(fence))
 }
 
 // Get implements idem.Store.

@@ -22,9 +22,10 @@ import (
 )
 
 var (
-	_ idem.Store   = (*Store)(nil)
-	_ idem.Lister  = (*Store)(nil)
-	_ idem.Scanner = (*Store)(nil)
+	_ idem.Store     = (*Store)(nil)
+	_ idem.Lister    = (*Store)(nil)
+	_ idem.Scanner   = (*Store)(nil)
+	_ idem.Unclaimer = (*Store)(nil)
 )
 
 //go:embed record.lua
@@ -720,6 +721,14 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 		return err
 	}
 	return s.owned(ctx, "release", "x", key, fence, 0, nil)
+}
+
+// Unclaim implements idem.Unclaimer with one script.
+func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return err
+	}
+	return s.owned(ctx, "unclaim", "u", key, fence, 0, nil)
 }
 
 // fields are those of the first encoding: a hash per record.

@@ -19,10 +19,11 @@ import (
 )
 
 var (
-	_ idem.Store    = (*Store)(nil)
-	_ idem.Lister   = (*Store)(nil)
-	_ idem.Migrator = (*Store)(nil)
-	_ idem.Archiver = (*Store)(nil)
+	_ idem.Store     = (*Store)(nil)
+	_ idem.Lister    = (*Store)(nil)
+	_ idem.Migrator  = (*Store)(nil)
+	_ idem.Archiver  = (*Store)(nil)
+	_ idem.Unclaimer = (*Store)(nil)
 )
 
 // Config configures a Store. Only Path is required.
@@ -60,8 +61,8 @@ type Store struct {
 	clock  idem.Clock
 	limits idem.Limits
 
-	acquire, heartbeat, settle, release, get, del, sweep, list, archive *sql.Stmt
-	closed                                                              atomic.Bool
+	acquire, heartbeat, settle, release, unclaim, get, del, sweep, list, archive *sql.Stmt
+	closed                                                                       atomic.Bool
 
 	writes *coalesce.Group[writeCall, idem.Acquisition] // nil: NoCoalesce
 }
@@ -178,6 +179,8 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.settle, `UPDATE idem_records SET state = ?5, result = ?6, lease_until = 0, expires_at = ?3 + ?4, updated_at = ?3
 			WHERE k = ?1 AND fence = ?2 AND state = 1 AND expires_at > ?3`},
 		{&s.release, `UPDATE idem_records SET state = 5, lease_until = 0, updated_at = ?3
+			WHERE k = ?1 AND fence = ?2 AND state = 1 AND expires_at > ?3`},
+		{&s.unclaim, `UPDATE idem_records SET state = 5, lease_until = 0, updated_at = ?3, attempts = max(attempts - 1, 0)
 			WHERE k = ?1 AND fence = ?2 AND state = 1 AND expires_at > ?3`},
 		{&s.get, `SELECT ` + recordCols + ` FROM idem_records WHERE k = ?1 AND expires_at > ?2`},
 		{&s.del, `DELETE FROM idem_records WHERE k = ?1`},
@@ -337,6 +340,14 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 		return err
 	}
 	return s.owned(ctx, "release", s.release, key, int64(fence), s.nowMs())
+}
+
+// Unclaim implements idem.Unclaimer with one statement.
+func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return err
+	}
+	return s.owned(ctx, "unclaim", s.unclaim, key, int64(fence), s.nowMs())
 }
 
 // Get implements idem.Store.

@@ -80,6 +80,7 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 		{"SettlePastRetentionRefused", testSettlePastRetention},
 		{"PoisonKeepsRetention", testPoisonKeepsRetention},
 		{"ReleaseKeepsRetention", testReleaseKeepsRetention},
+		{"UnclaimTakesBackTheAttempt", testUnclaim},
 		{"CountStates", testCountStates},
 	}
 	if caps.ListsRecords {
@@ -981,6 +982,42 @@ func testPoisonKeepsRetention(t *testing.T, s idem.Store) {
 	if err != nil || rec.State != idem.StatePoisoned || rec.ExpiresAt.Before(before) {
 		t.Fatalf("poisoned record %+v, %v; want expiry at or after %v", rec, err, before)
 	}
+}
+
+// testUnclaim: Unclaim (idem.Unclaimer) gives a claim back like Release
+// and takes back the attempt it counted: with MaxAttempts 1 the key is
+// acquired again, not poisoned. A stale fence and a second Unclaim are
+// refused; a Release after it counts as before.
+func testUnclaim(t *testing.T, s idem.Store) {
+	u, ok := s.(idem.Unclaimer)
+	if !ok {
+		t.Skip("the store does not implement idem.Unclaimer")
+	}
+	ctx := context.Background()
+	r := req("k")
+	r.MaxAttempts = 1
+	a := mustAcquire(t, s, r, idem.Acquired)
+	if err := u.Unclaim(ctx, "k", a.Fence+1); !errors.Is(err, idem.ErrStaleFence) {
+		t.Fatalf("Unclaim with another fence: %v, want ErrStaleFence", err)
+	}
+	if err := u.Unclaim(ctx, "k", a.Fence); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(ctx, "k")
+	if err != nil || rec.State != idem.StateReleased || rec.Attempts != 0 {
+		t.Fatalf("after Unclaim: %+v, %v; want released with 0 attempts", rec, err)
+	}
+	if err := u.Unclaim(ctx, "k", a.Fence); !errors.Is(err, idem.ErrStaleFence) {
+		t.Fatalf("a second Unclaim: %v, want ErrStaleFence", err)
+	}
+	b := mustAcquire(t, s, r, idem.Acquired)
+	if b.Record.Attempts != 1 || b.Fence <= a.Fence {
+		t.Fatalf("the claim after Unclaim: attempts %d, fence %d (before %d)", b.Record.Attempts, b.Fence, a.Fence)
+	}
+	if err := s.Release(ctx, "k", b.Fence); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, s, r, idem.Poisoned)
 }
 
 // testReleaseKeepsRetention: a released record keeps its expiry (so its

@@ -759,3 +759,42 @@ func TestRefusedSettleKeepsADeleteUnderWay(t *testing.T) {
 		t.Fatalf("a request while the Delete is under way: %v (fence %d), %v; want ErrStoreUnavailable (retry)", b.Outcome, b.Fence, err)
 	}
 }
+
+// TestColdOutageNeverPoisons: a request whose acquisition fails closed —
+// the cold tier unreachable after the hot claim was taken — ran nothing,
+// so it must not count as an attempt: with MaxAttempts 1, the retry after
+// the outage runs the work. Before, the hot claim was given back with
+// Release, which counts it, and the retry was told Poisoned — a store
+// outage turned into a permanent refusal of work that never ran.
+func TestColdOutageNeverPoisons(t *testing.T) {
+	conn, proxy := testenv.PostgresProxy(t)
+	cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: conn})
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-20", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour, MaxAttempts: 1}
+	proxy.Cut()
+	for i := range 2 {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		b, err := s.Acquire(cctx, req)
+		cancel()
+		if err == nil {
+			t.Fatalf("acquisition %d during the cold outage: %v — a claim without the cold answer", i, b.Outcome)
+		}
+	}
+	proxy.Restore()
+	for {
+		a, err := s.Acquire(ctx, req)
+		if err != nil {
+			time.Sleep(50 * time.Millisecond) // the pool reconnects
+			continue
+		}
+		if a.Outcome != idem.Acquired {
+			t.Fatalf("after the outage: %v (attempts %d), want Acquired: nothing ran during the outage", a.Outcome, a.Record.Attempts)
+		}
+		break
+	}
+}

@@ -130,7 +130,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err == nil && deleting(rec) {
 		// A Delete is between its tombstone and its hot removal, which may
 		// remove this claim too: it is not a claim to hand out.
-		_ = s.hot.Release(context.WithoutCancel(ctx), req.Key, a.Fence)
+		_ = s.giveBack(context.WithoutCancel(ctx), req.Key, a.Fence)
 		return idem.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the key is being deleted; retry", idem.ErrStoreUnavailable)
 	}
 	if errors.Is(err, idem.ErrNotFound) || (err == nil && rec.State != idem.StateCompleted && rec.State != idem.StateFailed) {
@@ -144,7 +144,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 				// read outlasted the lease: the claim is not ours.
 				return idem.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the claim was deleted or taken over while the cold tier was consulted; retry", idem.ErrStoreUnavailable)
 			}
-			_ = s.hot.Release(context.WithoutCancel(ctx), req.Key, a.Fence)
+			_ = s.giveBack(context.WithoutCancel(ctx), req.Key, a.Fence)
 			return idem.Acquisition{}, err
 		}
 		a.Record.LeaseUntil = start.Add(req.Lease) // no later than the store's
@@ -154,7 +154,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err != nil {
 		// Fail closed: give the claim back and report the cold tier's
 		// failure. The next claim asks the cold tier again.
-		_ = s.hot.Release(bg, req.Key, a.Fence)
+		_ = s.giveBack(bg, req.Key, a.Fence)
 		return idem.Acquisition{}, fmt.Errorf("cold tier: %w", err)
 	}
 	if rec.Fingerprint != req.Fingerprint {
@@ -170,16 +170,28 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	// re-warmed at all (the next duplicate asks the cold tier again).
 	keep := s.hotRetention(time.Until(rec.ExpiresAt) - rewarmMargin)
 	if keep < time.Millisecond {
-		err = s.hot.Release(bg, req.Key, a.Fence)
+		err = s.giveBack(bg, req.Key, a.Fence)
 	} else if rec.State == idem.StateFailed {
 		err = s.hot.Fail(bg, req.Key, a.Fence, rec.Result, keep)
 	} else {
 		err = s.hot.Complete(bg, req.Key, a.Fence, rec.Result, keep)
 	}
 	if err != nil {
-		_ = s.hot.Release(bg, req.Key, a.Fence)
+		_ = s.giveBack(bg, req.Key, a.Fence)
 	}
 	return idem.Acquisition{Outcome: idem.Replayed, Record: rec}, nil
+}
+
+// giveBack returns a hot claim under which nothing ran (the acquisition
+// failed closed, or the claim was momentary: taken to consult the cold
+// tier). Where the hot store can (idem.Unclaimer), the claim's attempt is
+// taken back too, so that a cold-tier outage does not count toward
+// MaxAttempts and poison a key whose work never ran.
+func (s *Store) giveBack(ctx context.Context, key string, fence uint64) error {
+	if u, ok := s.hot.(idem.Unclaimer); ok {
+		return u.Unclaim(ctx, key, fence)
+	}
+	return s.hot.Release(ctx, key, fence)
 }
 
 // Heartbeat implements idem.Store (hot tier).
