@@ -20,17 +20,11 @@ import (
 
 // TestColdBlipNeverSkipsTheColdTier: a payment completed, its hot record
 // gone (hot retention); a duplicate arrives while the cold tier is
-// unreachable (fails closed), and its retry — the hot record now counting a
-// second attempt — must still consult the cold tier and replay, not run the
-// payment again.
+// unreachable (fails closed), and its retry — the hot tier now holding the
+// claim the failed acquisitions gave back — must still consult the cold
+// tier and replay, not run the payment again.
 func TestColdBlipNeverSkipsTheColdTier(t *testing.T) {
-	conn, proxy := testenv.PostgresProxy(t)
-	cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: conn})
-	hot := memstore.New(memstore.Config{SweepInterval: -1})
-	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, proxy := proxiedColdTiers(t, 100*time.Millisecond)
 	ctx := context.Background()
 	req := idem.AcquireRequest{Key: "PAY-1", Fingerprint: "fp", Lease: time.Minute, Retention: 72 * time.Hour}
 	a, err := s.Acquire(ctx, req)
@@ -41,26 +35,8 @@ func TestColdBlipNeverSkipsTheColdTier(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond) // the hot tier forgets the completion
-	proxy.Cut()
-	for i := range 2 {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		b, err := s.Acquire(cctx, req)
-		cancel()
-		if err == nil {
-			t.Fatalf("duplicate %d during the cold outage: %v — a claim without the cold answer", i, b.Outcome)
-		}
-	}
-	proxy.Restore()
-	for {
-		r, err := s.Acquire(ctx, req)
-		if err != nil {
-			time.Sleep(50 * time.Millisecond) // the pool reconnects
-			continue
-		}
-		if r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
-			t.Fatalf("retry after the cold outage: %v %q — the payment would run again", r.Outcome, r.Record.Result)
-		}
-		break
+	if r := acquireAcrossAColdOutage(t, s, proxy, req); r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
+		t.Fatalf("retry after the cold outage: %v %q — the payment would run again", r.Outcome, r.Record.Result)
 	}
 }
 
@@ -235,6 +211,44 @@ func pauseTiers(t *testing.T, coldKind string) (*tieredstore.Store, *storetest.M
 }
 
 const pauseSettle = 200 * time.Millisecond
+
+// proxiedColdTiers returns a tiered store over a memory hot tier and a
+// PostgreSQL cold tier reached through a proxy the test can cut.
+func proxiedColdTiers(t *testing.T, hotRetention time.Duration) (*tieredstore.Store, *testenv.Proxy) {
+	conn, proxy := testenv.PostgresProxy(t)
+	cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: conn})
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: hotRetention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, proxy
+}
+
+// acquireAcrossAColdOutage cuts the cold tier, checks that two
+// acquisitions of req fail closed meanwhile, restores it and returns the
+// first acquisition that gets an answer after.
+func acquireAcrossAColdOutage(t *testing.T, s *tieredstore.Store, proxy *testenv.Proxy, req idem.AcquireRequest) idem.Acquisition {
+	t.Helper()
+	ctx := context.Background()
+	proxy.Cut()
+	for i := range 2 {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		b, err := s.Acquire(cctx, req)
+		cancel()
+		if err == nil {
+			t.Fatalf("acquisition %d during the cold outage: %v — a claim without the cold answer", i, b.Outcome)
+		}
+	}
+	proxy.Restore()
+	for {
+		a, err := s.Acquire(ctx, req)
+		if err == nil {
+			return a
+		}
+		time.Sleep(50 * time.Millisecond) // the pool reconnects
+	}
+}
 
 // completedInTheColdTierOnly claims and completes req's key ("booked"),
 // then removes the hot copy, as the hot retention would.
@@ -767,34 +781,9 @@ func TestRefusedSettleKeepsADeleteUnderWay(t *testing.T) {
 // Release, which counts it, and the retry was told Poisoned — a store
 // outage turned into a permanent refusal of work that never ran.
 func TestColdOutageNeverPoisons(t *testing.T) {
-	conn, proxy := testenv.PostgresProxy(t)
-	cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: conn})
-	hot := memstore.New(memstore.Config{SweepInterval: -1})
-	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
+	s, proxy := proxiedColdTiers(t, time.Hour)
 	req := idem.AcquireRequest{Key: "PAY-20", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour, MaxAttempts: 1}
-	proxy.Cut()
-	for i := range 2 {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		b, err := s.Acquire(cctx, req)
-		cancel()
-		if err == nil {
-			t.Fatalf("acquisition %d during the cold outage: %v — a claim without the cold answer", i, b.Outcome)
-		}
-	}
-	proxy.Restore()
-	for {
-		a, err := s.Acquire(ctx, req)
-		if err != nil {
-			time.Sleep(50 * time.Millisecond) // the pool reconnects
-			continue
-		}
-		if a.Outcome != idem.Acquired {
-			t.Fatalf("after the outage: %v (attempts %d), want Acquired: nothing ran during the outage", a.Outcome, a.Record.Attempts)
-		}
-		break
+	if a := acquireAcrossAColdOutage(t, s, proxy, req); a.Outcome != idem.Acquired {
+		t.Fatalf("after the outage: %v (attempts %d), want Acquired: nothing ran during the outage", a.Outcome, a.Record.Attempts)
 	}
 }
