@@ -51,7 +51,11 @@ func (c *NATSCluster) start(t testing.TB, pick func(testing.TB) int, bin, dir st
 		addr := strings.TrimPrefix(u, "nats://")
 		p := c.procs[i]
 		if err := p.waitReady(10*time.Second, func() error {
-			if err := p.logSays("Server is ready"); err != nil { // after it bound its ports
+			// nats-server says it is ready, and answers on its client port,
+			// before it binds its route port: a server whose route port is
+			// taken exits a moment after. The route listener's line comes
+			// after that bind.
+			if err := p.logSays("Listening for route connections on "); err != nil {
 				return err
 			}
 			return listening(addr)
