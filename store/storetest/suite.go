@@ -28,6 +28,8 @@ type Capabilities struct {
 	SelfExpiring bool
 	// Archives: the store implements idem.Archiver.
 	Archives bool
+	// Unclaims: the store implements idem.Unclaimer.
+	Unclaims bool
 }
 
 // NewStore returns a fresh, isolated store for one case and registers its
@@ -80,7 +82,6 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 		{"SettlePastRetentionRefused", testSettlePastRetention},
 		{"PoisonKeepsRetention", testPoisonKeepsRetention},
 		{"ReleaseKeepsRetention", testReleaseKeepsRetention},
-		{"UnclaimTakesBackTheAttempt", testUnclaim},
 		{"CountStates", testCountStates},
 	}
 	if caps.ListsRecords {
@@ -94,6 +95,12 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 			name string
 			fn   func(t *testing.T, s idem.Store)
 		}{"Archive", testArchive})
+	}
+	if caps.Unclaims {
+		cases = append(cases, struct {
+			name string
+			fn   func(t *testing.T, s idem.Store)
+		}{"UnclaimTakesBackTheAttempt", testUnclaim})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -991,7 +998,7 @@ func testPoisonKeepsRetention(t *testing.T, s idem.Store) {
 func testUnclaim(t *testing.T, s idem.Store) {
 	u, ok := s.(idem.Unclaimer)
 	if !ok {
-		t.Skip("the store does not implement idem.Unclaimer")
+		t.Fatalf("%T does not implement idem.Unclaimer (Capabilities.Unclaims)", s)
 	}
 	ctx := context.Background()
 	r := req("k")

@@ -110,7 +110,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 			// Delete is under way and removes the hot copy next (which may
 			// be a duplicate's momentary claim, with no work under it).
 			// Neither InProgress nor the settled record is the answer.
-			return idem.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the key is being deleted; retry", idem.ErrStoreUnavailable)
+			return idem.Acquisition{}, errBeingDeleted
 		}
 		if errors.Is(err, idem.ErrNotFound) || (err == nil && rec.State != idem.StateCompleted && rec.State != idem.StateFailed) {
 			return a, nil
@@ -131,7 +131,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		// A Delete is between its tombstone and its hot removal, which may
 		// remove this claim too: it is not a claim to hand out.
 		_ = s.giveBack(context.WithoutCancel(ctx), req.Key, a.Fence)
-		return idem.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the key is being deleted; retry", idem.ErrStoreUnavailable)
+		return idem.Acquisition{}, errBeingDeleted
 	}
 	if errors.Is(err, idem.ErrNotFound) || (err == nil && rec.State != idem.StateCompleted && rec.State != idem.StateFailed) {
 		// The claim must still stand after the cold round trip: a Delete
@@ -304,16 +304,16 @@ func (s *Store) settleRefused(ctx context.Context, rec idem.Record, stored bool,
 	if herr != nil && !errors.Is(herr, idem.ErrNotFound) {
 		return s.withdraw(ctx, rec, fmt.Errorf("%w (the hot tier could not be read: %v)", ErrSettleUncertain, herr))
 	}
-	cold, cerr := s.cold.Get(ctx, rec.Key)
+	archived, cerr := s.cold.Get(ctx, rec.Key)
 	switch {
 	case cerr != nil && !errors.Is(cerr, idem.ErrNotFound):
 		return s.withdraw(ctx, rec, fmt.Errorf("%w (the cold tier could not be read: %v)", ErrSettleUncertain, cerr))
-	case cerr == nil && cold.Fence == rec.Fence && sameSettle(cold, rec):
+	case cerr == nil && archived.Fence == rec.Fence && sameSettle(archived, rec):
 		if errors.Is(herr, idem.ErrNotFound) {
 			return nil // the hot record went (deleted or expired); the archive stands alone
 		}
 		return s.withdraw(ctx, rec, ErrSettleUncertain)
-	case cerr == nil && cold.State != idem.StateReleased:
+	case cerr == nil && archived.State != idem.StateReleased:
 		// A larger fence's settle replaced the archive: another owner took
 		// the key over and settled it after this result was visible.
 		return ErrSettleUncertain
@@ -423,6 +423,9 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 // claim, which the hot removal could take away. A tombstone of an earlier
 // release (no result) counts as a finished Delete.
 const deletingMark = "idem/tieredstore: delete under way"
+
+// errBeingDeleted answers an acquisition that met a Delete under way.
+var errBeingDeleted = fmt.Errorf("%w: idem/tieredstore: the key is being deleted; retry", idem.ErrStoreUnavailable)
 
 // deleting reports whether rec is the tombstone of a Delete under way.
 func deleting(rec idem.Record) bool {
