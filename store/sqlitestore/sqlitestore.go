@@ -61,8 +61,8 @@ type Store struct {
 	clock  idem.Clock
 	limits idem.Limits
 
-	acquire, heartbeat, settle, release, unclaim, get, del, sweep, list, archive *sql.Stmt
-	closed                                                                       atomic.Bool
+	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive *sql.Stmt
+	closed                                                                                atomic.Bool
 
 	writes *coalesce.Group[writeCall, idem.Acquisition] // nil: NoCoalesce
 }
@@ -183,8 +183,13 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.unclaim, `UPDATE idem_records SET state = 5, lease_until = 0, updated_at = ?3, attempts = max(attempts - 1, 0)
 			WHERE k = ?1 AND fence = ?2 AND state = 1 AND expires_at > ?3`},
 		{&s.get, `SELECT ` + recordCols + ` FROM idem_records WHERE k = ?1 AND expires_at > ?2`},
-		{&s.del, `DELETE FROM idem_records WHERE k = ?1`},
-		{&s.sweep, `DELETE FROM idem_records WHERE k IN (SELECT k FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)`},
+		// ?1 key, ?2 now (ms), ?3 fence: a deleted record stays as an
+		// expired row that keeps its fence (see deleted).
+		{&s.del, `UPDATE idem_records SET ` + deleted + ` WHERE k = ?1`},
+		{&s.delUpTo, `UPDATE idem_records SET ` + deleted + ` WHERE k = ?1 AND fence <= ?3`},
+		// Strictly before now: see deleted. It answers each row's outcome,
+		// 0 for a deleted record's (not counted: Delete removed the record).
+		{&s.sweep, `DELETE FROM idem_records WHERE k IN (SELECT k FROM idem_records WHERE expires_at < ?1 LIMIT ?2) RETURNING outcome`},
 		{&s.list, `SELECT ` + recordCols + ` FROM idem_records WHERE k > ?1 AND expires_at > ?2 ORDER BY k LIMIT ?3`},
 		// ?1 key, ?2 state, ?3 fence, ?4 fp, ?5 attempts, ?6 result, ?7 now, ?8 retention ms
 		{&s.archive, `INSERT INTO idem_records (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
@@ -204,6 +209,17 @@ func (s *Store) prepare(ctx context.Context) error {
 	}
 	return nil
 }
+
+// deleted is what Delete and DeleteUpTo set: the record expires now, so
+// no call sees it, but its row stays until a sweep a millisecond later and
+// keeps its fence, from which the key's next claim counts up. Removing the
+// row instead let a claim within the same millisecond take the fence floor
+// again (SQLite's clock has milliseconds: every claim on an empty key in
+// one millisecond takes the same floor) — the deleted claim's fence, under
+// which its owner's calls were then accepted on the new claim. The sweep
+// removes rows that expired before the current millisecond only, so a
+// claim after the sweep takes a floor above every fence of the row.
+const deleted = `state = 5, result = NULL, lease_until = 0, expires_at = min(expires_at, ?2), updated_at = ?2, outcome = 0`
 
 // fences is shared by every Store of the process, so fences stay strictly
 // increasing even for a file opened twice and with an injected clock;
@@ -364,22 +380,39 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	_, err := s.del.ExecContext(ctx, key)
+	_, err := s.del.ExecContext(ctx, key, s.nowMs())
 	return s.wrap("delete", err)
 }
 
-// Sweep implements idem.Store: one DELETE of up to limit expired records (no
-// limit when limit <= 0).
+// DeleteUpTo implements idem.FencedDeleter.
+func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
+	_, err := s.delUpTo.ExecContext(ctx, key, s.nowMs(), int64(fence))
+	return s.wrap("delete", err)
+}
+
+// Sweep implements idem.Store: one DELETE of up to limit expired rows (no
+// limit when limit <= 0). It counts the records past their retention; the
+// rows that deleted records leave (see deleted) go too, uncounted.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		limit = -1
 	}
-	res, err := s.sweep.ExecContext(ctx, s.nowMs(), limit)
+	rows, err := s.sweep.QueryContext(ctx, s.nowMs(), limit)
 	if err != nil {
 		return 0, s.wrap("sweep", err)
 	}
-	n, err := res.RowsAffected()
-	return int(n), s.wrap("sweep", err)
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var outcome int
+		if err := rows.Scan(&outcome); err != nil {
+			return n, s.wrap("sweep", err)
+		}
+		if outcome != 0 {
+			n++
+		}
+	}
+	return n, s.wrap("sweep", rows.Err())
 }
 
 // List implements idem.Lister.

@@ -33,7 +33,7 @@ func newStore(t testing.TB) idem.Store {
 // TestConformance runs the suite on the store's injected clock: the lease
 // and retention cases advance it instead of sleeping.
 func TestConformance(t *testing.T) {
-	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
+	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
 		s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Clock: clock})
 		if err != nil {
 			t.Fatal(err)
@@ -159,10 +159,61 @@ func TestFenceFloorAtExecution(t *testing.T) {
 	}
 }
 
+// TestFencesAcrossADeleteWithinAMillisecond: SQLite's clock has
+// milliseconds, so a claim on an empty key takes the fence floor of the
+// next millisecond — the same fence for every such claim within one. A key
+// claimed (here by another process: a row with that fence), deleted and
+// claimed again within the millisecond was handed the deleted claim's
+// fence, and the old owner's Complete was accepted on the new owner's
+// claim. The claim after a Delete must be above every fence the key had.
+func TestFencesAcrossADeleteWithinAMillisecond(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	s := openAt(t, path)
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	req := idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	for i := range 50 {
+		now := time.Now().UnixMilli()
+		other := (now + 1) * 1000 // the floor another process's claim took this millisecond
+		if _, err := db.Exec(`INSERT INTO idem_records (k, state, fence, fp, attempts, lease_until, expires_at, updated_at, outcome)
+			VALUES ('k', 1, ?, 'fp', 1, ?, ?, ?, 1)`, other, now+60_000, now+3_600_000, now); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Delete(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+		a, err := s.Acquire(ctx, req)
+		if err != nil || a.Outcome != idem.Acquired {
+			t.Fatal(a.Outcome, err)
+		}
+		if err := s.Complete(ctx, "k", uint64(other), []byte("the old owner's"), time.Hour); !errors.Is(err, idem.ErrStaleFence) {
+			t.Fatalf("round %d: the deleted claim's owner (fence %d) completed the new claim (fence %d): %v", i, other, a.Fence, err)
+		}
+		// A claim of this process, deleted and claimed again at once.
+		if err := s.Delete(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+		b, err := s.Acquire(ctx, req)
+		if err != nil || b.Outcome != idem.Acquired {
+			t.Fatal(b.Outcome, err)
+		}
+		if b.Fence <= a.Fence {
+			t.Fatalf("round %d: the claim after a Delete has fence %d, the deleted one had %d", i, b.Fence, a.Fence)
+		}
+		if _, err := db.Exec(`DELETE FROM idem_records`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestConformanceUncoalesced runs the suite with every call its own
 // transaction (Config.NoCoalesce).
 func TestConformanceUncoalesced(t *testing.T) {
-	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
+	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
 		s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Clock: clock, NoCoalesce: true})
 		if err != nil {
 			t.Fatal(err)

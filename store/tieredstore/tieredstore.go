@@ -160,7 +160,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if rec.Fingerprint != req.Fingerprint {
 		// The hot record was made by this mismatching request: drop our own
 		// claim so it does not shadow the archived fingerprint.
-		_ = s.hot.Delete(bg, req.Key)
+		_ = s.removeHot(bg, req.Key, a.Fence)
 		return idem.Acquisition{Outcome: idem.Mismatch, Record: rec}, nil
 	}
 	// Re-warm the hot tier with the archived result. The hot copy must
@@ -376,8 +376,14 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 // removal would take away — the next request would be handed a second one.
 // Once the hot record is gone the mark is cleared and the key is new. A
 // Delete that stops half-way leaves the key closed to new claims until its
-// tombstone expires (SettleTimeout). Two Deletes of one key at once may
-// clear each other's mark early.
+// tombstone expires (SettleTimeout).
+//
+// The hot record is removed up to the tombstone's fence where the hot store
+// can (idem.FencedDeleter: memstore and redisstore do): a claim made after
+// Delete read the tiers — the key's next generation, possible once another
+// Delete of the key at the same time has cleared its mark — is kept. With
+// a hot store that cannot, two Deletes of one key at once may take away
+// such a claim.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	var fence uint64
 	found := false
@@ -406,7 +412,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	if s.duringDelete != nil {
 		s.duringDelete()
 	}
-	if err := s.hot.Delete(ctx, key); err != nil {
+	if err := s.removeHot(ctx, key, fence); err != nil {
 		return err
 	}
 	// The hot tier holds nothing of the deleted generation now: claims from
@@ -416,6 +422,16 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		return fmt.Errorf("idem/tieredstore: the key is deleted, but it stays closed to new claims until its tombstone expires (%v): %w", s.settleTimeout, err)
 	}
 	return nil
+}
+
+// removeHot removes key's hot record of the generations up to fence: where
+// the hot store can (idem.FencedDeleter), a record with a larger fence — a
+// later generation's claim — is kept.
+func (s *Store) removeHot(ctx context.Context, key string, fence uint64) error {
+	if d, ok := s.hot.(idem.FencedDeleter); ok {
+		return d.DeleteUpTo(ctx, key, fence)
+	}
+	return s.hot.Delete(ctx, key)
 }
 
 // deletingMark is the result of a Delete's tombstone until the Delete has
