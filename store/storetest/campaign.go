@@ -224,14 +224,23 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 			cfg.Restore()
 			rep.Outages++
 		case f < 8:
+			// One Delete, or (one time in three) two of the same key at once,
+			// as two operators might.
 			key := "c" + strconv.Itoa(frng.IntN(cfg.Keys))
-			in := opInput{Kind: opDelete, Key: key}
-			id := logs.call(in)
-			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			err := s.Delete(dctx, key)
-			cancel()
-			logs.ret(id, outputOf(err))
-			rep.Deletes++
+			var deletes sync.WaitGroup
+			for range 1 + frng.IntN(3)/2 {
+				deletes.Add(1)
+				go func() {
+					defer deletes.Done()
+					id := logs.call(opInput{Kind: opDelete, Key: key})
+					dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+					err := s.Delete(dctx, key)
+					cancel()
+					logs.ret(id, outputOf(err))
+				}()
+				rep.Deletes++
+			}
+			deletes.Wait()
 		default:
 			sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			_, _ = s.Sweep(sctx, 0)
