@@ -61,8 +61,8 @@ type Store struct {
 	clock  idem.Clock
 	limits idem.Limits
 
-	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive *sql.Stmt
-	closed                                                                                atomic.Bool
+	acquire, heartbeat, settle, release, unclaim, get, del, sweep, list, archive *sql.Stmt
+	closed                                                                       atomic.Bool
 
 	writes *coalesce.Group[writeCall, idem.Acquisition] // nil: NoCoalesce
 }
@@ -183,10 +183,9 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.unclaim, `UPDATE idem_records SET state = 5, lease_until = 0, updated_at = ?3, attempts = max(attempts - 1, 0)
 			WHERE k = ?1 AND fence = ?2 AND state = 1 AND expires_at > ?3`},
 		{&s.get, `SELECT ` + recordCols + ` FROM idem_records WHERE k = ?1 AND expires_at > ?2`},
-		// ?1 key, ?2 now (ms), ?3 fence: a deleted record stays as an
-		// expired row that keeps its fence (see deleted).
+		// ?1 key, ?2 now (ms): a deleted record stays as an expired row that
+		// keeps its fence (see deleted).
 		{&s.del, `UPDATE idem_records SET ` + deleted + ` WHERE k = ?1`},
-		{&s.delUpTo, `UPDATE idem_records SET ` + deleted + ` WHERE k = ?1 AND fence <= ?3`},
 		// Strictly before now: see deleted. It answers each row's outcome,
 		// 0 for a deleted record's (not counted: Delete removed the record).
 		{&s.sweep, `DELETE FROM idem_records WHERE k IN (SELECT k FROM idem_records WHERE expires_at < ?1 LIMIT ?2) RETURNING outcome`},
@@ -210,7 +209,7 @@ func (s *Store) prepare(ctx context.Context) error {
 	return nil
 }
 
-// deleted is what Delete and DeleteUpTo set: the record expires now, so
+// deleted is what Delete sets: the record expires now, so
 // no call sees it, but its row stays until a sweep a millisecond later and
 // keeps its fence, from which the key's next claim counts up. Removing the
 // row instead let a claim within the same millisecond take the fence floor
@@ -381,12 +380,6 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	_, err := s.del.ExecContext(ctx, key, s.nowMs())
-	return s.wrap("delete", err)
-}
-
-// DeleteUpTo implements idem.FencedDeleter.
-func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
-	_, err := s.delUpTo.ExecContext(ctx, key, s.nowMs(), int64(fence))
 	return s.wrap("delete", err)
 }
 

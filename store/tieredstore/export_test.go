@@ -16,5 +16,9 @@ func SetDuringDelete(s *Store, f func()) { s.duringDelete = f }
 // both tiers.
 func SetAfterDeleteReads(s *Store, f func()) { s.afterDeleteReads = f }
 
+// SetBeforeRewarm installs a hook that runs in Acquire between the cold
+// read that found a settled record and the re-warm of the hot tier.
+func SetBeforeRewarm(s *Store, f func()) { s.beforeRewarm = f }
+
 // DeletingMark is the result of a Delete's tombstone while it is under way.
 const DeletingMark = deletingMark

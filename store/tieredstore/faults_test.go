@@ -13,7 +13,6 @@ import (
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/pgstore"
-	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/sqlitestore"
 	"github.com/idemgo/idem/store/storetest"
 	"github.com/idemgo/idem/store/tieredstore"
@@ -789,62 +788,45 @@ func TestColdOutageNeverPoisons(t *testing.T) {
 	}
 }
 
-// TestTwoDeletesAtOnce: two operators (two processes, each with its own
-// tiered store over the same tiers) delete one completed key at once. The
-// second Delete read the key before the first finished; the first then
-// finished, and a request claimed the key anew (its next generation). The
-// second Delete's hot removal must not take that claim away: before, it
-// removed the hot key whatever it held, and the next request was handed a
-// second claim — two owners of one key.
-func TestTwoDeletesAtOnce(t *testing.T) {
-	for _, hotKind := range []string{"memory", "redis", "redis-buckets"} {
-		t.Run(hotKind, func(t *testing.T) {
-			var hot idem.Store
-			switch hotKind {
-			case "memory":
-				hot = memstore.New(memstore.Config{SweepInterval: -1})
-			case "redis":
-				hot = testenv.OpenRedis(t, testenv.RandomName("idemtest:")+":")
-			default:
-				hot = testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 16})
-			}
-			cold := memstore.New(memstore.Config{SweepInterval: -1})
-			var tiers [2]*tieredstore.Store
-			for i := range tiers {
-				s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 2 * time.Second})
-				if err != nil {
-					t.Fatal(err)
-				}
-				tiers[i] = s
-			}
-			first, second := tiers[0], tiers[1]
+// TestRewarmAcrossADelete: a duplicate of a completed key whose hot copy
+// is gone claims the hot key and reads the cold record, then pauses before
+// it re-warms the hot tier; meanwhile an operator deletes the key (the
+// Delete read both tiers before the duplicate's claim). After the Delete,
+// the deleted result must never be replayed: the Delete's hot removal must
+// take the duplicate's claim too, so its re-warm is refused. (Found by the
+// fault campaign when a Delete removed only the hot records up to the fence
+// it had read: the claim, with a larger fence, survived, and the re-warm put
+// the deleted result back.)
+func TestRewarmAcrossADelete(t *testing.T) {
+	for _, coldKind := range []string{"memory", "postgres"} {
+		t.Run(coldKind, func(t *testing.T) {
+			s, hot := settleTiers(t, coldKind)
 			ctx := context.Background()
 			req := idem.AcquireRequest{Key: "PAY-21", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
-			a, err := first.Acquire(ctx, req)
-			if err != nil || a.Outcome != idem.Acquired {
-				t.Fatal(a.Outcome, err)
-			}
-			settlesAndReplays(t, first, req, a.Fence, "booked")
-
-			var claim idem.Acquisition
-			tieredstore.SetAfterDeleteReads(second, func() {
-				if err := first.Delete(ctx, "PAY-21"); err != nil {
-					t.Error(err)
-				}
-				var err error
-				if claim, err = first.Acquire(ctx, req); err != nil || claim.Outcome != idem.Acquired {
-					t.Errorf("a request after the first Delete: %v, %v; want Acquired", claim.Outcome, err)
-				}
+			completedInTheColdTierOnly(t, s, hot, req)
+			paused, resume, done := make(chan struct{}), make(chan struct{}), make(chan idem.Acquisition)
+			tieredstore.SetBeforeRewarm(s, func() { close(paused); <-resume })
+			tieredstore.SetAfterDeleteReads(s, func() {
+				go func() {
+					dup, err := s.Acquire(ctx, req)
+					if err != nil {
+						t.Error(err)
+					}
+					done <- dup
+				}()
+				<-paused
 			})
-			if err := second.Delete(ctx, "PAY-21"); err != nil {
+			if err := s.Delete(ctx, "PAY-21"); err != nil {
 				t.Fatal(err)
 			}
-			if next, err := first.Acquire(ctx, req); err != nil || next.Outcome != idem.InProgress {
-				t.Fatalf("a request after both Deletes: %v (fence %d), %v; want InProgress — the claim %d taken after the first Delete is in flight",
-					next.Outcome, next.Fence, err, claim.Fence)
+			tieredstore.SetAfterDeleteReads(s, nil)
+			close(resume)
+			if dup := <-done; dup.Outcome != idem.Replayed {
+				t.Fatalf("the duplicate, concurrent with the Delete: %v, want Replayed", dup.Outcome)
 			}
-			if err := first.Complete(ctx, "PAY-21", claim.Fence, []byte("booked again"), time.Hour); err != nil {
-				t.Fatalf("the new generation's owner: %v", err)
+			tieredstore.SetBeforeRewarm(s, nil)
+			if after, err := s.Acquire(ctx, req); err != nil || after.Outcome != idem.Acquired {
+				t.Fatalf("a request after the Delete: %v %q, %v; want Acquired (the key deleted)", after.Outcome, after.Record.Result, err)
 			}
 		})
 	}

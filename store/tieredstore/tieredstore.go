@@ -56,6 +56,7 @@ type Store struct {
 	beforeArchive    func() // test hook: after the settle's lease check
 	duringDelete     func() // test hook: between Delete's tombstone and its hot removal
 	afterDeleteReads func() // test hook: after Delete read both tiers
+	beforeRewarm     func() // test hook: in Acquire, between the cold read and the re-warm
 }
 
 // New validates cfg and returns a Store. Close closes both tiers.
@@ -160,8 +161,11 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if rec.Fingerprint != req.Fingerprint {
 		// The hot record was made by this mismatching request: drop our own
 		// claim so it does not shadow the archived fingerprint.
-		_ = s.removeHot(bg, req.Key, a.Fence)
+		_ = s.hot.Delete(bg, req.Key)
 		return idem.Acquisition{Outcome: idem.Mismatch, Record: rec}, nil
+	}
+	if s.beforeRewarm != nil {
+		s.beforeRewarm()
 	}
 	// Re-warm the hot tier with the archived result. The hot copy must
 	// not outlive the cold record (a replay past the retention), and its
@@ -378,12 +382,13 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 // Delete that stops half-way leaves the key closed to new claims until its
 // tombstone expires (SettleTimeout).
 //
-// The hot record is removed up to the tombstone's fence where the hot store
-// can (idem.FencedDeleter: memstore and redisstore do): a claim made after
-// Delete read the tiers — the key's next generation, possible once another
-// Delete of the key at the same time has cleared its mark — is kept. With
-// a hot store that cannot, two Deletes of one key at once may take away
-// such a claim.
+// Two Deletes of one key at once may clear each other's mark early: a
+// request that claims the key between the first Delete's end and the
+// second's hot removal has its claim taken away, and the next request may
+// be handed another. The hot removal must be unconditional — it also takes
+// the claim of a request that read the cold record before the tombstone
+// and is about to re-warm the hot tier with it — so nothing in the hot tier
+// tells that claim from the next generation's.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	var fence uint64
 	found := false
@@ -412,7 +417,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	if s.duringDelete != nil {
 		s.duringDelete()
 	}
-	if err := s.removeHot(ctx, key, fence); err != nil {
+	if err := s.hot.Delete(ctx, key); err != nil {
 		return err
 	}
 	// The hot tier holds nothing of the deleted generation now: claims from
@@ -422,16 +427,6 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		return fmt.Errorf("idem/tieredstore: the key is deleted, but it stays closed to new claims until its tombstone expires (%v): %w", s.settleTimeout, err)
 	}
 	return nil
-}
-
-// removeHot removes key's hot record of the generations up to fence: where
-// the hot store can (idem.FencedDeleter), a record with a larger fence — a
-// later generation's claim — is kept.
-func (s *Store) removeHot(ctx context.Context, key string, fence uint64) error {
-	if d, ok := s.hot.(idem.FencedDeleter); ok {
-		return d.DeleteUpTo(ctx, key, fence)
-	}
-	return s.hot.Delete(ctx, key)
 }
 
 // deletingMark is the result of a Delete's tombstone until the Delete has
