@@ -209,15 +209,15 @@ func (s *Store) prepare(ctx context.Context) error {
 	return nil
 }
 
-// deleted is what Delete sets: the record expires now, so
-// no call sees it, but its row stays until a sweep a millisecond later and
-// keeps its fence, from which the key's next claim counts up. Removing the
-// row instead let a claim within the same millisecond take the fence floor
-// again (SQLite's clock has milliseconds: every claim on an empty key in
-// one millisecond takes the same floor) — the deleted claim's fence, under
-// which its owner's calls were then accepted on the new claim. The sweep
-// removes rows that expired before the current millisecond only, so a
-// claim after the sweep takes a floor above every fence of the row.
+// deleted is what Delete sets: the record expires now, so no call sees it,
+// but its row stays until a sweep a millisecond later and keeps its fence,
+// from which the key's next claim counts up. Removing the row instead let a
+// claim within the same millisecond take the fence floor again (SQLite's
+// clock has milliseconds: every claim on an empty key in one millisecond
+// takes the same floor) — the deleted claim's fence, under which its
+// owner's calls were then accepted on the new claim. The sweep removes rows
+// that expired before the current millisecond only, so a claim after the
+// sweep takes a floor above every fence of the row.
 const deleted = `state = 5, result = NULL, lease_until = 0, expires_at = min(expires_at, ?2), updated_at = ?2, outcome = 0`
 
 // fences is shared by every Store of the process, so fences stay strictly
