@@ -89,10 +89,6 @@ type CampaignConfig struct {
 	// InProgress (or Mismatch) past the original lease, and a settle that
 	// fails may leave the extension behind.
 	SettleExtendsLease time.Duration
-	// OneDeleteAtATime: the campaign never deletes one key twice at once
-	// (it does otherwise, one Delete in three, as two operators might). For
-	// the tiered store, which does not promise it (see its Delete).
-	OneDeleteAtATime bool
 }
 
 // CampaignReport counts what a campaign did.
@@ -231,12 +227,8 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 			// One Delete, or (one time in three) two of the same key at once,
 			// as two operators might.
 			key := "c" + strconv.Itoa(frng.IntN(cfg.Keys))
-			n := 1 + frng.IntN(3)/2
-			if cfg.OneDeleteAtATime {
-				n = 1
-			}
 			var deletes sync.WaitGroup
-			for range n {
+			for range 1 + frng.IntN(3)/2 {
 				deletes.Add(1)
 				go func() {
 					defer deletes.Done()

@@ -20,5 +20,9 @@ func SetAfterDeleteReads(s *Store, f func()) { s.afterDeleteReads = f }
 // read that found a settled record and the re-warm of the hot tier.
 func SetBeforeRewarm(s *Store, f func()) { s.beforeRewarm = f }
 
+// SetDeleteLockHeld installs a hook that runs each time a Delete finds its
+// key's delete lock held by another Delete.
+func SetDeleteLockHeld(s *Store, f func()) { s.deleteLockHeld = f }
+
 // DeletingMark is the result of a Delete's tombstone while it is under way.
 const DeletingMark = deletingMark

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -829,5 +830,69 @@ func TestRewarmAcrossADelete(t *testing.T) {
 				t.Fatalf("a request after the Delete: %v %q, %v; want Acquired (the key deleted)", after.Outcome, after.Record.Result, err)
 			}
 		})
+	}
+}
+
+// TestTwoDeletesAtOnce: two operators (two processes, each with its own
+// tiered store over the same tiers) delete one completed key at once, the
+// second one's reads before the first one's end, and a request claims the
+// key just after the first Delete (the key's next generation). Without the
+// delete lock, the first Delete cleared the second one's mark, and the
+// second one's hot removal then took the new claim away: the next request
+// was handed a second claim — two owners of one key. Now the second Delete
+// waits for the first: the new claim stands.
+func TestTwoDeletesAtOnce(t *testing.T) {
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	var tiers [2]*tieredstore.Store
+	for i := range tiers {
+		s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tiers[i] = s
+	}
+	first, second := tiers[0], tiers[1]
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-22", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	a, err := first.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	settlesAndReplays(t, first, req, a.Fence, "booked")
+
+	// The first Delete, and a claim after it, while the second Delete is
+	// between its reads and its hot removal: the second waits until the
+	// first has either finished or found the lock held.
+	var claim idem.Acquisition
+	ended, waits := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	tieredstore.SetDeleteLockHeld(first, func() { once.Do(func() { close(waits) }) })
+	tieredstore.SetDuringDelete(second, func() {
+		go func() {
+			defer close(ended)
+			if err := first.Delete(ctx, "PAY-22"); err != nil {
+				t.Error(err)
+			}
+			var err error
+			if claim, err = first.Acquire(ctx, req); err != nil || claim.Outcome != idem.Acquired {
+				t.Errorf("a request after the first Delete: %v, %v; want Acquired", claim.Outcome, err)
+			}
+		}()
+		select {
+		case <-ended:
+		case <-waits:
+		}
+	})
+	if err := second.Delete(ctx, "PAY-22"); err != nil {
+		t.Fatal(err)
+	}
+	<-ended
+	if next, err := first.Acquire(ctx, req); err != nil || next.Outcome != idem.InProgress {
+		t.Fatalf("a request after both Deletes: %v (fence %d), %v; want InProgress — the claim %d taken after the first Delete is in flight",
+			next.Outcome, next.Fence, err, claim.Fence)
+	}
+	if err := first.Complete(ctx, "PAY-22", claim.Fence, []byte("booked again"), time.Hour); err != nil {
+		t.Fatalf("the new generation's owner: %v", err)
 	}
 }

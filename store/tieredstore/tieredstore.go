@@ -3,6 +3,8 @@ package tieredstore
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"time"
@@ -57,6 +59,7 @@ type Store struct {
 	duringDelete     func() // test hook: between Delete's tombstone and its hot removal
 	afterDeleteReads func() // test hook: after Delete read both tiers
 	beforeRewarm     func() // test hook: in Acquire, between the cold read and the re-warm
+	deleteLockHeld   func() // test hook: a Delete found its key's delete lock held
 }
 
 // New validates cfg and returns a Store. Close closes both tiers.
@@ -382,14 +385,21 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 // Delete that stops half-way leaves the key closed to new claims until its
 // tombstone expires (SettleTimeout).
 //
-// Two Deletes of one key at once may clear each other's mark early: a
-// request that claims the key between the first Delete's end and the
-// second's hot removal has its claim taken away, and the next request may
-// be handed another. The hot removal must be unconditional — it also takes
-// the claim of a request that read the cold record before the tombstone
-// and is about to re-warm the hot tier with it — so nothing in the hot tier
-// tells that claim from the next generation's.
+// Deletes of one key run one at a time: a Delete first claims the key's
+// delete lock in the hot tier (a record of its own, see deleteLockKey) and
+// waits while another Delete holds it. Two at once could otherwise clear
+// each other's mark early, and the second one's hot removal take away a
+// claim made after the first one ended — and the hot removal must be
+// unconditional, as it also takes the claim of a request that read the
+// cold record before the tombstone and is about to re-warm the hot tier
+// with it. The lock's lease is SettleTimeout: a Delete that stalls longer
+// may overlap the next one.
 func (s *Store) Delete(ctx context.Context, key string) error {
+	unlock, err := s.lockDelete(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	var fence uint64
 	found := false
 	for _, tier := range []idem.Store{s.hot, s.cold} {
@@ -427,6 +437,44 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		return fmt.Errorf("idem/tieredstore: the key is deleted, but it stays closed to new claims until its tombstone expires (%v): %w", s.settleTimeout, err)
 	}
 	return nil
+}
+
+// lockDelete claims the delete lock of key in the hot tier, waiting (until
+// ctx ends) while another Delete holds it, and returns its release.
+func (s *Store) lockDelete(ctx context.Context, key string) (unlock func(), err error) {
+	req := idem.AcquireRequest{Key: deleteLockKey(key), Fingerprint: "delete", Lease: s.settleTimeout, Retention: s.settleTimeout}
+	wait := time.Millisecond
+	for {
+		a, err := s.hot.Acquire(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		if a.Outcome.Owns() {
+			return func() { _ = s.giveBack(context.WithoutCancel(ctx), req.Key, a.Fence) }, nil
+		}
+		if a.Outcome != idem.InProgress {
+			return nil, fmt.Errorf("idem/tieredstore: the delete lock of the key, %q in the hot tier, holds a record of another kind (%v)", req.Key, a.Outcome)
+		}
+		if s.deleteLockHeld != nil {
+			s.deleteLockHeld()
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
+// deleteLockKey is the hot-tier key of key's delete lock: "d~" and the
+// base64url SHA-256/128 of key, a form no key made by idem.Key.Storage
+// takes (a raw key holds the scope separator, a compact one starts "1~").
+func deleteLockKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "d~" + base64.RawURLEncoding.EncodeToString(sum[:16])
 }
 
 // deletingMark is the result of a Delete's tombstone until the Delete has

@@ -109,7 +109,7 @@ func campaign(t *testing.T, name string, buckets int) {
 	testenv.ProbePostgres(t)
 	testenv.RedisClient(t).Close()
 	const settle = 300 * time.Millisecond
-	cfg := storetest.CampaignConfig{TestName: name, Processes: 2, InProgressAtExpiry: true, TakeoverOfMomentaryClaims: true, SettleExtendsLease: settle, OneDeleteAtATime: true,
+	cfg := storetest.CampaignConfig{TestName: name, Processes: 2, InProgressAtExpiry: true, TakeoverOfMomentaryClaims: true, SettleExtendsLease: settle,
 		Open: func(t testing.TB, location string) idem.Store {
 			parts := strings.SplitN(location, " ", 3)
 			hot := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: parts[0], Buckets: buckets})
