@@ -21,7 +21,9 @@
 // and Fail: one hot read (the fence check), one cold write (fenced: a larger
 // fence replaces an archived result) and one hot settle — the cold write
 // first, so a result is durable when Complete returns and an owner killed
-// between the writes loses nothing. Delete removes the cold record first.
+// between the writes loses nothing. Delete removes the cold record first;
+// Deletes of one key run one at a time (a delete lock in the hot store: one
+// hot acquire and one hot release more).
 //
 // Not atomic across the tiers, in one narrow case: a duplicate that meets
 // another caller's momentary hot claim (a re-warm, or another fingerprint
