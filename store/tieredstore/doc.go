@@ -23,7 +23,8 @@
 // first, so a result is durable when Complete returns and an owner killed
 // between the writes loses nothing. Delete removes the cold record first;
 // Deletes of one key run one at a time (a delete lock in the hot store: one
-// hot acquire and one hot release more).
+// hot acquire and one hot release more), and a Delete reads the hot tier
+// again after its tombstone.
 //
 // Not atomic across the tiers, in one narrow case: a duplicate that meets
 // another caller's momentary hot claim (a re-warm, or another fingerprint

@@ -896,3 +896,46 @@ func TestTwoDeletesAtOnce(t *testing.T) {
 		t.Fatalf("the new generation's owner: %v", err)
 	}
 }
+
+// TestClaimBetweenDeleteReadsAndMark: a key released by its owner (nothing
+// settled) is deleted, and a request claims it after the Delete read the
+// tiers but before its tombstone — its cold read sees nothing settled, so
+// the claim is the key's next run — then completes while the Delete is
+// under way. The Delete's hot removal takes that claim, so its tombstone
+// must cover the claim's fence: before, it carried only the fence the
+// Delete had read, the completion's archive (a larger fence) replaced it,
+// and after the Delete the key replayed the completion the Delete had
+// removed. (Found by the campaign with two Deletes of one key at once: the
+// second, waiting for the first, read the key just before such a claim.)
+func TestClaimBetweenDeleteReadsAndMark(t *testing.T) {
+	s, _, _ := memoryTiers(t)
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-23", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	a, err := s.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	if err := s.Release(ctx, "PAY-23", a.Fence); err != nil {
+		t.Fatal(err)
+	}
+	var claim idem.Acquisition
+	var completeErr error
+	tieredstore.SetAfterDeleteReads(s, func() {
+		var err error
+		if claim, err = s.Acquire(ctx, req); err != nil || !claim.Outcome.Owns() {
+			t.Fatalf("a request between the Delete's reads and its tombstone: %v, %v; want a claim", claim.Outcome, err)
+		}
+	})
+	tieredstore.SetDuringDelete(s, func() {
+		completeErr = s.Complete(ctx, "PAY-23", claim.Fence, []byte("second run"), time.Hour)
+	})
+	if err := s.Delete(ctx, "PAY-23"); err != nil {
+		t.Fatal(err)
+	}
+	tieredstore.SetAfterDeleteReads(s, nil)
+	tieredstore.SetDuringDelete(s, nil)
+	if after, err := s.Acquire(ctx, req); err != nil || after.Outcome != idem.Acquired {
+		t.Fatalf("a request after the Delete: %v %q, %v (the claim's Complete during the Delete: %v); want Acquired — the Delete removed that claim",
+			after.Outcome, after.Record.Result, err, completeErr)
+	}
+}

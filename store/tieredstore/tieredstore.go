@@ -377,6 +377,10 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 // fence or an older one), which keeps those archives out for as long as a
 // settle may take (SettleTimeout); the next generation's fences are larger.
 //
+// The tombstone also covers a claim taken between the Delete's reads and
+// the tombstone (the hot tier is read again after it), which the hot
+// removal takes too, so that claim's archive cannot land after it.
+//
 // Until the hot record is removed, the tombstone is marked as a Delete
 // under way: a request that claims the key meanwhile is told to retry
 // (ErrStoreUnavailable) instead of being handed a claim that the hot
@@ -422,6 +426,20 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	}
 	tomb := idem.Record{Key: key, State: idem.StateReleased, Fence: fence, Result: []byte(deletingMark)}
 	if err := s.archive.Archive(ctx, tomb, s.settleTimeout); err != nil {
+		return err
+	}
+	// A claim taken since the reads above, whose cold read came before the
+	// mark, is in the hot tier now, and the hot removal below takes it: the
+	// tombstone must cover its fence too, or its owner's archive could land
+	// after the tombstone and bring that generation back after the Delete.
+	// Claims taken from here on meet the mark.
+	switch rec, err := s.hot.Get(ctx, key); {
+	case err == nil && rec.Fence > tomb.Fence:
+		tomb.Fence = rec.Fence
+		if err := s.archive.Archive(ctx, tomb, s.settleTimeout); err != nil {
+			return err
+		}
+	case err != nil && !errors.Is(err, idem.ErrNotFound):
 		return err
 	}
 	if s.duringDelete != nil {
