@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"time"
+
+	"github.com/idemgo/idem/internal/ctxsleep"
 )
 
 // Close releases the driver's listening connection, if any. The pool or DB
@@ -29,14 +31,5 @@ func (s *Store) wait(ctx context.Context, d time.Duration) {
 		s.listen.Wait(ctx, notifyChannel, d)
 		return
 	}
-	sleep(ctx, d)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
+	_ = ctxsleep.Sleep(ctx, d)
 }

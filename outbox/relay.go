@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/ctxsleep"
 	"github.com/idemgo/idem/internal/testsignal"
 )
 
@@ -303,7 +304,7 @@ func (r *Relay) Start(ctx context.Context, onError func(error)) error {
 				r.signals.Idle.Signal(struct{}{})
 				r.cfg.Store.wait(ctx, r.cfg.PollInterval)
 			} else {
-				sleep(ctx, r.cfg.PollInterval)
+				_ = ctxsleep.Sleep(ctx, r.cfg.PollInterval)
 			}
 		}
 	})

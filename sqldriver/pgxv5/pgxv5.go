@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgo/idem/internal/ctxsleep"
 	"github.com/idemgo/idem/sqldriver"
 )
 
@@ -216,13 +217,13 @@ func (d *Driver) listenLocked(ctx context.Context, channel string) error {
 // it is kept between calls and replaced when it fails.
 func (d *Driver) Wait(ctx context.Context, channel string, timeout time.Duration) bool {
 	if d.noWake {
-		sleep(ctx, timeout)
+		_ = ctxsleep.Sleep(ctx, timeout)
 		return false
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.listenLocked(ctx, channel); err != nil {
-		sleep(ctx, timeout)
+		_ = ctxsleep.Sleep(ctx, timeout)
 		return false
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
@@ -251,15 +252,6 @@ func (d *Driver) Close() {
 	if d.listen != nil {
 		d.listen.Release()
 		d.listen, d.chans = nil, nil
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }
 

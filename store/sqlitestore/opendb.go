@@ -10,6 +10,8 @@ import (
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/idemgo/idem/internal/ctxsleep"
 )
 
 // DBOptions configures OpenDB. The zero value is idem's default.
@@ -72,12 +74,7 @@ func OpenDB(ctx context.Context, path string, o DBOptions) (*sql.DB, error) {
 		if !isBusy(err) || time.Now().Add(wait).After(deadline) {
 			break
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			err = ctx.Err()
-		case <-t.C:
+		if err = ctxsleep.Sleep(ctx, wait); err == nil {
 			continue
 		}
 		break

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/ctxsleep"
 )
 
 var _ idem.Store = (*Store)(nil)
@@ -476,12 +477,8 @@ func (s *Store) lockDelete(ctx context.Context, key string) (unlock func(), err 
 		if s.deleteLockHeld != nil {
 			s.deleteLockHeld()
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
+		if err := ctxsleep.Sleep(ctx, wait); err != nil {
+			return nil, err
 		}
 		wait = min(2*wait, 50*time.Millisecond)
 	}
