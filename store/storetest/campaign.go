@@ -100,6 +100,7 @@ type CampaignReport struct {
 	Executions, LedgerAccepted                     int
 	HistoriesChecked, HistoriesUnknown, Violations int
 	Segments                                       int // checked separately, cut at isolated deletes
+	PoisonedAnswers, Unclaims                      int // acquisitions answered Poisoned; Unclaim calls
 }
 
 // Campaign runs a randomized fault campaign against a store and checks its
@@ -107,7 +108,9 @@ type CampaignReport struct {
 // claim a small hot set of keys (same and other fingerprints), run the
 // "work" (a write to a durable ledger conditioned on the fence, as the
 // README tells users to), stall past their leases now and then, and settle
-// with short and long retentions, while faults are injected at random:
+// with short and long retentions — or give a claim back unused (Unclaim,
+// where the store has it) — some of them with a MaxAttempts, while faults
+// are injected at random:
 // SIGKILL of a worker process, outages of the store's server, Delete and
 // Sweep of live keys. Every store operation is logged with its wall-clock
 // interval; at the end the campaign checks
@@ -117,6 +120,8 @@ type CampaignReport struct {
 //     until its retention ends or the key is deleted; a settle or heartbeat
 //     is accepted only from the current owner; a takeover only after the
 //     lease ended; every new fence larger than every fence before it;
+//     attempts counted once per claim handed out (less the claims given
+//     back), and a key poisoned only when a MaxAttempts was reached;
 //   - that fences grow in real time across generations (deletes, sweeps,
 //     expiry), and no settle was accepted after a larger fence was issued;
 //   - that every replayed result was stored by an accepted (or possibly
@@ -382,14 +387,19 @@ func (w *worker) run(deadline time.Time) {
 			fp = "B"
 		}
 		lease, ret := w.ms(100, 400), w.ms(150, 1500)
-		in := opInput{Kind: opAcquire, Key: key, FP: fp, Lease: lease.Milliseconds(), Ret: ret.Milliseconds()}
+		maxAttempts := 0
+		if w.rng.IntN(4) == 0 {
+			maxAttempts = 1 + w.rng.IntN(3)
+		}
+		in := opInput{Kind: opAcquire, Key: key, FP: fp, Lease: lease.Milliseconds(), Ret: ret.Milliseconds(), Max: maxAttempts}
 		id := w.log.call(in)
 		ctx, cancel := context.WithTimeout(bg, 2*time.Second)
-		a, err := w.s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: fp, Lease: lease, Retention: ret})
+		a, err := w.s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: fp, Lease: lease, Retention: ret, MaxAttempts: maxAttempts})
 		cancel()
 		out := outputOf(err)
 		if err == nil {
 			out.Outcome, out.Fence, out.State, out.Result = a.Outcome, a.Fence, a.Record.State, string(a.Record.Result)
+			out.Attempts = a.Record.Attempts
 			out.LeaseUntil, out.ExpiresAt = a.Record.LeaseUntil.UnixMilli(), a.Record.ExpiresAt.UnixMilli()
 		}
 		w.log.ret(id, out)
@@ -414,6 +424,12 @@ func (w *worker) owned(in opInput, fn func(ctx context.Context) error) {
 }
 
 func (w *worker) execute(key, fp string, fence uint64, lease, ret time.Duration) {
+	if u, ok := w.s.(idem.Unclaimer); ok && w.rng.IntN(10) == 0 {
+		// Nothing ran under the claim (the caller failed before the work):
+		// give it back with its attempt.
+		w.owned(opInput{Kind: opUnclaim, Key: key, Fence: fence}, func(ctx context.Context) error { return u.Unclaim(ctx, key, fence) })
+		return
+	}
 	if w.rng.IntN(12) == 0 { // a GC pause: wake after the lease ended
 		w.stats.stalls.Add(1)
 		time.Sleep(lease + w.ms(10, 200))
@@ -522,8 +538,15 @@ func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]in
 	rep.Operations = len(ops)
 	byKey := map[string][]porcupine.Operation{}
 	for _, op := range ops {
-		if op.Output.(opOutput).Res == resUnknown {
+		in, out := op.Input.(opInput), op.Output.(opOutput)
+		if out.Res == resUnknown {
 			rep.Unknown++
+		}
+		if in.Kind == opAcquire && out.Res == resOK && out.Outcome == idem.Poisoned {
+			rep.PoisonedAnswers++
+		}
+		if in.Kind == opUnclaim {
+			rep.Unclaims++
 		}
 		k := op.Input.(opInput).Key
 		byKey[k] = append(byKey[k], op)
@@ -600,7 +623,7 @@ func checkFences(h []porcupine.Operation, violate func(string, ...any)) {
 	}
 	for _, op := range h {
 		in, out := op.Input.(opInput), op.Output.(opOutput)
-		if out.Res == resOK && (in.Kind == opComplete || in.Kind == opFail || in.Kind == opRelease || in.Kind == opHeartbeat) {
+		if out.Res == resOK && (in.Kind == opComplete || in.Kind == opFail || in.Kind == opRelease || in.Kind == opUnclaim || in.Kind == opHeartbeat) {
 			for _, c := range claims {
 				if c.fence > in.Fence && c.ret < op.Call {
 					violate("%s: %s with fence %d accepted after fence %d was issued", in.Key, in.Kind, in.Fence, c.fence)
@@ -756,7 +779,7 @@ func segments(h []porcupine.Operation) []segment {
 			maxFence = max(maxFence, o.Fence)
 			if isolated && i+1 < len(ops) {
 				out = append(out, segment{ops: ops[start : i+1], init: init})
-				start, init = i+1, claimed(mstate{}, in, o)
+				start, init = i+1, claimed(mstate{}, in, o, o.Attempts)
 				init.MaxFence = maxFence
 			}
 		}

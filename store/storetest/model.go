@@ -23,6 +23,7 @@ const (
 	opRelease   = "release"
 	opHeartbeat = "heartbeat"
 	opDelete    = "delete"
+	opUnclaim   = "unclaim"
 )
 
 // opInput is what a worker asked, with the wall-clock interval of the call
@@ -36,8 +37,9 @@ type opInput struct {
 	Result string `json:"res,omitempty"`
 	Lease  int64  `json:"l,omitempty"` // ms
 	Ret    int64  `json:"ret,omitempty"`
-	Call   int64  `json:"-"` // ms
-	Return int64  `json:"-"` // ms
+	Max    int    `json:"m,omitempty"` // an acquisition's MaxAttempts
+	Call   int64  `json:"-"`           // ms
+	Return int64  `json:"-"`           // ms
 	// LaxExpiry allows InProgress or Mismatch for a settled record at its
 	// expiry.
 	LaxExpiry bool `json:"-"`
@@ -63,6 +65,7 @@ type opOutput struct {
 	Fence      uint64       `json:"f,omitempty"`
 	State      idem.State   `json:"s,omitempty"`
 	Result     string       `json:"res,omitempty"`
+	Attempts   int          `json:"a,omitempty"`
 	LeaseUntil int64        `json:"lu,omitempty"` // ms
 	ExpiresAt  int64        `json:"e,omitempty"`  // ms
 }
@@ -78,6 +81,7 @@ type mstate struct {
 	MaxFence   uint64 // the largest fence known to be issued for the key, ever
 	FP         string
 	Result     string
+	Attempts   int // acquisitions that handed out a claim in this generation, less the claims given back by Unclaim
 	LeaseLo    int64
 	LeaseHi    int64
 	ExpLo      int64
@@ -116,10 +120,11 @@ func owns(s mstate, f uint64) bool {
 func settled(st idem.State) bool              { return st == idem.StateCompleted || st == idem.StateFailed }
 func interval(lo, hi, d int64) (int64, int64) { return lo + d, addSat(hi, d) }
 
-// claimed is the state after an acquisition handed out a claim.
-func claimed(s mstate, in opInput, out opOutput) mstate {
+// claimed is the state after an acquisition handed out a claim, the
+// generation's attempts counted to attempts.
+func claimed(s mstate, in opInput, out opOutput, attempts int) mstate {
 	n := s
-	n.Exists, n.St, n.FP, n.Result = true, idem.StateInFlight, in.FP, ""
+	n.Exists, n.St, n.FP, n.Result, n.Attempts = true, idem.StateInFlight, in.FP, "", attempts
 	if out.Res == resOK {
 		n.Fence, n.FenceKnown, n.MaxFence = out.Fence, true, out.Fence
 		// The answer's times are the store's; a composed store may report a
@@ -137,18 +142,64 @@ func claimed(s mstate, in opInput, out opOutput) mstate {
 	return n
 }
 
+// poisonDue: an acquisition that would run the work again (a released
+// record, or a takeover) finds the generation's attempts at its
+// MaxAttempts, and poisons the record instead.
+func poisonDue(s mstate, in opInput) bool { return in.Max > 0 && s.Attempts >= in.Max }
+
+// poisonMayBeDue is poisonDue, or (with TakeoverOfMomentaryClaims) any
+// MaxAttempts: a momentary claim that was taken over counted an attempt
+// that no answer shows, so the model's count is then a lower bound.
+func poisonMayBeDue(s mstate, in opInput) bool {
+	return poisonDue(s, in) || (in.LaxTakeover && in.Max > 0)
+}
+
+// attemptsMatch: an answer's attempts are the count the model expects (or,
+// with TakeoverOfMomentaryClaims, more: see poisonMayBeDue).
+func attemptsMatch(in opInput, out opOutput, want int) bool {
+	return out.Attempts == want || (in.LaxTakeover && out.Attempts > want)
+}
+
+// rerunnable: the record is there, in this fingerprint, and an acquisition
+// may hand out a claim on it (released, or in flight past its lease).
+func rerunnable(s mstate, in opInput) bool {
+	return presentLike(s, in) && s.FP == in.FP &&
+		(s.St == idem.StateReleased || (s.St == idem.StateInFlight && leaseMayEnd(s, in)))
+}
+
+// poisoned is the state after an acquisition poisoned the record: no
+// owner, kept at least the request's retention (never shortened).
+func poisoned(s mstate, in opInput) mstate {
+	n := s
+	n.St, n.LeaseLo, n.LeaseHi = idem.StatePoisoned, 0, 0
+	lo, hi := interval(in.Call, in.Return, max(in.Lease, in.Ret))
+	n.ExpLo, n.ExpHi = max(s.ExpLo, lo), max(s.ExpHi, hi)
+	return n
+}
+
 // stepAcquire returns the states an acquisition can leave, given its answer.
 func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 	if out.Res == resUnknown {
 		next := []mstate{s}
-		if absentLike(s, in) || (presentLike(s, in) && s.FP == in.FP &&
-			(s.St == idem.StateReleased || (s.St == idem.StateInFlight && leaseMayEnd(s, in)))) {
-			c := claimed(s, in, out)
-			// The claim may also have been given back before the error was
-			// reported (the tiered store does when its cold tier fails).
+		// claim adds a claim counted to attempts, and the same claim given
+		// back before the error was reported (the tiered store does when
+		// its cold tier fails: Unclaim, which takes the attempt back).
+		claim := func(attempts int) {
+			c := claimed(s, in, out, attempts)
 			r := c
-			r.St, r.LeaseLo, r.LeaseHi = idem.StateReleased, 0, 0
+			r.St, r.LeaseLo, r.LeaseHi, r.Attempts = idem.StateReleased, 0, 0, attempts-1
 			next = append(next, c, r)
+		}
+		if absentLike(s, in) {
+			claim(1)
+		}
+		if rerunnable(s, in) {
+			if poisonMayBeDue(s, in) {
+				next = append(next, poisoned(s, in))
+			}
+			if !poisonDue(s, in) {
+				claim(s.Attempts + 1)
+			}
 		}
 		return next
 	}
@@ -156,17 +207,28 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 		return nil
 	}
 	newFence := out.Fence > s.MaxFence
+	rerun := rerunnable(s, in) && !poisonDue(s, in) && attemptsMatch(in, out, s.Attempts+1)
 	switch out.Outcome {
 	case idem.Acquired:
-		if newFence && (absentLike(s, in) || (presentLike(s, in) && s.St == idem.StateReleased && s.FP == in.FP)) {
-			return []mstate{claimed(s, in, out)}
+		if newFence && absentLike(s, in) && attemptsMatch(in, out, 1) {
+			return []mstate{claimed(s, in, out, out.Attempts)}
+		}
+		if newFence && rerun && s.St == idem.StateReleased {
+			return []mstate{claimed(s, in, out, out.Attempts)}
 		}
 	case idem.TakenOver:
-		if newFence && presentLike(s, in) && s.St == idem.StateInFlight && s.FP == in.FP && leaseMayEnd(s, in) {
-			return []mstate{claimed(s, in, out)}
+		if newFence && rerun && s.St == idem.StateInFlight {
+			return []mstate{claimed(s, in, out, out.Attempts)}
 		}
-		if in.LaxTakeover && newFence && (absentLike(s, in) || (presentLike(s, in) && s.St == idem.StateReleased && s.FP == in.FP)) {
-			return []mstate{claimed(s, in, out)} // see CampaignConfig.TakeoverOfMomentaryClaims
+		if in.LaxTakeover && newFence && ((absentLike(s, in) && attemptsMatch(in, out, 1)) || (rerun && s.St == idem.StateReleased)) {
+			return []mstate{claimed(s, in, out, out.Attempts)} // see CampaignConfig.TakeoverOfMomentaryClaims
+		}
+	case idem.Poisoned:
+		if presentLike(s, in) && s.FP == in.FP && s.St == idem.StatePoisoned {
+			return []mstate{s}
+		}
+		if rerunnable(s, in) && poisonMayBeDue(s, in) {
+			return []mstate{poisoned(s, in)}
 		}
 	case idem.InProgress:
 		if presentLike(s, in) && s.St == idem.StateInFlight && s.FP == in.FP && leaseMayLast(s, in) {
@@ -225,6 +287,10 @@ func stepOwned(s mstate, in opInput, out opOutput) []mstate {
 	case opRelease:
 		applied.St = idem.StateReleased
 		applied.LeaseLo, applied.LeaseHi = 0, 0
+	case opUnclaim: // a release that takes back the claim's attempt
+		applied.St = idem.StateReleased
+		applied.LeaseLo, applied.LeaseHi = 0, 0
+		applied.Attempts = max(s.Attempts-1, 0)
 	case opHeartbeat:
 		lo, hi := interval(in.Call, in.Return, in.Lease)
 		applied.LeaseLo, applied.LeaseHi = lo, hi
@@ -302,8 +368,8 @@ var recordModel = porcupine.NondeterministicModel{
 	Equal: func(a, b any) bool { return a.(mstate) == b.(mstate) },
 	DescribeOperation: func(input, output any) string {
 		in, out := input.(opInput), output.(opOutput)
-		return fmt.Sprintf("%s(%s fp=%s f=%d lease=%d ret=%d) -> res=%d %v f=%d %q lease_until=%d expires=%d", in.Kind, in.Key, in.FP, in.Fence, in.Lease, in.Ret,
-			out.Res, out.Outcome, out.Fence, out.Result, out.LeaseUntil, out.ExpiresAt)
+		return fmt.Sprintf("%s(%s fp=%s f=%d lease=%d ret=%d max=%d) -> res=%d %v f=%d %q attempts=%d lease_until=%d expires=%d", in.Kind, in.Key, in.FP, in.Fence, in.Lease, in.Ret, in.Max,
+			out.Res, out.Outcome, out.Fence, out.Result, out.Attempts, out.LeaseUntil, out.ExpiresAt)
 	},
 	DescribeState: func(state any) string { return fmt.Sprintf("%+v", state.(mstate)) },
 }

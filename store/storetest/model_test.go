@@ -26,10 +26,10 @@ func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 			op(0, opInput{Kind: opAcquire, FP: "A", Lease: 104, Ret: 616, Call: 0, Return: 1100},
 				opOutput{Outcome: idem.Replayed, State: idem.StateCompleted, Result: result, ExpiresAt: 2276}),
 			op(1, opInput{Kind: opAcquire, FP: "A", Lease: 309, Ret: 455, Call: 112, Return: 117},
-				opOutput{Outcome: second, Fence: f1, LeaseUntil: 423, ExpiresAt: 621}),
+				opOutput{Outcome: second, Fence: f1, Attempts: 1, LeaseUntil: 423, ExpiresAt: 621}),
 			op(1, opInput{Kind: opRelease, Fence: f1, Call: 119, Return: 121}, opOutput{}),
 			op(2, opInput{Kind: opAcquire, FP: "A", Lease: 105, Ret: 1128, Call: 120, Return: 129},
-				opOutput{Outcome: idem.Acquired, Fence: f3, LeaseUntil: 230, ExpiresAt: 1249}),
+				opOutput{Outcome: idem.Acquired, Fence: f3, Attempts: 2, LeaseUntil: 230, ExpiresAt: 1249}),
 			op(2, opInput{Kind: opComplete, Fence: f3, Result: result, Ret: 1128, Call: 130, Return: 144}, opOutput{}),
 		}
 	}
@@ -70,7 +70,7 @@ func TestInProgressFromAMomentaryClaim(t *testing.T) {
 			op(1, opInput{Kind: opAcquire, FP: fp, Lease: 392, Ret: 371, Call: 100, Return: 110},
 				opOutput{Outcome: seen, LeaseUntil: 300, ExpiresAt: 1500}),
 			op(1, opInput{Kind: opAcquire, FP: "A", Lease: 217, Ret: 988, Call: 1300, Return: 1310},
-				opOutput{Outcome: idem.TakenOver, Fence: f2, LeaseUntil: 1520, ExpiresAt: 2300}),
+				opOutput{Outcome: idem.TakenOver, Fence: f2, Attempts: 1, LeaseUntil: 1520, ExpiresAt: 2300}),
 			op(1, opInput{Kind: opComplete, Fence: f2, Result: result, Ret: 988, Call: 1500, Return: 1510}, opOutput{}),
 		}
 	}
@@ -96,4 +96,57 @@ func TestInProgressFromAMomentaryClaim(t *testing.T) {
 func c1Op(client int, lax bool, in opInput, out opOutput) porcupine.Operation {
 	in.Key, in.LaxTakeover = "c1", lax
 	return porcupine.Operation{ClientId: client, Input: in, Call: in.Call, Output: out, Return: in.Return}
+}
+
+// TestAttemptsAndPoisoning: the model counts one attempt per claim handed
+// out, less the claims given back by Unclaim, and accepts Poisoned only
+// once an acquisition with a MaxAttempts finds that many: a key poisoned
+// early (a message lost), run past its limit, or counted twice is refused.
+func TestAttemptsAndPoisoning(t *testing.T) {
+	acq := func(at int64, max int, out opOutput) porcupine.Operation {
+		return c1Op(0, false, opInput{Kind: opAcquire, FP: "A", Lease: 100, Ret: 1000, Max: max, Call: at, Return: at + 1}, out)
+	}
+	claim := func(o idem.Outcome, fence uint64, attempts int, at int64) opOutput {
+		return opOutput{Outcome: o, Fence: fence, Attempts: attempts, LeaseUntil: at + 100, ExpiresAt: at + 1000}
+	}
+	giveBack := func(kind string, fence uint64, at int64) porcupine.Operation {
+		return c1Op(0, false, opInput{Kind: kind, Fence: fence, Call: at, Return: at + 1}, opOutput{})
+	}
+	poison := opOutput{Outcome: idem.Poisoned, State: idem.StatePoisoned}
+	releasedTwice := func(then ...porcupine.Operation) []porcupine.Operation {
+		return append([]porcupine.Operation{
+			acq(0, 2, claim(idem.Acquired, 10, 1, 0)), giveBack(opRelease, 10, 5),
+			acq(10, 2, claim(idem.Acquired, 20, 2, 10)), giveBack(opRelease, 20, 15),
+		}, then...)
+	}
+	model := recordModel.ToModel()
+	for _, c := range []struct {
+		name string
+		h    []porcupine.Operation
+		want bool
+	}{
+		{"released twice, poisoned at the third acquisition", releasedTwice(acq(20, 2, poison), acq(30, 0, poison)), true},
+		{"run a third time", releasedTwice(acq(20, 2, claim(idem.Acquired, 30, 3, 20))), false},
+		{"poisoned early", []porcupine.Operation{
+			acq(0, 2, claim(idem.Acquired, 10, 1, 0)), giveBack(opRelease, 10, 5),
+			acq(10, 2, poison)}, false},
+		{"counted twice", []porcupine.Operation{
+			acq(0, 0, claim(idem.Acquired, 10, 1, 0)), giveBack(opRelease, 10, 5),
+			acq(10, 0, claim(idem.Acquired, 20, 3, 10))}, false},
+		{"a takeover counts", []porcupine.Operation{
+			acq(0, 2, claim(idem.Acquired, 10, 1, 0)),
+			acq(200, 2, claim(idem.TakenOver, 20, 2, 200)),
+			acq(400, 2, poison)}, true},
+		{"an unclaim takes its attempt back", []porcupine.Operation{
+			acq(0, 2, claim(idem.Acquired, 10, 1, 0)), giveBack(opUnclaim, 10, 5),
+			acq(10, 2, claim(idem.Acquired, 20, 1, 10)), giveBack(opRelease, 20, 15),
+			acq(20, 2, claim(idem.Acquired, 30, 2, 20))}, true},
+		{"a release does not", []porcupine.Operation{
+			acq(0, 2, claim(idem.Acquired, 10, 1, 0)), giveBack(opRelease, 10, 5),
+			acq(10, 2, claim(idem.Acquired, 20, 1, 10))}, false},
+	} {
+		if got := porcupine.CheckOperations(model, c.h); got != c.want {
+			t.Errorf("%s: linearizable %v, want %v", c.name, got, c.want)
+		}
+	}
 }
