@@ -147,7 +147,10 @@ const (
 // that process issues fences. SQLite's clock has milliseconds; rounding up
 // to the next one keeps the floor above every fence issued before (each at
 // most the microseconds of its own moment).
-const floorAtExecution = `((CAST(unixepoch('subsec') * 1000 AS INTEGER) + 1) * 1000)`
+const floorAtExecution = `((` + msAtExecution + ` + 1) * 1000)`
+
+// msAtExecution is the wall clock (Unix ms) when the statement runs.
+const msAtExecution = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 
 var acquireSQL = `INSERT INTO idem_records (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
 VALUES (?1, 1, max(?7, ` + floorAtExecution + `), ?2, 1, NULL, ?3 + ?4, ?3 + ?5, ?3, 1)
@@ -183,19 +186,22 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.unclaim, `UPDATE idem_records SET state = 5, lease_until = 0, updated_at = ?3, attempts = max(attempts - 1, 0)
 			WHERE k = ?1 AND fence = ?2 AND state = 1 AND expires_at > ?3`},
 		{&s.get, `SELECT ` + recordCols + ` FROM idem_records WHERE k = ?1 AND expires_at > ?2`},
-		// ?1 key, ?2 now (ms): a deleted record stays as an expired row that
-		// keeps its fence (see deleted).
+		// ?1 key: a deleted record stays as an expired row that keeps its
+		// fence (see deleted).
 		{&s.del, `UPDATE idem_records SET ` + deleted + ` WHERE k = ?1`},
-		// Strictly before now: see deleted. It answers each row's outcome,
-		// 0 for a deleted record's (not counted: Delete removed the record).
-		{&s.sweep, `DELETE FROM idem_records WHERE k IN (SELECT k FROM idem_records WHERE expires_at < ?1 LIMIT ?2) RETURNING outcome`},
+		// ?1 now (ms), ?2 limit. The row of a deleted record goes only once
+		// the millisecond of its Delete has passed (see deleted). It
+		// answers each row's outcome, 0 for a deleted record's (not
+		// counted: Delete removed the record).
+		{&s.sweep, `DELETE FROM idem_records WHERE k IN (SELECT k FROM idem_records
+			WHERE expires_at < ?1 AND (outcome <> 0 OR updated_at < ` + msAtExecution + `) LIMIT ?2) RETURNING outcome`},
 		{&s.list, `SELECT ` + recordCols + ` FROM idem_records WHERE k > ?1 AND expires_at > ?2 ORDER BY k LIMIT ?3`},
 		// ?1 key, ?2 state, ?3 fence, ?4 fp, ?5 attempts, ?6 result, ?7 now, ?8 retention ms
 		{&s.archive, `INSERT INTO idem_records (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
 			VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7 + ?8, ?7, 4)
 			ON CONFLICT (k) DO UPDATE SET state = excluded.state, fence = max(fence, excluded.fence), fp = excluded.fp,
 				attempts = excluded.attempts, result = excluded.result, lease_until = 0,
-				expires_at = excluded.expires_at, updated_at = excluded.updated_at
+				expires_at = excluded.expires_at, updated_at = excluded.updated_at, outcome = 4
 			WHERE NOT (state IN (2, 3, 5) AND expires_at > ?7
 				AND (fence > excluded.fence OR (fence = excluded.fence AND excluded.state IN (2, 3))))`},
 	}
@@ -209,16 +215,19 @@ func (s *Store) prepare(ctx context.Context) error {
 	return nil
 }
 
-// deleted is what Delete sets: the record expires now, so no call sees it,
-// but its row stays until a sweep a millisecond later and keeps its fence,
-// from which the key's next claim counts up. Removing the row instead let a
-// claim within the same millisecond take the fence floor again (SQLite's
-// clock has milliseconds: every claim on an empty key in one millisecond
-// takes the same floor) — the deleted claim's fence, under which its
-// owner's calls were then accepted on the new claim. The sweep removes rows
-// that expired before the current millisecond only, so a claim after the
-// sweep takes a floor above every fence of the row.
-const deleted = `state = 5, result = NULL, lease_until = 0, expires_at = min(expires_at, ?2), updated_at = ?2, outcome = 0`
+// deleted is what Delete sets: the record expired at the epoch, so no call
+// sees it whatever its clock says, but its row stays and keeps its fence,
+// from which the key's next claim counts up, until a sweep after the
+// millisecond in which the Delete ran (updated_at). Removing the row at
+// once let a claim within the same millisecond take the fence floor again
+// (SQLite's clock has milliseconds: every claim on an empty key in one
+// millisecond takes the same floor) — the deleted claim's fence, under
+// which its owner's calls were then accepted on the new claim. Expiring it
+// at the Delete's own time instead left it as a released record to a call
+// of another process whose clock reading came a little before the Delete
+// (taken before it waited for the write lock): that call counted the
+// deleted generation's attempts on, or saw its fingerprint.
+const deleted = `state = 5, result = NULL, lease_until = 0, expires_at = 0, updated_at = ` + msAtExecution + `, outcome = 0`
 
 // fences is shared by every Store of the process, so fences stay strictly
 // increasing even for a file opened twice and with an injected clock;
@@ -379,7 +388,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	_, err := s.del.ExecContext(ctx, key, s.nowMs())
+	_, err := s.del.ExecContext(ctx, key)
 	return s.wrap("delete", err)
 }
 

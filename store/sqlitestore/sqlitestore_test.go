@@ -210,6 +210,67 @@ func TestFencesAcrossADeleteWithinAMillisecond(t *testing.T) {
 	}
 }
 
+// TestDeletedSeenByAnEarlierClock: processes sharing a file read their
+// clocks before their statements run (a call may wait for another's write
+// lock), so a call can run just after another process's Delete with a time
+// a little before it. Found by the fault campaign (seed
+// 7637795599575150592): a Delete left the record as a row released until
+// the Delete's own time, and such a call took it for the released record
+// of the deleted generation — an acquisition counted its attempts on
+// (poisoning the key at MaxAttempts 1 although it never ran), answered
+// another fingerprint Mismatch, and Get returned a deleted record. After a
+// Delete the key is new to every call.
+func TestDeletedSeenByAnEarlierClock(t *testing.T) {
+	ctx := context.Background()
+	start := time.Now().Truncate(time.Millisecond)
+	for _, c := range []struct {
+		name  string
+		check func(t *testing.T, s idem.Store)
+	}{
+		{"acquire with MaxAttempts 1", func(t *testing.T, s idem.Store) {
+			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour, MaxAttempts: 1})
+			if err != nil || a.Outcome != idem.Acquired || a.Record.Attempts != 1 {
+				t.Fatalf("acquired %v, attempts %d, %v; want a new generation (Acquired, attempts 1)", a.Outcome, a.Record.Attempts, err)
+			}
+		}},
+		{"acquire with another fingerprint", func(t *testing.T, s idem.Store) {
+			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "other", Lease: time.Minute, Retention: time.Hour})
+			if err != nil || a.Outcome != idem.Acquired {
+				t.Fatalf("acquired %v, %v; want Acquired", a.Outcome, err)
+			}
+		}},
+		{"get", func(t *testing.T, s idem.Store) {
+			if rec, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+				t.Fatalf("got %+v, %v; want ErrNotFound", rec, err)
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "idem.db")
+			open := func(clock idem.Clock) idem.Store {
+				s, err := sqlitestore.Open(ctx, sqlitestore.Config{Path: path, Clock: clock})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Close() })
+				return s
+			}
+			deleter, late := open(storetest.NewManualClock(start.Add(10*time.Millisecond))), open(storetest.NewManualClock(start.Add(5*time.Millisecond)))
+			a, err := deleter.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := deleter.Complete(ctx, "k", a.Fence, []byte("done"), time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if err := deleter.Delete(ctx, "k"); err != nil {
+				t.Fatal(err)
+			}
+			c.check(t, late)
+		})
+	}
+}
+
 // TestConformanceUncoalesced runs the suite with every call its own
 // transaction (Config.NoCoalesce).
 func TestConformanceUncoalesced(t *testing.T) {
