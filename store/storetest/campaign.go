@@ -109,8 +109,8 @@ type CampaignReport struct {
 // "work" (a write to a durable ledger conditioned on the fence, as the
 // README tells users to), stall past their leases now and then, and settle
 // with short and long retentions — or give a claim back unused (Unclaim,
-// where the store has it) — some of them with a MaxAttempts, while faults
-// are injected at random:
+// where the store has it) — some of them with a MaxAttempts, and read keys
+// with Get, while faults are injected at random:
 // SIGKILL of a worker process, outages of the store's server, Delete and
 // Sweep of live keys. Every store operation is logged with its wall-clock
 // interval; at the end the campaign checks
@@ -121,7 +121,8 @@ type CampaignReport struct {
 //     is accepted only from the current owner; a takeover only after the
 //     lease ended; every new fence larger than every fence before it;
 //     attempts counted once per claim handed out (less the claims given
-//     back), and a key poisoned only when a MaxAttempts was reached;
+//     back), and a key poisoned only when a MaxAttempts was reached; a Get
+//     answers the record as it stands;
 //   - that fences grow in real time across generations (deletes, sweeps,
 //     expiry), and no settle was accepted after a larger fence was issued;
 //   - that every replayed result was stored by an accepted (or possibly
@@ -358,6 +359,8 @@ func outputOf(err error) opOutput {
 		return opOutput{Res: resOK}
 	case errors.Is(err, idem.ErrStaleFence):
 		return opOutput{Res: resStale}
+	case errors.Is(err, idem.ErrNotFound):
+		return opOutput{Res: resAbsent}
 	}
 	return opOutput{Res: resUnknown}
 }
@@ -382,6 +385,10 @@ func (w *worker) run(deadline time.Time) {
 	bg := context.Background()
 	for time.Now().Before(deadline) {
 		key := "c" + strconv.Itoa(w.rng.IntN(w.keys))
+		if w.rng.IntN(8) == 0 {
+			w.get(key)
+			continue
+		}
 		fp := "A"
 		if w.rng.IntN(10) == 0 {
 			fp = "B"
@@ -413,6 +420,20 @@ func (w *worker) run(deadline time.Time) {
 		}
 		w.execute(key, fp, a.Fence, lease, ret)
 	}
+}
+
+// get reads the key's record as an operator would.
+func (w *worker) get(key string) {
+	id := w.log.call(opInput{Kind: opGet, Key: key})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	rec, err := w.s.Get(ctx, key)
+	cancel()
+	out := outputOf(err)
+	if err == nil {
+		out.State, out.FP, out.Fence, out.Result, out.Attempts = rec.State, rec.Fingerprint, rec.Fence, string(rec.Result), rec.Attempts
+		out.LeaseUntil, out.ExpiresAt = rec.LeaseUntil.UnixMilli(), rec.ExpiresAt.UnixMilli()
+	}
+	w.log.ret(id, out)
 }
 
 func (w *worker) owned(in opInput, fn func(ctx context.Context) error) {

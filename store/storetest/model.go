@@ -24,6 +24,7 @@ const (
 	opHeartbeat = "heartbeat"
 	opDelete    = "delete"
 	opUnclaim   = "unclaim"
+	opGet       = "get"
 )
 
 // opInput is what a worker asked, with the wall-clock interval of the call
@@ -57,6 +58,7 @@ const (
 	resOK      = 0
 	resStale   = 1 // ErrStaleFence: refused, nothing changed
 	resUnknown = 2 // an error after which the operation may or may not have happened
+	resAbsent  = 3 // ErrNotFound (Get)
 )
 
 type opOutput struct {
@@ -65,6 +67,7 @@ type opOutput struct {
 	Fence      uint64       `json:"f,omitempty"`
 	State      idem.State   `json:"s,omitempty"`
 	Result     string       `json:"res,omitempty"`
+	FP         string       `json:"fp,omitempty"` // a Get's record's
 	Attempts   int          `json:"a,omitempty"`
 	LeaseUntil int64        `json:"lu,omitempty"` // ms
 	ExpiresAt  int64        `json:"e,omitempty"`  // ms
@@ -321,12 +324,45 @@ func stepOwned(s mstate, in opInput, out opOutput) []mstate {
 	return nil
 }
 
+// stepGet: a Get changes nothing; it answers the record as it is (state,
+// fingerprint, result; fence and attempts where the model knows them), or
+// ErrNotFound for a record absent or past its retention.
+func stepGet(s mstate, in opInput, out opOutput) []mstate {
+	switch out.Res {
+	case resUnknown:
+		return []mstate{s}
+	case resAbsent:
+		if absentLike(s, in) {
+			return []mstate{s}
+		}
+	case resOK:
+		if presentLike(s, in) && out.State == s.St && out.FP == s.FP && out.Result == s.Result &&
+			(in.LaxTakeover || ((!s.FenceKnown || out.Fence == s.Fence) && out.Attempts == s.Attempts)) {
+			// A composed store's settled record may carry the fence and
+			// attempts of the claim that re-warmed it.
+			return []mstate{s}
+		}
+		// A momentary claim, standing or given back (released, its
+		// attempt taken back).
+		momentary := out.State == idem.StateInFlight || (out.State == idem.StateReleased && out.Result == "")
+		if momentary && in.LaxTakeover && momentaryClaimMayStand(s, in) {
+			return []mstate{s} // see CampaignConfig.TakeoverOfMomentaryClaims
+		}
+		if momentary && in.LaxExpiry && s.Exists && settled(s.St) && mayBeExpired(s, in) {
+			return []mstate{s} // see CampaignConfig.InProgressAtExpiry
+		}
+	}
+	return nil
+}
+
 func step(state, input, output any) []any {
 	s, in, out := state.(mstate), input.(opInput), output.(opOutput)
 	var next []mstate
 	switch in.Kind {
 	case opAcquire:
 		next = stepAcquire(s, in, out)
+	case opGet:
+		next = stepGet(s, in, out)
 	case opDelete:
 		gone := s
 		gone.Exists = false
@@ -368,8 +404,8 @@ var recordModel = porcupine.NondeterministicModel{
 	Equal: func(a, b any) bool { return a.(mstate) == b.(mstate) },
 	DescribeOperation: func(input, output any) string {
 		in, out := input.(opInput), output.(opOutput)
-		return fmt.Sprintf("%s(%s fp=%s f=%d lease=%d ret=%d max=%d) -> res=%d %v f=%d %q attempts=%d lease_until=%d expires=%d", in.Kind, in.Key, in.FP, in.Fence, in.Lease, in.Ret, in.Max,
-			out.Res, out.Outcome, out.Fence, out.Result, out.Attempts, out.LeaseUntil, out.ExpiresAt)
+		return fmt.Sprintf("%s(%s fp=%s f=%d lease=%d ret=%d max=%d) -> res=%d %v %v fp=%s f=%d %q attempts=%d lease_until=%d expires=%d", in.Kind, in.Key, in.FP, in.Fence, in.Lease, in.Ret, in.Max,
+			out.Res, out.Outcome, out.State, out.FP, out.Fence, out.Result, out.Attempts, out.LeaseUntil, out.ExpiresAt)
 	},
 	DescribeState: func(state any) string { return fmt.Sprintf("%+v", state.(mstate)) },
 }

@@ -150,3 +150,38 @@ func TestAttemptsAndPoisoning(t *testing.T) {
 		}
 	}
 }
+
+// TestGetAnswersTheRecord: a Get answers the record as it stands — state,
+// fingerprint, result, fence, attempts — or ErrNotFound only when it is
+// absent or past its retention.
+func TestGetAnswersTheRecord(t *testing.T) {
+	const f = 10
+	get := func(at int64, out opOutput) porcupine.Operation {
+		return c1Op(1, false, opInput{Kind: opGet, Call: at, Return: at + 1}, out)
+	}
+	done := opOutput{State: idem.StateCompleted, FP: "A", Fence: f, Result: "r", Attempts: 1}
+	model := recordModel.ToModel()
+	for _, c := range []struct {
+		name string
+		get  porcupine.Operation
+		want bool
+	}{
+		{"the completed record", get(20, done), true},
+		{"absent after its retention", get(2000, opOutput{Res: resAbsent}), true},
+		{"absent while live", get(20, opOutput{Res: resAbsent}), false},
+		{"another result", get(20, opOutput{State: idem.StateCompleted, FP: "A", Fence: f, Result: "other", Attempts: 1}), false},
+		{"in flight", get(20, opOutput{State: idem.StateInFlight, FP: "A", Fence: f, Attempts: 1}), false},
+		{"another fence", get(20, opOutput{State: idem.StateCompleted, FP: "A", Fence: f + 1, Result: "r", Attempts: 1}), false},
+		{"attempts counted twice", get(20, opOutput{State: idem.StateCompleted, FP: "A", Fence: f, Result: "r", Attempts: 2}), false},
+	} {
+		h := []porcupine.Operation{
+			c1Op(0, false, opInput{Kind: opAcquire, FP: "A", Lease: 100, Ret: 1000, Call: 0, Return: 1},
+				opOutput{Outcome: idem.Acquired, Fence: f, Attempts: 1, LeaseUntil: 100, ExpiresAt: 1000}),
+			c1Op(0, false, opInput{Kind: opComplete, Fence: f, Result: "r", Ret: 1000, Call: 5, Return: 6}, opOutput{}),
+			c.get,
+		}
+		if got := porcupine.CheckOperations(model, h); got != c.want {
+			t.Errorf("%s: linearizable %v, want %v", c.name, got, c.want)
+		}
+	}
+}
