@@ -122,6 +122,19 @@ type Unclaimer interface {
 	Unclaim(ctx context.Context, key string, fence uint64) error
 }
 
+// FencedDeleter is implemented by stores that can delete a key's record
+// only up to a fence. DeleteUpTo removes key's record if its fence is at
+// most fence and keeps a record with a larger fence — a later generation's
+// claim, made after the caller read the record it means to delete. It
+// returns nil whether or not it removed a record. The tiered store drops
+// its own hot claims this way (a claim whose cold read found another
+// fingerprint's record, a re-warmed copy of a withdrawn settle), so that a
+// claim another request made meanwhile stays. memstore, sqlitestore,
+// pgstore and redisstore implement it.
+type FencedDeleter interface {
+	DeleteUpTo(ctx context.Context, key string, fence uint64) error
+}
+
 // StoredArchiver is an Archiver that also tells whether rec was stored
 // (false: what the key held was kept, by Archive's rules). The tiered store
 // uses it to tell a settle whose archive a concurrent Delete kept out (its

@@ -342,6 +342,20 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
+// DeleteUpTo implements idem.FencedDeleter.
+func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	if e, ok := sh.m[key]; ok && e.fence <= fence {
+		delete(sh.m, key)
+	}
+	sh.mu.Unlock()
+	return nil
+}
+
 // Sweep implements idem.Store. A limit of zero or less means no limit.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	now := s.clock.Now()

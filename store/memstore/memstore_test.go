@@ -17,7 +17,7 @@ func newStore(t testing.TB) idem.Store {
 // TestConformance runs the suite on the store's injected clock: the lease
 // and retention cases advance it instead of sleeping.
 func TestConformance(t *testing.T) {
-	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
+	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
 		s := memstore.New(memstore.Config{Clock: clock})
 		t.Cleanup(func() { _ = s.Close() })
 		return s

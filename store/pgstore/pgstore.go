@@ -115,8 +115,8 @@ type Store struct {
 }
 
 type statements struct {
-	acquire, heartbeat, settle, release, unclaim, get, del, sweep, list, archive string
-	acquireMany, settleMany                                                      string
+	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive string
+	acquireMany, settleMany                                                               string
 }
 
 // Open connects a pool from cfg.ConnString (or uses cfg.Pool) and migrates
@@ -302,10 +302,11 @@ WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 		unclaim: `UPDATE ` + table + ` SET state = 5, lease_until = now(), updated_at = now(), attempts = greatest(attempts - 1, 0)
 WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
-		get:   `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k = $1 AND expires_at > now()`,
-		del:   `DELETE FROM ` + table + ` WHERE k = $1`,
-		sweep: `DELETE FROM ` + table + ` WHERE k IN (SELECT k FROM ` + table + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
-		list:  `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k > $1 AND expires_at > now() ORDER BY k LIMIT $2`,
+		get:     `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k = $1 AND expires_at > now()`,
+		del:     `DELETE FROM ` + table + ` WHERE k = $1`,
+		delUpTo: `DELETE FROM ` + table + ` WHERE k = $1 AND fence <= $2`,
+		sweep:   `DELETE FROM ` + table + ` WHERE k IN (SELECT k FROM ` + table + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+		list:    `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k > $1 AND expires_at > now() ORDER BY k LIMIT $2`,
 		// $1 key, $2 state, $3 fence, $4 fp, $5 attempts, $6 result, $7 retention ms
 		archive: `INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
 VALUES ($1, $2, $3, $4, $5, $6, now(), ` + expiryAfter(`$7::float8`) + `, now(), 4)
@@ -516,6 +517,12 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	_, err := s.pool.Exec(ctx, s.sql.del, key)
+	return wrap("delete", err)
+}
+
+// DeleteUpTo implements idem.FencedDeleter.
+func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
+	_, err := s.pool.Exec(ctx, s.sql.delUpTo, key, int64(fence))
 	return wrap("delete", err)
 }
 

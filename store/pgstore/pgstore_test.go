@@ -27,7 +27,7 @@ func openAt(t testing.TB, schema string) idem.Store {
 func newStore(t testing.TB) idem.Store { return openAt(t, testenv.RandomName("idemtest_")) }
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, storetest.Capabilities{Unclaims: true, Persistent: true, ListsRecords: true, Archives: true}, newStore)
+	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, newStore)
 }
 
 // TestConformanceThroughPgBouncer runs the suite through a real PgBouncer
@@ -35,7 +35,7 @@ func TestConformance(t *testing.T) {
 // PgBouncer option.
 func TestConformanceThroughPgBouncer(t *testing.T) {
 	bouncer := testenv.StartPgBouncer(t)
-	storetest.Run(t, storetest.Capabilities{Unclaims: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) idem.Store {
+	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) idem.Store {
 		return testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: bouncer, PgBouncer: true})
 	})
 }
@@ -219,7 +219,7 @@ func TestPoolSize(t *testing.T) {
 // TestConformanceUncoalesced runs the suite with every call its own
 // statement (Config.NoCoalesce).
 func TestConformanceUncoalesced(t *testing.T) {
-	storetest.Run(t, storetest.Capabilities{Unclaims: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) idem.Store {
+	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) idem.Store {
 		return testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{NoCoalesce: true})
 	})
 }

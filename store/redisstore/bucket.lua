@@ -140,6 +140,11 @@ save = function(k, r)
   end
   return v
 end
+-- remove deletes the record of k from its bucket and its own key.
+remove = function(k)
+  redis.call('HDEL', k.b, k.f)
+  redis.call('DEL', k.s)
+end
 -- sameCall: the nonce of a settle's record is the call's (a bucket keeps
 -- its last four bytes).
 sameCall = function(stored, nonce)

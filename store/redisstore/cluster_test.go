@@ -30,14 +30,14 @@ func TestCluster(t *testing.T) {
 		return s
 	}
 	t.Run("Conformance", func(t *testing.T) {
-		storetest.Run(t, storetest.Capabilities{Unclaims: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store { return open(t) })
+		storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store { return open(t) })
 	})
 	t.Run("ConformanceBuckets", func(t *testing.T) {
 		// A record's own key and its bucket share a slot (else every
 		// script would fail with CROSSSLOT); with WaitReplicas, the
 		// pipelines per master carry two keys per call.
 		for _, wait := range []int{0, 1} {
-			storetest.Run(t, storetest.Capabilities{Unclaims: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
+			storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
 				s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, WaitReplicas: wait})
 				if err != nil {
 					t.Fatal(err)
@@ -49,7 +49,7 @@ func TestCluster(t *testing.T) {
 	t.Run("ConformanceWaitingForAReplica", func(t *testing.T) {
 		// Coalesced pipelines on a Cluster with WaitReplicas: one per master,
 		// each ending with its WAIT.
-		storetest.Run(t, storetest.Capabilities{Unclaims: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
+		storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
 			s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", WaitReplicas: 1})
 			if err != nil {
 				t.Fatal(err)

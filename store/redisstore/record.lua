@@ -37,6 +37,10 @@ local function save(k, r)
   redis.call('SET', k, v, 'PXAT', r.e)
   return v
 end
+-- remove deletes the record at k.
+local function remove(k)
+  redis.call('DEL', k)
+end
 -- sameCall: the nonce a record keeps is the one of the call at hand.
 local function sameCall(stored, nonce)
   return stored == nonce

@@ -40,6 +40,9 @@ var ownedBody string
 //go:embed bucket.lua
 var bucketLua string
 
+//go:embed deleteupto.lua
+var deleteUpToBody string
+
 // Each script is the record encoding's functions, a transition's function,
 // then a tail that calls it once (a lone call). A coalesced batch is one run
 // of the batch script, which holds both transitions and calls one per call
@@ -56,6 +59,9 @@ var (
 	bucketAcquireLua = recordLua + bucketLua + acquireBody + clockLua + oneTail("acquire", acquireArgs, bucketCall)
 	bucketOwnedLua   = recordLua + bucketLua + ownedBody + clockLua + oneTail("owned", ownedArgs, bucketCall)
 	bucketBatchLua   = recordLua + bucketLua + acquireBody + ownedBody + clockLua + batchTail(bucketCall)
+
+	deleteUpToLua       = recordLua + deleteUpToBody + oneTail("deleteUpTo", deleteUpToArgs, plainCall)
+	bucketDeleteUpToLua = recordLua + bucketLua + deleteUpToBody + oneTail("deleteUpTo", deleteUpToArgs, bucketCall)
 )
 
 // clockLua reads the server's time once per script: now in ms, floor (the
@@ -70,6 +76,8 @@ local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
 const (
 	acquireArgs = `ARGV[j + 1], tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]), ARGV[j + 5], now, floor`
 	ownedArgs   = `ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3]), ARGV[j + 4], ARGV[j + 5], now`
+	// DeleteUpTo's one argument: the fence in decimal.
+	deleteUpToArgs = `ARGV[j + 1]`
 )
 
 // callShape says where the i-th call of a script finds its keys and
@@ -118,6 +126,9 @@ var (
 	bucketAcquireScript = redis.NewScript(bucketAcquireLua)
 	bucketOwnedScript   = redis.NewScript(bucketOwnedLua)
 	bucketBatchScript   = redis.NewScript(bucketBatchLua)
+
+	deleteUpToScript       = redis.NewScript(deleteUpToLua)
+	bucketDeleteUpToScript = redis.NewScript(bucketDeleteUpToLua)
 	// peekScript reads a record of a bucketed store: KEYS its own key and
 	// its bucket, ARGV[1] its field. It answers the bucket's value (false
 	// when past its expiry), else what the own key holds: a string, or a
@@ -802,6 +813,18 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		return nil
 	})
 	return wrap("delete", err)
+}
+
+// DeleteUpTo implements idem.FencedDeleter: one script reads the record
+// (its own key or its bucket's field) and removes it if its fence is at
+// most fence.
+func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
+	keys, field := s.locate(key)
+	script, args := deleteUpToScript, []any{strconv.FormatUint(fence, 10)}
+	if s.bucketsPerSlot > 0 {
+		script, args = bucketDeleteUpToScript, []any{field, args[0]}
+	}
+	return wrap("delete", s.run(ctx, script, keys, args...).Err())
 }
 
 // decodePeek reads the answer of peekScript for key.

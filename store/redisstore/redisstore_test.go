@@ -21,7 +21,7 @@ func openAt(t testing.TB, prefix string) idem.Store { return testenv.OpenRedis(t
 func newStore(t testing.TB) idem.Store { return openAt(t, testenv.RandomName("idemtest:")+":") }
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, storetest.Capabilities{Unclaims: true, ListsRecords: true, SelfExpiring: true}, newStore)
+	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, newStore)
 }
 
 func TestEveryKeyHasTTL(t *testing.T) {
@@ -175,7 +175,7 @@ func TestClientsDoNotResend(t *testing.T) {
 // TestConformanceUncoalesced runs the suite with every call its own round
 // trip (Config.NoCoalesce).
 func TestConformanceUncoalesced(t *testing.T) {
-	storetest.Run(t, storetest.Capabilities{Unclaims: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
+	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
 		prefix := testenv.RandomName("idemtest:") + ":"
 		s, err := redisstore.New(redisstore.Config{Client: testenv.RedisClient(t), Prefix: prefix, CloseClient: true, NoCoalesce: true})
 		if err != nil {

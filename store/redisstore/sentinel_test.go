@@ -31,7 +31,7 @@ func TestSentinel(t *testing.T) {
 		return s
 	}
 	t.Run("Conformance", func(t *testing.T) {
-		storetest.Run(t, storetest.Capabilities{Unclaims: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store { return open(t, redisstore.Config{}) })
+		storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store { return open(t, redisstore.Config{}) })
 	})
 	t.Run("WaitReplicas", func(t *testing.T) {
 		ctx := context.Background()

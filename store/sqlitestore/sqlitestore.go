@@ -61,8 +61,8 @@ type Store struct {
 	clock  idem.Clock
 	limits idem.Limits
 
-	acquire, heartbeat, settle, release, unclaim, get, del, sweep, list, archive *sql.Stmt
-	closed                                                                       atomic.Bool
+	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive *sql.Stmt
+	closed                                                                                atomic.Bool
 
 	writes *coalesce.Group[writeCall, idem.Acquisition] // nil: NoCoalesce
 }
@@ -189,6 +189,8 @@ func (s *Store) prepare(ctx context.Context) error {
 		// ?1 key: a deleted record stays as an expired row that keeps its
 		// fence (see deleted).
 		{&s.del, `UPDATE idem_records SET ` + deleted + ` WHERE k = ?1`},
+		// ?1 key, ?2 fence.
+		{&s.delUpTo, `UPDATE idem_records SET ` + deleted + ` WHERE k = ?1 AND fence <= ?2`},
 		// ?1 now (ms), ?2 limit. The row of a deleted record goes only once
 		// the millisecond of its Delete has passed (see deleted). It
 		// answers each row's outcome, 0 for a deleted record's (not
@@ -215,7 +217,7 @@ func (s *Store) prepare(ctx context.Context) error {
 	return nil
 }
 
-// deleted is what Delete sets: the record expired at the epoch, so no call
+// deleted is what Delete and DeleteUpTo set: the record expired at the epoch, so no call
 // sees it whatever its clock says, but its row stays and keeps its fence,
 // from which the key's next claim counts up, until a sweep after the
 // millisecond in which the Delete ran (updated_at). Removing the row at
@@ -389,6 +391,12 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	_, err := s.del.ExecContext(ctx, key)
+	return s.wrap("delete", err)
+}
+
+// DeleteUpTo implements idem.FencedDeleter.
+func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
+	_, err := s.delUpTo.ExecContext(ctx, key, int64(fence))
 	return s.wrap("delete", err)
 }
 

@@ -33,7 +33,7 @@ func newStore(t testing.TB) idem.Store {
 // TestConformance runs the suite on the store's injected clock: the lease
 // and retention cases advance it instead of sleeping.
 func TestConformance(t *testing.T) {
-	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
+	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
 		s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Clock: clock})
 		if err != nil {
 			t.Fatal(err)
@@ -274,7 +274,7 @@ func TestDeletedSeenByAnEarlierClock(t *testing.T) {
 // TestConformanceUncoalesced runs the suite with every call its own
 // transaction (Config.NoCoalesce).
 func TestConformanceUncoalesced(t *testing.T) {
-	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
+	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
 		s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Clock: clock, NoCoalesce: true})
 		if err != nil {
 			t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,8 @@ type Capabilities struct {
 	Archives bool
 	// Unclaims: the store implements idem.Unclaimer.
 	Unclaims bool
+	// FencedDeletes: the store implements idem.FencedDeleter.
+	FencedDeletes bool
 }
 
 // NewStore returns a fresh, isolated store for one case and registers its
@@ -101,6 +104,12 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 			name string
 			fn   func(t *testing.T, s idem.Store)
 		}{"UnclaimTakesBackTheAttempt", testUnclaim})
+	}
+	if caps.FencedDeletes {
+		cases = append(cases, struct {
+			name string
+			fn   func(t *testing.T, s idem.Store)
+		}{"DeleteUpToKeepsALaterGeneration", testDeleteUpTo})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -1038,6 +1047,50 @@ func testUnclaim(t *testing.T, s idem.Store) {
 		t.Fatal(err)
 	}
 	mustAcquire(t, s, r, idem.Poisoned)
+}
+
+// testDeleteUpTo: DeleteUpTo (idem.FencedDeleter) removes a record whose
+// fence is at most the one given, in flight or settled, and keeps one with
+// a larger fence: the next generation of the key.
+func testDeleteUpTo(t *testing.T, s idem.Store) {
+	d, ok := s.(idem.FencedDeleter)
+	if !ok {
+		t.Fatalf("%T does not implement idem.FencedDeleter (Capabilities.FencedDeletes)", s)
+	}
+	ctx := context.Background()
+	if err := d.DeleteUpTo(ctx, "none", 1); err != nil {
+		t.Fatalf("a key without a record: %v", err)
+	}
+	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	for _, smaller := range []uint64{a.Fence - 1, 99} {
+		if err := d.DeleteUpTo(ctx, "k", smaller); err != nil {
+			t.Fatal(err)
+		}
+		if rec, err := s.Get(ctx, "k"); err != nil || rec.Fence != a.Fence {
+			t.Fatalf("DeleteUpTo(%d) of a claim with fence %d: %+v, %v; want it kept", smaller, a.Fence, rec, err)
+		}
+	}
+	if err := d.DeleteUpTo(ctx, "k", a.Fence); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("DeleteUpTo its own fence: %+v, %v; want it removed", rec, err)
+	}
+	b := mustAcquire(t, s, req("k"), idem.Acquired)
+	if b.Fence <= a.Fence {
+		t.Fatalf("the next generation's fence %d, the deleted one's %d", b.Fence, a.Fence)
+	}
+	if err := s.Complete(ctx, "k", b.Fence, []byte("r"), retention); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DeleteUpTo(ctx, "k", a.Fence); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, s, req("k"), idem.Replayed)
+	if err := d.DeleteUpTo(ctx, "k", math.MaxInt64); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, s, req("k"), idem.Acquired)
 }
 
 // testReleaseKeepsRetention: a released record keeps its expiry (so its

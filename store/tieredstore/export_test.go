@@ -16,9 +16,10 @@ func SetDuringDelete(s *Store, f func()) { s.duringDelete = f }
 // both tiers.
 func SetAfterDeleteReads(s *Store, f func()) { s.afterDeleteReads = f }
 
-// SetBeforeRewarm installs a hook that runs in Acquire between the cold
-// read that found a settled record and the re-warm of the hot tier.
-func SetBeforeRewarm(s *Store, f func()) { s.beforeRewarm = f }
+// SetAfterColdSettled installs a hook that runs in Acquire after the cold
+// read that found a settled record, before the hot tier is re-warmed with
+// it (or, for another fingerprint, the claim dropped).
+func SetAfterColdSettled(s *Store, f func()) { s.afterColdSettled = f }
 
 // SetDeleteLockHeld installs a hook that runs each time a Delete finds its
 // key's delete lock held by another Delete.

@@ -806,7 +806,7 @@ func TestRewarmAcrossADelete(t *testing.T) {
 			req := idem.AcquireRequest{Key: "PAY-21", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 			completedInTheColdTierOnly(t, s, hot, req)
 			paused, resume, done := make(chan struct{}), make(chan struct{}), make(chan idem.Acquisition)
-			tieredstore.SetBeforeRewarm(s, func() { close(paused); <-resume })
+			tieredstore.SetAfterColdSettled(s, func() { close(paused); <-resume })
 			tieredstore.SetAfterDeleteReads(s, func() {
 				go func() {
 					dup, err := s.Acquire(ctx, req)
@@ -825,7 +825,7 @@ func TestRewarmAcrossADelete(t *testing.T) {
 			if dup := <-done; dup.Outcome != idem.Replayed {
 				t.Fatalf("the duplicate, concurrent with the Delete: %v, want Replayed", dup.Outcome)
 			}
-			tieredstore.SetBeforeRewarm(s, nil)
+			tieredstore.SetAfterColdSettled(s, nil)
 			if after, err := s.Acquire(ctx, req); err != nil || after.Outcome != idem.Acquired {
 				t.Fatalf("a request after the Delete: %v %q, %v; want Acquired (the key deleted)", after.Outcome, after.Record.Result, err)
 			}
@@ -937,5 +937,88 @@ func TestClaimBetweenDeleteReadsAndMark(t *testing.T) {
 	if after, err := s.Acquire(ctx, req); err != nil || after.Outcome != idem.Acquired {
 		t.Fatalf("a request after the Delete: %v %q, %v (the claim's Complete during the Delete: %v); want Acquired — the Delete removed that claim",
 			after.Outcome, after.Record.Result, err, completeErr)
+	}
+}
+
+// TestMismatchDropsOnlyItsOwnClaim: a request with another fingerprint
+// claims the hot tier, finds the key settled in the cold tier and drops its
+// claim. If its cold read outlasted its lease, another request may have
+// taken the claim over meanwhile and, the cold record having expired since,
+// own the key and run the work. Dropping the claim with an unconditional
+// hot Delete took that owner's claim away, and the next request was handed
+// a second one: two owners at once. Only the request's own claim may go.
+func TestMismatchDropsOnlyItsOwnClaim(t *testing.T) {
+	ctx := context.Background()
+	clock := storetest.NewManualClock(time.Now())
+	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	cold := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := idem.Record{Key: "PAY-23", State: idem.StateCompleted, Fence: 1, Fingerprint: "A", Attempts: 1, Result: []byte("done")}
+	if err := cold.Archive(ctx, done, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	other := idem.AcquireRequest{Key: "PAY-23", Fingerprint: "B", Lease: time.Second, Retention: time.Hour}
+	var owner idem.Acquisition
+	tieredstore.SetAfterColdSettled(s, func() {
+		tieredstore.SetAfterColdSettled(s, nil)
+		// The cold read took long: the lease and the cold record ended.
+		clock.Advance(11 * time.Second)
+		var err error
+		if owner, err = s.Acquire(ctx, other); err != nil || !owner.Outcome.Owns() {
+			t.Fatalf("the request after the first one's lease: %v, %v; want a claim (the cold record expired)", owner.Outcome, err)
+		}
+	})
+	if a, err := s.Acquire(ctx, other); err != nil || a.Outcome != idem.Mismatch {
+		t.Fatalf("the first request: %v, %v; want Mismatch (its cold read found the other fingerprint)", a.Outcome, err)
+	}
+	if next, err := s.Acquire(ctx, other); err != nil || next.Outcome != idem.InProgress {
+		t.Fatalf("a request while the key's owner (fence %d) works: %v (fence %d), %v; want InProgress", owner.Fence, next.Outcome, next.Fence, err)
+	}
+}
+
+// TestGetOfAKeySettledInTheColdTier: a key completed in the cold tier only
+// (its hot copy gone), claimed for a moment by a duplicate that then failed
+// closed in a cold outage: the claim given back leaves a released hot
+// record. Get answered that record — a released key where Acquire replays
+// the completion. Found by the fault campaign once it read keys (seed
+// 13863722093483404193). Now Get asks the cold tier behind an unsettled hot
+// record: the completion, or the cold tier's error while it cannot say.
+func TestGetOfAKeySettledInTheColdTier(t *testing.T) {
+	ctx := context.Background()
+	conn, proxy := testenv.PostgresProxy(t)
+	cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: conn})
+	hot := memstore.New(memstore.Config{SweepInterval: -1})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := idem.AcquireRequest{Key: "PAY-24", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	completedInTheColdTierOnly(t, s, hot, req)
+	proxy.Cut()
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	if a, err := s.Acquire(cctx, req); err == nil {
+		t.Fatalf("an acquisition during the cold outage: %v, want an error", a.Outcome)
+	}
+	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != idem.StateReleased {
+		t.Fatalf("the hot tier after the failed acquisition: %+v, %v; want its claim given back", rec, err)
+	}
+	rec, err := s.Get(cctx, req.Key)
+	cancel()
+	if err == nil {
+		t.Fatalf("Get during the cold outage: %v %q; want an error (the cold tier cannot say)", rec.State, rec.Result)
+	}
+	proxy.Restore()
+	for {
+		rec, err = s.Get(ctx, req.Key)
+		if err == nil || !errors.Is(err, idem.ErrStoreUnavailable) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // the pool reconnects
+	}
+	if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "booked" {
+		t.Fatalf("Get after the outage: %v %q, %v; want the completion", rec.State, rec.Result, err)
 	}
 }

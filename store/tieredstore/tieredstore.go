@@ -59,7 +59,7 @@ type Store struct {
 	beforeArchive    func() // test hook: after the settle's lease check
 	duringDelete     func() // test hook: between Delete's tombstone and its hot removal
 	afterDeleteReads func() // test hook: after Delete read both tiers
-	beforeRewarm     func() // test hook: in Acquire, between the cold read and the re-warm
+	afterColdSettled func() // test hook: in Acquire, after the cold read found a settled record
 	deleteLockHeld   func() // test hook: a Delete found its key's delete lock held
 }
 
@@ -162,14 +162,15 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		_ = s.giveBack(bg, req.Key, a.Fence)
 		return idem.Acquisition{}, fmt.Errorf("cold tier: %w", err)
 	}
-	if rec.Fingerprint != req.Fingerprint {
-		// The hot record was made by this mismatching request: drop our own
-		// claim so it does not shadow the archived fingerprint.
-		_ = s.hot.Delete(bg, req.Key)
-		return idem.Acquisition{Outcome: idem.Mismatch, Record: rec}, nil
+	if s.afterColdSettled != nil {
+		s.afterColdSettled()
 	}
-	if s.beforeRewarm != nil {
-		s.beforeRewarm()
+	if rec.Fingerprint != req.Fingerprint {
+		// The hot record was made by this mismatching request: drop it so
+		// it does not shadow the archived fingerprint (nor outlive the
+		// archive, holding the key for this fingerprint).
+		_ = s.dropClaim(bg, req.Key, a.Fence)
+		return idem.Acquisition{Outcome: idem.Mismatch, Record: rec}, nil
 	}
 	// Re-warm the hot tier with the archived result. The hot copy must
 	// not outlive the cold record (a replay past the retention), and its
@@ -200,6 +201,20 @@ func (s *Store) giveBack(ctx context.Context, key string, fence uint64) error {
 		return u.Unclaim(ctx, key, fence)
 	}
 	return s.hot.Release(ctx, key, fence)
+}
+
+// dropClaim removes the hot record of this caller's claim (fence), and
+// nothing newer: if the caller's cold read outlasted its lease, another
+// request may have taken the claim over and, the cold record having
+// expired since, own the key — an unconditional removal took that owner's
+// claim away, and the next request was handed a second one. A hot store
+// that cannot delete up to a fence (not idem.FencedDeleter; every store of
+// this module can) has its record deleted whole.
+func (s *Store) dropClaim(ctx context.Context, key string, fence uint64) error {
+	if d, ok := s.hot.(idem.FencedDeleter); ok {
+		return d.DeleteUpTo(ctx, key, fence)
+	}
+	return s.hot.Delete(ctx, key)
 }
 
 // Heartbeat implements idem.Store (hot tier).
@@ -350,21 +365,35 @@ func (s *Store) withdraw(ctx context.Context, rec idem.Record, err error) error 
 	// re-warmed the hot tier with it since: remove that copy too (the cold
 	// tier answers for the key; a newer owner's archive stays).
 	if now, gerr := s.hot.Get(ctx, rec.Key); gerr == nil && sameSettle(now, rec) {
-		_ = s.hot.Delete(ctx, rec.Key)
+		_ = s.dropClaim(ctx, rec.Key, now.Fence) // that copy only, not a claim made since
 	}
 	return err
 }
 
-// Get implements idem.Store: the hot tier, then the cold one.
+// Get implements idem.Store: the hot tier, then the cold one. A hot record
+// that is not settled (in flight or released) may be a momentary claim or
+// one given back — taken to consult the cold tier, or by a request of
+// another fingerprint — on a key that the cold tier holds settled (see
+// Acquire); the settled record is then the answer, as Acquire would replay
+// it, and a cold tier that cannot say fails the Get.
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	rec, err := s.hot.Get(ctx, key)
-	if errors.Is(err, idem.ErrNotFound) {
-		rec, err = s.cold.Get(ctx, key)
-		if err == nil && rec.State != idem.StateCompleted && rec.State != idem.StateFailed {
-			return idem.Record{}, idem.ErrNotFound // a Delete's tombstone
-		}
+	if err == nil && rec.State != idem.StateInFlight && rec.State != idem.StateReleased {
+		return rec, nil
 	}
-	return rec, err
+	if err != nil && !errors.Is(err, idem.ErrNotFound) {
+		return rec, err
+	}
+	c, cerr := s.cold.Get(ctx, key)
+	switch {
+	case cerr == nil && (c.State == idem.StateCompleted || c.State == idem.StateFailed):
+		return c, nil
+	case cerr != nil && !errors.Is(cerr, idem.ErrNotFound):
+		return idem.Record{}, fmt.Errorf("cold tier: %w", cerr)
+	case err == nil: // the hot record stands
+		return rec, nil
+	}
+	return idem.Record{}, idem.ErrNotFound // nothing, or a Delete's tombstone
 }
 
 // Delete implements idem.Store: the cold tier first, then the hot one, so
