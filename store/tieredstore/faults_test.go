@@ -47,7 +47,7 @@ func TestColdBlipNeverSkipsTheColdTier(t *testing.T) {
 func TestReleasedAndPoisonedKeepFullRetention(t *testing.T) {
 	s := newTiered(t, 100*time.Millisecond)
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "POISON", Fingerprint: "fp", Lease: 50 * time.Millisecond, Retention: 72 * time.Hour, MaxAttempts: 1}
+	req := idem.AcquireRequest{Key: "POISON", Fingerprint: "fp", Lease: 10 * time.Second, Retention: 72 * time.Hour, MaxAttempts: 1}
 	a, err := s.Acquire(ctx, req)
 	if err != nil || a.Outcome != idem.Acquired {
 		t.Fatal(a.Outcome, err)
@@ -216,6 +216,12 @@ const pauseSettle = 200 * time.Millisecond
 // proxiedColdTiers returns a tiered store over a memory hot tier and a
 // PostgreSQL cold tier reached through a proxy the test can cut.
 func proxiedColdTiers(t *testing.T, hotRetention time.Duration) (*tieredstore.Store, *testenv.Proxy) {
+	s, _, _, proxy := proxiedTiers(t, hotRetention)
+	return s, proxy
+}
+
+// proxiedTiers is proxiedColdTiers with its tiers.
+func proxiedTiers(t *testing.T, hotRetention time.Duration) (*tieredstore.Store, *memstore.Store, *pgstore.Store, *testenv.Proxy) {
 	conn, proxy := testenv.PostgresProxy(t)
 	cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: conn})
 	hot := memstore.New(memstore.Config{SweepInterval: -1})
@@ -223,7 +229,7 @@ func proxiedColdTiers(t *testing.T, hotRetention time.Duration) (*tieredstore.St
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, proxy
+	return s, hot, cold, proxy
 }
 
 // acquireAcrossAColdOutage cuts the cold tier, checks that two
@@ -476,9 +482,11 @@ func TestDuplicateDuringDelete(t *testing.T) {
 }
 
 // TestTakeoverOfAMomentaryClaim: a caller's acquisition claims the hot tier
-// and then asks the cold one; when the cold answer outlasts the request's
-// lease (here the cold tier stops answering for a while), another caller
-// takes the hot claim over. Nothing had run under it, and the first caller
+// and then asks the cold one; when the lease ends before the cold answer
+// comes back — the cold read is bounded by half the lease
+// (TestSlowColdReadGivesTheClaimBack), so this takes a paused caller: here
+// the cold tier stops answering while the hot tier's clock jumps past the
+// lease — another caller takes the hot claim over. Nothing had run under it, and the first caller
 // must not get a claim too: exactly one of them owns the key, the first
 // one fails closed with a retryable error, and the one that took over is
 // told TakenOver (the tier cannot tell a momentary claim from a dead
@@ -503,7 +511,7 @@ func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxy.Stall()
-	req := idem.AcquireRequest{Key: "PAY-12", Fingerprint: "fp", Lease: time.Second, Retention: time.Hour}
+	req := idem.AcquireRequest{Key: "PAY-12", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 	type answer struct {
 		a   idem.Acquisition
 		err error
@@ -524,7 +532,7 @@ func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 		}
 		return err
 	})
-	clock.Advance(2 * time.Second)
+	clock.Advance(2 * time.Minute)
 	b, err := second.Acquire(ctx, req)
 	if err != nil || b.Outcome != idem.TakenOver {
 		t.Fatalf("the second caller: %v, %v; want TakenOver", b.Outcome, err)
@@ -625,7 +633,10 @@ func TestPauseBeforeArchive(t *testing.T) {
 			t.Run(coldKind+"/"+then, func(t *testing.T) {
 				s, clock := pauseTiers(t, coldKind)
 				ctx := context.Background()
-				req := idem.AcquireRequest{Key: "PAY-15", Fingerprint: "fp", Lease: 50 * time.Millisecond, Retention: time.Hour}
+				// The cold reads under the claims are bounded by half the
+				// lease on the wall clock: a lease far shorter than the
+				// manual advance, yet long enough for a loaded machine.
+				req := idem.AcquireRequest{Key: "PAY-15", Fingerprint: "fp", Lease: 500 * time.Millisecond, Retention: time.Hour}
 				a, err := s.Acquire(ctx, req)
 				if err != nil || a.Outcome != idem.Acquired {
 					t.Fatal(a.Outcome, err)
@@ -988,13 +999,7 @@ func TestMismatchDropsOnlyItsOwnClaim(t *testing.T) {
 // record: the completion, or the cold tier's error while it cannot say.
 func TestGetOfAKeySettledInTheColdTier(t *testing.T) {
 	ctx := context.Background()
-	conn, proxy := testenv.PostgresProxy(t)
-	cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: conn})
-	hot := memstore.New(memstore.Config{SweepInterval: -1})
-	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, hot, _, proxy := proxiedTiers(t, time.Hour)
 	req := idem.AcquireRequest{Key: "PAY-24", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 	completedInTheColdTierOnly(t, s, hot, req)
 	proxy.Cut()
@@ -1020,5 +1025,51 @@ func TestGetOfAKeySettledInTheColdTier(t *testing.T) {
 	}
 	if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "booked" {
 		t.Fatalf("Get after the outage: %v %q, %v; want the completion", rec.State, rec.Result, err)
+	}
+}
+
+// TestSlowColdReadGivesTheClaimBack: an acquisition holds a hot claim while
+// it reads the cold tier. A cold read that outlasted the lease let another
+// request take that claim over, and the takeover counted a second attempt
+// though nothing had run under the first claim: with MaxAttempts 1 the key
+// was poisoned without ever running (a message lost). The cold read is now
+// bounded by half the lease: past it, the acquisition gives its claim back
+// with its attempt and fails closed, and the next request runs the work.
+func TestSlowColdReadGivesTheClaimBack(t *testing.T) {
+	ctx := context.Background()
+	s, hot, cold, proxy := proxiedTiers(t, time.Hour)
+	if err := cold.Pool().Ping(ctx); err != nil { // a connection in the pool before the stall
+		t.Fatal(err)
+	}
+	req := idem.AcquireRequest{Key: "PAY-25", Fingerprint: "fp", Lease: 400 * time.Millisecond, Retention: time.Hour, MaxAttempts: 1}
+	proxy.Stall()
+	t.Cleanup(proxy.Unstall)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Acquire(ctx, req)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, idem.ErrStoreUnavailable) {
+			t.Fatalf("the acquisition whose cold read stalled: %v, want ErrStoreUnavailable", err)
+		}
+	case <-time.After(10 * req.Lease):
+		t.Fatalf("the acquisition still waits on the cold tier after %v, holding a claim of a %v lease", 10*req.Lease, req.Lease)
+	}
+	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != idem.StateReleased || rec.Attempts != 0 {
+		t.Fatalf("the hot record after the failed acquisition: %+v, %v; want released with no attempt counted", rec, err)
+	}
+	proxy.Unstall()
+	for {
+		a, err := s.Acquire(ctx, req)
+		if errors.Is(err, idem.ErrStoreUnavailable) {
+			time.Sleep(50 * time.Millisecond) // the pool reconnects
+			continue
+		}
+		if err != nil || a.Outcome != idem.Acquired || a.Record.Attempts != 1 {
+			t.Fatalf("the next request: %v (attempts %d), %v; want Acquired, its first attempt", a.Outcome, a.Record.Attempts, err)
+		}
+		break
 	}
 }

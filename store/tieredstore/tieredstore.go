@@ -38,8 +38,9 @@ type Config struct {
 // Claims, leases and fences live in the hot tier. Every claim the hot tier
 // hands out (Acquired or TakenOver, first run or not) is checked against the
 // cold tier before it is returned: a settled record there is replayed, and a
-// cold tier that cannot answer fails the acquisition closed (the hot claim
-// is given back). A completion or definite failure is written to the cold
+// cold tier that cannot answer — within half the request's lease — fails
+// the acquisition closed (the hot claim is given back, its attempt
+// uncounted). A completion or definite failure is written to the cold
 // tier first — with the owner's fence, after checking it and extending its
 // lease in the hot tier, so no takeover can meet the archive in flight —
 // and then settled in the hot tier: when Complete returns nil the result is
@@ -131,7 +132,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if !a.Outcome.Owns() {
 		return a, nil
 	}
-	rec, err := s.cold.Get(ctx, req.Key)
+	rec, err := s.coldReadUnderClaim(ctx, req)
 	if err == nil && deleting(rec) {
 		// A Delete is between its tombstone and its hot removal, which may
 		// remove this claim too: it is not a claim to hand out.
@@ -145,8 +146,8 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		start := time.Now()
 		if err := s.hot.Heartbeat(ctx, req.Key, a.Fence, req.Lease); err != nil {
 			if errors.Is(err, idem.ErrStaleFence) {
-				// Deleted, or taken over by another caller when the cold
-				// read outlasted the lease: the claim is not ours.
+				// Deleted, or taken over by another caller while this one
+				// was paused past its lease: the claim is not ours.
 				return idem.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the claim was deleted or taken over while the cold tier was consulted; retry", idem.ErrStoreUnavailable)
 			}
 			_ = s.giveBack(context.WithoutCancel(ctx), req.Key, a.Fence)
@@ -191,6 +192,24 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	return idem.Acquisition{Outcome: idem.Replayed, Record: rec}, nil
 }
 
+// coldReadUnderClaim reads the cold tier while the acquisition holds its
+// hot claim, for at most half the request's lease. The claim is momentary
+// until the cold tier answers — nothing runs under it — and a read that
+// outlasted the lease let another request take it over, counting an
+// attempt for a claim under which nothing ran (a key poisoned early). Past
+// the bound the read fails (ErrStoreUnavailable), and the caller gives the
+// claim back with its attempt before its lease ends.
+func (s *Store) coldReadUnderClaim(ctx context.Context, req idem.AcquireRequest) (idem.Record, error) {
+	bound := req.Lease / 2
+	cctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	rec, err := s.cold.Get(cctx, req.Key)
+	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+		err = fmt.Errorf("%w: idem/tieredstore: the cold tier did not answer within half the lease (%v)", idem.ErrStoreUnavailable, bound)
+	}
+	return rec, err
+}
+
 // giveBack returns a hot claim under which nothing ran (the acquisition
 // failed closed, or the claim was momentary: taken to consult the cold
 // tier). Where the hot store can (idem.Unclaimer), the claim's attempt is
@@ -204,7 +223,7 @@ func (s *Store) giveBack(ctx context.Context, key string, fence uint64) error {
 }
 
 // dropClaim removes the hot record of this caller's claim (fence), and
-// nothing newer: if the caller's cold read outlasted its lease, another
+// nothing newer: if the caller was paused past its lease, another
 // request may have taken the claim over and, the cold record having
 // expired since, own the key — an unconditional removal took that owner's
 // claim away, and the next request was handed a second one. A hot store
