@@ -82,6 +82,8 @@ type CampaignConfig struct {
 	// while the momentary claim stands are told InProgress (or Mismatch,
 	// for the other fingerprint), though the claim's own caller may end
 	// up answered with a replay: accepted too, as answers that run nothing.
+	// An acquisition that fails with an error may also have given its
+	// claim back (released, the attempt taken back).
 	TakeoverOfMomentaryClaims bool
 	// SettleExtendsLease: a Complete or Fail extends the owner's lease by up
 	// to this much before it takes effect (the tiered store does, so that no

@@ -184,14 +184,18 @@ func poisoned(s mstate, in opInput) mstate {
 func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 	if out.Res == resUnknown {
 		next := []mstate{s}
-		// claim adds a claim counted to attempts, and the same claim given
+		// claim adds a claim counted to attempts and, for a store with
+		// momentary claims (TakeoverOfMomentaryClaims), the same claim given
 		// back before the error was reported (the tiered store does when
 		// its cold tier fails: Unclaim, which takes the attempt back).
 		claim := func(attempts int) {
 			c := claimed(s, in, out, attempts)
-			r := c
-			r.St, r.LeaseLo, r.LeaseHi, r.Attempts = idem.StateReleased, 0, 0, attempts-1
-			next = append(next, c, r)
+			next = append(next, c)
+			if in.LaxTakeover {
+				r := c
+				r.St, r.LeaseLo, r.LeaseHi, r.Attempts = idem.StateReleased, 0, 0, attempts-1
+				next = append(next, r)
+			}
 		}
 		if absentLike(s, in) {
 			claim(1)
