@@ -97,7 +97,7 @@ func TestCampaign(t *testing.T) {
 		}}
 	if !storetest.IsChild() {
 		conn, p := testenv.PostgresProxy(t)
-		cfg.Cut, cfg.Restore = p.Cut, p.Restore
+		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
 		cfg.Location = testenv.RandomName("idemtest_") + " " + conn
 	}
 	storetest.Campaign(t, cfg)
@@ -173,7 +173,7 @@ func TestCampaignThroughPgBouncer(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := testenv.StartProxy(t, u.Host)
-		cfg.Cut, cfg.Restore = p.Cut, p.Restore
+		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
 		cfg.Location = testenv.RandomName("idemtest_") + " " + strings.Replace(bouncer, u.Host, p.Addr(), 1)
 	}
 	storetest.Campaign(t, cfg)

@@ -84,7 +84,7 @@ func campaign(t *testing.T, name string, buckets int) {
 		}}
 	if !storetest.IsChild() {
 		p := testenv.RedisProxy(t)
-		cfg.Cut, cfg.Restore = p.Cut, p.Restore
+		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
 		cfg.Location = testenv.RandomName("idemtest:") + ": " + p.Addr()
 	}
 	storetest.Campaign(t, cfg)

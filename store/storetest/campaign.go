@@ -59,6 +59,10 @@ type CampaignConfig struct {
 	// Cut and Restore take the store's server away and give it back (a
 	// TCP proxy); nil where there is no server.
 	Cut, Restore func()
+	// Stall holds every byte to and from the store's server, and Unstall
+	// lets them through (a latency spike: calls wait, leases run out);
+	// nil where there is no server.
+	Stall, Unstall func()
 	// Keys is the size of the hot key set. Defaults to 6.
 	Keys int
 	// Goroutines is how many workers run in the test's own process.
@@ -97,7 +101,7 @@ type CampaignConfig struct {
 type CampaignReport struct {
 	Seed                                           uint64
 	Operations, Unknown                            int
-	Kills, Outages, Deletes, Sweeps                int
+	Kills, Outages, ServerStalls, Deletes, Sweeps  int
 	Stalls                                         int // owners of this process that slept past their lease
 	Executions, LedgerAccepted                     int
 	HistoriesChecked, HistoriesUnknown, Violations int
@@ -113,8 +117,8 @@ type CampaignReport struct {
 // with short and long retentions — or give a claim back unused (Unclaim,
 // where the store has it) — some of them with a MaxAttempts, and read keys
 // with Get, while faults are injected at random:
-// SIGKILL of a worker process, outages of the store's server, Delete and
-// Sweep of live keys. Every store operation is logged with its wall-clock
+// SIGKILL of a worker process, outages and stalls of the store's server,
+// Delete and Sweep of live keys. Every store operation is logged with its wall-clock
 // interval; at the end the campaign checks
 //
 //   - that each key's history is linearizable against a sequential model of
@@ -226,6 +230,11 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 			spawn()
 			mu.Unlock()
 			rep.Kills++
+		case f < 5 && cfg.Stall != nil && frng.IntN(3) == 0:
+			cfg.Stall()
+			time.Sleep(time.Duration(100+frng.IntN(600)) * time.Millisecond)
+			cfg.Unstall()
+			rep.ServerStalls++
 		case f < 5 && cfg.Cut != nil:
 			cfg.Cut()
 			time.Sleep(time.Duration(100+frng.IntN(300)) * time.Millisecond)

@@ -122,7 +122,7 @@ func campaign(t *testing.T, name string, buckets int) {
 		}}
 	if !storetest.IsChild() {
 		conn, p := testenv.PostgresProxy(t)
-		cfg.Cut, cfg.Restore = p.Cut, p.Restore
+		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
 		cfg.Location = testenv.RandomName("idemtest:") + ": " + testenv.RandomName("idemtest_") + " " + conn
 	}
 	storetest.Campaign(t, cfg)
