@@ -97,8 +97,9 @@ func TestConformanceRedisOverPostgres(t *testing.T) {
 }
 
 // TestCampaign runs the fault campaign on Redis over PostgreSQL with a hot
-// retention of 300ms (so claims and replays go through the cold tier), the
-// cold tier reached through a TCP proxy that the campaign cuts now and then.
+// retention of 300ms (so claims and replays go through the cold tier), each
+// tier reached through a TCP proxy that the campaign cuts or stalls now and
+// then (the cold tier and the hot one in turn).
 func TestCampaign(t *testing.T) { campaign(t, "TestCampaign", 0) }
 
 // TestCampaignBuckets is TestCampaign with the hot tier's records in
@@ -111,9 +112,9 @@ func campaign(t *testing.T, name string, buckets int) {
 	const settle = 300 * time.Millisecond
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2, InProgressAtExpiry: true, TakeoverOfMomentaryClaims: true, SettleExtendsLease: settle,
 		Open: func(t testing.TB, location string) idem.Store {
-			parts := strings.SplitN(location, " ", 3)
-			hot := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: parts[0], Buckets: buckets})
-			cold := testenv.OpenPostgres(t, parts[1], pgstore.Config{ConnString: parts[2]})
+			parts := strings.SplitN(location, " ", 4) // prefix, Redis address, schema, PostgreSQL
+			hot := testenv.OpenRedisConfig(t, parts[1], redisstore.Config{Prefix: parts[0], Buckets: buckets})
+			cold := testenv.OpenPostgres(t, parts[2], pgstore.Config{ConnString: parts[3]})
 			s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: 300 * time.Millisecond, SettleTimeout: settle})
 			if err != nil {
 				t.Fatal(err)
@@ -121,9 +122,23 @@ func campaign(t *testing.T, name string, buckets int) {
 			return s
 		}}
 	if !storetest.IsChild() {
-		conn, p := testenv.PostgresProxy(t)
-		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
-		cfg.Location = testenv.RandomName("idemtest:") + ": " + testenv.RandomName("idemtest_") + " " + conn
+		conn, cold := testenv.PostgresProxy(t)
+		hot := testenv.RedisProxy(t)
+		// The faults take the tiers in turn (one at a time: the injector
+		// restores a tier before its next fault).
+		var tier *testenv.Proxy
+		n := 0
+		next := func() *testenv.Proxy {
+			if n++; n%2 == 0 {
+				return hot
+			}
+			return cold
+		}
+		cfg.Cut = func() { tier = next(); tier.Cut() }
+		cfg.Restore = func() { tier.Restore() }
+		cfg.Stall = func() { tier = next(); tier.Stall() }
+		cfg.Unstall = func() { tier.Unstall() }
+		cfg.Location = testenv.RandomName("idemtest:") + ": " + hot.Addr() + " " + testenv.RandomName("idemtest_") + " " + conn
 	}
 	storetest.Campaign(t, cfg)
 }
