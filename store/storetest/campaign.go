@@ -87,7 +87,11 @@ type CampaignConfig struct {
 	// for the other fingerprint), though the claim's own caller may end
 	// up answered with a replay: accepted too, as answers that run nothing.
 	// An acquisition that fails with an error may also have given its
-	// claim back (released, the attempt taken back).
+	// claim back (released, the attempt taken back). A momentary claim
+	// taken over counts an attempt under which nothing ran, so an
+	// acquisition with a MaxAttempts may poison a key the model holds
+	// absent or released (the claim's give-back came after its lease: its
+	// caller paused, or the hot tier stalled).
 	TakeoverOfMomentaryClaims bool
 	// SettleExtendsLease: a Complete or Fail extends the owner's lease by up
 	// to this much before it takes effect (the tiered store does, so that no

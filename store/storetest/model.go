@@ -180,6 +180,20 @@ func poisoned(s mstate, in opInput) mstate {
 	return n
 }
 
+// poisonedMomentary is the state after an acquisition poisoned another
+// caller's momentary claim (one no answer shows) whose give-back came after
+// its lease: a poisoned record of the request's fingerprint, its fence
+// unknown, kept at least the request's retention and at most the momentary
+// claim's, which the model does not know.
+func poisonedMomentary(s mstate, in opInput) mstate {
+	n := s
+	n.Exists, n.St, n.FP, n.Result, n.Fence, n.FenceKnown = true, idem.StatePoisoned, in.FP, "", 0, false
+	n.LeaseLo, n.LeaseHi = 0, 0
+	n.ExpLo = in.Call + max(in.Lease, in.Ret) - slackMs
+	n.ExpHi = math.MaxInt64 / 2
+	return n
+}
+
 // stepAcquire returns the states an acquisition can leave, given its answer.
 func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 	if out.Res == resUnknown {
@@ -199,6 +213,9 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 		}
 		if absentLike(s, in) {
 			claim(1)
+		}
+		if in.LaxTakeover && in.Max > 0 && momentaryClaimMayStand(s, in) {
+			next = append(next, poisonedMomentary(s, in))
 		}
 		if rerunnable(s, in) {
 			if poisonMayBeDue(s, in) {
@@ -236,6 +253,9 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 		}
 		if rerunnable(s, in) && poisonMayBeDue(s, in) {
 			return []mstate{poisoned(s, in)}
+		}
+		if in.LaxTakeover && in.Max > 0 && momentaryClaimMayStand(s, in) {
+			return []mstate{poisonedMomentary(s, in)} // see CampaignConfig.TakeoverOfMomentaryClaims
 		}
 	case idem.InProgress:
 		if presentLike(s, in) && s.St == idem.StateInFlight && s.FP == in.FP && leaseMayLast(s, in) {

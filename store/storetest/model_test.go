@@ -185,3 +185,32 @@ func TestGetAnswersTheRecord(t *testing.T) {
 		}
 	}
 }
+
+// TestPoisonOfAMomentaryClaim: the history of a tiered-store campaign
+// (seed 13447889491361254046, times shortened): a duplicate's momentary hot
+// claim outlived its lease — its give-back held up by a stall of the hot
+// tier — on a key whose completion had just expired, and an acquisition
+// with MaxAttempts 1 took it over and poisoned the key, which no claim had
+// run. The strict model refuses it (the key was absent: Acquired was due);
+// with TakeoverOfMomentaryClaims it is accepted, and the poisoned record
+// then answers Poisoned.
+func TestPoisonOfAMomentaryClaim(t *testing.T) {
+	history := func(lax bool) []porcupine.Operation {
+		op := func(client int, in opInput, out opOutput) porcupine.Operation { return c1Op(client, lax, in, out) }
+		return []porcupine.Operation{
+			op(0, opInput{Kind: opAcquire, FP: "A", Lease: 100, Ret: 200, Call: 0, Return: 1},
+				opOutput{Outcome: idem.Acquired, Fence: 10, Attempts: 1, LeaseUntil: 100, ExpiresAt: 200}),
+			op(0, opInput{Kind: opComplete, Fence: 10, Result: "r", Ret: 200, Call: 2, Return: 3}, opOutput{}),
+			op(1, opInput{Kind: opAcquire, FP: "A", Lease: 300, Ret: 300, Max: 1, Call: 190, Return: 700},
+				opOutput{Outcome: idem.Poisoned, State: idem.StatePoisoned, Attempts: 1}),
+			op(2, opInput{Kind: opAcquire, FP: "A", Lease: 300, Ret: 300, Call: 710, Return: 711},
+				opOutput{Outcome: idem.Poisoned, State: idem.StatePoisoned, Attempts: 1}),
+		}
+	}
+	model := recordModel.ToModel()
+	for _, lax := range []bool{false, true} {
+		if got := porcupine.CheckOperations(model, history(lax)); got != lax {
+			t.Errorf("lax=%v: linearizable %v, want %v", lax, got, lax)
+		}
+	}
+}
