@@ -40,7 +40,8 @@ type Config struct {
 // cold tier before it is returned: a settled record there is replayed, and a
 // cold tier that cannot answer — within half the request's lease — fails
 // the acquisition closed (the hot claim is given back, its attempt
-// uncounted). A completion or definite failure is written to the cold
+// uncounted if the give-back lands within the lease; a claim taken over
+// before it counts the attempt, see the README). A completion or definite failure is written to the cold
 // tier first — with the owner's fence, after checking it and extending its
 // lease in the hot tier, so no takeover can meet the archive in flight —
 // and then settled in the hot tier: when Complete returns nil the result is
