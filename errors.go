@@ -22,6 +22,13 @@ var (
 	// taken over, or the record was settled, deleted or expired). Nothing was
 	// changed.
 	ErrStaleFence = errors.New("idem: stale fence: the lease belongs to another owner")
+	// ErrLeaseExpired is the cause (context.Cause) with which a Guard cancels
+	// the context of work whose lease ran out because no heartbeat reached
+	// the store in time (the store unreachable or too slow): from then on
+	// another process may take the key over, so the work should stop. Its
+	// fence may still be current — a settle that reaches the store before a
+	// takeover succeeds.
+	ErrLeaseExpired = errors.New("idem: the lease ran out: no heartbeat reached the store in time")
 	// ErrNotFound is returned by Get for a key the store does not hold (never
 	// seen, deleted, or past its retention).
 	ErrNotFound = errors.New("idem: record not found")

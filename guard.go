@@ -26,7 +26,18 @@ type Config struct {
 	// re-runs after a release, takeovers). Defaults to 0: no limit.
 	MaxAttempts int
 	// HeartbeatInterval is how often a running work extends its lease.
-	// Defaults to Lease/3; a negative value disables heartbeats.
+	// Defaults to Lease/3; a negative value disables heartbeats (and the
+	// lease's watch with them: work then runs on past its lease, which
+	// another process may take over).
+	//
+	// With heartbeats, work whose lease runs out because no heartbeat
+	// reached the store in time (the store unreachable or too slow) has its
+	// context cancelled with cause ErrLeaseExpired, ahead of the moment
+	// another process could take the key over: the lease is counted on this
+	// process's monotonic clock from when the acquisition or the last
+	// successful heartbeat was sent (the store started the lease later), less
+	// a margin of a tenth of the lease (at most half of Lease less
+	// HeartbeatInterval) for the timer and the work to react.
 	HeartbeatInterval time.Duration
 	// CompactKeys stores SHA-256/128 of the key instead of the raw key
 	// (see CompactKey). Defaults to false.
@@ -219,6 +230,7 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	}
 
 	start := g.startTiming()
+	sent := time.Now() // the lease starts no earlier (see HeartbeatInterval)
 	acq, err := g.cfg.Store.Acquire(ctx, AcquireRequest{
 		Key:         skey,
 		Fingerprint: fp,
@@ -244,7 +256,7 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 		return res, nil
 	}
 
-	value, workErr := g.runOwned(ctx, skey, acq.Fence, progress, work)
+	value, workErr := g.runOwned(ctx, skey, acq.Fence, sent, progress, work)
 	disp := classify(g.cfg.Classify, workErr)
 	res.Disposition = disp
 	res.Value = value
@@ -258,14 +270,14 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	return res, settleErr
 }
 
-// runOwned runs work under heartbeats; a panic holds the record and
-// continues.
-func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, progress func(), work Work) (value []byte, err error) {
+// runOwned runs work under heartbeats (its lease taken at sent); a panic
+// holds the record and continues.
+func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent time.Time, progress func(), work Work) (value []byte, err error) {
 	if g.beats == nil {
 		defer g.holdOnPanic(skey, fence)
 		return work(&fenceContext{ctx, fence}, fence)
 	}
-	r := &ownedRun{g: g, parent: ctx, key: skey, fence: fence, progress: progress}
+	r := &ownedRun{g: g, parent: ctx, key: skey, fence: fence, progress: progress, base: sent}
 	// The heartbeats outlive the caller: if the caller gives up while the
 	// work keeps running, the lease must live as long as the work does.
 	g.beats.Start(&r.tick, r)
@@ -294,7 +306,10 @@ func (c *fenceContext) Value(key any) any {
 // heartbeat scheduler (one timer for every run) for as long as the work runs
 // — not as long as the caller waits: its store calls do not end with the
 // caller's context. When the store says the fence is stale, the lease is
-// lost: the work's context is cancelled with ErrStaleFence as its cause.
+// lost: the work's context is cancelled with ErrStaleFence as its cause;
+// when no heartbeat reached the store before the lease would end, with
+// ErrLeaseExpired (the watch, a timer made at the first heartbeat: a run
+// shorter than one heartbeat interval needs none).
 //
 // ownedRun is also the work's context. It is the caller's context until
 // something asks for more: its cancellable child (context.WithCancelCause)
@@ -314,6 +329,37 @@ type ownedRun struct {
 
 	child atomic.Pointer[cancelChild] // nil until first needed
 	ended atomic.Bool
+
+	// The lease was last taken or extended by a call sent at base+extended
+	// (monotonic); watch fires at its end less the margin.
+	base     time.Time
+	extended atomic.Int64
+	watch    atomic.Pointer[time.Timer]
+}
+
+// leaseLeft is how long the run's lease lasts by this process's clock, less
+// the margin (see Config.HeartbeatInterval); not positive once it ran out.
+func (r *ownedRun) leaseLeft() time.Duration {
+	lease, interval := r.g.cfg.Lease, r.g.cfg.HeartbeatInterval
+	margin := min(lease/10, (lease-interval)/2)
+	return time.Duration(r.extended.Load()) + lease - margin - time.Since(r.base)
+}
+
+// expire cancels the work if its lease ran out; it is the watch's function.
+func (r *ownedRun) expire() {
+	if r.leaseLeft() <= 0 && !r.ended.Load() {
+		r.cancellable().cancel(ErrLeaseExpired)
+	}
+}
+
+// arm sets the watch to fire at the end of the lease.
+func (r *ownedRun) arm() {
+	left := r.leaseLeft()
+	if t := r.watch.Load(); t != nil {
+		t.Reset(left)
+		return
+	}
+	r.watch.Store(time.AfterFunc(left, r.expire))
 }
 
 // cancelChild is the run's cancellable context once made.
@@ -343,6 +389,9 @@ func (r *ownedRun) cancellable() *cancelChild {
 // end cancels the run's context when the run returns.
 func (r *ownedRun) end() {
 	r.ended.Store(true)
+	if t := r.watch.Load(); t != nil {
+		t.Stop()
+	}
 	if c := r.child.Load(); c != nil {
 		c.cancel(nil)
 	}
@@ -376,16 +425,27 @@ func (r *ownedRun) Value(key any) any {
 func (r *ownedRun) Tick() bool {
 	g := r.g
 	start := g.startTiming()
+	if r.watch.Load() == nil {
+		r.arm() // the first beat: from now on no hung or failing store keeps the work running past its lease
+	}
+	sent := time.Since(r.base)
 	// One beat may take at most the time left before the lease would end
 	// had this beat been skipped; a hung store call must not delay the next.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.parent), g.cfg.Lease-g.cfg.HeartbeatInterval)
 	err := g.cfg.Store.Heartbeat(ctx, r.key, r.fence, g.cfg.Lease)
 	cancel()
 	lost := errors.Is(err, ErrStaleFence)
-	if lost {
+	switch {
+	case lost:
 		// Before the event: an observer told of the loss finds the work
 		// told too.
 		r.cancellable().cancel(ErrStaleFence)
+		r.watch.Load().Stop()
+	case err == nil:
+		r.extended.Store(int64(sent))
+		r.arm()
+	default:
+		r.expire() // the lease may be gone already by this process's count
 	}
 	g.observe(Event{Phase: "heartbeat", Key: r.key, Fence: r.fence, Duration: g.since(start), Err: err})
 	if lost {

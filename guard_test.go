@@ -423,3 +423,98 @@ func TestWithDispositionOverridesClassify(t *testing.T) {
 		}
 	}
 }
+
+// flakyBeats fails the heartbeats while mode is beatsFail and holds them
+// until their context ends while it is beatsHang, as a store out of reach
+// does; every other call goes to the store.
+type flakyBeats struct {
+	idem.Store
+	mode *atomic.Int32
+}
+
+const (
+	beatsPass = iota
+	beatsFail
+	beatsHang
+)
+
+func (s flakyBeats) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
+	switch s.mode.Load() {
+	case beatsFail:
+		return fmt.Errorf("%w: cut off", idem.ErrStoreUnavailable)
+	case beatsHang:
+		<-ctx.Done()
+		return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, ctx.Err())
+	}
+	return s.Store.Heartbeat(ctx, key, fence, lease)
+}
+
+// TestLeaseWatchFollowsTheHeartbeats: heartbeats that fail for a while, less
+// than a lease, do not stop the work — the next one that reaches the store
+// extends the lease, and the work runs on past the end of the lease it
+// started with; heartbeats that hang from then on (a stalled store: the
+// Guard is stuck in one until its timeout) cancel the work with cause
+// ErrLeaseExpired before the lease of the last heartbeat that reached the
+// store ends. (The cancellation ahead of a real takeover is
+// storetest.LeaseRunsOutInAnOutage, on each networked store.) The test
+// waits on the Guard's heartbeat events.
+func TestLeaseWatchFollowsTheHeartbeats(t *testing.T) {
+	s := memstore.New(memstore.Config{})
+	t.Cleanup(func() { s.Close() })
+	var mode atomic.Int32
+	beats := make(chan error, 1000)
+	var lastOK atomic.Int64 // when the last heartbeat that reached the store ended, in ns since started
+	started := time.Now()
+	const lease = time.Second
+	g, err := idem.NewGuard(idem.Config{Store: flakyBeats{s, &mode}, Lease: lease, HeartbeatInterval: lease / 8,
+		Observer: func(e idem.Event) {
+			if e.Phase == "heartbeat" {
+				if e.Err == nil {
+					lastOK.Store(int64(time.Since(started)))
+				}
+				beats <- e.Err
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() error {
+		select {
+		case err := <-beats:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatal("no heartbeat in 10 s")
+			return nil
+		}
+	}
+	_, err = g.Run(context.Background(), key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+		mode.Store(beatsFail)
+		for failed := 0; failed < 3; { // three intervals of eight: less than a lease
+			if next() != nil {
+				failed++
+			}
+		}
+		mode.Store(beatsPass)
+		for time.Since(started) < 2*lease {
+			if next(); ctx.Err() != nil {
+				t.Fatalf("cancelled after heartbeats failed for less than a lease: %v", context.Cause(ctx))
+			}
+		}
+		mode.Store(beatsHang)
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the work ran on 10 s after its heartbeats stopped reaching the store")
+		}
+		if took := time.Since(started) - time.Duration(lastOK.Load()); took >= lease {
+			t.Errorf("cancelled %v after the last heartbeat that reached the store: its lease had ended", took)
+		}
+		if cause := context.Cause(ctx); !errors.Is(cause, idem.ErrLeaseExpired) {
+			t.Fatalf("cancelled with cause %v, want ErrLeaseExpired", cause)
+		}
+		return nil, ctx.Err()
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v, want the work's cancellation", err)
+	}
+}

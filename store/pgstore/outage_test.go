@@ -13,3 +13,10 @@ func TestOutageFailsClosedAndRecovers(t *testing.T) {
 	s := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: conn})
 	storetest.Outage(t, s, p.Cut, p.Restore)
 }
+
+func TestLeaseRunsOutInAnOutage(t *testing.T) {
+	conn, p := testenv.PostgresProxy(t)
+	schema := testenv.RandomName("idemtest_")
+	s := testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: conn})
+	storetest.LeaseRunsOutInAnOutage(t, s, testenv.OpenPostgres(t, schema, pgstore.Config{}), p.Cut, p.Restore)
+}

@@ -12,3 +12,10 @@ func TestOutageFailsClosedAndRecovers(t *testing.T) {
 	s := testenv.OpenRedisAt(t, p.Addr(), testenv.RandomName("idemtest:")+":")
 	storetest.Outage(t, s, p.Cut, p.Restore)
 }
+
+func TestLeaseRunsOutInAnOutage(t *testing.T) {
+	p := testenv.RedisProxy(t)
+	prefix := testenv.RandomName("idemtest:") + ":"
+	s := testenv.OpenRedisAt(t, p.Addr(), prefix)
+	storetest.LeaseRunsOutInAnOutage(t, s, testenv.OpenRedis(t, prefix), p.Cut, p.Restore)
+}

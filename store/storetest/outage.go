@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -66,4 +67,82 @@ func Outage(t *testing.T, s idem.Store, cut, restore func()) {
 	if runs.Load() != 2 {
 		t.Fatalf("work ran %d times, want 2 (before, after)", runs.Load())
 	}
+}
+
+// LeaseRunsOutInAnOutage proves that guarded work does not outlive its claim
+// when the store becomes unreachable while the work runs — never two owners'
+// work at once: s reaches its server through a connection that cut takes
+// away and restore gives back (a TCP proxy); direct reaches the same records
+// without it. Once the server is cut off, the work's heartbeats fail; its
+// context must be cancelled, with cause idem.ErrLeaseExpired, before a
+// request through direct can take the key over (the lease runs out on the
+// server's clock, which the test cannot move: it asks again until then).
+// After restore, the first owner's run ends without settling the record.
+func LeaseRunsOutInAnOutage(t *testing.T, s, direct idem.Store, cut, restore func()) {
+	const lease = 2 * time.Second
+	g, err := idem.NewGuard(idem.Config{Store: s, Lease: lease, HeartbeatInterval: lease / 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := idem.Key{Scope: "outage", ID: fmt.Sprintf("lease-%d", time.Now().UnixNano())}
+	started := make(chan context.Context, 1)
+	finish := make(chan struct{})
+	ran := make(chan error, 1)
+	go func() {
+		_, err := g.Run(context.Background(), key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+			started <- ctx
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-finish:
+				return []byte("never cancelled"), nil
+			}
+		})
+		ran <- err
+	}()
+	var work context.Context
+	select {
+	case work = <-started:
+	case err := <-ran:
+		t.Fatalf("the work did not start: %v", err)
+	}
+	cut()
+	restored := false
+	defer func() {
+		if !restored {
+			restore()
+		}
+		close(finish)
+		<-ran
+	}()
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		a, err := direct.Acquire(ctx, idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Minute, Retention: time.Hour})
+		if err != nil {
+			t.Fatalf("the direct store: %v", err)
+		}
+		if a.Outcome == idem.TakenOver {
+			if work.Err() == nil {
+				t.Fatal("the key was taken over while its first owner's work still ran: its context was not cancelled when its lease ran out")
+			}
+			if cause := context.Cause(work); !errors.Is(cause, idem.ErrLeaseExpired) {
+				t.Fatalf("the first owner's work was cancelled with cause %v, want ErrLeaseExpired", cause)
+			}
+			break
+		}
+		if a.Outcome != idem.InProgress {
+			t.Fatalf("while the first owner's lease runs: %v, want InProgress", a.Outcome)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first owner's lease did not run out within 30 s of the outage")
+		}
+		time.Sleep(lease / 20)
+	}
+	restore()
+	restored = true
+	if err := <-ran; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the first owner's run: %v, want the cancellation of its work", err)
+	}
+	ran <- nil // for the deferred wait
 }
