@@ -278,6 +278,9 @@ func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent ti
 		return work(&fenceContext{ctx, fence}, fence)
 	}
 	r := &ownedRun{g: g, parent: ctx, key: skey, fence: fence, progress: progress, base: sent}
+	if r.leaseLeft() <= g.cfg.HeartbeatInterval {
+		r.arm() // a slow acquisition: the lease ends before the first heartbeat
+	}
 	// The heartbeats outlive the caller: if the caller gives up while the
 	// work keeps running, the lease must live as long as the work does.
 	g.beats.Start(&r.tick, r)
@@ -352,9 +355,13 @@ func (r *ownedRun) expire() {
 	}
 }
 
-// arm sets the watch to fire at the end of the lease.
+// arm sets the watch to fire at the end of the lease, or expires the lease
+// at once if it ran out.
 func (r *ownedRun) arm() {
 	left := r.leaseLeft()
+	if left <= 0 {
+		r.expire()
+	}
 	if t := r.watch.Load(); t != nil {
 		t.Reset(left)
 		return

@@ -518,3 +518,38 @@ func TestLeaseWatchFollowsTheHeartbeats(t *testing.T) {
 		t.Fatalf("Run: %v, want the work's cancellation", err)
 	}
 }
+
+// slowAcquire answers acquisitions only after delay, as a stalled store
+// does.
+type slowAcquire struct {
+	idem.Store
+	delay time.Duration
+}
+
+func (s slowAcquire) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	time.Sleep(s.delay) // the stall itself: a time, not an event
+	return s.Store.Acquire(ctx, req)
+}
+
+// TestWorkStartsCancelledWhenTheAcquisitionUsedTheLease: an acquisition
+// whose answer came after the lease would have ended (by the Guard's count,
+// from when it was sent) hands the work a context already cancelled with
+// cause ErrLeaseExpired — not one that stays live until the first heartbeat.
+func TestWorkStartsCancelledWhenTheAcquisitionUsedTheLease(t *testing.T) {
+	s := memstore.New(memstore.Config{})
+	t.Cleanup(func() { s.Close() })
+	const lease = 200 * time.Millisecond
+	g, err := idem.NewGuard(idem.Config{Store: slowAcquire{s, lease}, Lease: lease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = g.Run(context.Background(), key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+		if cause := context.Cause(ctx); !errors.Is(cause, idem.ErrLeaseExpired) {
+			t.Errorf("the work started with cause %v, want ErrLeaseExpired", cause)
+		}
+		return nil, ctx.Err()
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v, want the work's cancellation", err)
+	}
+}
