@@ -7,7 +7,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgo/idem/internal/ctxsleep"
 	"github.com/idemgo/idem/internal/ticks"
+)
+
+// The pause before a settle is tried again, doubling up to the most (see
+// Guard.settle).
+const (
+	settleBackoff    = 10 * time.Millisecond
+	maxSettleBackoff = time.Second
 )
 
 // Config configures a Guard. The zero value of every field but Store works.
@@ -202,8 +210,12 @@ type Result struct {
 // Replayed (Value holds the stored result), Mismatch or Poisoned. The error is
 // non-nil for invalid input, a store failure (no work runs without a claim:
 // the guard fails closed), or the work's own error, which Run returns
-// unchanged after settling. If the work succeeded but the record could not be
-// settled, Run returns the value with an error saying so.
+// unchanged after settling. A completion or a failure that cannot reach the
+// store is tried again, with backoff, until the lease ends by the Guard's
+// count (see Config.HeartbeatInterval) — left in flight, the record would
+// be run again by the next delivery once its lease ends; so Run may wait
+// that long on a store out of reach. If the work succeeded but the record
+// could not be settled, Run returns the value with an error saying so.
 //
 // If work panics, the record is held (the effect may have happened) and the
 // panic continues.
@@ -256,11 +268,11 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 		return res, nil
 	}
 
-	value, workErr := g.runOwned(ctx, skey, acq.Fence, sent, progress, work)
+	value, workErr, leaseEnd := g.runOwned(ctx, skey, acq.Fence, sent, progress, work)
 	disp := classify(g.cfg.Classify, workErr)
 	res.Disposition = disp
 	res.Value = value
-	settleErr := g.settle(ctx, skey, acq.Fence, disp, value, workErr, &res)
+	settleErr := g.settle(ctx, skey, acq.Fence, disp, value, workErr, &res, leaseEnd)
 	if workErr != nil {
 		if settleErr != nil {
 			return res, errors.Join(workErr, settleErr)
@@ -270,12 +282,14 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	return res, settleErr
 }
 
-// runOwned runs work under heartbeats (its lease taken at sent); a panic
-// holds the record and continues.
-func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent time.Time, progress func(), work Work) (value []byte, err error) {
+// runOwned runs work under heartbeats (its lease taken at sent) and says
+// when its lease ends by this process's count (see
+// Config.HeartbeatInterval); a panic holds the record and continues.
+func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent time.Time, progress func(), work Work) (value []byte, err error, leaseEnd time.Time) {
 	if g.beats == nil {
 		defer g.holdOnPanic(skey, fence)
-		return work(&fenceContext{ctx, fence}, fence)
+		value, err = work(&fenceContext{ctx, fence}, fence)
+		return value, err, sent.Add(g.cfg.Lease - g.leaseMargin())
 	}
 	r := &ownedRun{g: g, parent: ctx, key: skey, fence: fence, progress: progress, base: sent}
 	if r.leaseLeft() <= g.cfg.HeartbeatInterval {
@@ -287,9 +301,11 @@ func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent ti
 	defer func() {
 		g.beats.Stop(&r.tick)
 		r.end()
+		leaseEnd = time.Now().Add(r.leaseLeft())
 	}()
 	defer g.holdOnPanic(skey, fence)
-	return work(r, fence)
+	value, err = work(r, fence)
+	return value, err, time.Time{}
 }
 
 // fenceContext hands the owner's fence to FenceFrom without a context.WithValue.
@@ -343,9 +359,13 @@ type ownedRun struct {
 // leaseLeft is how long the run's lease lasts by this process's clock, less
 // the margin (see Config.HeartbeatInterval); not positive once it ran out.
 func (r *ownedRun) leaseLeft() time.Duration {
-	lease, interval := r.g.cfg.Lease, r.g.cfg.HeartbeatInterval
-	margin := min(lease/10, (lease-interval)/2)
-	return time.Duration(r.extended.Load()) + lease - margin - time.Since(r.base)
+	return time.Duration(r.extended.Load()) + r.g.cfg.Lease - r.g.leaseMargin() - time.Since(r.base)
+}
+
+// leaseMargin is how long before a lease's end by this process's clock the
+// Guard treats it as gone (see Config.HeartbeatInterval).
+func (g *Guard) leaseMargin() time.Duration {
+	return min(g.cfg.Lease/10, (g.cfg.Lease-g.cfg.HeartbeatInterval)/2)
 }
 
 // expire cancels the work if its lease ran out; it is the watch's function.
@@ -471,16 +491,21 @@ func (g *Guard) holdOnPanic(skey string, fence uint64) {
 	}
 }
 
-func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disposition, value []byte, workErr error, res *Result) error {
+// settle applies disp to the record. A completion or a failure that could
+// not reach the store is tried again, with backoff, until leaseEnd: left in
+// flight, the record would be run again by the next delivery once the lease
+// ends. A try that finds the fence stale after an earlier one whose fate is
+// unknown asks the store whether that one landed.
+func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disposition, value []byte, workErr error, res *Result, leaseEnd time.Time) error {
 	sctx := ctx
 	if ctx.Done() != nil {
 		sctx = context.WithoutCancel(ctx)
 	}
-	start := g.startTiming()
 	var err error
+	var settled State
 	switch disp {
 	case Complete:
-		err = g.cfg.Store.Complete(sctx, skey, fence, value, g.cfg.Retention)
+		settled = StateCompleted
 	case Fail:
 		msg := []byte("failed")
 		if workErr != nil {
@@ -488,14 +513,33 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 		}
 		res.Failed = true
 		res.Value = msg
-		err = g.cfg.Store.Fail(sctx, skey, fence, msg, g.cfg.FailureRetention)
-	case Release:
-		err = g.cfg.Store.Release(sctx, skey, fence)
-	case Hold:
-	default:
-		err = fmt.Errorf("idem: Classify returned unknown disposition %d", disp)
+		value = msg
+		settled = StateFailed
 	}
-	g.observe(Event{Phase: "settle", Key: skey, Disposition: disp, Fence: fence, Duration: g.since(start), Err: err})
+	for try, pause := 0, settleBackoff; ; try, pause = try+1, min(2*pause, maxSettleBackoff) {
+		start := g.startTiming()
+		switch disp {
+		case Complete:
+			err = g.cfg.Store.Complete(sctx, skey, fence, value, g.cfg.Retention)
+		case Fail:
+			err = g.cfg.Store.Fail(sctx, skey, fence, value, g.cfg.FailureRetention)
+		case Release:
+			err = g.cfg.Store.Release(sctx, skey, fence)
+		case Hold:
+		default:
+			err = fmt.Errorf("idem: Classify returned unknown disposition %d", disp)
+		}
+		if try > 0 && errors.Is(err, ErrStaleFence) {
+			if rec, gerr := g.cfg.Store.Get(sctx, skey); gerr == nil && rec.Fence == fence && rec.State == settled {
+				err = nil // an earlier try landed; its answer was lost
+			}
+		}
+		g.observe(Event{Phase: "settle", Key: skey, Disposition: disp, Fence: fence, Duration: g.since(start), Err: err})
+		if settled == 0 || !errors.Is(err, ErrStoreUnavailable) && !errors.Is(err, context.DeadlineExceeded) ||
+			time.Until(leaseEnd) < pause || ctxsleep.Sleep(sctx, pause) != nil {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("idem: settle (%s) %s: %w", disp, DisplayKey(skey), err)
 	}

@@ -553,3 +553,40 @@ func TestWorkStartsCancelledWhenTheAcquisitionUsedTheLease(t *testing.T) {
 		t.Fatalf("Run: %v, want the work's cancellation", err)
 	}
 }
+
+// lostSettleAnswer applies the first Complete and loses its answer, as a
+// connection that broke after the store applied the statement does.
+type lostSettleAnswer struct {
+	idem.Store
+	lost atomic.Bool
+}
+
+func (s *lostSettleAnswer) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
+	err := s.Store.Complete(ctx, key, fence, result, retention)
+	if err == nil && s.lost.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: the connection broke before the answer", idem.ErrStoreUnavailable)
+	}
+	return err
+}
+
+// TestSettleWhoseAnswerWasLost: a completion whose answer was lost is tried
+// again; the store then finds the fence stale (the record is completed
+// already), and the Guard asks whether the completion under its fence is
+// what stands — it is, so the run succeeded.
+func TestSettleWhoseAnswerWasLost(t *testing.T) {
+	s := memstore.New(memstore.Config{})
+	t.Cleanup(func() { s.Close() })
+	g, err := idem.NewGuard(idem.Config{Store: &lostSettleAnswer{Store: s}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	v, err := idem.Do(ctx, g, key, func(ctx context.Context) (string, error) { return "done", nil })
+	if err != nil || v != "done" {
+		t.Fatalf("Do: %q, %v; want done", v, err)
+	}
+	rec, err := s.Get(ctx, g.StorageKey(key))
+	if err != nil || rec.State != idem.StateCompleted {
+		t.Fatalf("the record: %+v, %v; want completed", rec, err)
+	}
+}

@@ -20,3 +20,9 @@ func TestLeaseRunsOutInAnOutage(t *testing.T) {
 	s := testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: conn})
 	storetest.LeaseRunsOutInAnOutage(t, s, testenv.OpenPostgres(t, schema, pgstore.Config{}), p.Cut, p.Restore)
 }
+
+func TestSettleAcrossABlip(t *testing.T) {
+	conn, p := testenv.PostgresProxy(t)
+	s := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: conn})
+	storetest.SettleAcrossABlip(t, s, p.Cut, p.Restore)
+}

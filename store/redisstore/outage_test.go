@@ -19,3 +19,8 @@ func TestLeaseRunsOutInAnOutage(t *testing.T) {
 	s := testenv.OpenRedisAt(t, p.Addr(), prefix)
 	storetest.LeaseRunsOutInAnOutage(t, s, testenv.OpenRedis(t, prefix), p.Cut, p.Restore)
 }
+
+func TestSettleAcrossABlip(t *testing.T) {
+	p := testenv.RedisProxy(t)
+	storetest.SettleAcrossABlip(t, testenv.OpenRedisAt(t, p.Addr(), testenv.RandomName("idemtest:")+":"), p.Cut, p.Restore)
+}

@@ -146,3 +146,46 @@ func LeaseRunsOutInAnOutage(t *testing.T, s, direct idem.Store, cut, restore fun
 	}
 	ran <- nil // for the deferred wait
 }
+
+// SettleAcrossABlip proves that a store out of reach for a moment when the
+// work has just finished does not leave the record in flight — to be run
+// again by the next delivery once the lease ends (twice): the Guard tries
+// the settle again, within the lease. s reaches its server through a
+// connection that cut takes away and restore gives back; the work cuts it
+// as it returns, and the first failed settle (seen by the Guard's
+// observer) restores it. The run must then succeed, and the key replay.
+func SettleAcrossABlip(t *testing.T, s idem.Store, cut, restore func()) {
+	var restored atomic.Bool
+	defer func() {
+		if restored.CompareAndSwap(false, true) {
+			restore()
+		}
+	}()
+	g, err := idem.NewGuard(idem.Config{Store: s, Lease: 20 * time.Second, Observer: func(e idem.Event) {
+		if e.Phase == "settle" && e.Err != nil && restored.CompareAndSwap(false, true) {
+			restore()
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := idem.Key{Scope: "outage", ID: fmt.Sprintf("settle-%d", time.Now().UnixNano())}
+	runs := 0
+	work := func(ctx context.Context) (string, error) {
+		runs++
+		if runs == 1 {
+			cut()
+		}
+		return "done", nil
+	}
+	ctx := context.Background()
+	if v, err := idem.Do(ctx, g, key, work); err != nil || v != "done" {
+		t.Fatalf("the run whose settle met the cut: %q, %v; want done and no error", v, err)
+	}
+	if !restored.Load() {
+		t.Fatal("the settle never failed: the cut did not reach the store")
+	}
+	if v, err := idem.Do(ctx, g, key, work); err != nil || v != "done" || runs != 1 {
+		t.Fatalf("after the blip: %q, %v, work ran %d times; want the replay of done, once", v, err, runs)
+	}
+}
