@@ -88,9 +88,18 @@ func BenchmarkStore(b *testing.B) {
 
 // TestCampaign runs the fault campaign with every process reaching
 // PostgreSQL through a TCP proxy that the campaign cuts now and then.
-func TestCampaign(t *testing.T) {
+func TestCampaign(t *testing.T) { storetest.Campaign(t, campaignConfig(t, "TestCampaign")) }
+
+// TestGuardCampaign runs guarded work (idem.Guard) under the same faults.
+func TestGuardCampaign(t *testing.T) {
+	storetest.GuardCampaign(t, campaignConfig(t, "TestGuardCampaign"))
+}
+
+// campaignConfig: every process reaches PostgreSQL through a TCP proxy that
+// the campaign cuts and stalls now and then.
+func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
 	testenv.ProbePostgres(t)
-	cfg := storetest.CampaignConfig{TestName: "TestCampaign", Processes: 2,
+	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
 		Open: func(t testing.TB, location string) idem.Store {
 			schema, conn, _ := strings.Cut(location, " ")
 			return testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: conn})
@@ -98,9 +107,10 @@ func TestCampaign(t *testing.T) {
 	if !storetest.IsChild() {
 		conn, p := testenv.PostgresProxy(t)
 		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
-		cfg.Location = testenv.RandomName("idemtest_") + " " + conn
+		schema := testenv.RandomName("idemtest_")
+		cfg.Location, cfg.Direct = schema+" "+conn, schema+" "+testenv.PostgresURL
 	}
-	storetest.Campaign(t, cfg)
+	return cfg
 }
 
 // TestUpgradeFromFirstRelease: a schema made by the first release (no

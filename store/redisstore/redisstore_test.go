@@ -70,12 +70,19 @@ func BenchmarkStore(b *testing.B) {
 
 // TestCampaign runs the fault campaign with every process reaching Redis
 // through a TCP proxy that the campaign cuts now and then.
-func TestCampaign(t *testing.T) { campaign(t, "TestCampaign", 0) }
+func TestCampaign(t *testing.T) { storetest.Campaign(t, campaignConfig(t, "TestCampaign", 0)) }
 
 // TestCampaignBuckets is TestCampaign with records in buckets.
-func TestCampaignBuckets(t *testing.T) { campaign(t, "TestCampaignBuckets", 1) }
+func TestCampaignBuckets(t *testing.T) {
+	storetest.Campaign(t, campaignConfig(t, "TestCampaignBuckets", 1))
+}
 
-func campaign(t *testing.T, name string, buckets int) {
+// TestGuardCampaign runs guarded work (idem.Guard) under the same faults.
+func TestGuardCampaign(t *testing.T) {
+	storetest.GuardCampaign(t, campaignConfig(t, "TestGuardCampaign", 0))
+}
+
+func campaignConfig(t *testing.T, name string, buckets int) storetest.CampaignConfig {
 	testenv.RedisClient(t).Close()
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
 		Open: func(t testing.TB, location string) idem.Store {
@@ -85,9 +92,10 @@ func campaign(t *testing.T, name string, buckets int) {
 	if !storetest.IsChild() {
 		p := testenv.RedisProxy(t)
 		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
-		cfg.Location = testenv.RandomName("idemtest:") + ": " + p.Addr()
+		prefix := testenv.RandomName("idemtest:") + ":"
+		cfg.Location, cfg.Direct = prefix+" "+p.Addr(), prefix+" "
 	}
-	storetest.Campaign(t, cfg)
+	return cfg
 }
 
 // TestRetriedScriptsAreIdempotent: go-redis resends a command whose

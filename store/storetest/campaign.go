@@ -63,6 +63,10 @@ type CampaignConfig struct {
 	// lets them through (a latency spike: calls wait, leases run out);
 	// nil where there is no server.
 	Stall, Unstall func()
+	// Direct, when set, is Location reached without the proxy: the Guard
+	// campaign runs half of its own workers there, so an outage is a
+	// partition — the other processes lose the store while those go on.
+	Direct string
 	// Keys is the size of the hot key set. Defaults to 6.
 	Keys int
 	// Goroutines is how many workers run in the test's own process.
@@ -181,69 +185,13 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 		}()
 	}
 
-	// Worker processes, killed and replaced at random.
-	type child struct {
-		cmd  *exec.Cmd
-		proc int
-	}
-	var mu sync.Mutex
-	var children []*child
-	killedAt := map[int]int64{} // proc → ms
-	nextProc := 1
-	spawn := func() {
-		proc := nextProc
-		nextProc++
-		cmd := exec.Command(os.Args[0], "-test.run=^"+cfg.TestName+"$", "-test.count=1")
-		cmd.Env = append(os.Environ(), envCampaignProc+"="+strconv.Itoa(proc), envCampaignDir+"="+dir,
-			envCampaignDeadline+"="+strconv.FormatInt(deadline.UnixNano(), 10), envCampaignSeed+"="+strconv.FormatUint(seed, 10),
-			envMode+"=campaign", envLocation+"="+cfg.Location)
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		if err == nil {
-			err = cmd.Start()
-		}
-		if err != nil {
-			t.Errorf("start worker process: %v", err)
-			return
-		}
-		children = append(children, &child{cmd: cmd, proc: proc})
-		// Wait until it has opened the store: no outage is started while a
-		// new process connects (that would fail its start, not the store).
-		sc := bufio.NewScanner(out)
-		for sc.Scan() && sc.Text() != readyLine {
-		}
-	}
+	procs := &workerProcesses{t: t, testName: cfg.TestName, mode: "campaign", location: cfg.Location, dir: dir, deadline: deadline, seed: seed}
 	for range cfg.Processes {
-		spawn()
+		procs.spawn()
 	}
-
-	// The fault injector.
-	frng := rand.New(rand.NewPCG(seed, 0))
 	ctx := context.Background()
-	for time.Now().Add(300 * time.Millisecond).Before(deadline) {
-		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
-		switch f := frng.IntN(10); {
-		case f < 3 && len(children) > 0:
-			mu.Lock()
-			i := frng.IntN(len(children))
-			c := children[i]
-			_ = c.cmd.Process.Signal(syscall.SIGKILL)
-			_ = c.cmd.Wait()
-			killedAt[c.proc] = time.Now().UnixMilli()
-			children = append(children[:i], children[i+1:]...)
-			spawn()
-			mu.Unlock()
-			rep.Kills++
-		case f < 5 && cfg.Stall != nil && frng.IntN(3) == 0:
-			cfg.Stall()
-			time.Sleep(time.Duration(100+frng.IntN(600)) * time.Millisecond)
-			cfg.Unstall()
-			rep.ServerStalls++
-		case f < 5 && cfg.Cut != nil:
-			cfg.Cut()
-			time.Sleep(time.Duration(100+frng.IntN(300)) * time.Millisecond)
-			cfg.Restore()
-			rep.Outages++
+	injectFaults(cfg, procs, seed, deadline, &rep, func(frng *rand.Rand, f int) {
+		switch {
 		case f < 8:
 			// One Delete, or (one time in three) two of the same key at once,
 			// as two operators might.
@@ -268,18 +216,108 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 			cancel()
 			rep.Sweeps++
 		}
-	}
+	})
 	wg.Wait()
-	for _, c := range children {
-		if err := c.cmd.Wait(); err != nil {
-			t.Errorf("worker process %d: %v", c.proc, err)
-		}
-	}
+	procs.wait()
 	logs.close()
 	rep.Stalls = int(stats.stalls.Load())
-	checkCampaign(t, dir, ledger, killedAt, cfg, &rep)
+	checkCampaign(t, dir, ledger, procs.killedAt, cfg, &rep)
 	t.Logf("campaign report: %+v", rep)
 	return rep
+}
+
+// workerProcesses are a campaign's worker processes: copies of the test
+// binary re-running testName in mode, killed and replaced at random.
+type workerProcesses struct {
+	t              *testing.T
+	testName, mode string
+	location, dir  string
+	deadline       time.Time
+	seed           uint64
+	children       []workerProcess
+	killedAt       map[int]int64 // proc → ms
+	last           int
+}
+
+type workerProcess struct {
+	cmd  *exec.Cmd
+	proc int
+}
+
+// spawn starts a worker process and waits until it has opened the store:
+// no outage is started while a new process connects (that would fail its
+// start, not the store).
+func (p *workerProcesses) spawn() {
+	p.last++
+	proc := p.last
+	cmd := exec.Command(os.Args[0], "-test.run=^"+p.testName+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envCampaignProc+"="+strconv.Itoa(proc), envCampaignDir+"="+p.dir,
+		envCampaignDeadline+"="+strconv.FormatInt(p.deadline.UnixNano(), 10), envCampaignSeed+"="+strconv.FormatUint(p.seed, 10),
+		envMode+"="+p.mode, envLocation+"="+p.location)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err == nil {
+		err = cmd.Start()
+	}
+	if err != nil {
+		p.t.Errorf("start worker process: %v", err)
+		return
+	}
+	p.children = append(p.children, workerProcess{cmd: cmd, proc: proc})
+	sc := bufio.NewScanner(out)
+	for sc.Scan() && sc.Text() != readyLine {
+	}
+}
+
+// killOne kills a worker process with SIGKILL and starts another.
+func (p *workerProcesses) killOne(rng *rand.Rand) {
+	i := rng.IntN(len(p.children))
+	c := p.children[i]
+	_ = c.cmd.Process.Signal(syscall.SIGKILL)
+	_ = c.cmd.Wait()
+	if p.killedAt == nil {
+		p.killedAt = map[int]int64{}
+	}
+	p.killedAt[c.proc] = time.Now().UnixMilli()
+	p.children = slices.Delete(p.children, i, i+1)
+	p.spawn()
+}
+
+// wait waits for the worker processes to end at the deadline.
+func (p *workerProcesses) wait() {
+	for _, c := range p.children {
+		if err := c.cmd.Wait(); err != nil {
+			p.t.Errorf("worker process %d: %v", c.proc, err)
+		}
+	}
+}
+
+// injectFaults injects faults at random until the deadline, every 150 to
+// 600 ms: of ten draws, three kill a worker process (when there are any),
+// two cut the store's server for 100–400 ms or (one time in three) stall it
+// for 100–700 ms (where cfg says how), the rest are other's (the draw given).
+func injectFaults(cfg CampaignConfig, procs *workerProcesses, seed uint64, deadline time.Time, rep *CampaignReport, other func(frng *rand.Rand, f int)) {
+	frng := rand.New(rand.NewPCG(seed, 0))
+	for time.Now().Add(300 * time.Millisecond).Before(deadline) {
+		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
+		switch f := frng.IntN(10); {
+		case f < 3 && len(procs.children) > 0:
+			procs.killOne(frng)
+			rep.Kills++
+		case f < 5 && cfg.Stall != nil && frng.IntN(3) == 0:
+			cfg.Stall()
+			time.Sleep(time.Duration(100+frng.IntN(600)) * time.Millisecond)
+			cfg.Unstall()
+			rep.ServerStalls++
+		case f < 5 && cfg.Cut != nil:
+			cfg.Cut()
+			time.Sleep(time.Duration(100+frng.IntN(300)) * time.Millisecond)
+			cfg.Restore()
+			rep.Outages++
+		default:
+			other(frng, f)
+		}
+	}
 }
 
 func runChild(t *testing.T, cfg CampaignConfig, proc int, dir string, deadline time.Time, seed uint64) {
