@@ -100,13 +100,20 @@ func TestConformanceRedisOverPostgres(t *testing.T) {
 // retention of 300ms (so claims and replays go through the cold tier), each
 // tier reached through a TCP proxy that the campaign cuts or stalls now and
 // then (the cold tier and the hot one in turn).
-func TestCampaign(t *testing.T) { campaign(t, "TestCampaign", 0) }
+func TestCampaign(t *testing.T) { storetest.Campaign(t, campaignConfig(t, "TestCampaign", 0)) }
 
 // TestCampaignBuckets is TestCampaign with the hot tier's records in
 // buckets.
-func TestCampaignBuckets(t *testing.T) { campaign(t, "TestCampaignBuckets", 1) }
+func TestCampaignBuckets(t *testing.T) {
+	storetest.Campaign(t, campaignConfig(t, "TestCampaignBuckets", 1))
+}
 
-func campaign(t *testing.T, name string, buckets int) {
+// TestGuardCampaign runs guarded work (idem.Guard) under the same faults.
+func TestGuardCampaign(t *testing.T) {
+	storetest.GuardCampaign(t, campaignConfig(t, "TestGuardCampaign", 0))
+}
+
+func campaignConfig(t *testing.T, name string, buckets int) storetest.CampaignConfig {
 	testenv.ProbePostgres(t)
 	testenv.RedisClient(t).Close()
 	const settle = 300 * time.Millisecond
@@ -138,7 +145,9 @@ func campaign(t *testing.T, name string, buckets int) {
 		cfg.Restore = func() { tier.Restore() }
 		cfg.Stall = func() { tier = next(); tier.Stall() }
 		cfg.Unstall = func() { tier.Unstall() }
-		cfg.Location = testenv.RandomName("idemtest:") + ": " + hot.Addr() + " " + testenv.RandomName("idemtest_") + " " + conn
+		prefix, schema := testenv.RandomName("idemtest:")+":", testenv.RandomName("idemtest_")
+		cfg.Location = prefix + " " + hot.Addr() + " " + schema + " " + conn
+		cfg.Direct = prefix + "  " + schema + " " + testenv.PostgresURL
 	}
-	storetest.Campaign(t, cfg)
+	return cfg
 }
