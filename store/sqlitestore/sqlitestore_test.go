@@ -55,12 +55,20 @@ func BenchmarkStore(b *testing.B) {
 	storetest.Bench(b, newStore)
 }
 
-func TestCampaign(t *testing.T) {
+func TestCampaign(t *testing.T) { storetest.Campaign(t, campaignConfig(t, "TestCampaign")) }
+
+// TestGuardCampaign runs guarded work (idem.Guard) under the same faults
+// (kills of the processes sharing the file; there is no server to cut).
+func TestGuardCampaign(t *testing.T) {
+	storetest.GuardCampaign(t, campaignConfig(t, "TestGuardCampaign"))
+}
+
+func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
 	loc := filepath.Join(t.TempDir(), "campaign.db")
 	if storetest.IsChild() {
 		loc = "" // the parent's location comes from the environment
 	}
-	storetest.Campaign(t, storetest.CampaignConfig{TestName: "TestCampaign", Location: loc, Open: openAt, Processes: 2})
+	return storetest.CampaignConfig{TestName: name, Location: loc, Open: openAt, Processes: 2}
 }
 
 // firstReleaseSchema is what the first released sqlitestore created (before
