@@ -34,8 +34,12 @@ rps() { tr '\r' '\n' | sed -nE 's/.*: ([0-9.]+) requests per second.*/\1/p' | ta
 json_field() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["'"$1"'"])'; }
 
 # --- Redis -----------------------------------------------------------------
-redis-cli -u "$redis_url" --scan --pattern 'idembench:*' | xargs -r -n 500 redis-cli -u "$redis_url" DEL >/dev/null
+# Each Redis run starts on an empty key space: the runs before would
+# otherwise leave hundreds of thousands of records behind for the later
+# ones to work among (a larger table, its resizing).
+redis_clean() { redis-cli -u "$redis_url" --scan --pattern 'idembench:*' | xargs -r -n 500 redis-cli -u "$redis_url" DEL >/dev/null; }
 bench() { # URL WORKERS FIELD
+	case "$1" in redis*) redis_clean ;; esac
 	"$tmp/idem" bench --store "$1" --mode lifecycle --concurrency "$2" --duration "${secs}s" --quiet --json | json_field "$3"
 }
 idem_redis=$(bench "$redis_url?pool_size=$conc&idem_prefix=idembench:" "$conc" ops_per_sec)
@@ -45,6 +49,7 @@ idem_redis_buckets=$(bench "$redis_url?pool_size=$conc&idem_prefix=idembench:&id
 idem_redis_buckets_single=$(bench "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_buckets=16384&idem_coalesce=0" "$conc" ops_per_sec)
 redis_p50=$(bench "$redis_url?idem_prefix=idembench:" 1 p50_us)
 redis_p50_single=$(bench "$redis_url?idem_prefix=idembench:&idem_coalesce=0" 1 p50_us)
+redis_clean
 acq_sha=$(redis-cli -u "$redis_url" SCRIPT LOAD "$(cat "$tmp/acquire.lua")")
 own_sha=$(redis-cli -u "$redis_url" SCRIPT LOAD "$(cat "$tmp/owned.lua")")
 n=$((secs * 30000))
@@ -54,6 +59,7 @@ rb_acq=$(redis-benchmark -u "$redis_url" -c "$conc" -n "$n" -r "$n" -q \
 	EVALSHA "$acq_sha" 1 "idembench:{rb:__rand_int__}" bench 60000 3600000 0 n__rand_int__ | rps)
 rb_cmp=$(redis-benchmark -u "$redis_url" -c "$conc" -n "$n" -r "$n" -q \
 	EVALSHA "$own_sha" 1 "idembench:{rb:__rand_int__}" c 1 3600000 '{"status":"ok"}' n__rand_int__ | rps)
+redis_clean
 # The same, pipelined 16 deep: the server's ceiling for these scripts when
 # the network costs nothing (the complete runs with a stale fence, the
 # cheaper path, so the ceiling is if anything too high).
@@ -61,7 +67,7 @@ rb_acq_p=$(redis-benchmark -u "$redis_url" -c "$conc" -n "$((n * 2))" -r "$n" -P
 	EVALSHA "$acq_sha" 1 "idembench:{rbp:__rand_int__}" bench 60000 3600000 0 n__rand_int__ | rps)
 rb_cmp_p=$(redis-benchmark -u "$redis_url" -c "$conc" -n "$((n * 2))" -r "$n" -P 16 -q \
 	EVALSHA "$own_sha" 1 "idembench:{rbp:__rand_int__}" c 1 3600000 '{"status":"ok"}' n__rand_int__ | rps)
-redis-cli -u "$redis_url" --scan --pattern 'idembench:*' | xargs -r -n 500 redis-cli -u "$redis_url" DEL >/dev/null
+redis_clean
 
 # --- PostgreSQL --------------------------------------------------------------
 "$tmp/idem" migrate --store "$pg_url&idem_schema=idem_bench" >/dev/null
