@@ -209,8 +209,11 @@ type Result struct {
 // A duplicate is reported in Result.Outcome with a nil error: InProgress,
 // Replayed (Value holds the stored result), Mismatch or Poisoned. The error is
 // non-nil for invalid input, a store failure (no work runs without a claim:
-// the guard fails closed), or the work's own error, which Run returns
-// unchanged after settling. A completion or a failure that cannot reach the
+// the guard fails closed), or the work's own error, which Run returns after
+// settling — unchanged, unless the Guard had cancelled the work's context
+// because its lease was lost (ErrStaleFence) or ran out (ErrLeaseExpired):
+// then with that reason joined (errors.Is finds both; Config.Classify sees
+// the work's error alone). A completion or a failure that cannot reach the
 // store is tried again, with backoff, until the lease ends by the Guard's
 // count (see Config.HeartbeatInterval) — left in flight, the record would
 // be run again by the next delivery once its lease ends; so Run may wait
@@ -268,11 +271,14 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 		return res, nil
 	}
 
-	value, workErr, leaseEnd := g.runOwned(ctx, skey, acq.Fence, sent, progress, work)
+	value, workErr, leaseEnd, lost := g.runOwned(ctx, skey, acq.Fence, sent, progress, work)
 	disp := classify(g.cfg.Classify, workErr)
 	res.Disposition = disp
 	res.Value = value
 	settleErr := g.settle(ctx, skey, acq.Fence, disp, value, workErr, &res, leaseEnd)
+	if workErr != nil && lost != nil && !errors.Is(workErr, lost) {
+		workErr = fmt.Errorf("%w (%w)", workErr, lost) // why its context ended
+	}
 	if workErr != nil {
 		if settleErr != nil {
 			return res, errors.Join(workErr, settleErr)
@@ -284,12 +290,14 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 
 // runOwned runs work under heartbeats (its lease taken at sent) and says
 // when its lease ends by this process's count (see
-// Config.HeartbeatInterval); a panic holds the record and continues.
-func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent time.Time, progress func(), work Work) (value []byte, err error, leaseEnd time.Time) {
+// Config.HeartbeatInterval) and, if the Guard cancelled the work's context
+// because the lease was lost or ran out, why (ErrStaleFence,
+// ErrLeaseExpired); a panic holds the record and continues.
+func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent time.Time, progress func(), work Work) (value []byte, err error, leaseEnd time.Time, lost error) {
 	if g.beats == nil {
 		defer g.holdOnPanic(skey, fence)
 		value, err = work(&fenceContext{ctx, fence}, fence)
-		return value, err, sent.Add(g.cfg.Lease - g.leaseMargin())
+		return value, err, sent.Add(g.cfg.Lease - g.leaseMargin()), nil
 	}
 	r := &ownedRun{g: g, parent: ctx, key: skey, fence: fence, progress: progress, base: sent}
 	if r.leaseLeft() <= g.cfg.HeartbeatInterval {
@@ -300,12 +308,17 @@ func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent ti
 	g.beats.Start(&r.tick, r)
 	defer func() {
 		g.beats.Stop(&r.tick)
+		if c := r.child.Load(); c != nil {
+			if cause := context.Cause(c.ctx); errors.Is(cause, ErrStaleFence) || errors.Is(cause, ErrLeaseExpired) {
+				lost = cause
+			}
+		}
 		r.end()
 		leaseEnd = time.Now().Add(r.leaseLeft())
 	}()
 	defer g.holdOnPanic(skey, fence)
 	value, err = work(r, fence)
-	return value, err, time.Time{}
+	return value, err, time.Time{}, nil
 }
 
 // fenceContext hands the owner's fence to FenceFrom without a context.WithValue.

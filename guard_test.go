@@ -233,8 +233,8 @@ func TestLostLeaseCancelsWork(t *testing.T) {
 			return nil, nil
 		}
 	})
-	if err == nil {
-		t.Fatal("want the cancellation error")
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, idem.ErrStaleFence) {
+		t.Fatalf("Run: %v, want the work's cancellation and why", err)
 	}
 }
 
@@ -514,8 +514,8 @@ func TestLeaseWatchFollowsTheHeartbeats(t *testing.T) {
 		}
 		return nil, ctx.Err()
 	})
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("Run: %v, want the work's cancellation", err)
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, idem.ErrLeaseExpired) {
+		t.Fatalf("Run: %v, want the work's cancellation and why", err)
 	}
 }
 

@@ -141,8 +141,8 @@ func LeaseRunsOutInAnOutage(t *testing.T, s, direct idem.Store, cut, restore fun
 	}
 	restore()
 	restored = true
-	if err := <-ran; !errors.Is(err, context.Canceled) {
-		t.Fatalf("the first owner's run: %v, want the cancellation of its work", err)
+	if err := <-ran; !errors.Is(err, context.Canceled) || !errors.Is(err, idem.ErrLeaseExpired) {
+		t.Fatalf("the first owner's run: %v, want the cancellation of its work and why", err)
 	}
 	ran <- nil // for the deferred wait
 }
