@@ -63,8 +63,9 @@ type Config struct {
 	// Clock tells the guard's time (cache expiry, event durations). Defaults
 	// to the wall clock. Leases use the store's clock.
 	Clock Clock
-	// Observer, if set, receives one Event per phase, synchronously: keep it
-	// fast (update metrics, write a log line).
+	// Observer, if set, receives one Event per phase — per try of a settle
+	// tried again (see Run) and per heartbeat — synchronously: keep it fast
+	// (update metrics, write a log line).
 	Observer func(Event)
 }
 

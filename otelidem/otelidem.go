@@ -14,7 +14,7 @@ import (
 func Observer(mp metric.MeterProvider) (func(idem.Event), error) {
 	m := mp.Meter("github.com/idemgo/idem")
 	acq, err1 := m.Int64Counter("idem.acquisitions", metric.WithDescription("Acquisitions by outcome; a duplicate is replayed, in-progress or a mismatch."))
-	set, err2 := m.Int64Counter("idem.settlements", metric.WithDescription("Records settled after the work ran, by disposition."))
+	set, err2 := m.Int64Counter("idem.settlements", metric.WithDescription("Records settled after the work ran, by disposition (a settle that never reached the store is a store error, not a settlement)."))
 	dur, err3 := m.Float64Histogram("idem.store.duration", metric.WithUnit("s"), metric.WithDescription("Store operation latency by phase."))
 	errs, err4 := m.Int64Counter("idem.store.errors", metric.WithDescription("Failed store operations by phase (stale fences excluded)."))
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
@@ -35,7 +35,9 @@ func Observer(mp metric.MeterProvider) (func(idem.Event), error) {
 				acq.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", e.Outcome.String()), attribute.Bool("cached", e.Cached)))
 			}
 		case "settle":
-			set.Add(ctx, 1, metric.WithAttributes(attribute.String("disposition", e.Disposition.String())))
+			if e.Err == nil { // a settle tried again reports each try; only one settles
+				set.Add(ctx, 1, metric.WithAttributes(attribute.String("disposition", e.Disposition.String())))
+			}
 		}
 	}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -21,8 +22,9 @@ func TestObserverRecordsOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := memstore.New(memstore.Config{})
-	defer s.Close()
+	m := memstore.New(memstore.Config{})
+	defer m.Close()
+	s := &completeFailsOnce{Store: m}
 	g, _ := idem.NewGuard(idem.Config{Store: s, Observer: obs})
 	ctx := context.Background()
 	key := idem.Key{Scope: "t", ID: "1"}
@@ -57,6 +59,8 @@ func TestObserverRecordsOutcomes(t *testing.T) {
 			}
 		}
 	}
+	// The completion's first try failed (a store error), its second
+	// settled: one settlement.
 	want := map[string]int64{"idem.acquisitions/acquired": 2, "idem.acquisitions/replayed": 1,
 		"idem.settlements/complete": 1, "idem.settlements/release": 1}
 	for k, v := range want {
@@ -67,4 +71,18 @@ func TestObserverRecordsOutcomes(t *testing.T) {
 	if durations != 3 {
 		t.Errorf("%d acquire durations recorded, want 3", durations)
 	}
+}
+
+// completeFailsOnce fails the first Complete as a store out of reach does.
+type completeFailsOnce struct {
+	idem.Store
+	failed bool
+}
+
+func (s *completeFailsOnce) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
+	if !s.failed {
+		s.failed = true
+		return idem.ErrStoreUnavailable
+	}
+	return s.Store.Complete(ctx, key, fence, result, retention)
 }
