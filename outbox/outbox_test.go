@@ -143,3 +143,47 @@ func TestListenNotifyWakesTheRelay(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordingAcrossABlip: the database is out of reach for a moment just
+// as a send succeeds. The relay records the outcome again, with backoff,
+// while its claim lasts: the row ends sent, and the message is not sent a
+// second time once the claim would have run out.
+func TestRecordingAcrossABlip(t *testing.T) {
+	conn, proxy := testenv.PostgresProxy(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	direct, schema := pgPool(t) // creates the schema; reads the rows without the proxy
+	s := backend(t, pgxv5.New(pool), schema).Outbox.Store
+	if err := s.Enqueue(ctx, outbox.Message{Key: "blip", Destination: "test://x"}); err != nil {
+		t.Fatal(err)
+	}
+	var sends int
+	const lease = 2 * time.Second
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s, Lease: lease, SendTimeout: lease / 2,
+		Sender: outbox.SenderFunc(func(ctx context.Context, m *outbox.Message) outbox.Result {
+			sends++
+			if sends == 1 {
+				proxy.Cut()
+				time.AfterFunc(lease/8, proxy.Restore) // a blip: a time, not an event
+			}
+			return outbox.Result{Status: outbox.Sent}
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.RunOnce(ctx); n != 1 || err != nil {
+		t.Fatalf("the run whose recording met the blip: %d rows, %v; want 1 and no error", n, err)
+	}
+	var status string
+	if err := direct.QueryRow(ctx, `SELECT status FROM `+schema+`.idem_outbox WHERE key = 'blip'`).Scan(&status); err != nil || status != string(outbox.Sent) {
+		t.Fatalf("the row: %q, %v; want sent", status, err)
+	}
+	time.Sleep(lease) // past the claim: a row still claimed would be due again
+	if n, err := r.RunOnce(ctx); n != 0 || err != nil || sends != 1 {
+		t.Fatalf("after the claim: %d rows, %v, %d sends; want none and one", n, err, sends)
+	}
+}

@@ -161,7 +161,9 @@ func recordMargin(lease time.Duration) time.Duration { return lease / 4 }
 // ignores its context) keeps its row. A send starts only if it can end
 // (SendTimeout) with the claim's margin for recording left, counted from
 // the last renewal that succeeded; the rows not started are handed back
-// unsent, due at once.
+// unsent, due at once. A recording that fails is tried again with backoff
+// while the claim lasts; past it, the row is due again when its claim
+// expires (sent again, with the same key).
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	token := newToken()
 	// The claim ends Lease after the store's clock read it, which is after
@@ -210,8 +212,11 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	wg.Wait()
 	var sent, acked []int64
 	var errs []error
+	// Each recording is tried again while it fails and the claim lasts: a
+	// row left claimed is sent again once the claim runs out.
+	record := func(fn func() error) error { return recordWhileClaimed(&claimEnd, fn) }
 	if len(unsent) > 0 {
-		errs = append(errs, r.cfg.Store.unclaim(bg, token, unsent))
+		errs = append(errs, record(func() error { return r.cfg.Store.unclaim(bg, token, unsent) }))
 	}
 	for i, res := range results[:len(batch)-len(unsent)] {
 		switch res.Status {
@@ -226,13 +231,29 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 			if res.Err != nil {
 				cause = res.Err.Error()
 			}
-			if err := r.cfg.Store.markFailed(bg, token, batch[i].ID, cause, r.Backoff(tries), dead); err != nil {
+			backoff := r.Backoff(tries)
+			if err := record(func() error { return r.cfg.Store.markFailed(bg, token, batch[i].ID, cause, backoff, dead) }); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
-	errs = append(errs, r.cfg.Store.markSent(bg, token, Sent, sent), r.cfg.Store.markSent(bg, token, Acked, acked))
+	errs = append(errs, record(func() error { return r.cfg.Store.markSent(bg, token, Sent, sent) }),
+		record(func() error { return r.cfg.Store.markSent(bg, token, Acked, acked) }))
 	return len(batch), errors.Join(errs...)
+}
+
+// recordWhileClaimed runs fn, a recording of outcomes, again with backoff
+// (10 ms doubling to 1 s) while it fails and the claim lasts (claimEnd, unix
+// ns). A recording is safe to repeat: it changes only rows the claim still
+// holds, and a recording that landed released them.
+func recordWhileClaimed(claimEnd *atomic.Int64, fn func() error) error {
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		err := fn()
+		if err == nil || time.Until(time.Unix(0, claimEnd.Load())) < pause {
+			return err
+		}
+		time.Sleep(pause)
+	}
 }
 
 // renew extends the claim of the rows of ids it still holds every Lease/4
