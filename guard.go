@@ -11,13 +11,6 @@ import (
 	"github.com/idemgo/idem/internal/ticks"
 )
 
-// The pause before a settle is tried again, doubling up to the most (see
-// Guard.settle).
-const (
-	settleBackoff    = 10 * time.Millisecond
-	maxSettleBackoff = time.Second
-)
-
 // Config configures a Guard. The zero value of every field but Store works.
 type Config struct {
 	// Store holds the records. Required.
@@ -506,7 +499,8 @@ func (g *Guard) holdOnPanic(skey string, fence uint64) {
 }
 
 // settle applies disp to the record. A completion or a failure that could
-// not reach the store is tried again, with backoff, until leaseEnd: left in
+// not reach the store is tried again, with backoff (ctxsleep.Retry), until
+// leaseEnd: left in
 // flight, the record would be run again by the next delivery once the lease
 // ends. A try that finds the fence stale after an earlier one whose fate is
 // unknown asks the store whether that one landed.
@@ -530,7 +524,8 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 		value = msg
 		settled = StateFailed
 	}
-	for try, pause := 0, settleBackoff; ; try, pause = try+1, min(2*pause, maxSettleBackoff) {
+	try := 0
+	ctxsleep.Retry(sctx, func() time.Time { return leaseEnd }, func() bool {
 		start := g.startTiming()
 		switch disp {
 		case Complete:
@@ -543,17 +538,15 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 		default:
 			err = fmt.Errorf("idem: Classify returned unknown disposition %d", disp)
 		}
-		if try > 0 && errors.Is(err, ErrStaleFence) {
+		if try++; try > 1 && errors.Is(err, ErrStaleFence) {
 			if rec, gerr := g.cfg.Store.Get(sctx, skey); gerr == nil && rec.Fence == fence && rec.State == settled {
 				err = nil // an earlier try landed; its answer was lost
 			}
 		}
 		g.observe(Event{Phase: "settle", Key: skey, Disposition: disp, Fence: fence, Duration: g.since(start), Err: err})
-		if settled == 0 || !errors.Is(err, ErrStoreUnavailable) && !errors.Is(err, context.DeadlineExceeded) ||
-			time.Until(leaseEnd) < pause || ctxsleep.Sleep(sctx, pause) != nil {
-			break
-		}
-	}
+		// Only a completion or failure whose fate is unknown goes again.
+		return settled != 0 && (errors.Is(err, ErrStoreUnavailable) || errors.Is(err, context.DeadlineExceeded))
+	})
 	if err != nil {
 		return fmt.Errorf("idem: settle (%s) %s: %w", disp, DisplayKey(skey), err)
 	}

@@ -243,17 +243,16 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 }
 
 // recordWhileClaimed runs fn, a recording of outcomes, again with backoff
-// (10 ms doubling to 1 s) while it fails and the claim lasts (claimEnd, unix
-// ns). A recording is safe to repeat: it changes only rows the claim still
+// (ctxsleep.Retry) while it fails and the claim lasts (claimEnd, unix ns).
+// A recording is safe to repeat: it changes only rows the claim still
 // holds, and a recording that landed released them.
 func recordWhileClaimed(claimEnd *atomic.Int64, fn func() error) error {
-	for pause := 10 * time.Millisecond; ; pause = min(2*pause, time.Second) {
-		err := fn()
-		if err == nil || time.Until(time.Unix(0, claimEnd.Load())) < pause {
-			return err
-		}
-		time.Sleep(pause)
-	}
+	var err error
+	ctxsleep.Retry(context.Background(), func() time.Time { return time.Unix(0, claimEnd.Load()) }, func() bool {
+		err = fn()
+		return err != nil
+	})
+	return err
 }
 
 // renew extends the claim of the rows of ids it still holds every Lease/4

@@ -19,3 +19,18 @@ func Sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// The pauses of Retry: the first, doubling up to the longest.
+const (
+	firstPause   = 10 * time.Millisecond
+	longestPause = time.Second
+)
+
+// Retry calls try until it returns false, pausing 10 ms before the second
+// call and twice as long before each next one (at most 1 s) — as long as
+// the pause ends before deadline() and ctx lasts. deadline is asked before
+// each pause, so it may move.
+func Retry(ctx context.Context, deadline func() time.Time, try func() (again bool)) {
+	for pause := firstPause; try() && time.Until(deadline()) >= pause && Sleep(ctx, pause) == nil; pause = min(2*pause, longestPause) {
+	}
+}

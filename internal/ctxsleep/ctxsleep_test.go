@@ -24,3 +24,26 @@ func TestSleepWaits(t *testing.T) {
 		t.Fatalf("Sleep(20ms) returned after %v", waited)
 	}
 }
+
+// TestRetryStopsAtTheDeadline: Retry calls again while try asks and the
+// next pause ends before the deadline; it stops when try is done, and
+// never pauses past the deadline.
+func TestRetryStopsAtTheDeadline(t *testing.T) {
+	calls := 0
+	Retry(context.Background(), func() time.Time { return time.Now().Add(time.Hour) }, func() bool { calls++; return calls < 3 })
+	if calls != 3 {
+		t.Fatalf("called %d times, want 3 (until try is done)", calls)
+	}
+	calls = 0
+	Retry(context.Background(), func() time.Time { return time.Now().Add(5 * time.Millisecond) }, func() bool { calls++; return true })
+	if calls != 1 {
+		t.Fatalf("called %d times, want 1 (the first pause, 10 ms, ends past the deadline)", calls)
+	}
+	calls = 0
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	Retry(ctx, func() time.Time { return time.Now().Add(time.Hour) }, func() bool { calls++; return true })
+	if calls != 1 {
+		t.Fatalf("called %d times with the context ended, want 1", calls)
+	}
+}
