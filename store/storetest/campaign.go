@@ -103,12 +103,6 @@ type CampaignConfig struct {
 	// InProgress (or Mismatch) past the original lease, and a settle that
 	// fails may leave the extension behind.
 	SettleExtendsLease time.Duration
-	// WithoutMaxAttempts leaves MaxAttempts out of every acquisition: for
-	// a store whose momentary claims, taken over, count attempts under
-	// which nothing ran (TakeoverOfMomentaryClaims), a low MaxAttempts can
-	// poison a key — also one whose completion stands in its other tier —
-	// which the model does not accept.
-	WithoutMaxAttempts bool
 }
 
 // CampaignReport counts what a campaign did.
@@ -185,7 +179,7 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := &worker{s: s, log: logs, ledger: ledger, proc: 0, keys: cfg.Keys, noMaxAttempts: cfg.WithoutMaxAttempts,
+			w := &worker{s: s, log: logs, ledger: ledger, proc: 0, keys: cfg.Keys,
 				rng: rand.New(rand.NewPCG(seed, uint64(g+1))), stats: &stats}
 			w.run(deadline)
 		}()
@@ -343,7 +337,7 @@ func runChild(t *testing.T, cfg CampaignConfig, proc int, dir string, deadline t
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := &worker{s: s, log: logs, ledger: ledger, proc: proc, keys: cfg.Keys, noMaxAttempts: cfg.WithoutMaxAttempts,
+			w := &worker{s: s, log: logs, ledger: ledger, proc: proc, keys: cfg.Keys,
 				rng: rand.New(rand.NewPCG(seed, uint64(proc*100+g+1))), stats: &stats}
 			w.run(deadline)
 		}()
@@ -434,8 +428,6 @@ type worker struct {
 	keys   int
 	rng    *rand.Rand
 	stats  *workerStats
-	// noMaxAttempts: CampaignConfig.WithoutMaxAttempts.
-	noMaxAttempts bool
 }
 
 func (w *worker) ms(lo, hi int) time.Duration {
@@ -458,9 +450,6 @@ func (w *worker) run(deadline time.Time) {
 		maxAttempts := 0
 		if w.rng.IntN(4) == 0 {
 			maxAttempts = 1 + w.rng.IntN(3)
-		}
-		if w.noMaxAttempts {
-			maxAttempts = 0
 		}
 		in := opInput{Kind: opAcquire, Key: key, FP: fp, Lease: lease.Milliseconds(), Ret: ret.Milliseconds(), Max: maxAttempts}
 		id := w.log.call(in)

@@ -1073,3 +1073,65 @@ func TestSlowColdReadGivesTheClaimBack(t *testing.T) {
 		break
 	}
 }
+
+// TestPoisonOfACompletedKeyReplays: a key completed, its hot copy gone
+// (hot retention), the completion in the cold tier. A duplicate's momentary
+// hot claim — taken to consult the cold tier — is held past its lease (the
+// caller paused before it re-warms the hot tier), and the next duplicate,
+// with MaxAttempts 1, finds that claim counted as the key's one attempt:
+// the hot tier poisons the key. Found by the fault campaign under heavy CPU
+// load (seed 12948384746846617620): the duplicate was told Poisoned — dead-
+// lettered — though the key had run and completed. The answer for a
+// completed key is its result: the duplicate is replayed, and the poisoned
+// hot copy is dropped so that the next one re-warms the hot tier.
+func TestPoisonOfACompletedKeyReplays(t *testing.T) {
+	ctx := context.Background()
+	clock := storetest.NewManualClock(time.Now())
+	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	paused, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := idem.AcquireRequest{Key: "PAY-26", Fingerprint: "fp", Lease: time.Minute, Retention: 24 * time.Hour, MaxAttempts: 1}
+	completedInTheColdTierOnly(t, s, hot, req)
+
+	atRewarm, resume := make(chan struct{}), make(chan struct{})
+	tieredstore.SetAfterColdSettled(paused, func() {
+		close(atRewarm)
+		<-resume
+	})
+	pausedDone := make(chan error, 1)
+	go func() {
+		a, err := paused.Acquire(ctx, req)
+		if err == nil && (a.Outcome != idem.Replayed || string(a.Record.Result) != "booked") {
+			err = fmt.Errorf("%v %q, want the replay", a.Outcome, a.Record.Result)
+		}
+		pausedDone <- err
+	}()
+	<-atRewarm // its momentary claim holds the key's one attempt
+	clock.Advance(2 * req.Lease)
+	for i := range 2 {
+		a, err := s.Acquire(ctx, req)
+		if err != nil || a.Outcome != idem.Replayed || string(a.Record.Result) != "booked" {
+			t.Fatalf("duplicate %d of the completed key: %v %q, %v; want the replay", i, a.Outcome, a.Record.Result, err)
+		}
+	}
+	if rec, err := s.Get(ctx, req.Key); err != nil || rec.State != idem.StateCompleted {
+		t.Fatalf("Get of the completed key: %v, %v; want completed", rec.State, err)
+	}
+	close(resume)
+	if err := <-pausedDone; err != nil {
+		t.Fatalf("the paused duplicate: %v", err)
+	}
+	if a, err := s.Acquire(ctx, req); err != nil || a.Outcome != idem.Replayed {
+		t.Fatalf("a duplicate after the pause: %v, %v; want the replay", a.Outcome, err)
+	}
+	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != idem.StateCompleted {
+		t.Fatalf("the hot tier: %v, %v; want it re-warmed with the completion", rec.State, err)
+	}
+}

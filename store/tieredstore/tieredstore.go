@@ -37,7 +37,10 @@ type Config struct {
 //
 // Claims, leases and fences live in the hot tier. Every claim the hot tier
 // hands out (Acquired or TakenOver, first run or not) is checked against the
-// cold tier before it is returned: a settled record there is replayed, and a
+// cold tier before it is returned, and so is every InProgress, Mismatch and
+// Poisoned answer (the hot record may be a momentary claim, or one poisoned
+// at MaxAttempts, of a key settled in the cold tier): a settled record
+// there is replayed, and a
 // cold tier that cannot answer — within half the request's lease — fails
 // the acquisition closed (the hot claim is given back, its attempt
 // uncounted if the give-back lands within the lease; a claim taken over
@@ -106,10 +109,13 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err != nil {
 		return a, err
 	}
-	if a.Outcome == idem.InProgress || a.Outcome == idem.Mismatch {
+	if a.Outcome == idem.InProgress || a.Outcome == idem.Mismatch || a.Outcome == idem.Poisoned {
 		// The hot record may be another caller's momentary claim on a key
 		// that the cold tier holds settled (taken to consult the cold tier
 		// or to re-warm the hot one): the settled record is the answer.
+		// Poisoned too: such a claim, held past its lease by a paused
+		// caller, counts an attempt, and an acquisition at MaxAttempts
+		// poisons it in the hot tier — a key that ran and completed.
 		// If the cold tier cannot say, neither can we: fail closed.
 		rec, err := s.cold.Get(ctx, req.Key)
 		if err == nil && rec.State == idem.StateReleased && (rec.Fence >= a.Record.Fence || deleting(rec)) {
@@ -124,6 +130,12 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		}
 		if err != nil {
 			return idem.Acquisition{}, fmt.Errorf("cold tier: %w", err)
+		}
+		if a.Outcome == idem.Poisoned {
+			// The poisoned copy would shadow the settled record: drop it
+			// (and nothing newer), so the next request re-warms the hot
+			// tier from the cold one.
+			_ = s.dropClaim(context.WithoutCancel(ctx), req.Key, a.Record.Fence)
 		}
 		if rec.Fingerprint != req.Fingerprint {
 			return idem.Acquisition{Outcome: idem.Mismatch, Record: rec}, nil
@@ -391,14 +403,14 @@ func (s *Store) withdraw(ctx context.Context, rec idem.Record, err error) error 
 }
 
 // Get implements idem.Store: the hot tier, then the cold one. A hot record
-// that is not settled (in flight or released) may be a momentary claim or
-// one given back — taken to consult the cold tier, or by a request of
-// another fingerprint — on a key that the cold tier holds settled (see
-// Acquire); the settled record is then the answer, as Acquire would replay
+// that is not settled (in flight, released or poisoned) may be a momentary
+// claim, one given back or one poisoned — taken to consult the cold tier,
+// or by a request of another fingerprint — on a key that the cold tier
+// holds settled (see Acquire); the settled record is then the answer, as Acquire would replay
 // it, and a cold tier that cannot say fails the Get.
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	rec, err := s.hot.Get(ctx, key)
-	if err == nil && rec.State != idem.StateInFlight && rec.State != idem.StateReleased {
+	if err == nil && rec.State != idem.StateInFlight && rec.State != idem.StateReleased && rec.State != idem.StatePoisoned {
 		return rec, nil
 	}
 	if err != nil && !errors.Is(err, idem.ErrNotFound) {

@@ -118,9 +118,6 @@ func campaignConfig(t *testing.T, name string, buckets int) storetest.CampaignCo
 	testenv.RedisClient(t).Close()
 	const settle = 300 * time.Millisecond
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2, InProgressAtExpiry: true, TakeoverOfMomentaryClaims: true, SettleExtendsLease: settle,
-		// A momentary claim taken over can poison a completed key with a
-		// low MaxAttempts (README; seed 12948384746846617620).
-		WithoutMaxAttempts: true,
 		Open: func(t testing.TB, location string) idem.Store {
 			parts := strings.SplitN(location, " ", 4) // prefix, Redis address, schema, PostgreSQL
 			hot := testenv.OpenRedisConfig(t, parts[1], redisstore.Config{Prefix: parts[0], Buckets: buckets})
