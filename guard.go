@@ -27,18 +27,21 @@ type Config struct {
 	// re-runs after a release, takeovers). Defaults to 0: no limit.
 	MaxAttempts int
 	// HeartbeatInterval is how often a running work extends its lease.
-	// Defaults to Lease/3; a negative value disables heartbeats (and the
-	// lease's watch with them: work then runs on past its lease, which
-	// another process may take over).
+	// Defaults to Lease/3; a negative value disables heartbeats: the work
+	// then has the lease its acquisition took, and no more.
 	//
-	// With heartbeats, work whose lease runs out because no heartbeat
-	// reached the store in time (the store unreachable or too slow) has its
-	// context cancelled with cause ErrLeaseExpired, ahead of the moment
-	// another process could take the key over: the lease is counted on this
+	// Work whose lease runs out — because no heartbeat reached the store in
+	// time (the store unreachable or too slow), or, without heartbeats,
+	// because the work ran longer than the lease — has its context
+	// cancelled with cause ErrLeaseExpired, ahead of the moment another
+	// process could take the key over: the lease is counted on this
 	// process's monotonic clock from when the acquisition or the last
 	// successful heartbeat was sent (the store started the lease later), less
 	// a margin of a tenth of the lease (at most half of Lease less
-	// HeartbeatInterval) for the timer and the work to react.
+	// HeartbeatInterval) for the timer and the work to react. Without
+	// heartbeats the watch starts when the work first asks for its
+	// context's Done or Err (work that never looks cannot be stopped, and
+	// a short run needs no timer).
 	HeartbeatInterval time.Duration
 	// CompactKeys stores SHA-256/128 of the key instead of the raw key
 	// (see CompactKey). Defaults to false.
@@ -288,20 +291,19 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 // because the lease was lost or ran out, why (ErrStaleFence,
 // ErrLeaseExpired); a panic holds the record and continues.
 func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent time.Time, progress func(), work Work) (value []byte, err error, leaseEnd time.Time, lost error) {
-	if g.beats == nil {
-		defer g.holdOnPanic(skey, fence)
-		value, err = work(&fenceContext{ctx, fence}, fence)
-		return value, err, sent.Add(g.cfg.Lease - g.leaseMargin()), nil
-	}
 	r := &ownedRun{g: g, parent: ctx, key: skey, fence: fence, progress: progress, base: sent}
-	if r.leaseLeft() <= g.cfg.HeartbeatInterval {
-		r.arm() // a slow acquisition: the lease ends before the first heartbeat
+	if g.beats != nil {
+		if r.leaseLeft() <= g.cfg.HeartbeatInterval {
+			r.arm() // a slow acquisition: the lease ends before the first heartbeat
+		}
+		// The heartbeats outlive the caller: if the caller gives up while the
+		// work keeps running, the lease must live as long as the work does.
+		g.beats.Start(&r.tick, r)
 	}
-	// The heartbeats outlive the caller: if the caller gives up while the
-	// work keeps running, the lease must live as long as the work does.
-	g.beats.Start(&r.tick, r)
 	defer func() {
-		g.beats.Stop(&r.tick)
+		if g.beats != nil {
+			g.beats.Stop(&r.tick)
+		}
 		if c := r.child.Load(); c != nil {
 			if cause := context.Cause(c.ctx); errors.Is(cause, ErrStaleFence) || errors.Is(cause, ErrLeaseExpired) {
 				lost = cause
@@ -315,19 +317,6 @@ func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent ti
 	return value, err, time.Time{}, nil
 }
 
-// fenceContext hands the owner's fence to FenceFrom without a context.WithValue.
-type fenceContext struct {
-	context.Context
-	fence uint64
-}
-
-func (c *fenceContext) Value(key any) any {
-	if key == (fenceKey{}) {
-		return c.fence
-	}
-	return c.Context.Value(key)
-}
-
 // ownedRun is one run in flight: its lease is extended by the Guard's
 // heartbeat scheduler (one timer for every run) for as long as the work runs
 // — not as long as the caller waits: its store calls do not end with the
@@ -335,7 +324,8 @@ func (c *fenceContext) Value(key any) any {
 // lost: the work's context is cancelled with ErrStaleFence as its cause;
 // when no heartbeat reached the store before the lease would end, with
 // ErrLeaseExpired (the watch, a timer made at the first heartbeat: a run
-// shorter than one heartbeat interval needs none).
+// shorter than one heartbeat interval needs none; without heartbeats, made
+// when the work first asks for Done or Err, at the acquisition's lease).
 //
 // ownedRun is also the work's context. It is the caller's context until
 // something asks for more: its cancellable child (context.WithCancelCause)
@@ -416,6 +406,8 @@ func (r *ownedRun) cancellable() *cancelChild {
 	}
 	if r.ended.Load() {
 		cancel(nil)
+	} else if r.g.beats == nil {
+		r.arm() // without heartbeats the watch starts when the work first looks
 	}
 	return c
 }
@@ -436,7 +428,11 @@ func (r *ownedRun) Deadline() (time.Time, bool) { return r.parent.Deadline() }
 func (r *ownedRun) Done() <-chan struct{} { return r.cancellable().ctx.Done() }
 
 func (r *ownedRun) Err() error {
-	if c := r.child.Load(); c != nil {
+	c := r.child.Load()
+	if c == nil && r.g.beats == nil && !r.ended.Load() {
+		c = r.cancellable() // the watch, without heartbeats
+	}
+	if c != nil {
 		return c.ctx.Err()
 	}
 	if r.ended.Load() {

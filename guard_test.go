@@ -590,3 +590,75 @@ func TestSettleWhoseAnswerWasLost(t *testing.T) {
 		t.Fatalf("the record: %+v, %v; want completed", rec, err)
 	}
 }
+
+// TestLeaseWatchWithoutHeartbeats: with heartbeats disabled the lease is the
+// one the acquisition took, and work still running at its end could be
+// taken over by another process and run twice at once. The Guard cancels
+// the work's context with cause ErrLeaseExpired before the store's lease
+// ends — made when the work first asks for its context's Done or Err (work
+// that never looks cannot be stopped, and needs no timer) — and so from the
+// start when the acquisition used the lease up.
+func TestLeaseWatchWithoutHeartbeats(t *testing.T) {
+	s := memstore.New(memstore.Config{})
+	t.Cleanup(func() { s.Close() })
+	const lease = 300 * time.Millisecond
+	g, err := idem.NewGuard(idem.Config{Store: s, Lease: lease, HeartbeatInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t.Run("Done", func(t *testing.T) {
+		k := idem.Key{Scope: "test", ID: "no-heartbeats-done"}
+		var cancelled time.Time
+		_, err := g.Run(ctx, k, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+			select {
+			case <-ctx.Done():
+				cancelled = time.Now()
+			case <-time.After(20 * lease):
+				return nil, errors.New("the work outlived its lease by 19 leases, uncancelled")
+			}
+			if cause := context.Cause(ctx); !errors.Is(cause, idem.ErrLeaseExpired) {
+				return nil, fmt.Errorf("cancelled with cause %v, want ErrLeaseExpired", cause)
+			}
+			return nil, ctx.Err()
+		})
+		if !errors.Is(err, idem.ErrLeaseExpired) {
+			t.Fatalf("Run: %v, want the work's cancellation for ErrLeaseExpired", err)
+		}
+		rec, gerr := s.Get(ctx, k.Storage(false))
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		if !cancelled.Before(rec.LeaseUntil) {
+			t.Fatalf("the work was cancelled at %v, not before the store's lease ended (%v)", cancelled, rec.LeaseUntil)
+		}
+	})
+	t.Run("Err", func(t *testing.T) {
+		k := idem.Key{Scope: "test", ID: "no-heartbeats-err"}
+		deadline := time.Now().Add(20 * lease)
+		_, err := g.Run(ctx, k, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+			for ctx.Err() == nil { // a work that polls its context between steps
+				if time.Now().After(deadline) {
+					return nil, errors.New("the work outlived its lease by 19 leases, uncancelled")
+				}
+				time.Sleep(time.Millisecond) // one step of the work
+			}
+			return nil, ctx.Err()
+		})
+		if !errors.Is(err, idem.ErrLeaseExpired) {
+			t.Fatalf("Run: %v, want the work's cancellation for ErrLeaseExpired", err)
+		}
+	})
+	t.Run("SlowAcquisition", func(t *testing.T) {
+		g, err := idem.NewGuard(idem.Config{Store: slowAcquire{s, lease}, Lease: lease, HeartbeatInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = g.Run(ctx, idem.Key{Scope: "test", ID: "no-heartbeats-slow"}, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+			return nil, ctx.Err()
+		})
+		if !errors.Is(err, idem.ErrLeaseExpired) {
+			t.Fatalf("Run: %v, want the work started cancelled for ErrLeaseExpired", err)
+		}
+	})
+}
