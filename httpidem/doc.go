@@ -16,8 +16,8 @@
 //     with the stored status, headers (hop-by-hop ones excluded) and body plus
 //     "Idempotent-Replayed: true";
 //   - stores 2xx, 3xx and 4xx (except 408, 409, 425, 429); releases the key on
-//     those and 5xx so the retry runs again; holds it on 504 or a panic, where
-//     the effect may have happened, until the lease expires;
+//     those and 5xx so the retry runs again; holds it on 502, 504 or a panic,
+//     where the effect may have happened, until the lease expires;
 //   - fails closed with 503 when the store is unreachable.
 //
 // Every error is application/problem+json whose "type" links to

@@ -135,12 +135,12 @@ type Event struct {
 
 // DefaultPolicy stores and replays 2xx, 3xx and 4xx responses except 408,
 // 409, 425 and 429 (the client may succeed on retry); it releases the key on
-// those and on 5xx so the retry runs again — except 504, the gateway timeout,
-// where the upstream may have done the work: the key is held until the lease
-// expires.
+// those and on 5xx so the retry runs again — except 502 and 504, a gateway's
+// upstream that failed to answer or timed out after it was sent the request,
+// which may have done the work: the key is held until the lease expires.
 func DefaultPolicy(status int) idem.Disposition {
 	switch {
-	case status == http.StatusGatewayTimeout:
+	case status == http.StatusBadGateway || status == http.StatusGatewayTimeout:
 		return idem.Hold
 	case status >= 500:
 		return idem.Release

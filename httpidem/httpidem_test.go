@@ -236,7 +236,7 @@ func TestOutcomePolicy(t *testing.T) {
 		rerun  bool
 	}{
 		{200, false}, {201, false}, {303, false}, {400, false}, {404, false}, {422, false},
-		{408, true}, {409, true}, {425, true}, {429, true}, {500, true}, {502, true}, {503, true},
+		{408, true}, {409, true}, {425, true}, {429, true}, {500, true}, {503, true},
 	}
 	for _, tt := range tests {
 		a := &app{status: tt.status}
@@ -253,8 +253,8 @@ func TestOutcomePolicy(t *testing.T) {
 	}
 }
 
-func TestHoldOnGatewayTimeoutAndPanic(t *testing.T) {
-	for _, a := range []*app{{status: 504}, {panics: true}} {
+func TestHoldOnBadGatewayTimeoutAndPanic(t *testing.T) {
+	for _, a := range []*app{{status: 502}, {status: 504}, {panics: true}} {
 		clock := storetest.NewManualClock(time.Now())
 		store := memstore.New(memstore.Config{Clock: clock})
 		t.Cleanup(func() { store.Close() })

@@ -136,11 +136,20 @@ func newProxy(upstream *url.URL, timeout time.Duration, logger *log.Logger) *htt
 		},
 		Transport: transport,
 		ErrorLog:  logger,
+		// The status says what the key becomes (httpidem.DefaultPolicy): an
+		// upstream that was never reached did nothing (503, released: the
+		// retry runs); one that timed out or dropped the connection after
+		// the request was sent may have done the work (504 or 502, held
+		// until the lease ends).
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			status := http.StatusBadGateway
 			var ne net.Error
-			if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-				status = http.StatusGatewayTimeout // the upstream may have done the work: held
+			var op *net.OpError
+			switch {
+			case errors.As(err, &op) && op.Op == "dial":
+				status = http.StatusServiceUnavailable
+			case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+				status = http.StatusGatewayTimeout
 			}
 			logger.Printf("upstream %s %s: %v", r.Method, r.URL.Path, err)
 			w.WriteHeader(status)

@@ -324,3 +324,39 @@ func TestEDIInspectExitCodes(t *testing.T) {
 		t.Fatalf("not EDI: %v, want exit 2", err)
 	}
 }
+
+// TestGatewayUpstreamDroppedConnectionHolds: the upstream took the request,
+// did the work and dropped the connection before it answered (a crash, a
+// proxy between them cut). The effect may have happened, as after a
+// timeout: the key is held until its lease ends (the retry told 409), not
+// released for the retry to run the work a second time at once. An
+// upstream that cannot be reached at all (nothing was sent) is 503 and
+// released: the retry runs.
+func TestGatewayUpstreamDroppedConnectionHolds(t *testing.T) {
+	var runs atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1) // the work is done
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close() // and the answer is lost
+		}
+	}))
+	defer srv.Close()
+	g := startGateway(t, "--upstream", srv.URL, "--store", "sqlite:"+filepath.Join(t.TempDir(), "gw.db"), "--lease", "10s")
+	if st, _, _ := g.post(t, `"dropped"`, "pay 10"); st != 502 {
+		t.Fatalf("an upstream that dropped the connection: %d, want 502", st)
+	}
+	if st, _, _ := g.post(t, `"dropped"`, "pay 10"); st != 409 {
+		t.Fatalf("the retry: %d, want 409 (held: the upstream may have done the work)", st)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the upstream ran %d times", n)
+	}
+
+	down := startGateway(t, "--upstream", "http://"+freeAddr(t), "--store", "sqlite:"+filepath.Join(t.TempDir(), "gw2.db"), "--lease", "10s")
+	for i := range 2 {
+		if st, _, _ := down.post(t, `"unreachable"`, "pay 10"); st != 503 {
+			t.Fatalf("request %d to an upstream that cannot be reached: %d, want 503 (released, nothing was sent)", i, st)
+		}
+	}
+}
