@@ -24,6 +24,10 @@ const (
 	// is the HTTP-date until which the key is remembered: a retry before it
 	// gets the same response; after it, the key is new again.
 	ExpiresHeader = "Idempotency-Key-Expires"
+	// BodyOmittedHeader is "too-large" on a replay of a response whose body
+	// was larger than Config.MaxResponseBytes: the request ran, its status
+	// and headers are replayed, its body was not kept.
+	BodyOmittedHeader = "Idempotent-Body-Omitted"
 )
 
 // OversizedBody says what to do with a request body over MaxBodyBytes.
@@ -89,9 +93,11 @@ type Config struct {
 	// Oversized says what happens to a larger body. Defaults to
 	// RejectOversized (413).
 	Oversized OversizedBody
-	// MaxResponseBytes bounds a stored response body; a larger response is
-	// sent but not stored, and its key is released. Defaults to 1 MiB minus
-	// room for the headers.
+	// MaxResponseBytes bounds a stored response body. A larger response is
+	// sent whole, and its key completed with the status and headers alone:
+	// a retry is replayed them with an empty body and BodyOmittedHeader
+	// (the request is not run again). Defaults to 1 MiB minus room for the
+	// headers.
 	MaxResponseBytes int
 	// Policy maps the handler's status to what happens to the key. Defaults
 	// to DefaultPolicy.
@@ -388,7 +394,13 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		d := m.cfg.Policy(rec.status)
 		if d == idem.Complete && rec.overflow {
-			return nil, decided(idem.Release, "response too large to store")
+			// The request ran: a retry must not run it again. Its status
+			// and headers are kept, its body is not (nor what described it).
+			h := storable(rec.header, m.cfg.StoreSetCookie)
+			h.Del("Content-Length")
+			h.Del("Content-Encoding")
+			h.Set(BodyOmittedHeader, "too-large")
+			return encodeResponse(rec.status, h, nil), storeResponse
 		}
 		if d == idem.Complete {
 			return encodeResponse(rec.status, storable(rec.header, m.cfg.StoreSetCookie), rec.body.Bytes()), storeResponse

@@ -295,16 +295,23 @@ func TestBodyLimits(t *testing.T) {
 	if r1.status != 201 || r2.header.Get(httpidem.ReplayedHeader) != "" || !strings.Contains(r1.body, big) {
 		t.Fatalf("oversized pass-through: %+v / %+v", r1, r2)
 	}
-	// A response over the storable limit is sent, not stored: the retry runs.
+	// A response over the storable limit is sent whole; the request ran, so
+	// the retry does not run it again: it is replayed the status and
+	// headers, with the body omitted and said to be.
 	a2 := &app{}
 	small := serve(t, a2, httpidem.Config{MaxResponseBytes: 10})
 	first := do(t, small, "POST", `"k"`, "", "0123456789")
-	if first.status != 201 || !strings.Contains(first.body, "0123456789") {
+	if first.status != 201 || !strings.Contains(first.body, "0123456789") || first.header.Get(httpidem.BodyOmittedHeader) != "" {
 		t.Fatalf("large response: %+v", first)
 	}
-	do(t, small, "POST", `"k"`, "", "0123456789")
-	if a2.runs.Load() != 2 {
-		t.Fatalf("a response too large to store was replayed (runs %d)", a2.runs.Load())
+	retry := do(t, small, "POST", `"k"`, "", "0123456789")
+	if n := a2.runs.Load(); n != 1 {
+		t.Fatalf("a request whose response was too large to store ran %d times", n)
+	}
+	if retry.status != 201 || retry.body != "" || retry.header.Get(httpidem.ReplayedHeader) != "true" ||
+		retry.header.Get(httpidem.BodyOmittedHeader) != "too-large" || retry.header.Get("X-Run") != "1" ||
+		retry.header.Get(httpidem.ExpiresHeader) == "" {
+		t.Fatalf("the retry of a request whose response was too large to store: %+v", retry)
 	}
 }
 
