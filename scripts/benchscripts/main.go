@@ -11,7 +11,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: benchscripts pgbench SCHEMA | redis-acquire | redis-owned")
+		fmt.Fprintln(os.Stderr, "usage: benchscripts pgbench SCHEMA | pgbench-batch SCHEMA | redis-acquire | redis-owned")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -25,6 +25,21 @@ func main() {
 		acquire = strings.NewReplacer("$1", key, "$2", "'bench'", "$3", "60000", "$4", "3600000", "$5", "0").Replace(acquire)
 		settle = strings.NewReplacer("$1", key, "$2", ":fence", "$3", "3600000", "$4", "2", "$5", `convert_to('{"status":"ok"}', 'UTF8')`).Replace(settle)
 		fmt.Printf("\\set n random(1, 1000000000000)\n%s \\gset\n%s;\n", oneLine(acquire), oneLine(settle))
+	case "pgbench-batch":
+		// A lifecycle of 16 keys: one coalesced acquire, one coalesced settle.
+		if len(os.Args) != 3 {
+			fmt.Fprintln(os.Stderr, "usage: benchscripts pgbench-batch SCHEMA")
+			os.Exit(2)
+		}
+		acquire, settle := pgstore.BatchStatements(os.Args[2])
+		keys := `ARRAY(SELECT 'pgb-' || (:n::int8 * 100 + g) FROM generate_series(1, 16) g ORDER BY 1)`
+		acquire = strings.NewReplacer("$1::text[]", keys, "$2::text[]", "array_fill('bench'::text, ARRAY[16])",
+			"$3", "60000", "$4", "3600000", "$5", "0").Replace(acquire)
+		settle = strings.NewReplacer("$1::text[]", keys, "$2::int8[]", ":fences::int8[]",
+			"$3::float8[]", "array_fill(3600000::float8, ARRAY[16])", "$4::int2[]", "array_fill(2::int2, ARRAY[16])",
+			"$5::bytea[]", `array_fill(convert_to('{"status":"ok"}', 'UTF8'), ARRAY[16])`).Replace(settle)
+		fmt.Printf("\\set n random(1, 10000000000)\nWITH a AS (%s) SELECT array_agg(fence ORDER BY k)::text AS fences FROM a \\gset\n%s;\n",
+			oneLine(acquire), oneLine(settle))
 	case "redis-acquire":
 		fmt.Print(redisstore.AcquireScript())
 	case "redis-owned":

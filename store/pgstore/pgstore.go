@@ -209,12 +209,26 @@ func (s *Store) Table() string { return s.table }
 // $4 retention ms, $5 max attempts; settle takes $1 key, $2 fence, $3
 // retention ms, $4 state, $5 result.
 func Statements(schema string) (acquire, settle string) {
+	st := statementsOf(schema)
+	return st.acquire, st.settle
+}
+
+// BatchStatements returns the coalesced forms of Statements: one statement
+// deciding many keys over arrays. Acquire takes $1 keys (text[], sorted),
+// $2 fingerprints (text[]), $3 lease ms, $4 retention ms, $5 max attempts;
+// settle takes $1 keys (sorted), $2 fences (int8[]), $3 retentions ms
+// (float8[]), $4 states (int2[]), $5 results (bytea[]).
+func BatchStatements(schema string) (acquire, settle string) {
+	st := statementsOf(schema)
+	return st.acquireMany, st.settleMany
+}
+
+func statementsOf(schema string) statements {
 	table := pgx.Identifier{"idem_records"}
 	if schema != "" {
 		table = pgx.Identifier{schema, "idem_records"}
 	}
-	st := buildSQL(table.Sanitize())
-	return st.acquire, st.settle
+	return buildSQL(table.Sanitize())
 }
 
 // expiryAfter is the SQL of the expiry ms milliseconds (an SQL expression)
