@@ -96,7 +96,8 @@ func (s *Store) hotRetention(d time.Duration) time.Duration { return min(d, s.ho
 
 // rewarmMargin is how much earlier than the cold record a re-warmed hot
 // copy expires: more than the time between counting its retention and the
-// hot store applying it, so that the copy never outlives the record.
+// hot store applying it, so that the copy never outlives the record. A
+// re-warm whose write took longer drops the copy it wrote.
 const rewarmMargin = 100 * time.Millisecond
 
 // Acquire implements idem.Store. A claim from the hot tier is returned only
@@ -191,7 +192,8 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	// retention is counted when the hot write runs, a moment after this
 	// one: it ends rewarmMargin early, and a record about to expire is not
 	// re-warmed at all (the next duplicate asks the cold tier again).
-	keep := s.hotRetention(time.Until(rec.ExpiresAt) - rewarmMargin)
+	counted, left := time.Now(), time.Until(rec.ExpiresAt)
+	keep := s.hotRetention(left - rewarmMargin)
 	if keep < time.Millisecond {
 		err = s.giveBack(bg, req.Key, a.Fence)
 	} else if rec.State == idem.StateFailed {
@@ -199,8 +201,15 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	} else {
 		err = s.hot.Complete(bg, req.Key, a.Fence, rec.Result, keep)
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		_ = s.giveBack(bg, req.Key, a.Fence)
+	case keep >= time.Millisecond && time.Since(counted) > left-keep:
+		// The write took longer than the margin (a stalled connection):
+		// the hot store may have counted the retention late enough for the
+		// copy to outlive the cold record. Drop the copy; the next request
+		// reads the cold tier again.
+		_ = s.dropClaim(bg, req.Key, a.Fence)
 	}
 	return idem.Acquisition{Outcome: idem.Replayed, Record: rec}, nil
 }

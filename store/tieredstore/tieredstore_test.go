@@ -144,13 +144,11 @@ func campaignConfig(t *testing.T, name string, buckets int) storetest.CampaignCo
 		cfg.Cut = func() { tier = next(); tier.Cut() }
 		cfg.Restore = func() { tier.Restore() }
 		// Stalls hold the cold tier only. A stall of the hot tier reaches
-		// two limits of the store that the campaign's model does not
-		// accept (README): an owner held inside its settle for longer than
+		// a limit of the store that the campaign's model does not accept
+		// (README): an owner held inside its settle for longer than
 		// SettleTimeout may have its archive withdrawn after duplicates
 		// were replayed it (ErrSettleUncertain; CI, seed
-		// 5306977442868377076), and a re-warmed hot copy whose write is
-		// held longer than rewarmMargin outlives the cold record, replaying
-		// past the retention (seed 3883689393448664545, 294 ms).
+		// 5306977442868377076).
 		cfg.Stall = func() { tier = cold; tier.Stall() }
 		cfg.Unstall = func() { tier.Unstall() }
 		prefix, schema := testenv.RandomName("idemtest:")+":", testenv.RandomName("idemtest_")
