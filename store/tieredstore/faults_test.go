@@ -1159,3 +1159,65 @@ func (h heldSettles) Complete(ctx context.Context, key string, fence uint64, res
 	time.Sleep(h.hold) // the write in a stalled connection
 	return h.Store.Complete(ctx, key, fence, result, retention)
 }
+
+// failedRewarm is a hot tier whose Complete fails (the hot tier out of
+// reach for that one write): a duplicate that found the result in the cold
+// tier cannot re-warm the hot one and gives its momentary claim back.
+type failedRewarm struct{ *memstore.Store }
+
+func (failedRewarm) Complete(context.Context, string, uint64, []byte, time.Duration) error {
+	return fmt.Errorf("%w: the hot tier did not answer", idem.ErrStoreUnavailable)
+}
+
+// TestRefusedSettleBesideAGivenBackClaim: the owner's hot settle is held
+// past its lease extension after its archive landed; meanwhile a duplicate
+// takes the lapsed claim over, finds the archive in the cold tier and is
+// replayed it, but its re-warm of the hot tier fails and it gives its
+// momentary claim back (released). The owner's hot settle is then refused.
+// Found by the campaign in CI (seed 5306977442868377076, a hot-tier stall):
+// the owner withdrew its archive (ErrSettleUncertain), and the key — whose
+// work had run and whose result a duplicate had been replayed — was run
+// again by the next request. A released (or poisoned) hot record holds no
+// owner, and every claim of the hot tier is checked against the cold tier
+// first: the archive is the record, and the settle took effect.
+func TestRefusedSettleBesideAGivenBackClaim(t *testing.T) {
+	clock := storetest.NewManualClock(time.Now())
+	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	const settle = 2 * time.Second
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: settle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dup, err := tieredstore.New(tieredstore.Config{Hot: failedRewarm{hot}, Cold: cold, SettleTimeout: settle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-28", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	a, err := s.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	var replayed idem.Acquisition
+	tieredstore.SetAfterArchive(s, func() {
+		clock.Advance(2 * req.Lease) // the hot settle held past the lease extension
+		replayed, err = dup.Acquire(ctx, req)
+		if err != nil {
+			t.Error(err)
+		}
+	})
+	settleErr := s.Complete(ctx, req.Key, a.Fence, []byte("booked"), time.Hour)
+	if replayed.Outcome != idem.Replayed || string(replayed.Record.Result) != "booked" {
+		t.Fatalf("the duplicate during the held settle: %v %q; want the archived result replayed", replayed.Outcome, replayed.Record.Result)
+	}
+	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != idem.StateReleased {
+		t.Fatalf("the hot tier after the failed re-warm: %v, %v; want the momentary claim given back", rec.State, err)
+	}
+	if settleErr != nil {
+		t.Fatalf("the owner's settle: %v; want it in effect (its result was replayed, no other owner ran)", settleErr)
+	}
+	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
+		t.Fatalf("the next request: %v %q, %v; want the replay, not a second run", r.Outcome, r.Record.Result, err)
+	}
+}

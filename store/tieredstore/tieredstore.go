@@ -348,8 +348,11 @@ var ErrSettleUncertain = errors.New("idem/tieredstore: settle outcome uncertain:
 //     under the same fence withdrawn, as before);
 //   - the archive was stored and is gone from the cold tier now (a Delete
 //     after it, perhaps followed by a new generation's claim), or the hot
-//     tier holds no record at all (the cold record is the record): the
-//     result was visible, the settle took effect;
+//     tier holds no record at all, or one that no owner holds (released or
+//     poisoned: a duplicate's momentary claim given back after its re-warm
+//     failed, say; every claim of the hot tier meets the cold record first):
+//     the cold record is the record, the result was visible, the settle
+//     took effect;
 //   - the archive still stands beside another owner's hot claim (a takeover
 //     while the owner stalled), or the tiers cannot tell: the archive is
 //     withdrawn with a tombstone of its fence, so that the other owner's
@@ -375,6 +378,12 @@ func (s *Store) settleRefused(ctx context.Context, rec idem.Record, stored bool,
 	case cerr == nil && archived.Fence == rec.Fence && sameSettle(archived, rec):
 		if errors.Is(herr, idem.ErrNotFound) {
 			return nil // the hot record went (deleted or expired); the archive stands alone
+		}
+		if now.State == idem.StateReleased || now.State == idem.StatePoisoned {
+			// No owner holds the key — a duplicate's momentary claim given
+			// back (its re-warm failed), say — and every claim of the hot
+			// tier meets the archive first: the archive is the record.
+			return nil
 		}
 		return s.withdraw(ctx, rec, ErrSettleUncertain)
 	case cerr == nil && archived.State != idem.StateReleased:
