@@ -27,3 +27,7 @@ func SetDeleteLockHeld(s *Store, f func()) { s.deleteLockHeld = f }
 
 // DeletingMark is the result of a Delete's tombstone while it is under way.
 const DeletingMark = deletingMark
+
+// SetAwaitingClaim installs a hook that runs when a refused settle finds
+// another claim in flight in the hot tier.
+func SetAwaitingClaim(s *Store, f func()) { s.awaitingClaim = f }

@@ -1221,3 +1221,64 @@ func TestRefusedSettleBesideAGivenBackClaim(t *testing.T) {
 		t.Fatalf("the next request: %v %q, %v; want the replay, not a second run", r.Outcome, r.Record.Result, err)
 	}
 }
+
+// TestRefusedSettleBesideAMomentaryClaim: as
+// TestRefusedSettleBesideAGivenBackClaim, but the owner's held hot settle is
+// refused while the duplicate's momentary claim is still in flight — it has
+// read the archive and not yet re-warmed the hot tier with it. The owner
+// withdrew its archive (ErrSettleUncertain) though the duplicate was
+// replayed it, and the duplicate's re-warm then held the result in the hot
+// tier over the cold tombstone: once the hot copy went, the key ran again.
+// A refused settle now waits for another claim in flight beside its archive
+// to resolve (a momentary claim re-warms or gives back within its lease; an
+// owner's heartbeat extends it), and decides on what it became.
+func TestRefusedSettleBesideAMomentaryClaim(t *testing.T) {
+	clock := storetest.NewManualClock(time.Now())
+	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	const settle = 2 * time.Second
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: settle, HotRetention: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dup, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: settle, HotRetention: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "PAY-29", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	a, err := s.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	atRewarm, rewarm := make(chan struct{}), make(chan struct{})
+	tieredstore.SetAfterColdSettled(dup, func() {
+		close(atRewarm)
+		<-rewarm
+	})
+	tieredstore.SetAwaitingClaim(s, func() { close(rewarm) })
+	dupDone := make(chan idem.Acquisition, 1)
+	tieredstore.SetAfterArchive(s, func() {
+		clock.Advance(2 * req.Lease) // the hot settle held past the lease extension
+		go func() {
+			d, err := dup.Acquire(ctx, req)
+			if err != nil {
+				t.Error(err)
+			}
+			dupDone <- d
+		}()
+		<-atRewarm // the duplicate read the archive; its claim is in flight
+	})
+	settleErr := s.Complete(ctx, req.Key, a.Fence, []byte("booked"), time.Hour)
+	d := <-dupDone
+	if d.Outcome != idem.Replayed || string(d.Record.Result) != "booked" {
+		t.Fatalf("the duplicate during the held settle: %v %q; want the archived result replayed", d.Outcome, d.Record.Result)
+	}
+	if settleErr != nil {
+		t.Fatalf("the owner's settle: %v; want it in effect (its result was replayed, no other owner ran)", settleErr)
+	}
+	clock.Advance(2 * time.Minute) // the hot copy goes (HotRetention)
+	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
+		t.Fatalf("a request after the hot copy went: %v %q, %v; want the replay, not a second run", r.Outcome, r.Record.Result, err)
+	}
+}

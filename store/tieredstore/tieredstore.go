@@ -65,6 +65,7 @@ type Store struct {
 	duringDelete     func() // test hook: between Delete's tombstone and its hot removal
 	afterDeleteReads func() // test hook: after Delete read both tiers
 	afterColdSettled func() // test hook: in Acquire, after the cold read found a settled record
+	awaitingClaim    func() // test hook: a refused settle waits on another claim in flight
 	deleteLockHeld   func() // test hook: a Delete found its key's delete lock held
 }
 
@@ -356,9 +357,14 @@ var ErrSettleUncertain = errors.New("idem/tieredstore: settle outcome uncertain:
 //   - the archive still stands beside another owner's hot claim (a takeover
 //     while the owner stalled), or the tiers cannot tell: the archive is
 //     withdrawn with a tombstone of its fence, so that the other owner's
-//     work decides, and the owner is told ErrSettleUncertain.
+//     work decides, and the owner is told ErrSettleUncertain. A claim in
+//     flight is first given its lease to show whether it is a duplicate's
+//     momentary one (awaitClaim).
 func (s *Store) settleRefused(ctx context.Context, rec idem.Record, stored bool, staleErr error) error {
 	now, herr := s.hot.Get(ctx, rec.Key)
+	if herr == nil && now.State == idem.StateInFlight && now.Fence != rec.Fence {
+		now, herr = s.awaitClaim(ctx, now)
+	}
 	if herr == nil && sameSettle(now, rec) {
 		return nil
 	}
@@ -392,6 +398,28 @@ func (s *Store) settleRefused(ctx context.Context, rec idem.Record, stored bool,
 		return ErrSettleUncertain
 	}
 	return nil // deleted after the archive made the result visible
+}
+
+// awaitClaim waits for a claim in flight in the hot tier (claim) beside a
+// refused settle's archive to show what it is: a duplicate's momentary
+// claim, consulting the cold tier, re-warms the hot tier with the archive
+// or gives the claim back within its lease; an owner's claim, taken before
+// the archive landed, is extended by its heartbeats. It returns the hot
+// record once it is no longer that claim in flight at that lease, or as it
+// stands when the claim's lease (at most SettleTimeout) has passed on this
+// process's clock.
+func (s *Store) awaitClaim(ctx context.Context, claim idem.Record) (idem.Record, error) {
+	if s.awaitingClaim != nil {
+		s.awaitingClaim()
+	}
+	lease := claim.LeaseUntil.Sub(claim.UpdatedAt) // the hot tier's clock: a duration
+	deadline := time.Now().Add(min(max(lease, 0), s.settleTimeout))
+	now, err := claim, error(nil)
+	ctxsleep.Retry(ctx, func() time.Time { return deadline }, func() bool {
+		now, err = s.hot.Get(ctx, claim.Key)
+		return err == nil && now.State == idem.StateInFlight && now.Fence == claim.Fence && !now.LeaseUntil.After(claim.LeaseUntil)
+	})
+	return now, err
 }
 
 // sameSettle reports whether r is the record that settle rec wrote.
