@@ -1181,29 +1181,14 @@ func (failedRewarm) Complete(context.Context, string, uint64, []byte, time.Durat
 // owner, and every claim of the hot tier is checked against the cold tier
 // first: the archive is the record, and the settle took effect.
 func TestRefusedSettleBesideAGivenBackClaim(t *testing.T) {
-	clock := storetest.NewManualClock(time.Now())
-	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
-	cold := memstore.New(memstore.Config{SweepInterval: -1})
-	const settle = 2 * time.Second
-	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: settle})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dup, err := tieredstore.New(tieredstore.Config{Hot: failedRewarm{hot}, Cold: cold, SettleTimeout: settle})
-	if err != nil {
-		t.Fatal(err)
-	}
+	clock, hot, s, dup, a := ownerAndDuplicate(t, "PAY-28", func(hot *memstore.Store) idem.Store { return failedRewarm{hot} })
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-28", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
-	a, err := s.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
-		t.Fatal(a.Outcome, err)
-	}
+	req := ownerAndDuplicateRequest("PAY-28")
 	var replayed idem.Acquisition
 	tieredstore.SetAfterArchive(s, func() {
 		clock.Advance(2 * req.Lease) // the hot settle held past the lease extension
-		replayed, err = dup.Acquire(ctx, req)
-		if err != nil {
+		var err error
+		if replayed, err = dup.Acquire(ctx, req); err != nil {
 			t.Error(err)
 		}
 	})
@@ -1233,24 +1218,9 @@ func TestRefusedSettleBesideAGivenBackClaim(t *testing.T) {
 // to resolve (a momentary claim re-warms or gives back within its lease; an
 // owner's heartbeat extends it), and decides on what it became.
 func TestRefusedSettleBesideAMomentaryClaim(t *testing.T) {
-	clock := storetest.NewManualClock(time.Now())
-	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
-	cold := memstore.New(memstore.Config{SweepInterval: -1})
-	const settle = 2 * time.Second
-	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: settle, HotRetention: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dup, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: settle, HotRetention: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	clock, _, s, dup, a := ownerAndDuplicate(t, "PAY-29", func(hot *memstore.Store) idem.Store { return hot })
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-29", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
-	a, err := s.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
-		t.Fatal(a.Outcome, err)
-	}
+	req := ownerAndDuplicateRequest("PAY-29")
 	atRewarm, rewarm := make(chan struct{}), make(chan struct{})
 	tieredstore.SetAfterColdSettled(dup, func() {
 		close(atRewarm)
@@ -1281,4 +1251,32 @@ func TestRefusedSettleBesideAMomentaryClaim(t *testing.T) {
 	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
 		t.Fatalf("a request after the hot copy went: %v %q, %v; want the replay, not a second run", r.Outcome, r.Record.Result, err)
 	}
+}
+
+// ownerAndDuplicate returns two tiered stores over one pair of memory tiers
+// (the hot one on a manual clock; SettleTimeout 2s, HotRetention 1m): the
+// owner's, which has acquired key (a), and a duplicate's, whose hot tier is
+// dupHot(hot).
+func ownerAndDuplicate(t *testing.T, key string, dupHot func(*memstore.Store) idem.Store) (*storetest.ManualClock, *memstore.Store, *tieredstore.Store, *tieredstore.Store, idem.Acquisition) {
+	t.Helper()
+	clock := storetest.NewManualClock(time.Now())
+	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	var stores [2]*tieredstore.Store
+	for i, h := range []idem.Store{hot, dupHot(hot)} {
+		s, err := tieredstore.New(tieredstore.Config{Hot: h, Cold: cold, SettleTimeout: 2 * time.Second, HotRetention: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores[i] = s
+	}
+	a, err := stores[0].Acquire(context.Background(), ownerAndDuplicateRequest(key))
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	return clock, hot, stores[0], stores[1], a
+}
+
+func ownerAndDuplicateRequest(key string) idem.AcquireRequest {
+	return idem.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 }
