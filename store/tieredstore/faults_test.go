@@ -1103,7 +1103,6 @@ func TestPoisonOfACompletedKeyReplays(t *testing.T) {
 	}
 }
 
-
 // TestRewarmNeverOutlivesTheColdRecord: a duplicate that finds the result
 // only in the cold tier re-warms the hot tier with it; the hot copy must
 // expire no later than the cold record, or the key is replayed past its
