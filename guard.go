@@ -41,7 +41,7 @@ type Config struct {
 	// HeartbeatInterval) for the timer and the work to react. Without
 	// heartbeats the watch starts when the work first asks for its
 	// context's Done or Err (work that never looks cannot be stopped, and
-	// a short run needs no timer).
+	// a short run needs no timer), and the context's Deadline is that end.
 	HeartbeatInterval time.Duration
 	// CompactKeys stores SHA-256/128 of the key instead of the raw key
 	// (see CompactKey). Defaults to false.
@@ -423,7 +423,18 @@ func (r *ownedRun) end() {
 	}
 }
 
-func (r *ownedRun) Deadline() (time.Time, bool) { return r.parent.Deadline() }
+// Deadline is the caller's; without heartbeats, the end of the lease by
+// this process's count (see Config.HeartbeatInterval) if that comes first.
+func (r *ownedRun) Deadline() (time.Time, bool) {
+	d, ok := r.parent.Deadline()
+	if r.g.beats != nil {
+		return d, ok
+	}
+	if end := r.base.Add(r.g.cfg.Lease - r.g.leaseMargin()); !ok || end.Before(d) {
+		return end, true
+	}
+	return d, true
+}
 
 func (r *ownedRun) Done() <-chan struct{} { return r.cancellable().ctx.Done() }
 

@@ -609,8 +609,12 @@ func TestLeaseWatchWithoutHeartbeats(t *testing.T) {
 	ctx := context.Background()
 	t.Run("Done", func(t *testing.T) {
 		k := idem.Key{Scope: "test", ID: "no-heartbeats-done"}
-		var cancelled time.Time
+		var cancelled, deadline time.Time
 		_, err := g.Run(ctx, k, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+			var ok bool
+			if deadline, ok = ctx.Deadline(); !ok {
+				return nil, errors.New("the work's context has no deadline, though its lease ends")
+			}
 			select {
 			case <-ctx.Done():
 				cancelled = time.Now()
@@ -631,6 +635,10 @@ func TestLeaseWatchWithoutHeartbeats(t *testing.T) {
 		}
 		if !cancelled.Before(rec.LeaseUntil) {
 			t.Fatalf("the work was cancelled at %v, not before the store's lease ended (%v)", cancelled, rec.LeaseUntil)
+		}
+		if !deadline.Before(rec.LeaseUntil) || cancelled.Before(deadline) {
+			t.Fatalf("the context's deadline %v: want the lease's end by the Guard's count (cancelled at %v, the store's lease ends %v)",
+				deadline, cancelled, rec.LeaseUntil)
 		}
 	})
 	t.Run("Err", func(t *testing.T) {
