@@ -206,10 +206,11 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	case err != nil:
 		_ = s.giveBack(bg, req.Key, a.Fence)
 	case keep >= time.Millisecond && time.Since(counted) > left-keep:
-		// The write took longer than the margin (a stalled connection):
-		// the hot store may have counted the retention late enough for the
-		// copy to outlive the cold record. Drop the copy; the next request
-		// reads the cold tier again.
+		// The write took longer than its slack (the cold record's time
+		// left less the copy's retention; a stalled connection): the hot
+		// store may have counted the retention late enough for the copy to
+		// outlive the cold record. Drop the copy; the next request reads
+		// the cold tier again.
 		_ = s.dropClaim(bg, req.Key, a.Fence)
 	}
 	return idem.Acquisition{Outcome: idem.Replayed, Record: rec}, nil
@@ -452,8 +453,8 @@ func (s *Store) withdraw(ctx context.Context, rec idem.Record, err error) error 
 // that is not settled (in flight, released or poisoned) may be a momentary
 // claim, one given back or one poisoned — taken to consult the cold tier,
 // or by a request of another fingerprint — on a key that the cold tier
-// holds settled (see Acquire); the settled record is then the answer, as Acquire would replay
-// it, and a cold tier that cannot say fails the Get.
+// holds settled (see Acquire); the settled record is then the answer, as
+// Acquire would replay it, and a cold tier that cannot say fails the Get.
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	rec, err := s.hot.Get(ctx, key)
 	if err == nil && rec.State != idem.StateInFlight && rec.State != idem.StateReleased && rec.State != idem.StatePoisoned {
