@@ -1,8 +1,9 @@
 // Command benchscripts writes the server-side twins of idem's store
-// transitions, so scripts/bench-stores.sh can run exactly the same round
-// trips with pgbench and redis-benchmark:
+// transitions, so scripts/bench-stores.sh (and scripts/pg-buckets.sh) can
+// run exactly the same round trips with pgbench and redis-benchmark:
 //
 //	benchscripts pgbench SCHEMA > lifecycle.sql   # pgbench -f: acquire then complete
+//	benchscripts pgbench-batch SCHEMA > batch.sql # the same for 16 keys, as coalescing sends them
 //	benchscripts redis-acquire > acquire.lua      # the Lua scripts of redisstore
 //	benchscripts redis-owned > owned.lua
 package main
