@@ -1279,3 +1279,41 @@ func ownerAndDuplicate(t *testing.T, key string, dupHot func(*memstore.Store) id
 func ownerAndDuplicateRequest(key string) idem.AcquireRequest {
 	return idem.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 }
+
+// TestPoisonedDuringAColdOutage: a Poisoned answer from the hot tier is
+// checked against the cold tier (TestPoisonOfACompletedKeyReplays), so while
+// the cold tier cannot say, the acquisition fails closed — retried later,
+// not dead-lettered — and once it answers (nothing settled there) the key
+// is told Poisoned.
+func TestPoisonedDuringAColdOutage(t *testing.T) {
+	ctx := context.Background()
+	s, hot, _, proxy := proxiedTiers(t, time.Hour)
+	req := idem.AcquireRequest{Key: "PAY-30", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	a, err := hot.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatal(a.Outcome, err)
+	}
+	if err := hot.Release(ctx, req.Key, a.Fence); err != nil {
+		t.Fatal(err)
+	}
+	req.MaxAttempts = 1
+	proxy.Cut()
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	p, err := s.Acquire(cctx, req)
+	cancel()
+	if err == nil {
+		t.Fatalf("an acquisition during the cold outage: %v; want an error (the cold tier cannot say)", p.Outcome)
+	}
+	proxy.Restore()
+	for {
+		p, err = s.Acquire(ctx, req)
+		if errors.Is(err, idem.ErrStoreUnavailable) {
+			time.Sleep(50 * time.Millisecond) // the pool reconnects
+			continue
+		}
+		break
+	}
+	if err != nil || p.Outcome != idem.Poisoned {
+		t.Fatalf("after the outage: %v, %v; want Poisoned", p.Outcome, err)
+	}
+}
