@@ -1053,17 +1053,7 @@ func TestSlowColdReadGivesTheClaimBack(t *testing.T) {
 // hot copy is dropped so that the next one re-warms the hot tier.
 func TestPoisonOfACompletedKeyReplays(t *testing.T) {
 	ctx := context.Background()
-	clock := storetest.NewManualClock(time.Now())
-	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
-	cold := memstore.New(memstore.Config{SweepInterval: -1})
-	paused, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
-	if err != nil {
-		t.Fatal(err)
-	}
+	clock, hot, paused, s := twoOverManualTiers(t, func(hot *memstore.Store) idem.Store { return hot })
 	req := idem.AcquireRequest{Key: "PAY-26", Fingerprint: "fp", Lease: time.Minute, Retention: 24 * time.Hour, MaxAttempts: 1}
 	completedInTheColdTierOnly(t, s, hot, req)
 
@@ -1252,28 +1242,35 @@ func TestRefusedSettleBesideAMomentaryClaim(t *testing.T) {
 	}
 }
 
-// ownerAndDuplicate returns two tiered stores over one pair of memory tiers
+// twoOverManualTiers returns two tiered stores over one pair of memory tiers
 // (the hot one on a manual clock; SettleTimeout 2s, HotRetention 1m): the
-// owner's, which has acquired key (a), and a duplicate's, whose hot tier is
-// dupHot(hot).
-func ownerAndDuplicate(t *testing.T, key string, dupHot func(*memstore.Store) idem.Store) (*storetest.ManualClock, *memstore.Store, *tieredstore.Store, *tieredstore.Store, idem.Acquisition) {
+// first on the hot tier itself, the second on second(hot).
+func twoOverManualTiers(t *testing.T, second func(*memstore.Store) idem.Store) (*storetest.ManualClock, *memstore.Store, *tieredstore.Store, *tieredstore.Store) {
 	t.Helper()
 	clock := storetest.NewManualClock(time.Now())
 	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
 	cold := memstore.New(memstore.Config{SweepInterval: -1})
 	var stores [2]*tieredstore.Store
-	for i, h := range []idem.Store{hot, dupHot(hot)} {
+	for i, h := range []idem.Store{hot, second(hot)} {
 		s, err := tieredstore.New(tieredstore.Config{Hot: h, Cold: cold, SettleTimeout: 2 * time.Second, HotRetention: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
 		stores[i] = s
 	}
-	a, err := stores[0].Acquire(context.Background(), ownerAndDuplicateRequest(key))
+	return clock, hot, stores[0], stores[1]
+}
+
+// ownerAndDuplicate is twoOverManualTiers with the first store's claim of
+// key taken (a): the owner's store and a duplicate's.
+func ownerAndDuplicate(t *testing.T, key string, dupHot func(*memstore.Store) idem.Store) (*storetest.ManualClock, *memstore.Store, *tieredstore.Store, *tieredstore.Store, idem.Acquisition) {
+	t.Helper()
+	clock, hot, owner, dup := twoOverManualTiers(t, dupHot)
+	a, err := owner.Acquire(context.Background(), ownerAndDuplicateRequest(key))
 	if err != nil || a.Outcome != idem.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
-	return clock, hot, stores[0], stores[1], a
+	return clock, hot, owner, dup, a
 }
 
 func ownerAndDuplicateRequest(key string) idem.AcquireRequest {
