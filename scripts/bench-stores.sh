@@ -42,8 +42,23 @@ bench() { # URL WORKERS FIELD
 	case "$1" in redis*) redis_clean ;; esac
 	"$tmp/idem" bench --store "$1" --mode lifecycle --concurrency "$2" --duration "${secs}s" --quiet --json | json_field "$3"
 }
-idem_redis=$(bench "$redis_url?pool_size=$conc&idem_prefix=idembench:" "$conc" ops_per_sec)
-idem_redis_single=$(bench "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_coalesce=0" "$conc" ops_per_sec)
+# CPU time per lifecycle, where the two transports differ: this idem
+# process's (client_cpu_us_per_op) and redis-server's (INFO cpu, before and
+# after the run, over its lifecycles). Prints "ops/s client-µs server-µs".
+redis_cpu() { redis-cli -u "$redis_url" INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
+bench_cpu() { # URL WORKERS
+	redis_clean
+	local before after
+	before=$(redis_cpu)
+	"$tmp/idem" bench --store "$1" --mode lifecycle --concurrency "$2" --duration "${secs}s" --quiet --json >"$tmp/run.json"
+	after=$(redis_cpu)
+	python3 -c 'import json,sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+life = d["lifecycle"]
+print(d["ops_per_sec"], d.get("client_cpu_us_per_op", 0), (float(sys.argv[3]) - float(sys.argv[2])) * 1e6 / life["ops"])' "$tmp/run.json" "$before" "$after"
+}
+read -r idem_redis redis_client_us redis_server_us < <(bench_cpu "$redis_url?pool_size=$conc&idem_prefix=idembench:" "$conc")
+read -r idem_redis_single redis_client_us_single redis_server_us_single < <(bench_cpu "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_coalesce=0" "$conc")
 # The same with records in buckets (idem_buckets: many records per hash).
 idem_redis_buckets=$(bench "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_buckets=16384" "$conc" ops_per_sec)
 idem_redis_buckets_single=$(bench "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_buckets=16384&idem_coalesce=0" "$conc" ops_per_sec)
@@ -87,10 +102,12 @@ psql "$pg_url" -qc 'SET client_min_messages = warning; DROP SCHEMA idem_bench CA
 
 python3 - "$idem_redis" "$idem_redis_single" "$rb_acq" "$rb_cmp" "$idem_pg" "$idem_pg_single" "$pgb" \
 	"$redis_p50" "$redis_p50_single" "$pg_p50" "$pg_p50_single" "$rb_acq_p" "$rb_cmp_p" \
-	"$idem_redis_buckets" "$idem_redis_buckets_single" <<'PY'
+	"$idem_redis_buckets" "$idem_redis_buckets_single" \
+	"$redis_client_us" "$redis_server_us" "$redis_client_us_single" "$redis_server_us_single" "$ncpu" <<'PY'
 import sys
 (idem_redis, idem_redis_single, rb_acq, rb_cmp, idem_pg, idem_pg_single, pgb,
- rp50, rp50s, pp50, pp50s, rb_acq_p, rb_cmp_p, idem_rb, idem_rb_single) = map(float, sys.argv[1:])
+ rp50, rp50s, pp50, pp50s, rb_acq_p, rb_cmp_p, idem_rb, idem_rb_single,
+ rc_us, rs_us, rc_us1, rs_us1, ncpu) = map(float, sys.argv[1:])
 rb_life_p = 1 / (1 / rb_acq_p + 1 / rb_cmp_p)
 rb_life = 1 / (1 / rb_acq + 1 / rb_cmp)   # one acquire and one complete per lifecycle
 print(f"Redis      idem bench lifecycle {idem_redis:8.0f}/s coalesced, {idem_redis_single:8.0f}/s not ({idem_redis / idem_redis_single:.2f}x, target ≥ 2)"
@@ -98,6 +115,9 @@ print(f"Redis      idem bench lifecycle {idem_redis:8.0f}/s coalesced, {idem_red
       f" | ratio {idem_redis / rb_life:.2f} coalesced, {idem_redis_single / rb_life:.2f} not")
 print(f"Redis      redis-benchmark -P 16 (the server's ceiling for the scripts): acquire {rb_acq_p:.0f}/s, complete {rb_cmp_p:.0f}/s"
       f" → lifecycle {rb_life_p:.0f}/s | idem coalesced reaches {idem_redis / rb_life_p:.2f} of it; 2x idem uncoalesced would be {2 * idem_redis_single / rb_life_p:.2f} of it")
+print(f"Redis      CPU per lifecycle: coalesced {rc_us:.1f} µs idem + {rs_us:.1f} µs redis-server = {rc_us + rs_us:.1f},"
+      f" not {rc_us1:.1f} + {rs_us1:.1f} = {rc_us1 + rs_us1:.1f} ({(rc_us1 + rs_us1) / (rc_us + rs_us):.2f}x);"
+      f" {ncpu:.0f} cores used whole would allow {ncpu * 1e6 / (rc_us + rs_us):.0f} / {ncpu * 1e6 / (rc_us1 + rs_us1):.0f} lifecycles/s")
 print(f"Redis      records in buckets (idem_buckets=16384): {idem_rb:8.0f}/s coalesced ({idem_rb / idem_redis:.2f} of a key per record),"
       f" {idem_rb_single:8.0f}/s not ({idem_rb_single / idem_redis_single:.2f}); target ≥ 0.90")
 print(f"PostgreSQL idem bench lifecycle {idem_pg:8.0f}/s coalesced, {idem_pg_single:8.0f}/s not ({idem_pg / idem_pg_single:.2f}x)"

@@ -83,6 +83,12 @@ type phaseResult struct {
 	OpsPerSec  float64 `json:"ops_per_sec"`
 	P50us      float64 `json:"p50_us"`
 	P99us      float64 `json:"p99_us"`
+	// ClientCPUusPerOp is the CPU time this process (the workers, the
+	// store's client, the Go runtime) spent per operation during the phase,
+	// user and system, in µs: with the server's own CPU per operation it
+	// says what an operation costs where the cores are the limit. Left out
+	// where the platform's CPU time is not read.
+	ClientCPUusPerOp float64 `json:"client_cpu_us_per_op,omitempty"`
 }
 
 type benchReport struct {
@@ -95,6 +101,8 @@ type benchReport struct {
 	OpsPerSec float64 `json:"ops_per_sec"`
 	P50us     float64 `json:"p50_us"`
 	P99us     float64 `json:"p99_us"`
+	// ClientCPUusPerOp: see phaseResult.
+	ClientCPUusPerOp float64 `json:"client_cpu_us_per_op,omitempty"`
 	// CallsPerSharedTrip: of the calls that shared a round trip with others
 	// (a coalescing store), how many each trip carried on average.
 	CallsPerSharedTrip float64 `json:"calls_per_shared_trip,omitempty"`
@@ -130,9 +138,7 @@ func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benc
 			return err
 		}
 		rep.Lifecycle = r
-		fmt.Fprintf(out, "lifecycle (acquire+complete)  %10.0f ops/s  p50 %7.0fµs  p99 %7.0fµs  (%d ops, %d errors, %d workers)\n",
-			r.OpsPerSec, r.P50us, r.P99us, r.Ops, r.Errors, o.concurrency)
-		printFirstError(out, r)
+		printPhase(out, "lifecycle (acquire+complete) ", r, o.concurrency)
 	}
 	if o.mode != "lifecycle" {
 		// The replay keys: completed once, then acquired again and again.
@@ -162,15 +168,13 @@ func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benc
 			return err
 		}
 		rep.Replay = r
-		fmt.Fprintf(out, "replay (acquire of a done key) %10.0f ops/s  p50 %7.0fµs  p99 %7.0fµs  (%d ops, %d errors, %d workers)\n",
-			r.OpsPerSec, r.P50us, r.P99us, r.Ops, r.Errors, o.concurrency)
-		printFirstError(out, r)
+		printPhase(out, "replay (acquire of a done key)", r, o.concurrency)
 	}
 	head := rep.Lifecycle
 	if head == nil {
 		head = rep.Replay
 	}
-	rep.OpsPerSec, rep.P50us, rep.P99us = head.OpsPerSec, head.P50us, head.P99us
+	rep.OpsPerSec, rep.P50us, rep.P99us, rep.ClientCPUusPerOp = head.OpsPerSec, head.P50us, head.P99us, head.ClientCPUusPerOp
 	if c, ok := s.(interface{ CoalesceStats() (int64, int64) }); ok {
 		if trips, calls := c.CoalesceStats(); trips > 0 {
 			rep.CallsPerSharedTrip = float64(calls) / float64(trips)
@@ -183,7 +187,14 @@ func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benc
 	return nil
 }
 
-func printFirstError(out io.Writer, r *phaseResult) {
+// printPhase prints a phase's line (name padded to the same width) and its
+// first error, if any.
+func printPhase(out io.Writer, name string, r *phaseResult, workers int) {
+	fmt.Fprintf(out, "%s %10.0f ops/s  p50 %7.0fµs  p99 %7.0fµs  (%d ops, %d errors, %d workers", name, r.OpsPerSec, r.P50us, r.P99us, r.Ops, r.Errors, workers)
+	if r.ClientCPUusPerOp > 0 {
+		fmt.Fprintf(out, "; this process's CPU %.1fµs/op", r.ClientCPUusPerOp)
+	}
+	fmt.Fprintln(out, ")")
 	if r.FirstError != "" {
 		fmt.Fprintf(out, "  first error: %s\n", r.FirstError)
 	}
@@ -223,6 +234,7 @@ func runPhase(ctx context.Context, progress io.Writer, name string, o benchOpts,
 	var firstErr atomic.Value
 	hists := make([]histogram, o.concurrency)
 	var wg sync.WaitGroup
+	cpu0, cpuOK := processCPU()
 	start := time.Now()
 	for w := range o.concurrency {
 		wg.Add(1)
@@ -267,6 +279,7 @@ loop:
 		}
 	}
 	elapsed := time.Since(start)
+	cpu1, _ := processCPU()
 	if !o.quiet {
 		fmt.Fprint(progress, "\r\033[K")
 	}
@@ -285,13 +298,17 @@ loop:
 	if e, ok := firstErr.Load().(error); ok {
 		first = e.Error()
 	}
-	return &phaseResult{
+	r := &phaseResult{
 		FirstError: first,
 		Ops:        n, Errors: errCount.Load(), Seconds: elapsed.Seconds(),
 		OpsPerSec: float64(n) / elapsed.Seconds(),
 		P50us:     all.quantile(0.50).Seconds() * 1e6,
 		P99us:     all.quantile(0.99).Seconds() * 1e6,
-	}, nil
+	}
+	if cpuOK {
+		r.ClientCPUusPerOp = (cpu1 - cpu0).Seconds() * 1e6 / float64(n)
+	}
+	return r, nil
 }
 
 // histogram is a log-linear latency histogram: 16 sub-buckets per power of

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +53,17 @@ func TestBenchJSON(t *testing.T) {
 		for _, k := range []string{"ops_per_sec", "p50_us", "p99_us"} {
 			if v, ok := rep[k].(float64); !ok || v <= 0 {
 				t.Errorf("%s: %s = %v", store, k, rep[k])
+			}
+		}
+		// The process's CPU per operation: more than nothing, and no more
+		// than the phase's wall time on every core allows (a unit slip of a
+		// thousand would break it).
+		if runtime.GOOS != "windows" {
+			life := rep["lifecycle"].(map[string]any)
+			cpu, _ := life["client_cpu_us_per_op"].(float64)
+			most := life["seconds"].(float64) * 1e6 * float64(runtime.NumCPU()) / life["ops"].(float64)
+			if cpu <= 0 || cpu > most || rep["client_cpu_us_per_op"] != life["client_cpu_us_per_op"] {
+				t.Errorf("%s: client_cpu_us_per_op %v (headline %v), at most %.1f", store, cpu, rep["client_cpu_us_per_op"], most)
 			}
 		}
 	}
