@@ -23,13 +23,30 @@ import (
 // outside idem's (ErrRejected goes to the poison topic). A Go channel is
 // one process, and a nacked message comes back at once: the suite's
 // cross-process and retry-delay cases do not apply.
+//
+// Each topic has a Go channel of its own: a router stopped by cancelling
+// its context may close its handler's subscriber (Watermill's router does
+// when its own Close, which follows the handlers' end, wins the race with
+// the cancellation), so a pub/sub shared by the cases was now and then
+// closed under the next case's router, which then never ran (CI hung 20
+// minutes in PoisonedAfterMaxAttempts).
 func TestConformance(t *testing.T) {
 	logger := watermill.NopLogger{}
-	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64}, logger)
-	defer ps.Close()
+	var pubsubs sync.Map // topic → *gochannel.GoChannel
+	pubsub := func(topic string) *gochannel.GoChannel {
+		ps, _ := pubsubs.Load(topic)
+		return ps.(*gochannel.GoChannel)
+	}
 	brokertest.Run(t, brokertest.Harness{
-		NewTopic: func(t testing.TB) string { return testenv.RandomName("idembroker.") },
+		NewTopic: func(t testing.TB) string {
+			topic := testenv.RandomName("idembroker.")
+			ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64}, logger)
+			t.Cleanup(func() { _ = ps.Close() })
+			pubsubs.Store(topic, ps)
+			return topic
+		},
 		Consume: func(t testing.TB, topic string, g *idem.Guard, policy broker.Policy, work brokertest.Work, events chan<- brokertest.Event) func() {
+			ps := pubsub(topic)
 			router, err := message.NewRouter(message.RouterConfig{}, logger)
 			if err != nil {
 				t.Fatal(err)
@@ -65,8 +82,13 @@ func TestConformance(t *testing.T) {
 			})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
-			go func() { defer close(done); _ = router.Run(ctx) }()
-			<-router.Running()
+			var runErr error
+			go func() { defer close(done); runErr = router.Run(ctx) }()
+			select {
+			case <-router.Running():
+			case <-done:
+				t.Fatalf("the router stopped before it ran: %v", runErr)
+			}
 			var once sync.Once
 			stop := func() { once.Do(func() { cancel(); <-done }) }
 			t.Cleanup(stop)
@@ -77,7 +99,7 @@ func TestConformance(t *testing.T) {
 			if key != "" {
 				m.Metadata.Set(brokertest.KeyHeader, key)
 			}
-			if err := ps.Publish(topic, m); err != nil {
+			if err := pubsub(topic).Publish(topic, m); err != nil {
 				t.Fatal(err)
 			}
 		},
