@@ -19,8 +19,10 @@ import (
 )
 
 // run routes the messages through mw into a handler that fails the first
-// attempt of "flaky", and returns how often each key's handler ran.
-func run(t *testing.T, mw message.HandlerMiddleware, msgs []*message.Message) map[string]int {
+// attempt of "flaky", and returns how often each key's handler ran. It
+// waits for want runs (however long the machine takes), then 300ms more in
+// which a run beyond them would show.
+func run(t *testing.T, mw message.HandlerMiddleware, msgs []*message.Message, want int) map[string]int {
 	t.Helper()
 	logger := watermill.NopLogger{}
 	pubsub := gochannel.NewGoChannel(gochannel.Config{}, logger)
@@ -52,12 +54,19 @@ func run(t *testing.T, mw message.HandlerMiddleware, msgs []*message.Message) ma
 			t.Fatal(err)
 		}
 	}
-	// Quiet for 300ms: everything that will run has run.
-	for {
+	for n := 0; n < want; n++ {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of the %d runs expected", n, want)
+		}
+	}
+	// More runs than expected would come now, if at all.
+	for quiet := time.After(300 * time.Millisecond); ; {
 		select {
 		case <-done:
 			continue
-		case <-time.After(300 * time.Millisecond):
+		case <-quiet:
 		}
 		break
 	}
@@ -89,7 +98,7 @@ func TestRetriesAfterFailureUnlikeDeduplicator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runs := run(t, mw, messages())
+	runs := run(t, mw, messages(), 3) // PAY-1 once, flaky twice
 	if runs["PAY-1"] != 1 || runs["flaky"] != 2 {
 		t.Fatalf("idem: runs %v; want PAY-1 once and flaky twice (its redelivery after the failure runs)", runs)
 	}
@@ -97,7 +106,7 @@ func TestRetriesAfterFailureUnlikeDeduplicator(t *testing.T) {
 	// Watermill's Deduplicator, same stream: the failed message's redelivery
 	// is dropped — the instruction is never booked.
 	d := &middleware.Deduplicator{KeyFactory: func(m *message.Message) (string, error) { return m.Metadata.Get("correlation_id"), nil }}
-	wm := run(t, d.Middleware, messages())
+	wm := run(t, d.Middleware, messages(), 2) // PAY-1 once, flaky once
 	if wm["flaky"] != 1 {
 		t.Fatalf("watermill Deduplicator: runs %v (this test documents that it drops the retry)", wm)
 	}
