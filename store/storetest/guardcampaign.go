@@ -227,10 +227,13 @@ func runGuardWorkers(t *testing.T, s idem.Store, n, proc int, dir string, deadli
 				switch {
 				case res.Outcome.Owns():
 					settled, ok := settles.LoadAndDelete(g.StorageKey(key) + " " + strconv.FormatUint(res.Fence, 10))
-					if ok && settled == nil {
+					switch err, _ := settled.(error); {
+					case ok && err == nil:
 						logLine("T", key, res.Fence, "settled")
-					} else {
-						logLine("T", key, res.Fence, "unsettled")
+					case ok:
+						logLine("T", key, res.Fence, "unsettled "+strings.ReplaceAll(err.Error(), "\n", " "))
+					default:
+						logLine("T", key, res.Fence, "unsettled (no settle was tried)")
 					}
 				case err == nil && res.Outcome == idem.Replayed:
 					logLine("R", key, res.Record.Fence, string(res.Value))
@@ -262,6 +265,7 @@ type guardRun struct {
 	start, end int64 // ns
 	did        string
 	settled    bool   // its settle reached the store
+	settleErr  string // why not, when it did not
 	replayed   string // a replay's result or failure
 }
 
@@ -298,6 +302,7 @@ func readRuns(t *testing.T, dir string, killedAt map[int]int64) []guardRun {
 			case "T":
 				if ok {
 					runs[i].settled = rest == "settled"
+					runs[i].settleErr = strings.Join(fields[min(5, len(fields)):], " ")
 					delete(open, id)
 				}
 			case "R":
@@ -383,8 +388,8 @@ func checkGuardRuns(t *testing.T, s idem.Store, runs []guardRun, seed uint64, ki
 				settled = r
 			}
 			if !r.settled && !excused(*r) {
-				violate("key %s: the settle of its run under fence %d (%s, process %d) did not reach the store, though no outage longer than a lease came near it",
-					key, r.fence, r.did, r.proc)
+				violate("key %s: the settle of its run under fence %d (%s, process %d) did not reach the store, though no outage longer than a lease came near it: %s",
+					key, r.fence, r.did, r.proc, r.settleErr)
 			}
 		}
 		// The fence a replay's record carries is not checked: the tiered
