@@ -31,16 +31,22 @@ ncpu=$(nproc)
 echo "== $secs s per run, $conc concurrent workers, $ncpu cores"
 
 rps() { tr '\r' '\n' | sed -nE 's/.*: ([0-9.]+) requests per second.*/\1/p' | tail -1; }
-json_field() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["'"$1"'"])'; }
+json_field() { # PATH (dotted: lifecycle.ops) of the JSON on stdin's last line
+	python3 -c 'import json,sys
+v = json.loads(sys.stdin.read().strip().splitlines()[-1])
+for k in sys.argv[1].split("."): v = v.get(k, 0)
+print(v)' "$1"
+}
 
 # --- Redis -----------------------------------------------------------------
 # Each Redis run starts on an empty key space: the runs before would
 # otherwise leave hundreds of thousands of records behind for the later
 # ones to work among (a larger table, its resizing).
 redis_clean() { redis-cli -u "$redis_url" --scan --pattern 'idembench:*' | xargs -r -n 500 redis-cli -u "$redis_url" DEL >/dev/null; }
-bench() { # URL WORKERS FIELD
+bench() { # URL WORKERS FIELD (the whole JSON stays in $tmp/run.json)
 	case "$1" in redis*) redis_clean ;; esac
-	"$tmp/idem" bench --store "$1" --mode lifecycle --concurrency "$2" --duration "${secs}s" --quiet --json | json_field "$3"
+	"$tmp/idem" bench --store "$1" --mode lifecycle --concurrency "$2" --duration "${secs}s" --quiet --json >"$tmp/run.json"
+	json_field "$3" <"$tmp/run.json"
 }
 # CPU time per lifecycle, where the two transports differ: this idem
 # process's (client_cpu_us_per_op) and redis-server's (INFO cpu, before and
@@ -48,14 +54,12 @@ bench() { # URL WORKERS FIELD
 redis_cpu() { redis-cli -u "$redis_url" INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.6f", s}'; }
 bench_cpu() { # URL WORKERS
 	redis_clean
-	local before after
+	local before ops after
 	before=$(redis_cpu)
-	"$tmp/idem" bench --store "$1" --mode lifecycle --concurrency "$2" --duration "${secs}s" --quiet --json >"$tmp/run.json"
+	ops=$(bench "$1" "$2" ops_per_sec)
 	after=$(redis_cpu)
-	python3 -c 'import json,sys
-d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-life = d["lifecycle"]
-print(d["ops_per_sec"], d.get("client_cpu_us_per_op", 0), (float(sys.argv[3]) - float(sys.argv[2])) * 1e6 / life["ops"])' "$tmp/run.json" "$before" "$after"
+	echo "$ops $(json_field client_cpu_us_per_op <"$tmp/run.json")" \
+		"$(python3 -c 'import sys; print((float(sys.argv[2]) - float(sys.argv[1])) * 1e6 / float(sys.argv[3]))' "$before" "$after" "$(json_field lifecycle.ops <"$tmp/run.json")")"
 }
 read -r idem_redis redis_client_us redis_server_us < <(bench_cpu "$redis_url?pool_size=$conc&idem_prefix=idembench:" "$conc")
 read -r idem_redis_single redis_client_us_single redis_server_us_single < <(bench_cpu "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_coalesce=0" "$conc")
