@@ -84,7 +84,7 @@ func TestBatchScripts(t *testing.T) {
 	if v[6] != int64(0) {
 		t.Fatalf("complete of c2, which nobody acquired: %v, want 0 (stale)", v[6])
 	}
-	if e, ok := v[1].(error); !ok || !strings.Contains(e.Error(), "unknown op") {
+	if e, ok := v[1].(string); !ok || !strings.Contains(e, "unknown op") {
 		t.Fatalf("the unknown op answered %#v, want its own error", v[1])
 	}
 	for key, want := range map[string]string{"a": "done-a", "b": "done-b"} {

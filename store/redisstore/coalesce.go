@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -198,6 +199,10 @@ func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []*r
 	}
 	args := []any{packed}
 	many := s.batchScript
+	settlesOnly := !slices.ContainsFunc(calls, func(c scriptCall) bool { return c.acquire })
+	if settlesOnly && !s.flagsRefused.Load() {
+		many = s.settleBatchScript
+	}
 	var cmd, wait *redis.Cmd
 	for try := 0; ; try++ {
 		run := many.EvalSha
@@ -224,8 +229,8 @@ func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []*r
 		out[i] = redis.NewCmd(ctx)
 		if err != nil {
 			out[i].SetErr(err)
-		} else if e, ok := answers[i].(error); ok {
-			out[i].SetErr(e) // this call's own error (see batchTail)
+		} else if e, ok := answers[i].(string); ok {
+			out[i].SetErr(callError(e)) // this call's own error (see batchTail)
 		} else {
 			out[i].SetVal(answers[i])
 		}
@@ -233,7 +238,45 @@ func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []*r
 	if wait != nil && err == nil {
 		s.checkWait(wait, out, indexes(len(calls)), nil)
 	}
+	if many == s.batchScript && !s.flagsRefused.Load() {
+		s.settleAgainIfFull(ctx, calls, out)
+	}
 }
+
+// settleAgainIfFull sends the settles of a batch with acquisitions that a
+// full server refused (OOM) again, as a batch of settles (allowOOM),
+// which a full server takes. A settle refused for OOM
+// changed nothing: Redis refuses a script without the flag only at its
+// first write (after one, it lets the script finish), so nothing of the
+// batch had been written.
+func (s *Store) settleAgainIfFull(ctx context.Context, calls []scriptCall, out []*redis.Cmd) {
+	var idx []int
+	for i := range calls {
+		if err := out[i].Err(); !calls[i].acquire && err != nil && isReply(err) && strings.HasPrefix(err.Error(), "OOM ") {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return
+	}
+	again, answers := make([]scriptCall, len(idx)), make([]*redis.Cmd, len(idx))
+	for j, i := range idx {
+		again[j] = calls[i]
+	}
+	s.runBatchScript(ctx, again, answers)
+	for j, i := range idx {
+		out[i] = answers[j]
+	}
+}
+
+// callError is a call's own error in a batch's answer (see batchTail),
+// the server's words: an answer of the server, as a lone call's error is.
+type callError string
+
+func (e callError) Error() string { return string(e) }
+
+// RedisError makes it a redis.Error (isReply).
+func (callError) RedisError() {}
 
 // runPipeline sends the calls at idx through node (see runMany).
 func (s *Store) runPipeline(ctx context.Context, node redis.Cmdable, calls []scriptCall, idx []int, out []*redis.Cmd) {

@@ -1,6 +1,13 @@
 package redisstore
 
-import "github.com/idemgo/idem"
+import (
+	"context"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem"
+)
 
 // DecodeRecord reads a record as the scripts answer it, for the tests.
 func DecodeRecord(v string) (idem.Record, bool) { return decodeRecord("", v) }
@@ -30,7 +37,7 @@ func PackOwned(b []byte, op string, fence uint64, ms int64, result []byte, nonce
 // bucket, the field first among the arguments.
 var (
 	BucketAcquireScript = bucketAcquireLua
-	BucketOwnedScript   = bucketOwnedLua
+	BucketOwnedScript   = bucketSettleLua
 )
 
 // Locate returns the keys (own, bucket) and field of key's record.
@@ -51,3 +58,49 @@ var (
 // LuaParts are the scripts' pieces: the record encoding, the bucket
 // layout, the two transitions and the clock.
 var LuaParts = struct{ Record, Bucket, Acquire, Owned, Clock string }{recordLua, bucketLua, acquireBody, ownedBody, clockLua}
+
+// Batch runs one coalesced batch, as the store's group would: for each key
+// an acquisition (fence 0, a minute's lease, an hour's retention) or a
+// completion under its fence with result. Each call's error, or
+// idem.ErrStaleFence for a completion refused; an acquisition's outcome.
+func (s *Store) Batch(ctx context.Context, keys []string, fences []uint64, result []byte) ([]idem.Outcome, []error) {
+	calls := make([]scriptCall, len(keys))
+	for i, key := range keys {
+		c := scriptCall{one: s.ownedScript, op: "c", fence: fences[i], ms: 3600000, result: result}
+		if fences[i] == 0 {
+			c = scriptCall{one: s.acquireScript, acquire: true, fp: encodeFingerprint(""), lease: 60000, keep: 3600000}
+		}
+		c.keys, c.field = s.locate(key)
+		c.nonce = s.nonce()
+		calls[i] = c
+	}
+	out := make([]*redis.Cmd, len(calls))
+	s.runMany(ctx, calls, out)
+	outcomes, errs := make([]idem.Outcome, len(calls)), make([]error, len(calls))
+	for i, cmd := range out {
+		switch v, err := cmd.Result(); {
+		case err != nil:
+			errs[i] = err
+		case calls[i].acquire:
+			outcomes[i] = idem.Outcome(v.([]any)[0].(int64))
+		case v == int64(0):
+			errs[i] = idem.ErrStaleFence
+		}
+	}
+	return outcomes, errs
+}
+
+// UseSettleFlags puts line in place of the flags line of the store's
+// settle scripts (allowOOM), as if the server refused that one.
+func (s *Store) UseSettleFlags(line string) {
+	one, batch := settleLua, settleBatchLua
+	if s.bucketsPerSlot > 0 {
+		one, batch = bucketSettleLua, bucketSettleBatchLua
+	}
+	s.settleScript = redis.NewScript(line + strings.TrimPrefix(one, allowOOM))
+	s.settleBatchScript = redis.NewScript(line + strings.TrimPrefix(batch, allowOOM))
+}
+
+// SettleFlagsRefused: the server refused the settle scripts' flags line,
+// and settles go without it.
+func (s *Store) SettleFlagsRefused() bool { return s.flagsRefused.Load() }

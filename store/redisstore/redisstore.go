@@ -47,10 +47,12 @@ var deleteUpToBody string
 // then a tail that calls it once (a lone call). A coalesced batch is one run
 // of the batch script, which holds both transitions and calls one per call
 // of the batch, each under pcall so an error answers its own call only
-// (batchTail). A call is one key and five arguments, or with buckets
-// (bucket.lua) two keys (the record's own and its bucket's) and six
-// arguments (its field first); a batch's calls are packed in its one
-// argument (scriptCall.appendPacked).
+// (batchTail: as a string, which no call answers otherwise). A call is one
+// key and five arguments, or with buckets (bucket.lua) two keys (the
+// record's own and its bucket's) and six arguments (its field first); a
+// batch's calls are packed in its one argument (scriptCall.appendPacked).
+// Settles have scripts of their own besides, which may run on a full
+// server (allowOOM).
 var (
 	acquireLua = recordLua + acquireBody + clockLua + oneTail("acquire", acquireArgs, plainCall)
 	ownedLua   = recordLua + ownedBody + clockLua + oneTail("owned", ownedArgs, plainCall)
@@ -62,7 +64,27 @@ var (
 
 	deleteUpToLua       = recordLua + deleteUpToBody + oneTail("deleteUpTo", deleteUpToArgs, plainCall)
 	bucketDeleteUpToLua = recordLua + bucketLua + deleteUpToBody + oneTail("deleteUpTo", deleteUpToArgs, bucketCall)
+
+	// The settle scripts: heartbeats, completions, failures and releases
+	// of claims the server already holds, alone and as a batch of them
+	// only (it has no acquire function), flagged to run while the server
+	// is over its maxmemory (allowOOM).
+	settleLua            = allowOOM + ownedLua
+	settleBatchLua       = allowOOM + recordLua + ownedBody + clockLua + batchTail(plainCall)
+	bucketSettleLua      = allowOOM + bucketOwnedLua
+	bucketSettleBatchLua = allowOOM + recordLua + bucketLua + ownedBody + clockLua + batchTail(bucketCall)
 )
+
+// allowOOM (Redis 7.0's script flags) lets a script write while the server
+// is over its maxmemory. Under noeviction a full Redis refuses every write
+// of a script without it — acquisitions, rightly (no new work starts
+// without a claim), but also the completions of work already running,
+// which would then run again once their leases end. So the settle scripts
+// carry it and the acquire script does not: while Redis is full no new
+// claim is taken, and what grows memory past the limit is bounded by the
+// claims taken before (a result each). A server that refuses script flags
+// (Redis before 7.0) gets the settle scripts without it (flagsRefused).
+const allowOOM = "#!lua flags=allow-oom\n"
 
 // clockLua reads the server's time once per script: now in ms, floor (the
 // lowest new fence) in µs.
@@ -97,7 +119,13 @@ func oneTail(fn, args string, c callShape) string {
 }
 
 // batchTail runs the calls packed in ARGV[1] (scriptCall.appendPacked) in
-// order, each on its keys.
+// order, each on its keys. A call's error is answered as a string (an
+// acquisition answers an array, a settle a number), not as an error
+// element: go-redis (v9.23) stops reading an array at an element it reads
+// as a typed error — OOM, NOREPLICAS, LOADING and the like — fails the
+// whole command with it and drops the rest of the answer, so one
+// acquisition refused by a full server would fail every call of its batch,
+// the duplicates answered from their records included (TestFullServer).
 func batchTail(c callShape) string {
 	return `local out, packed, pos = {}, ARGV[1], 1
 for i = 1, #KEYS / ` + c.keys + ` do
@@ -111,7 +139,9 @@ for i = 1, #KEYS / ` + c.keys + ` do
     f, op, fence, ms, result, nonce, pos = struct.unpack('>I4c0c1Bc0i8I4c0c10', packed, pos + 1)
     ok, v = pcall(owned, ` + c.batchLoc + `, op, fence, ms, result, nonce, now)
   end
-  if not ok and type(v) ~= 'table' then v = {err = tostring(v)} end
+  if not ok or type(v) == 'table' and v.err then
+    v = type(v) == 'table' and v.err or tostring(v)
+  end
   out[i] = v
 end
 return out
@@ -126,6 +156,11 @@ var (
 	bucketAcquireScript = redis.NewScript(bucketAcquireLua)
 	bucketOwnedScript   = redis.NewScript(bucketOwnedLua)
 	bucketBatchScript   = redis.NewScript(bucketBatchLua)
+
+	settleScript            = redis.NewScript(settleLua)
+	settleBatchScript       = redis.NewScript(settleBatchLua)
+	bucketSettleScript      = redis.NewScript(bucketSettleLua)
+	bucketSettleBatchScript = redis.NewScript(bucketSettleBatchLua)
 
 	deleteUpToScript       = redis.NewScript(deleteUpToLua)
 	bucketDeleteUpToScript = redis.NewScript(bucketDeleteUpToLua)
@@ -148,8 +183,9 @@ return redis.call('HMGET', KEYS[1], 's', 'f', 'p', 'a', 'l', 'e', 'u', 'r')
 // benchmarks (redis-benchmark can run them with EVALSHA).
 func AcquireScript() string { return acquireLua }
 
-// OwnedScript is the Lua source of heartbeat, complete, fail and release.
-func OwnedScript() string { return ownedLua }
+// OwnedScript is the Lua source of heartbeat, complete, fail and release,
+// with its flags line (allowOOM; a server before Redis 7.0 gets it without).
+func OwnedScript() string { return settleLua }
 
 // Config configures a Store.
 type Config struct {
@@ -244,6 +280,8 @@ type Store struct {
 	bucketsPerSlot int // 0: a key per record
 
 	acquireScript, ownedScript, batchScript *redis.Script
+	settleScript, settleBatchScript         *redis.Script                           // ownedScript and a batch of it, with allowOOM
+	flagsRefused                            atomic.Bool                             // the server refused allowOOM: settles go without it
 	calls                                   *coalesce.Group[scriptCall, *redis.Cmd] // nil: not coalesced
 }
 
@@ -293,8 +331,10 @@ func New(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("idem/redisstore: %w", err)
 	}
 	s.acquireScript, s.ownedScript, s.batchScript = acquireScript, ownedScript, batchScript
+	s.settleScript, s.settleBatchScript = settleScript, settleBatchScript
 	if s.bucketsPerSlot > 0 {
 		s.acquireScript, s.ownedScript, s.batchScript = bucketAcquireScript, bucketOwnedScript, bucketBatchScript
+		s.settleScript, s.settleBatchScript = bucketSettleScript, bucketSettleBatchScript
 	}
 	if !cfg.NoCoalesce {
 		s.calls = s.newGroup()
@@ -653,11 +693,39 @@ func (s *Store) locate(key string) (keys []string, field string) {
 }
 
 // transition runs c (a transition of key's record, its arguments set) on
-// the record, through the store's group.
+// the record, through the store's group. A settle script the server
+// refused to load for its flag (it did not run) is sent again without it,
+// as every settle of this store is from then on.
 func (s *Store) transition(ctx context.Context, key string, c scriptCall) *redis.Cmd {
 	c.keys, c.field = s.locate(key)
 	c.nonce = s.nonce()
-	return s.call(ctx, c)
+	cmd := s.call(ctx, c)
+	if c.one == s.settleScript && flagsRefused(cmd.Err()) {
+		s.flagsRefused.Store(true)
+		c.one = s.ownedScript
+		cmd = s.call(ctx, c)
+	}
+	return cmd
+}
+
+// settle is the script of heartbeats and settles: the one with allowOOM,
+// unless the server refused it.
+func (s *Store) settle() *redis.Script {
+	if s.flagsRefused.Load() {
+		return s.ownedScript
+	}
+	return s.settleScript
+}
+
+// flagsRefused: err is a server's refusal to load a script for its flags
+// line — Redis before 7.0 does not know it ("unexpected symbol near '#'"),
+// a later one names a flag it does not know ("… shebang …").
+func flagsRefused(err error) bool {
+	if err == nil || !isReply(err) {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "near '#'") || strings.Contains(msg, "shebang")
 }
 
 // Acquire implements idem.Store with one script.
@@ -692,7 +760,7 @@ func (s *Store) owned(ctx context.Context, op, code string, key string, fence ui
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	n, err := s.transition(ctx, key, scriptCall{one: s.ownedScript, op: code, fence: fence, ms: ms, result: result}).Int()
+	n, err := s.transition(ctx, key, scriptCall{one: s.settle(), op: code, fence: fence, ms: ms, result: result}).Int()
 	if err != nil {
 		return wrap(op, err)
 	}
