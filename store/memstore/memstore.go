@@ -176,6 +176,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	// attempt limit is reached.
 	if req.MaxAttempts > 0 && e.attempts >= req.MaxAttempts {
 		e.state = idem.StatePoisoned
+		e.fence = s.fences.Next(now, e.fence) // a change after the claim (see idem.FencedDeleter)
 		if expiresAt.After(e.expiresAt) {
 			e.expiresAt = expiresAt // poisoning never shortens the retention
 		}

@@ -269,7 +269,7 @@ ON CONFLICT (k) DO UPDATE SET
 		WHEN r.state IN (2, 3) THEN 4 WHEN r.state = 4 THEN 6 WHEN ` + limit + ` THEN 6
 		WHEN r.state = 1 THEN 2 ELSE 1 END,
 	state = CASE WHEN ` + take + ` THEN 1 WHEN ` + poison + ` THEN 4 ELSE r.state END,
-	fence = CASE WHEN ` + take + ` THEN greatest(r.fence + 1, ` + floor + `) ELSE r.fence END,
+	fence = CASE WHEN ` + take + ` OR ` + poison + ` THEN greatest(r.fence + 1, ` + floor + `) ELSE r.fence END,
 	fp = CASE WHEN ` + expired + ` THEN EXCLUDED.fp ELSE r.fp END,
 	attempts = CASE WHEN ` + expired + ` THEN 1 WHEN ` + take + ` THEN r.attempts + 1 ELSE r.attempts END,
 	result = CASE WHEN ` + expired + ` THEN NULL ELSE r.result END,

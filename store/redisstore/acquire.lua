@@ -24,7 +24,9 @@ local function acquire(k, fp, lease, keep, maxa, nonce, now, floor)
   if r.st == 4 then return {6, packed(r)} end
   if r.e < now + keep then r.e = now + keep end
   if maxa > 0 and r.a >= maxa then
-    r.st, r.u = 4, now
+    -- Poisoning takes a fence of its own: nothing fenced on the claim it
+    -- ends (a DeleteUpTo of it) touches it.
+    r.st, r.u, r.f = 4, now, math.max(r.f + 1, floor)
     return {6, save(k, r)}
   end
   local outcome = 1

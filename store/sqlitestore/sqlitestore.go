@@ -159,7 +159,7 @@ ON CONFLICT (k) DO UPDATE SET
 		WHEN state IN (2, 3) THEN 4 WHEN state = 4 THEN 6 WHEN ` + condLimit + ` THEN 6
 		WHEN state = 1 THEN 2 ELSE 1 END,
 	state = CASE WHEN ` + condTake + ` THEN 1 WHEN ` + condPoison + ` THEN 4 ELSE state END,
-	fence = CASE WHEN ` + condTake + ` THEN max(fence + 1, ?7, ` + floorAtExecution + `) ELSE fence END,
+	fence = CASE WHEN ` + condTake + ` OR ` + condPoison + ` THEN max(fence + 1, ?7, ` + floorAtExecution + `) ELSE fence END,
 	fp = CASE WHEN ` + condExpired + ` THEN ?2 ELSE fp END,
 	attempts = CASE WHEN ` + condExpired + ` THEN 1 WHEN ` + condTake + ` THEN attempts + 1 ELSE attempts END,
 	result = CASE WHEN ` + condExpired + ` THEN NULL ELSE result END,

@@ -171,10 +171,12 @@ func rerunnable(s mstate, in opInput) bool {
 }
 
 // poisoned is the state after an acquisition poisoned the record: no
-// owner, kept at least the request's retention (never shortened).
+// owner, a fence of its own (larger than the claim's, which the answer
+// does not say), kept at least the request's retention (never shortened).
 func poisoned(s mstate, in opInput) mstate {
 	n := s
 	n.St, n.LeaseLo, n.LeaseHi = idem.StatePoisoned, 0, 0
+	n.Fence, n.FenceKnown = 0, false
 	lo, hi := interval(in.Call, in.Return, max(in.Lease, in.Ret))
 	n.ExpLo, n.ExpHi = max(s.ExpLo, lo), max(s.ExpHi, hi)
 	return n

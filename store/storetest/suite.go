@@ -530,9 +530,18 @@ func testPoison(t *testing.T, s idem.Store) {
 	r2 := req("z")
 	r2.MaxAttempts = 1
 	r2.Lease = shortLease
-	mustAcquire(t, s, r2, idem.Acquired)
+	claim := mustAcquire(t, s, r2, idem.Acquired)
 	pass(s, shortLease+100*time.Millisecond)
-	mustAcquire(t, s, r2, idem.Poisoned)
+	p := mustAcquire(t, s, r2, idem.Poisoned)
+	// Poisoning is a change another caller made after the claim: it takes
+	// a fence of its own, so nothing fenced on the claim (a DeleteUpTo of
+	// it, say) touches the poisoned record.
+	if p.Record.Fence <= claim.Fence {
+		t.Fatalf("the poisoned record's fence %d, the claim's %d: want a larger one", p.Record.Fence, claim.Fence)
+	}
+	if p.Fence != 0 {
+		t.Fatalf("a Poisoned answer handed out fence %d", p.Fence)
+	}
 }
 
 func testBounds(t *testing.T, s idem.Store) {
@@ -1091,6 +1100,22 @@ func testDeleteUpTo(t *testing.T, s idem.Store) {
 		t.Fatal(err)
 	}
 	mustAcquire(t, s, req("k"), idem.Acquired)
+	// A claim poisoned by a takeover at the attempt limit: the poisoning is
+	// newer than the claim, and DeleteUpTo of the claim keeps it (the
+	// tiered store drops its momentary claims so, and must not drop a
+	// poisoning that came after).
+	r := req("p")
+	r.MaxAttempts, r.Lease = 1, shortLease
+	claim := mustAcquire(t, s, r, idem.Acquired)
+	pass(s, shortLease+100*time.Millisecond)
+	mustAcquire(t, s, r, idem.Poisoned)
+	if err := d.DeleteUpTo(ctx, "p", claim.Fence); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(ctx, "p"); err != nil || rec.State != idem.StatePoisoned {
+		t.Fatalf("DeleteUpTo(%d), the fence of the claim a takeover poisoned: %+v, %v; want the poisoned record kept", claim.Fence, rec, err)
+	}
+	mustAcquire(t, s, r, idem.Poisoned)
 }
 
 // testReleaseKeepsRetention: a released record keeps its expiry (so its
