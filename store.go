@@ -107,6 +107,12 @@ type Archiver interface {
 	// (for one fence the first result wins, and a tombstone wins over its
 	// own generation's late result); anything else under the key is
 	// replaced. The stored fence never decreases.
+	//
+	// A store reached over a network applies an archive only if it reaches
+	// the server before ctx's deadline (pgstore, by the database's clock),
+	// so an archive held up on the way past the moment its caller was told
+	// it failed never lands later: the tiered store gives an archive half
+	// of the lease it holds, and a takeover may follow once it failed.
 	Archive(ctx context.Context, rec Record, retention time.Duration) error
 }
 
@@ -125,7 +131,9 @@ type Unclaimer interface {
 // FencedDeleter is implemented by stores that can delete a key's record
 // only up to a fence. DeleteUpTo removes key's record if its fence is at
 // most fence and keeps a record with a larger fence — a later generation's
-// claim, made after the caller read the record it means to delete. It
+// claim, made after the caller read the record it means to delete, or a
+// poisoning of the claim at its attempt limit (which takes a fence of its
+// own for that reason). It
 // returns nil whether or not it removed a record. The tiered store drops
 // its own hot claims this way (a claim whose cold read found another
 // fingerprint's record, a re-warmed copy of a withdrawn settle), so that a
