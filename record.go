@@ -56,7 +56,9 @@ type Record struct {
 	// Key is the storage key (see Key.Storage).
 	Key   string
 	State State
-	// Fence is the fencing token of the latest acquisition. It is strictly
+	// Fence is the fencing token of the latest acquisition — or, for a
+	// poisoned record, of the poisoning, which takes one of its own so that
+	// nothing fenced on the claim it ended touches it. It is strictly
 	// larger than every fence issued earlier for the key, also by a deleted,
 	// swept or expired record (see Store).
 	Fence uint64
