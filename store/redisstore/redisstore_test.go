@@ -68,8 +68,9 @@ func BenchmarkStore(b *testing.B) {
 	storetest.Bench(b, newStore)
 }
 
-// TestCampaign runs the fault campaign with every process reaching Redis
-// through a TCP proxy that the campaign cuts now and then.
+// TestCampaign runs the fault campaign with every process reaching a Redis
+// of its own through a TCP proxy that the campaign cuts and stalls now and
+// then, and fills the server (maxmemory) now and then.
 func TestCampaign(t *testing.T) { storetest.Campaign(t, campaignConfig(t, "TestCampaign", 0)) }
 
 // TestCampaignBuckets is TestCampaign with records in buckets.
@@ -90,10 +91,23 @@ func campaignConfig(t *testing.T, name string, buckets int) storetest.CampaignCo
 			return testenv.OpenRedisConfig(t, addr, redisstore.Config{Prefix: prefix, Buckets: buckets})
 		}}
 	if !storetest.IsChild() {
-		p := testenv.RedisProxy(t)
+		// A server of its own: filling the shared one would fail other
+		// tests.
+		srv := testenv.StartRedisServer(t, "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction")
+		p := testenv.StartProxy(t, srv.Addr)
 		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
+		admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { admin.Close() })
+		maxmemory := func(v string) func() {
+			return func() {
+				if err := admin.ConfigSet(context.Background(), "maxmemory", v).Err(); err != nil {
+					t.Errorf("CONFIG SET maxmemory %s: %v", v, err)
+				}
+			}
+		}
+		cfg.Fill, cfg.Unfill = maxmemory("1"), maxmemory("0")
 		prefix := testenv.RandomName("idemtest:") + ":"
-		cfg.Location, cfg.Direct = prefix+" "+p.Addr(), prefix+" "
+		cfg.Location, cfg.Direct = prefix+" "+p.Addr(), prefix+" "+srv.Addr
 	}
 	return cfg
 }

@@ -63,6 +63,12 @@ type CampaignConfig struct {
 	// lets them through (a latency spike: calls wait, leases run out);
 	// nil where there is no server.
 	Stall, Unstall func()
+	// Fill makes the store's server run out of memory and Unfill gives it
+	// room again (Redis over its maxmemory, noeviction): meanwhile new
+	// claims fail closed, and the claims already held must still settle —
+	// the Guard campaign excuses no settle lost to a full server. nil where
+	// the server cannot be filled on demand (or is shared with other tests).
+	Fill, Unfill func()
 	// Direct, when set, is Location reached without the proxy: the Guard
 	// campaign runs half of its own workers there, so an outage is a
 	// partition — the other processes lose the store while those go on.
@@ -110,6 +116,7 @@ type CampaignReport struct {
 	Seed                                           uint64
 	Operations, Unknown                            int
 	Kills, Outages, ServerStalls, Deletes, Sweeps  int
+	Fills                                          int // periods of a full server (Fill)
 	Stalls                                         int // owners of this process that slept past their lease
 	Executions, LedgerAccepted                     int
 	HistoriesChecked, HistoriesUnknown, Violations int
@@ -314,6 +321,11 @@ func injectFaults(cfg CampaignConfig, procs *workerProcesses, seed uint64, deadl
 			time.Sleep(time.Duration(100+frng.IntN(300)) * time.Millisecond)
 			cfg.Restore()
 			rep.Outages++
+		case f == 5 && cfg.Fill != nil && frng.IntN(2) == 0:
+			cfg.Fill()
+			time.Sleep(time.Duration(100+frng.IntN(600)) * time.Millisecond)
+			cfg.Unfill()
+			rep.Fills++
 		default:
 			other(frng, f)
 		}

@@ -29,7 +29,7 @@ const guardCampaignLease = 3 * time.Second
 // then an older key again), while faults are injected at random as in
 // Campaign — SIGKILL of worker processes, outages and stalls of the store's
 // server shorter than a lease — and besides: outages longer than a lease,
-// and sweeps. With cfg.Direct, half of this process's workers reach the
+// periods of a full server (cfg.Fill) longer than a lease, and sweeps. With cfg.Direct, half of this process's workers reach the
 // store without the proxy: an outage is then a partition, in which they
 // take over the keys of the workers cut off. The work takes up to two
 // heartbeat intervals (now and then two to three leases, kept by its
@@ -48,7 +48,7 @@ const guardCampaignLease = 3 * time.Second
 //     the store unless an outage longer than a lease began within a lease
 //     after its end or its process was killed within a lease after it (the Guard tries a settle
 //     again within the lease, so the short outages and stalls never cost
-//     one);
+//     one; a full server must take it whatever the length);
 //   - every replay is the result (or failure) of a run of that key that
 //     succeeded (or failed for good);
 //   - nothing was lost: after the faults, every key answers such a result,
@@ -107,6 +107,15 @@ func GuardCampaign(t *testing.T, cfg CampaignConfig) {
 			long = append(long, [2]int64{cut, time.Now().UnixNano()})
 			return
 		}
+		if cfg.Fill != nil && frng.IntN(8) == 0 && time.Now().Add(2*guardCampaignLease).Before(deadline) {
+			// A server full for longer than a lease: no new work starts,
+			// and the work running must still settle (not excused).
+			cfg.Fill()
+			time.Sleep(guardCampaignLease + time.Duration(frng.IntN(1000))*time.Millisecond)
+			cfg.Unfill()
+			rep.Fills++
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, _ = s.Sweep(ctx, 0)
 		cancel()
@@ -123,8 +132,8 @@ func GuardCampaign(t *testing.T, cfg CampaignConfig) {
 			did[r.did+" unsettled"]++
 		}
 	}
-	t.Logf("guard campaign: %d keys; runs that %v; %d kills, %d outages (%d longer than a lease), %d stalls, %d sweeps",
-		len(keysOf(runs)), did, rep.Kills, rep.Outages+len(long), len(long), rep.ServerStalls, rep.Sweeps)
+	t.Logf("guard campaign: %d keys; runs that %v; %d kills, %d outages (%d longer than a lease), %d stalls, %d full-server periods, %d sweeps",
+		len(keysOf(runs)), did, rep.Kills, rep.Outages+len(long), len(long), rep.ServerStalls, rep.Fills, rep.Sweeps)
 }
 
 // guardKey is the i-th key of a campaign: the window of keys moves on every
