@@ -322,3 +322,23 @@ func (r *RedisServer) signal(t testing.TB, sig syscall.Signal) {
 		t.Fatal(err)
 	}
 }
+
+// StartFillableRedis starts a redis-server of its own (no persistence,
+// noeviction) for a fault campaign, with fill and unfill: fill sets its
+// maxmemory below what it holds — a full server, which refuses writes
+// that add memory — and unfill lifts the limit. A server of its own,
+// because filling the shared one would fail the tests running beside.
+func StartFillableRedis(t testing.TB) (srv *RedisServer, fill, unfill func()) {
+	t.Helper()
+	srv = StartRedisServer(t, "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction")
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { admin.Close() })
+	maxmemory := func(v string) func() {
+		return func() {
+			if err := admin.ConfigSet(context.Background(), "maxmemory", v).Err(); err != nil {
+				t.Errorf("CONFIG SET maxmemory %s: %v", v, err)
+			}
+		}
+	}
+	return srv, maxmemory("1"), maxmemory("0")
+}

@@ -91,21 +91,10 @@ func campaignConfig(t *testing.T, name string, buckets int) storetest.CampaignCo
 			return testenv.OpenRedisConfig(t, addr, redisstore.Config{Prefix: prefix, Buckets: buckets})
 		}}
 	if !storetest.IsChild() {
-		// A server of its own: filling the shared one would fail other
-		// tests.
-		srv := testenv.StartRedisServer(t, "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction")
+		var srv *testenv.RedisServer
+		srv, cfg.Fill, cfg.Unfill = testenv.StartFillableRedis(t)
 		p := testenv.StartProxy(t, srv.Addr)
 		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
-		admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
-		t.Cleanup(func() { admin.Close() })
-		maxmemory := func(v string) func() {
-			return func() {
-				if err := admin.ConfigSet(context.Background(), "maxmemory", v).Err(); err != nil {
-					t.Errorf("CONFIG SET maxmemory %s: %v", v, err)
-				}
-			}
-		}
-		cfg.Fill, cfg.Unfill = maxmemory("1"), maxmemory("0")
 		prefix := testenv.RandomName("idemtest:") + ":"
 		cfg.Location, cfg.Direct = prefix+" "+p.Addr(), prefix+" "+srv.Addr
 	}

@@ -99,7 +99,8 @@ func TestConformanceRedisOverPostgres(t *testing.T) {
 // TestCampaign runs the fault campaign on Redis over PostgreSQL with a hot
 // retention of 300ms (so claims and replays go through the cold tier), each
 // tier reached through a TCP proxy that the campaign cuts or stalls now and
-// then (the cold tier and the hot one in turn).
+// then (the cold tier and the hot one in turn), and the hot tier's server
+// (one of its own) filled now and then.
 func TestCampaign(t *testing.T) { storetest.Campaign(t, campaignConfig(t, "TestCampaign", 0)) }
 
 // TestCampaignBuckets is TestCampaign with the hot tier's records in
@@ -130,7 +131,9 @@ func campaignConfig(t *testing.T, name string, buckets int) storetest.CampaignCo
 		}}
 	if !storetest.IsChild() {
 		conn, cold := testenv.PostgresProxy(t)
-		hot := testenv.RedisProxy(t)
+		srv, fill, unfill := testenv.StartFillableRedis(t)
+		hot := testenv.StartProxy(t, srv.Addr)
+		cfg.Fill, cfg.Unfill = fill, unfill // the hot tier full
 		// The faults, cuts and stalls, take the tiers in turn (one at a
 		// time: the injector restores a tier before its next fault).
 		var tier *testenv.Proxy
@@ -147,7 +150,7 @@ func campaignConfig(t *testing.T, name string, buckets int) storetest.CampaignCo
 		cfg.Unstall = func() { tier.Unstall() }
 		prefix, schema := testenv.RandomName("idemtest:")+":", testenv.RandomName("idemtest_")
 		cfg.Location = prefix + " " + hot.Addr() + " " + schema + " " + conn
-		cfg.Direct = prefix + "  " + schema + " " + testenv.PostgresURL
+		cfg.Direct = prefix + " " + srv.Addr + " " + schema + " " + testenv.PostgresURL
 	}
 	return cfg
 }
