@@ -918,6 +918,25 @@ func TestClaimBetweenDeleteReadsAndMark(t *testing.T) {
 	}
 }
 
+// settledInAManualColdTier returns a tiered store on two memory tiers that
+// share a manual clock, with key completed (fingerprint "A") in the cold
+// tier only, for 10 s more.
+func settledInAManualColdTier(t *testing.T, key string) (*tieredstore.Store, *storetest.ManualClock) {
+	t.Helper()
+	clock := storetest.NewManualClock(time.Now())
+	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	cold := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := idem.Record{Key: key, State: idem.StateCompleted, Fence: 1, Fingerprint: "A", Attempts: 1, Result: []byte("done")}
+	if err := cold.Archive(context.Background(), done, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return s, clock
+}
+
 // TestMismatchDropsOnlyItsOwnClaim: a request with another fingerprint
 // claims the hot tier, finds the key settled in the cold tier and drops its
 // claim. If its cold read outlasted its lease, another request may have
@@ -927,17 +946,7 @@ func TestClaimBetweenDeleteReadsAndMark(t *testing.T) {
 // a second one: two owners at once. Only the request's own claim may go.
 func TestMismatchDropsOnlyItsOwnClaim(t *testing.T) {
 	ctx := context.Background()
-	clock := storetest.NewManualClock(time.Now())
-	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
-	cold := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
-	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := idem.Record{Key: "PAY-23", State: idem.StateCompleted, Fence: 1, Fingerprint: "A", Attempts: 1, Result: []byte("done")}
-	if err := cold.Archive(ctx, done, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	s, clock := settledInAManualColdTier(t, "PAY-23")
 	other := idem.AcquireRequest{Key: "PAY-23", Fingerprint: "B", Lease: time.Second, Retention: time.Hour}
 	var owner idem.Acquisition
 	tieredstore.SetAfterColdSettled(s, func() {
@@ -954,6 +963,36 @@ func TestMismatchDropsOnlyItsOwnClaim(t *testing.T) {
 	}
 	if next, err := s.Acquire(ctx, other); err != nil || next.Outcome != idem.InProgress {
 		t.Fatalf("a request while the key's owner (fence %d) works: %v (fence %d), %v; want InProgress", owner.Fence, next.Outcome, next.Fence, err)
+	}
+}
+
+// TestMismatchLeavesAPoisoningOfItsClaim: as TestMismatchDropsOnlyItsOwnClaim,
+// but the request that came while the cold read outlasted the lease had a
+// MaxAttempts of 1: it poisoned the claim instead of taking it over. The
+// poisoning kept the claim's fence, so the first request's drop of "only
+// its own claim" (DeleteUpTo its fence) removed the poisoned record, and
+// the next request was handed a claim of a key just answered Poisoned
+// (found by a tiered buckets campaign, seed 15210785027769609757).
+// Poisoning now takes a fence of its own.
+func TestMismatchLeavesAPoisoningOfItsClaim(t *testing.T) {
+	ctx := context.Background()
+	s, clock := settledInAManualColdTier(t, "PAY-25")
+	other := idem.AcquireRequest{Key: "PAY-25", Fingerprint: "B", Lease: time.Second, Retention: time.Hour}
+	once := other
+	once.MaxAttempts = 1
+	tieredstore.SetAfterColdSettled(s, func() {
+		tieredstore.SetAfterColdSettled(s, nil)
+		// The cold read took long: the lease and the cold record ended.
+		clock.Advance(11 * time.Second)
+		if a, err := s.Acquire(ctx, once); err != nil || a.Outcome != idem.Poisoned {
+			t.Fatalf("a request with MaxAttempts 1 after the first one's lease: %v, %v; want Poisoned (the claim counted its attempt)", a.Outcome, err)
+		}
+	})
+	if a, err := s.Acquire(ctx, other); err != nil || a.Outcome != idem.Mismatch {
+		t.Fatalf("the first request: %v, %v; want Mismatch (its cold read found the other fingerprint)", a.Outcome, err)
+	}
+	if next, err := s.Acquire(ctx, once); err != nil || next.Outcome != idem.Poisoned {
+		t.Fatalf("a request after the key was answered Poisoned: %v (fence %d), %v; want Poisoned", next.Outcome, next.Fence, err)
 	}
 }
 
