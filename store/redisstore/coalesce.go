@@ -252,7 +252,7 @@ func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []*r
 func (s *Store) settleAgainIfFull(ctx context.Context, calls []scriptCall, out []*redis.Cmd) {
 	var idx []int
 	for i := range calls {
-		if err := out[i].Err(); !calls[i].acquire && err != nil && isReply(err) && strings.HasPrefix(err.Error(), "OOM ") {
+		if !calls[i].acquire && redis.IsOOMError(out[i].Err()) {
 			idx = append(idx, i)
 		}
 	}
