@@ -211,11 +211,16 @@ type Result struct {
 // because its lease was lost (ErrStaleFence) or ran out (ErrLeaseExpired):
 // then with that reason joined (errors.Is finds both; Config.Classify sees
 // the work's error alone). A completion or a failure that cannot reach the
-// store is tried again, with backoff, until the lease ends by the Guard's
-// count (see Config.HeartbeatInterval) — left in flight, the record would
-// be run again by the next delivery once its lease ends; so Run may wait
-// that long on a store out of reach. If the work succeeded but the record
-// could not be settled, Run returns the value with an error saying so.
+// store is tried again, with backoff, as long as the claim lasts — left in
+// flight, the record would be run again by the next delivery once its lease
+// ends: until the lease ends by the Guard's count (see
+// Config.HeartbeatInterval), and, with heartbeats on and while ctx lasts,
+// for as long as the store takes the heartbeats sent between the tries (a
+// tiered store whose cold tier is out of reach or slow takes them: the
+// settle lands once it is back). So Run may wait a lease on a store out of
+// reach, and for as long as ctx lets it on a store that keeps the claim but
+// refuses the settle. If the work succeeded but the record could not be
+// settled, Run returns the value with an error saying so.
 //
 // If work panics, the record is held (the effect may have happened) and the
 // panic continues.
@@ -506,11 +511,16 @@ func (g *Guard) holdOnPanic(skey string, fence uint64) {
 }
 
 // settle applies disp to the record. A completion or a failure that could
-// not reach the store is tried again, with backoff (ctxsleep.Retry), until
-// leaseEnd: left in
-// flight, the record would be run again by the next delivery once the lease
-// ends. A try that finds the fence stale after an earlier one whose fate is
-// unknown asks the store whether that one landed.
+// not reach the store is tried again, with backoff (ctxsleep.Retry), as long
+// as the claim lasts: left in flight, the record would be run again by the
+// next delivery once the lease ends. The lease lasts until leaseEnd; with
+// heartbeats on and while the caller's ctx lasts, a heartbeat between the
+// tries extends it a heartbeat interval after the last extension, so a
+// store that takes heartbeats but not the settle (a tiered store whose cold
+// tier is out of reach or slow) keeps the claim until the settle lands. A
+// try that finds the fence stale
+// after an earlier one whose fate is unknown asks the store whether that
+// one landed.
 func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disposition, value []byte, workErr error, res *Result, leaseEnd time.Time) error {
 	sctx := ctx
 	if ctx.Done() != nil {
@@ -532,7 +542,11 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 		settled = StateFailed
 	}
 	try := 0
-	ctxsleep.Retry(sctx, func() time.Time { return leaseEnd }, func() bool {
+	longest := time.Second // ctxsleep.Retry's
+	if g.beats != nil {
+		longest = min(longest, g.cfg.HeartbeatInterval) // a heartbeat between tries keeps the lease
+	}
+	ctxsleep.RetryPausing(sctx, func() time.Time { return leaseEnd }, longest, func() bool {
 		start := g.startTiming()
 		switch disp {
 		case Complete:
@@ -552,7 +566,11 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 		}
 		g.observe(Event{Phase: "settle", Key: skey, Disposition: disp, Fence: fence, Duration: g.since(start), Err: err})
 		// Only a completion or failure whose fate is unknown goes again.
-		return settled != 0 && (errors.Is(err, ErrStoreUnavailable) || errors.Is(err, context.DeadlineExceeded))
+		again := settled != 0 && (errors.Is(err, ErrStoreUnavailable) || errors.Is(err, context.DeadlineExceeded))
+		if again && g.beats != nil && ctx.Err() == nil && time.Until(leaseEnd) <= g.cfg.Lease-g.leaseMargin()-g.cfg.HeartbeatInterval {
+			leaseEnd = g.extendWhileSettling(sctx, skey, fence, leaseEnd)
+		}
+		return again
 	})
 	if err != nil {
 		return fmt.Errorf("idem: settle (%s) %s: %w", disp, DisplayKey(skey), err)
@@ -570,6 +588,23 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 		g.cache.put(Record{Key: skey, State: st, Fence: fence, Fingerprint: res.Record.Fingerprint, Result: res.Value, ExpiresAt: now.Add(ret)}, now)
 	}
 	return nil
+}
+
+// extendWhileSettling heartbeats the claim of a settle that goes again and
+// returns the lease's end by this process's count: moved on if the
+// heartbeat landed, leaseEnd otherwise. A stale fence is not the end of the
+// settle: an earlier try may have landed, and the next try asks.
+func (g *Guard) extendWhileSettling(ctx context.Context, skey string, fence uint64, leaseEnd time.Time) time.Time {
+	start := g.startTiming()
+	sent := time.Now()
+	hctx, cancel := context.WithTimeout(ctx, g.cfg.Lease-g.cfg.HeartbeatInterval)
+	err := g.cfg.Store.Heartbeat(hctx, skey, fence, g.cfg.Lease)
+	cancel()
+	g.observe(Event{Phase: "heartbeat", Key: skey, Fence: fence, Duration: g.since(start), Err: err})
+	if err != nil {
+		return leaseEnd
+	}
+	return sent.Add(g.cfg.Lease - g.leaseMargin())
 }
 
 func (g *Guard) observe(e Event) {

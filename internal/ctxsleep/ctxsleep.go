@@ -31,6 +31,14 @@ const (
 // the pause ends before deadline() and ctx lasts. deadline is asked before
 // each pause, so it may move.
 func Retry(ctx context.Context, deadline func() time.Time, try func() (again bool)) {
-	for pause := firstPause; try() && time.Until(deadline()) >= pause && Sleep(ctx, pause) == nil; pause = min(2*pause, longestPause) {
+	RetryPausing(ctx, deadline, longestPause, try)
+}
+
+// RetryPausing is Retry with the pauses growing to longest instead of 1 s
+// (a pause never shorter than 10 ms): for a caller whose deadline moves
+// only if it is tried at least every so often.
+func RetryPausing(ctx context.Context, deadline func() time.Time, longest time.Duration, try func() (again bool)) {
+	longest = max(longest, firstPause)
+	for pause := firstPause; try() && time.Until(deadline()) >= pause && Sleep(ctx, pause) == nil; pause = min(2*pause, longest) {
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1351,5 +1352,126 @@ func TestPoisonedDuringAColdOutage(t *testing.T) {
 	}
 	if err != nil || p.Outcome != idem.Poisoned {
 		t.Fatalf("after the outage: %v, %v; want Poisoned", p.Outcome, err)
+	}
+}
+
+// TestGuardSettlesAcrossAColdOutageLongerThanItsLease: work that ends while
+// the cold tier is out of reach keeps its claim for as long as the hot tier
+// takes the Guard's heartbeats, and is settled once the cold tier is back.
+// Given up at the end of the lease it had when the work ended, the settle
+// would leave the key in flight, to be run a second time by the next
+// delivery after a cold outage longer than a lease (a failover of the
+// PostgreSQL behind it, say) — or under a cold tier merely slower than its
+// archive budget for that long.
+func TestGuardSettlesAcrossAColdOutageLongerThanItsLease(t *testing.T) {
+	s, proxy := proxiedColdTiers(t, time.Hour)
+	o := startOutageRun(t, s, proxy, context.Background())
+	select {
+	case <-o.pastTheLease:
+	case err := <-o.done:
+		t.Fatalf("Run returned during the cold outage, within the lease it had when its work ended (%v): the key is left in flight, to be run again", err)
+	}
+	proxy.Restore()
+	if err := <-o.done; err != nil {
+		t.Fatalf("the settle after the cold outage: %v", err)
+	}
+	res, err := o.g.Run(context.Background(), o.key, nil, func(context.Context, uint64) ([]byte, error) {
+		o.runs.Add(1)
+		return []byte("booked twice"), nil
+	})
+	if err != nil || res.Outcome != idem.Replayed || string(res.Value) != "booked" {
+		t.Fatalf("a duplicate after the settle: %v %q %v, want Replayed %q", res.Outcome, res.Value, err, "booked")
+	}
+	if n := o.runs.Load(); n != 1 {
+		t.Fatalf("the work ran %d times", n)
+	}
+}
+
+// TestGuardSettleEndsWithTheCallerOrTheLease: the settle outlives its lease
+// only while the caller waits and the store takes the heartbeats. A caller
+// that gives up during a cold outage is answered once the lease runs out;
+// with the whole store out of reach (no heartbeat lands), the settle ends
+// with the lease.
+func TestGuardSettleEndsWithTheCallerOrTheLease(t *testing.T) {
+	t.Run("caller gives up", func(t *testing.T) {
+		s, proxy := proxiedColdTiers(t, time.Hour)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		o := startOutageRun(t, s, proxy, ctx)
+		select {
+		case <-o.pastTheLease:
+		case err := <-o.done:
+			t.Fatalf("Run returned during the cold outage, within the lease it had when its work ended: %v", err)
+		}
+		cancel()
+		o.settleGivenUp(t)
+	})
+	t.Run("store out of reach", func(t *testing.T) {
+		conn, proxy := testenv.PostgresProxy(t)
+		s := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: conn})
+		o := startOutageRun(t, s, proxy, context.Background())
+		o.settleGivenUp(t)
+		if o.beats.Load() == 0 {
+			t.Fatal("no heartbeat was tried between the settle's tries")
+		}
+	})
+}
+
+// outageRun is a Guard's run whose work cuts the store's proxy as it ends
+// (the cold tier's, or the whole store's).
+type outageRun struct {
+	g            *idem.Guard
+	key          idem.Key
+	runs         atomic.Int32
+	beats        atomic.Int32  // the heartbeats tried after the work ended
+	pastTheLease chan struct{} // closed at a settle tried and refused twice the lease after the work ended
+	done         chan error    // Run's error
+}
+
+const outageLease = 600 * time.Millisecond
+
+func startOutageRun(t *testing.T, s idem.Store, proxy *testenv.Proxy, ctx context.Context) *outageRun {
+	t.Helper()
+	o := &outageRun{key: idem.Key{Scope: "payments", ID: testenv.RandomName("p")}, pastTheLease: make(chan struct{}), done: make(chan error, 1)}
+	var workEnded atomic.Int64 // unix ns
+	var once sync.Once
+	g, err := idem.NewGuard(idem.Config{Store: s, Lease: outageLease, HeartbeatInterval: outageLease / 4, Observer: func(e idem.Event) {
+		end := workEnded.Load()
+		if end == 0 {
+			return
+		}
+		if e.Phase == "heartbeat" {
+			o.beats.Add(1)
+		}
+		if e.Phase == "settle" && e.Err != nil && time.Since(time.Unix(0, end)) > 2*outageLease {
+			once.Do(func() { close(o.pastTheLease) })
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.g = g
+	go func() {
+		_, err := g.Run(ctx, o.key, nil, func(context.Context, uint64) ([]byte, error) {
+			o.runs.Add(1)
+			proxy.Cut()
+			workEnded.Store(time.Now().UnixNano())
+			return []byte("booked"), nil
+		})
+		o.done <- err
+	}()
+	return o
+}
+
+// settleGivenUp waits for Run to answer that the settle did not land.
+func (o *outageRun) settleGivenUp(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-o.done:
+		if !errors.Is(err, idem.ErrStoreUnavailable) {
+			t.Fatalf("Run: %v, want the settle given up (ErrStoreUnavailable)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run still settling 30 s after its work ended")
 	}
 }
