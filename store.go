@@ -154,6 +154,20 @@ type StoredArchiver interface {
 	ArchiveStored(ctx context.Context, rec Record, retention time.Duration) (stored bool, err error)
 }
 
+// ArchiveAwaiter is implemented by archivers whose archive may be applied
+// after its caller was told it failed: a database goes on with a statement
+// its client gave up on (waiting for the key's row, or for its commit to
+// reach the disk) when neither the answer nor a cancellation gets through.
+// GetAwaitingArchives is Get that first waits for the archives of key under
+// way: a read made once every archive's deadline has passed sees each one
+// that will ever land. The tiered store reads its cold tier so before it
+// hands out a claim, so that an owner's archive given up on never lands
+// beside the next owner's claim. pgstore implements it; memstore and
+// sqlitestore apply an archive within the call or not at all.
+type ArchiveAwaiter interface {
+	GetAwaitingArchives(ctx context.Context, key string) (Record, error)
+}
+
 // Migrator is implemented by stores with a schema to create or upgrade.
 // Migrate is idempotent.
 type Migrator interface {

@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -59,5 +60,82 @@ func TestArchiveHeldUpPastItsDeadline(t *testing.T) {
 	}
 	if rec, err := direct.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("the archive its caller was told failed landed late: %+v, %v", rec, err)
+	}
+}
+
+// TestGetAwaitingArchives: an archive that came in time and waits for its
+// key's row (held by another transaction) is waited for by
+// GetAwaitingArchives, which then sees it — where Get answers that there is
+// no record, and the archive lands after. Directly and through PgBouncer in
+// transaction pooling.
+func TestGetAwaitingArchives(t *testing.T) {
+	t.Run("direct", func(t *testing.T) { testGetAwaitingArchives(t, "") })
+	t.Run("pgbouncer", func(t *testing.T) { testGetAwaitingArchives(t, testenv.StartPgBouncer(t)) })
+}
+
+func testGetAwaitingArchives(t *testing.T, bouncer string) {
+	schema := testenv.RandomName("idemtest_")
+	cfg := pgstore.Config{}
+	if bouncer != "" {
+		cfg = pgstore.Config{ConnString: bouncer, PgBouncer: true}
+	}
+	s := testenv.OpenPostgres(t, schema, cfg)
+	direct := testenv.OpenPostgres(t, schema, pgstore.Config{})
+	ctx := context.Background()
+	waiting := func(event, query string) error { // a session waiting for a lock, in a statement with query
+		var n int
+		err := direct.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = $1
+			AND state = 'active' AND query LIKE $2`, event, "%"+query+"%").Scan(&n)
+		if err == nil && n == 0 {
+			err = fmt.Errorf("no session waits for a lock (%s) in %s", event, query)
+		}
+		return err
+	}
+
+	tx, err := direct.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `INSERT INTO `+direct.Table()+`
+		(k, state, fence, attempts, lease_until, expires_at, updated_at, outcome) VALUES ('k', 5, 0, 0, now(), now(), now(), 0)`); err != nil {
+		t.Fatal(err)
+	}
+	archived := make(chan error, 1)
+	go func() {
+		_, err := s.ArchiveStored(ctx, idem.Record{Key: "k", State: idem.StateCompleted, Fence: 7, Fingerprint: "A", Result: []byte("booked")}, time.Hour)
+		archived <- err
+	}()
+	testenv.Eventually(t, 10*time.Second, "the archive waiting for the row", func() error { return waiting("transactionid", schema) })
+	if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get while the archive is under way: %v, want ErrNotFound (it does not wait)", err)
+	}
+	read := make(chan error, 1)
+	go func() {
+		rec, err := s.GetAwaitingArchives(ctx, "k")
+		if err == nil && (rec.State != idem.StateCompleted || rec.Fence != 7 || string(rec.Result) != "booked") {
+			err = fmt.Errorf("read %+v, want the archive", rec)
+		}
+		read <- err
+	}()
+	testenv.Eventually(t, 10*time.Second, "the read waiting for the archive", func() error { return waiting("advisory", "pg_advisory_xact_lock_shared(hashtextextended(") })
+	select {
+	case err := <-read:
+		t.Fatalf("GetAwaitingArchives returned while the archive was under way: %v", err)
+	default:
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-archived; err != nil {
+		t.Fatalf("the archive: %v", err)
+	}
+	if err := <-read; err != nil {
+		t.Fatalf("GetAwaitingArchives: %v", err)
+	}
+	// Nothing under way: it reads at once, and answers ErrNotFound for a
+	// key without a record.
+	if _, err := s.GetAwaitingArchives(ctx, "none"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("GetAwaitingArchives of an unknown key: %v, want ErrNotFound", err)
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -117,6 +119,7 @@ type Store struct {
 type statements struct {
 	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive string
 	acquireMany, settleMany                                                               string
+	awaitArchives                                                                         string
 }
 
 // Open connects a pool from cfg.ConnString (or uses cfg.Pool) and migrates
@@ -247,6 +250,9 @@ func expiryAfter(ms string) string {
 const recordCols = `k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at`
 
 func buildSQL(table string) statements {
+	// The archives of a key and the reads awaiting them meet on an advisory
+	// lock of the key (a 64-bit hash of it, seeded by the table's name).
+	keyLock := `hashtextextended($1::text, ` + strconv.FormatInt(int64(fnv64(table)), 10) + `)`
 	const (
 		expired  = `(r.expires_at <= now())`
 		mismatch = `(r.fp <> EXCLUDED.fp)`
@@ -323,9 +329,11 @@ WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 		list:    `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k > $1 AND expires_at > now() ORDER BY k LIMIT $2`,
 		// $1 key, $2 state, $3 fence, $4 fingerprint, $5 attempts, $6
 		// result, $7 retention ms, $8 the caller's deadline (NULL: none).
-		// Answers whether it came in time (read once, by the database's
-		// clock) and the rows it wrote.
-		archive: `WITH t AS MATERIALIZED (SELECT $8::timestamptz IS NULL OR clock_timestamp() < $8::timestamptz AS in_time),
+		// Takes the key's lock (held until its transaction ends: after the
+		// commit), then answers whether it came in time (read once, by the
+		// database's clock) and the rows it wrote.
+		archive: `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(` + keyLock + `)),
+t AS MATERIALIZED (SELECT $8::timestamptz IS NULL OR clock_timestamp() < $8::timestamptz AS in_time FROM l),
 a AS (INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
 SELECT $1::text, $2::smallint, $3::bigint, $4::text, $5::integer, $6::bytea, now(), ` + expiryAfter(`$7::float8`) + `, now(), 4
 FROM t WHERE t.in_time
@@ -336,7 +344,16 @@ WHERE NOT (r.state IN (2, 3, 5) AND r.expires_at > now()
 	AND (r.fence > EXCLUDED.fence OR (r.fence = EXCLUDED.fence AND EXCLUDED.state IN (2, 3))))
 RETURNING 1)
 SELECT (SELECT in_time FROM t), (SELECT count(*) FROM a)`,
+		// $1 key: waits for the archives of the key under way.
+		awaitArchives: `SELECT pg_advisory_xact_lock_shared(` + keyLock + `)`,
 	}
+}
+
+// fnv64 is the 64-bit FNV-1a hash of s.
+func fnv64(s string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	return h.Sum64()
 }
 
 // Migrations returns the numbered migrations of the records table (version
@@ -531,6 +548,40 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.get, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
+	}
+	return rec, wrap("get", err)
+}
+
+// GetAwaitingArchives implements idem.ArchiveAwaiter: Get that first waits
+// for the archives of key under way (ArchiveStored), in one round trip. An
+// archive takes an advisory lock of its key before it checks its deadline
+// and holds it until its commit is visible; this read takes the lock
+// shared, then reads with a snapshot of after it. So an archive that came
+// in time but is applied late — it waited for the key's row, or its commit
+// for the disk, after its caller gave up on it — is either seen or still
+// ahead, waited for: a read past every archive's deadline never misses one
+// that lands later. The wait ends with ctx.
+func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Record, error) {
+	if err := idem.ValidateStorageKey(key); err != nil {
+		return idem.Record{}, err
+	}
+	// One implicit transaction: the lock is released at its end, and the
+	// read, a statement of its own, takes its snapshot after the lock.
+	b := &pgx.Batch{}
+	b.Queue(s.sql.awaitArchives, key)
+	b.Queue(s.sql.get, key)
+	br := s.pool.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var rec idem.Record
+	if err == nil {
+		rec, err = scanRecord(br.QueryRow())
+	}
+	cerr := br.Close()
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) && cerr == nil:
+		return idem.Record{}, idem.ErrNotFound
+	case err == nil || errors.Is(err, pgx.ErrNoRows):
+		err = cerr
 	}
 	return rec, wrap("get", err)
 }

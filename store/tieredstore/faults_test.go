@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/memstore"
@@ -1474,4 +1476,87 @@ func (o *outageRun) settleGivenUp(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run still settling 30 s after its work ended")
 	}
+}
+
+// TestArchiveCommittedAfterItsDeadline: an owner's archive that reached the
+// cold tier before its deadline but was applied after it — it waited for the
+// key's row, held by another transaction (a commit slow to reach the disk,
+// or a database short of CPU, does the same), and the network then stalled,
+// so that neither its answer nor its cancellation got through: its caller
+// was told it failed — must not become the key's result beside a claim
+// taken once the owner's lease ended. A claim's cold read waits for the
+// archives of its key under way: it sees the archive (a replay) or fails
+// closed, never hands the key out and lets the archive land beside it.
+func TestArchiveCommittedAfterItsDeadline(t *testing.T) {
+	clock := storetest.NewManualClock(time.Now())
+	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	schema := testenv.RandomName("idemtest_")
+	conn, proxy := testenv.PostgresProxy(t)
+	const app = "idem-late-commit-test"
+	// The owner reaches the cold tier through the proxy; the redelivery,
+	// on the other side of the stall, directly.
+	owner, err := tieredstore.New(tieredstore.Config{Hot: hot, SettleTimeout: pauseSettle,
+		Cold: testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: conn + "&application_name=" + app})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cold := testenv.OpenPostgres(t, schema, pgstore.Config{})
+	other, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Unstall(); owner.Close(); other.Close() })
+	ctx := context.Background()
+	req := idem.AcquireRequest{Key: "payments/" + testenv.RandomName("p"), Fingerprint: "A", Lease: time.Second, Retention: time.Hour}
+	a, err := owner.Acquire(ctx, req)
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatalf("acquire: %v %v", a.Outcome, err)
+	}
+
+	// Another transaction holds the key's row: the archive, in time, waits
+	// for it; then the network stalls.
+	tx, err := cold.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "idem_records"}.Sanitize()+`
+		(k, state, fence, attempts, lease_until, expires_at, updated_at, outcome) VALUES ($1, 5, 0, 0, now(), now(), now(), 0)`, req.Key); err != nil {
+		t.Fatal(err)
+	}
+	settled := make(chan error, 1)
+	go func() { settled <- owner.Complete(ctx, req.Key, a.Fence, []byte("booked"), time.Hour) }()
+	testenv.Eventually(t, 10*time.Second, "the archive waiting for the row", func() error {
+		var n int
+		if err := cold.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock'`, app).Scan(&n); err != nil || n == 0 {
+			return fmt.Errorf("%d sessions waiting (%v)", n, err)
+		}
+		return nil
+	})
+	proxy.Stall()
+	if err := <-settled; err == nil {
+		t.Fatal("the owner's settle succeeded while its archive waited past its deadline")
+	}
+	clock.Advance(time.Minute) // the owner's lease ends
+
+	// A redelivery: its claim's cold read meets the archive under way.
+	b, err := other.Acquire(ctx, req)
+	if err == nil && b.Outcome.Owns() {
+		t.Fatalf("a claim (%v) was handed out while the owner's archive was under way: it lands beside the claim, and duplicates are replayed a result the claim's work then replaces", b.Outcome)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The archive lands now; the next redelivery is its replay.
+	testenv.Eventually(t, 10*time.Second, "the replay of the archive", func() error {
+		c, err := other.Acquire(ctx, req)
+		if err != nil {
+			return err
+		}
+		if c.Outcome != idem.Replayed || string(c.Record.Result) != "booked" {
+			t.Fatalf("after the archive landed: %v %q, want Replayed %q", c.Outcome, c.Record.Result, "booked")
+		}
+		return nil
+	})
 }

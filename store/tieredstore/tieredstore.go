@@ -227,7 +227,16 @@ func (s *Store) coldReadUnderClaim(ctx context.Context, req idem.AcquireRequest)
 	bound := req.Lease / 2
 	cctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	rec, err := s.cold.Get(cctx, req.Key)
+	var rec idem.Record
+	var err error
+	if a, ok := s.cold.(idem.ArchiveAwaiter); ok {
+		// An archive of an owner whose lease ended may be under way still
+		// (its caller told it failed): wait for it, so that the claim is
+		// not handed out with the archive landing beside it.
+		rec, err = a.GetAwaitingArchives(cctx, req.Key)
+	} else {
+		rec, err = s.cold.Get(cctx, req.Key)
+	}
 	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
 		err = fmt.Errorf("%w: idem/tieredstore: the cold tier did not answer within half the lease (%v)", idem.ErrStoreUnavailable, bound)
 	}
