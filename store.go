@@ -161,8 +161,9 @@ type StoredArchiver interface {
 // GetAwaitingArchives is Get that first waits for the archives of key under
 // way: a read made once every archive's deadline has passed sees each one
 // that will ever land. The tiered store reads its cold tier so before it
-// hands out a claim, so that an owner's archive given up on never lands
-// beside the next owner's claim. pgstore implements it; memstore and
+// hands out a claim or answers Poisoned, so that an owner's archive given
+// up on never lands beside the next owner's claim, or after the key was
+// dead-lettered. pgstore implements it; memstore and
 // sqlitestore apply an archive within the call or not at all.
 type ArchiveAwaiter interface {
 	GetAwaitingArchives(ctx context.Context, key string) (Record, error)

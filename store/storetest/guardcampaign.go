@@ -275,6 +275,7 @@ type guardRun struct {
 	did        string
 	settled    bool   // its settle reached the store
 	settleErr  string // why not, when it did not
+	settleEnd  int64  // ns: when Run returned (0: its process was killed first)
 	replayed   string // a replay's result or failure
 }
 
@@ -311,6 +312,7 @@ func readRuns(t *testing.T, dir string, killedAt map[int]int64) []guardRun {
 			case "T":
 				if ok {
 					runs[i].settled = rest == "settled"
+					runs[i].settleEnd = at
 					runs[i].settleErr = strings.Join(fields[min(5, len(fields)):], " ")
 					delete(open, id)
 				}
@@ -344,11 +346,15 @@ func keysOf(runs []guardRun) map[string][]guardRun {
 func checkGuardRuns(t *testing.T, s idem.Store, runs []guardRun, seed uint64, killedAt map[int]int64, long [][2]int64) {
 	lease := int64(guardCampaignLease)
 	excused := func(r guardRun) bool { // an unsettled run's settle met a long outage or a kill
-		if k := killedAt[r.proc] * int64(time.Millisecond); k >= r.end && k < r.end+lease {
+		// The settle is tried until the lease ends, and past it while the
+		// store takes the heartbeats between its tries: until Run returned,
+		// or its process was killed.
+		until := max(r.end+lease, r.settleEnd)
+		if k := killedAt[r.proc] * int64(time.Millisecond); k >= r.end && (r.settleEnd == 0 || k < until) {
 			return true
 		}
 		for _, o := range long {
-			if o[0] < r.end+lease && o[1] > r.end { // the settle is tried until the lease ends
+			if o[0] < until && o[1] > r.end {
 				return true
 			}
 		}

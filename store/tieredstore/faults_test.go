@@ -1484,10 +1484,17 @@ func (o *outageRun) settleGivenUp(t *testing.T) {
 // or a database short of CPU, does the same), and the network then stalled,
 // so that neither its answer nor its cancellation got through: its caller
 // was told it failed — must not become the key's result beside a claim
-// taken once the owner's lease ended. A claim's cold read waits for the
-// archives of its key under way: it sees the archive (a replay) or fails
-// closed, never hands the key out and lets the archive land beside it.
+// taken once the owner's lease ended, nor after the key was answered
+// Poisoned (the owner's claim counted as the last attempt). A claim's cold
+// read, and a poisoning's, waits for the archives of its key under way: it
+// sees the archive (a replay) or fails closed, never hands the key out or
+// dead-letters it and lets the archive land after.
 func TestArchiveCommittedAfterItsDeadline(t *testing.T) {
+	t.Run("takeover", func(t *testing.T) { testArchiveCommittedAfterItsDeadline(t, 0) })
+	t.Run("poisoning", func(t *testing.T) { testArchiveCommittedAfterItsDeadline(t, 1) })
+}
+
+func testArchiveCommittedAfterItsDeadline(t *testing.T, maxAttempts int) {
 	clock := storetest.NewManualClock(time.Now())
 	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
 	schema := testenv.RandomName("idemtest_")
@@ -1540,10 +1547,15 @@ func TestArchiveCommittedAfterItsDeadline(t *testing.T) {
 	}
 	clock.Advance(time.Minute) // the owner's lease ends
 
-	// A redelivery: its claim's cold read meets the archive under way.
+	// A redelivery: its claim's (or poisoning's) cold read meets the archive
+	// under way.
+	req.MaxAttempts = maxAttempts
 	b, err := other.Acquire(ctx, req)
 	if err == nil && b.Outcome.Owns() {
 		t.Fatalf("a claim (%v) was handed out while the owner's archive was under way: it lands beside the claim, and duplicates are replayed a result the claim's work then replaces", b.Outcome)
+	}
+	if err == nil && b.Outcome == idem.Poisoned {
+		t.Fatal("the key was answered Poisoned while the owner's archive was under way: it lands after, and the key dead-lettered is replayed")
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)

@@ -119,7 +119,16 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		// caller, counts an attempt, and an acquisition at MaxAttempts
 		// poisons it in the hot tier — a key that ran and completed.
 		// If the cold tier cannot say, neither can we: fail closed.
-		rec, err := s.cold.Get(ctx, req.Key)
+		// Poisoned is a decision (the message is dead-lettered), like a
+		// claim: it waits for an archive of the key under way, whose
+		// owner's claim was the last attempt (see coldReadAwaiting).
+		var rec idem.Record
+		var err error
+		if a.Outcome == idem.Poisoned {
+			rec, err = s.coldReadAwaiting(ctx, req)
+		} else {
+			rec, err = s.cold.Get(ctx, req.Key)
+		}
 		if err == nil && rec.State == idem.StateReleased && (rec.Fence >= a.Record.Fence || deleting(rec)) {
 			// A Delete's tombstone covers the hot record's generation: the
 			// Delete is under way and removes the hot copy next (which may
@@ -147,7 +156,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if !a.Outcome.Owns() {
 		return a, nil
 	}
-	rec, err := s.coldReadUnderClaim(ctx, req)
+	rec, err := s.coldReadAwaiting(ctx, req)
 	if err == nil && deleting(rec) {
 		// A Delete is between its tombstone and its hot removal, which may
 		// remove this claim too: it is not a claim to hand out.
@@ -216,14 +225,16 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	return idem.Acquisition{Outcome: idem.Replayed, Record: rec}, nil
 }
 
-// coldReadUnderClaim reads the cold tier while the acquisition holds its
-// hot claim, for at most half the request's lease. The claim is momentary
-// until the cold tier answers — nothing runs under it — and a read that
+// coldReadAwaiting reads the cold tier before a claim is handed out (or a
+// key answered Poisoned): waiting for the archives of the key under way
+// (idem.ArchiveAwaiter), for at most half the request's lease. A claim
+// held meanwhile is momentary until the cold tier answers — nothing runs
+// under it — and a read that
 // outlasted the lease let another request take it over, counting an
 // attempt for a claim under which nothing ran (a key poisoned early). Past
 // the bound the read fails (ErrStoreUnavailable), and the caller gives the
 // claim back with its attempt before its lease ends.
-func (s *Store) coldReadUnderClaim(ctx context.Context, req idem.AcquireRequest) (idem.Record, error) {
+func (s *Store) coldReadAwaiting(ctx context.Context, req idem.AcquireRequest) (idem.Record, error) {
 	bound := req.Lease / 2
 	cctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
@@ -231,8 +242,8 @@ func (s *Store) coldReadUnderClaim(ctx context.Context, req idem.AcquireRequest)
 	var err error
 	if a, ok := s.cold.(idem.ArchiveAwaiter); ok {
 		// An archive of an owner whose lease ended may be under way still
-		// (its caller told it failed): wait for it, so that the claim is
-		// not handed out with the archive landing beside it.
+		// (its caller told it failed): wait for it, so that it does not
+		// land beside the claim, or after the Poisoned answer.
 		rec, err = a.GetAwaitingArchives(cctx, req.Key)
 	} else {
 		rec, err = s.cold.Get(cctx, req.Key)
