@@ -247,8 +247,9 @@ type workerProcesses struct {
 }
 
 type workerProcess struct {
-	cmd  *exec.Cmd
-	proc int
+	cmd    *exec.Cmd
+	proc   int
+	output chan struct{} // closed when its standard output ended
 }
 
 // spawn starts a worker process and waits until it has opened the store:
@@ -270,10 +271,21 @@ func (p *workerProcesses) spawn() {
 		p.t.Errorf("start worker process: %v", err)
 		return
 	}
-	p.children = append(p.children, workerProcess{cmd: cmd, proc: proc})
+	output := make(chan struct{})
+	p.children = append(p.children, workerProcess{cmd: cmd, proc: proc, output: output})
 	sc := bufio.NewScanner(out)
 	for sc.Scan() && sc.Text() != readyLine {
 	}
+	// What it prints after (a test failure of its own) goes to the
+	// campaign's standard error; read to the end, so Wait may close it.
+	go func() {
+		defer close(output)
+		for sc.Scan() {
+			if sc.Text() != "PASS" {
+				fmt.Fprintf(os.Stderr, "worker process %d: %s\n", proc, sc.Text())
+			}
+		}
+	}()
 }
 
 // killOne kills a worker process with SIGKILL and starts another.
@@ -281,6 +293,7 @@ func (p *workerProcesses) killOne(rng *rand.Rand) {
 	i := rng.IntN(len(p.children))
 	c := p.children[i]
 	_ = c.cmd.Process.Signal(syscall.SIGKILL)
+	<-c.output
 	_ = c.cmd.Wait()
 	if p.killedAt == nil {
 		p.killedAt = map[int]int64{}
@@ -293,6 +306,7 @@ func (p *workerProcesses) killOne(rng *rand.Rand) {
 // wait waits for the worker processes to end at the deadline.
 func (p *workerProcesses) wait() {
 	for _, c := range p.children {
+		<-c.output
 		if err := c.cmd.Wait(); err != nil {
 			p.t.Errorf("worker process %d: %v", c.proc, err)
 		}

@@ -1502,7 +1502,10 @@ func testArchiveCommittedAfterItsDeadline(t *testing.T, maxAttempts int) {
 	const app = "idem-late-commit-test"
 	// The owner reaches the cold tier through the proxy; the redelivery,
 	// on the other side of the stall, directly.
-	owner, err := tieredstore.New(tieredstore.Config{Hot: hot, SettleTimeout: pauseSettle,
+	// The archive gets half the SettleTimeout: the network must stall
+	// before that, or pgx's cancellation reaches the database.
+	const settleTimeout = 4 * time.Second
+	owner, err := tieredstore.New(tieredstore.Config{Hot: hot, SettleTimeout: settleTimeout,
 		Cold: testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: conn + "&application_name=" + app})})
 	if err != nil {
 		t.Fatal(err)
@@ -1532,6 +1535,7 @@ func testArchiveCommittedAfterItsDeadline(t *testing.T, maxAttempts int) {
 		t.Fatal(err)
 	}
 	settled := make(chan error, 1)
+	start := time.Now()
 	go func() { settled <- owner.Complete(ctx, req.Key, a.Fence, []byte("booked"), time.Hour) }()
 	testenv.Eventually(t, 10*time.Second, "the archive waiting for the row", func() error {
 		var n int
@@ -1542,6 +1546,9 @@ func testArchiveCommittedAfterItsDeadline(t *testing.T, maxAttempts int) {
 		return nil
 	})
 	proxy.Stall()
+	if took := time.Since(start); took >= settleTimeout/2 {
+		t.Fatalf("the archive was seen waiting %v after it began, past its deadline: its cancellation may have reached the database before the stall", took)
+	}
 	if err := <-settled; err == nil {
 		t.Fatal("the owner's settle succeeded while its archive waited past its deadline")
 	}
