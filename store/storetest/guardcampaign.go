@@ -45,10 +45,12 @@ const guardCampaignLease = 3 * time.Second
 //     also across the long outages;
 //   - no key ran again after a run of it succeeded or failed for good and
 //     its settle reached the store; and every such run's settle reached
-//     the store unless an outage longer than a lease began within a lease
-//     after its end or its process was killed within a lease after it (the Guard tries a settle
-//     again within the lease, so the short outages and stalls never cost
-//     one; a full server must take it whatever the length);
+//     the store unless an outage longer than a lease began before its Run
+//     returned, within a lease after the run's end or later while the
+//     Guard kept the claim with heartbeats, or its process was killed
+//     meanwhile (the Guard tries a settle again within the lease, so the
+//     short outages and stalls never cost one; a full server must take it
+//     whatever the length);
 //   - every replay is the result (or failure) of a run of that key that
 //     succeeded (or failed for good);
 //   - nothing was lost: after the faults, every key answers such a result,
