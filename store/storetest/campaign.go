@@ -273,11 +273,12 @@ func (p *workerProcesses) spawn() {
 	}
 	output := make(chan struct{})
 	p.children = append(p.children, workerProcess{cmd: cmd, proc: proc, output: output})
+	// What it prints but the ready line (a failure of its own) goes to the
+	// campaign's standard error; read to the end, so Wait may close it.
 	sc := bufio.NewScanner(out)
 	for sc.Scan() && sc.Text() != readyLine {
+		fmt.Fprintf(os.Stderr, "worker process %d: %s\n", proc, sc.Text())
 	}
-	// What it prints after (a test failure of its own) goes to the
-	// campaign's standard error; read to the end, so Wait may close it.
 	go func() {
 		defer close(output)
 		for sc.Scan() {
