@@ -96,6 +96,21 @@ func TestConformanceRedisOverPostgres(t *testing.T) {
 	}
 }
 
+// BenchmarkRedisOverPostgres measures the lifecycles and replays of the
+// tiered store as deployed: Redis claims over a PostgreSQL archive (a fresh
+// key's claim reads the cold tier, its completion archives there).
+func BenchmarkRedisOverPostgres(b *testing.B) {
+	storetest.Bench(b, func(t testing.TB) idem.Store {
+		hot := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":"})
+		cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
+		s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
+
 // TestCampaign runs the fault campaign on Redis over PostgreSQL with a hot
 // retention of 300ms (so claims and replays go through the cold tier), each
 // tier reached through a TCP proxy that the campaign cuts or stalls now and
