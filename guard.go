@@ -511,16 +511,15 @@ func (g *Guard) holdOnPanic(skey string, fence uint64) {
 }
 
 // settle applies disp to the record. A completion or a failure that could
-// not reach the store is tried again, with backoff (ctxsleep.Retry), as long
-// as the claim lasts: left in flight, the record would be run again by the
-// next delivery once the lease ends. The lease lasts until leaseEnd; with
-// heartbeats on and while the caller's ctx lasts, a heartbeat between the
-// tries extends it a heartbeat interval after the last extension, so a
+// not reach the store is tried again, with backoff (ctxsleep.RetryPausing),
+// as long as the claim lasts: left in flight, the record would be run again
+// by the next delivery once the lease ends. The lease lasts until leaseEnd;
+// with heartbeats on and while the caller's ctx lasts, a heartbeat between
+// the tries extends it a heartbeat interval after the last extension, so a
 // store that takes heartbeats but not the settle (a tiered store whose cold
 // tier is out of reach or slow) keeps the claim until the settle lands. A
-// try that finds the fence stale
-// after an earlier one whose fate is unknown asks the store whether that
-// one landed.
+// try that finds the fence stale after an earlier one whose fate is unknown
+// asks the store whether that one landed.
 func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disposition, value []byte, workErr error, res *Result, leaseEnd time.Time) error {
 	sctx := ctx
 	if ctx.Done() != nil {

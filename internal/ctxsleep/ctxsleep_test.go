@@ -47,3 +47,19 @@ func TestRetryStopsAtTheDeadline(t *testing.T) {
 		t.Fatalf("called %d times with the context ended, want 1", calls)
 	}
 }
+
+// TestRetryPausingStopsGrowingAtLongest: eight tries with the pauses held
+// at 10 ms take well under a second; Retry's doubling pauses would take
+// 1.27 s (10 + 20 + … + 640 ms).
+func TestRetryPausingStopsGrowingAtLongest(t *testing.T) {
+	calls := 0
+	start := time.Now()
+	RetryPausing(context.Background(), func() time.Time { return time.Now().Add(time.Hour) }, 10*time.Millisecond,
+		func() bool { calls++; return calls < 8 })
+	if calls != 8 {
+		t.Fatalf("called %d times, want 8", calls)
+	}
+	if took := time.Since(start); took >= 1270*time.Millisecond {
+		t.Fatalf("eight tries took %v: the pauses grew past 10 ms", took)
+	}
+}
