@@ -176,17 +176,18 @@ func runGuardWorkers(t *testing.T, s idem.Store, n, proc int, dir string, deadli
 		// One write per line: whole lines survive a SIGKILL.
 		_, _ = f.WriteString(fmt.Sprintf("%s %s %d %d %s\n", kind, key.ID, fence, time.Now().UnixNano(), rest))
 	}
-	var settles sync.Map // "key fence" → the error of the last settle try
+	epoch := deadline.Add(-*campaignDuration)
+	var settles sync.Map // "key fence" → *settleTrail
 	g, err := idem.NewGuard(idem.Config{Store: s, Lease: guardCampaignLease, HeartbeatInterval: guardCampaignLease / 4,
 		Observer: func(e idem.Event) {
-			if e.Phase == "settle" {
-				settles.Store(e.Key+" "+strconv.FormatUint(e.Fence, 10), e.Err)
+			if e.Phase == "settle" || e.Phase == "heartbeat" && e.Err != nil {
+				v, _ := settles.LoadOrStore(e.Key+" "+strconv.FormatUint(e.Fence, 10), &settleTrail{})
+				v.(*settleTrail).add(e, time.Since(epoch))
 			}
 		}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	epoch := deadline.Add(-*campaignDuration)
 	var wg sync.WaitGroup
 	for w := range n {
 		wg.Add(1)
@@ -237,12 +238,13 @@ func runGuardWorkers(t *testing.T, s idem.Store, n, proc int, dir string, deadli
 				cancel()
 				switch {
 				case res.Outcome.Owns():
-					settled, ok := settles.LoadAndDelete(g.StorageKey(key) + " " + strconv.FormatUint(res.Fence, 10))
-					switch err, _ := settled.(error); {
-					case ok && err == nil:
+					v, _ := settles.LoadAndDelete(g.StorageKey(key) + " " + strconv.FormatUint(res.Fence, 10))
+					tr, _ := v.(*settleTrail)
+					switch {
+					case tr != nil && tr.tried && tr.last == nil:
 						logLine("T", key, res.Fence, "settled")
-					case ok:
-						logLine("T", key, res.Fence, "unsettled "+strings.ReplaceAll(err.Error(), "\n", " "))
+					case tr != nil && tr.tried:
+						logLine("T", key, res.Fence, "unsettled "+strings.ReplaceAll(tr.last.Error()+" (tries: "+strings.Join(tr.events, "; ")+")", "\n", " "))
 					default:
 						logLine("T", key, res.Fence, "unsettled (no settle was tried)")
 					}
@@ -266,6 +268,35 @@ func runGuardWorkers(t *testing.T, s idem.Store, n, proc int, dir string, deadli
 // succeeds or fails for good.
 func resultOf(fence uint64) string  { return "v" + strconv.FormatUint(fence, 10) }
 func failureOf(fence uint64) string { return "refused-" + strconv.FormatUint(fence, 10) }
+
+// settleTrail is what a run's settle met: its tries and the heartbeats
+// that failed (the last 16, each with its time in the campaign), and the
+// last try's error.
+type settleTrail struct {
+	mu     sync.Mutex
+	tried  bool
+	last   error
+	events []string
+}
+
+func (tr *settleTrail) add(e idem.Event, at time.Duration) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if e.Phase == "settle" {
+		tr.tried, tr.last = true, e.Err
+	}
+	what := "ok"
+	if e.Err != nil {
+		what = e.Err.Error()
+		if len(what) > 120 {
+			what = what[:120] + "…"
+		}
+	}
+	tr.events = append(tr.events, fmt.Sprintf("%s at %v (%v): %s", e.Phase, at.Round(time.Millisecond), e.Duration.Round(time.Millisecond), what))
+	if len(tr.events) > 16 {
+		tr.events = tr.events[1:]
+	}
+}
 
 // guardRun is one run of a key's work, from its start to its end (the work
 // returned, or its process was killed), or a replay (did "R", at start).
