@@ -1579,3 +1579,56 @@ func testArchiveCommittedAfterItsDeadline(t *testing.T, maxAttempts int) {
 		return nil
 	})
 }
+
+// lostFirstComplete is a memory hot tier whose first Complete is applied
+// but answered as if the connection broke before the answer.
+type lostFirstComplete struct {
+	*memstore.Store
+	lost atomic.Bool
+}
+
+func (s *lostFirstComplete) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
+	err := s.Store.Complete(ctx, key, fence, result, retention)
+	if err == nil && s.lost.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: the answer was lost", idem.ErrStoreUnavailable)
+	}
+	return err
+}
+
+// TestGuardSettleThatLandedBeforeARewarm: a Guard's completion lands in both
+// tiers but its answer is lost; before the Guard tries again, the hot copy
+// expires (the hot retention) and a duplicate re-warms it from the archive,
+// under the duplicate's momentary claim. The retry finds the hot record
+// settled under another fence — yet the settle is its own: Run must say it
+// landed, not that the claim was lost.
+func TestGuardSettleThatLandedBeforeARewarm(t *testing.T) {
+	clock := storetest.NewManualClock(time.Now())
+	hot := &lostFirstComplete{Store: memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})}
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: memstore.New(memstore.Config{SweepInterval: -1}), HotRetention: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key := idem.Key{Scope: "payments", ID: "p1"}
+	var g *idem.Guard
+	var rewarmed idem.Acquisition
+	var once sync.Once
+	g, err = idem.NewGuard(idem.Config{Store: s, Lease: time.Minute, Retention: time.Hour, Observer: func(e idem.Event) {
+		if e.Phase == "settle" && e.Err != nil {
+			once.Do(func() { // between the first try and the next
+				clock.Advance(2 * time.Second) // the hot copy expires
+				rewarmed, err = s.Acquire(ctx, idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Minute, Retention: time.Hour})
+			})
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, runErr := g.Run(ctx, key, nil, func(context.Context, uint64) ([]byte, error) { return []byte("booked"), nil })
+	if err != nil || rewarmed.Outcome != idem.Replayed {
+		t.Fatalf("the duplicate between the tries: %v %v, want Replayed", rewarmed.Outcome, err)
+	}
+	if runErr != nil {
+		t.Fatalf("Run: %v — its completion landed (a duplicate was replayed it)", runErr)
+	}
+}

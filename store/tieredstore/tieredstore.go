@@ -290,8 +290,13 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 	return s.hot.Release(ctx, key, fence)
 }
 
-// Complete implements idem.Store: settle in the hot tier (fenced), then
-// archive in the cold tier.
+// Complete implements idem.Store: archive in the cold tier, then settle in
+// the hot tier (fenced). A Complete that finds its claim gone from the hot
+// tier answers nil when the cold tier holds this very settle under its
+// fence — an earlier try landed and its answer was lost, and the hot copy
+// expired or was re-warmed since (under another fence): a repeat with the
+// same result succeeds, as a retry must; with another result it is
+// ErrStaleFence.
 func (s *Store) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
 	return s.settle(ctx, key, fence, result, retention, s.hot.Complete, idem.StateCompleted)
 }
@@ -309,7 +314,7 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 	}
 	cur, err := s.hot.Get(ctx, key)
 	if errors.Is(err, idem.ErrNotFound) || (err == nil && (cur.State != idem.StateInFlight || cur.Fence != fence)) {
-		return idem.ErrStaleFence
+		return s.staleUnlessLanded(ctx, key, fence, st, result)
 	}
 	if err != nil {
 		return err
@@ -347,6 +352,25 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 		return s.settleRefused(context.WithoutCancel(ctx), rec, stored, err)
 	}
 	return err
+}
+
+// staleUnlessLanded answers a settle that finds the hot tier no longer
+// holding its claim: ErrStaleFence, unless this very settle is in effect —
+// an earlier try of it landed in both tiers (its answer lost), and the hot
+// copy has since expired, or been re-warmed from the archive under a
+// duplicate's claim (another fence): the archive, under this fence with this
+// state and result, is the record. Run's retry must not report as lost a
+// completion that duplicates are replayed. A cold tier that cannot say
+// fails the settle as unavailable (tried again).
+func (s *Store) staleUnlessLanded(ctx context.Context, key string, fence uint64, st idem.State, result []byte) error {
+	archived, err := s.cold.Get(ctx, key)
+	switch {
+	case err == nil && archived.Fence == fence && archived.State == st && bytes.Equal(archived.Result, result):
+		return nil
+	case err != nil && !errors.Is(err, idem.ErrNotFound):
+		return fmt.Errorf("%w: idem/tieredstore: the claim is gone from the hot tier and the cold tier could not say whether this settle landed: %v", idem.ErrStoreUnavailable, err)
+	}
+	return idem.ErrStaleFence
 }
 
 // ErrSettleUncertain is returned by Complete and Fail when the owner's claim
