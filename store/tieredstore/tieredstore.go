@@ -313,8 +313,11 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 		return err
 	}
 	cur, err := s.hot.Get(ctx, key)
-	if errors.Is(err, idem.ErrNotFound) || (err == nil && (cur.State != idem.StateInFlight || cur.Fence != fence)) {
+	if errors.Is(err, idem.ErrNotFound) || (err == nil && (cur.State == idem.StateCompleted || cur.State == idem.StateFailed) && cur.Fence != fence) {
 		return s.staleUnlessLanded(ctx, key, fence, st, result)
+	}
+	if err == nil && (cur.State != idem.StateInFlight || cur.Fence != fence) {
+		return idem.ErrStaleFence
 	}
 	if err != nil {
 		return err
@@ -354,12 +357,13 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 	return err
 }
 
-// staleUnlessLanded answers a settle that finds the hot tier no longer
-// holding its claim: ErrStaleFence, unless this very settle is in effect —
-// an earlier try of it landed in both tiers (its answer lost), and the hot
-// copy has since expired, or been re-warmed from the archive under a
-// duplicate's claim (another fence): the archive, under this fence with this
-// state and result, is the record. Run's retry must not report as lost a
+// staleUnlessLanded answers a settle that finds no record in the hot tier,
+// or one settled under another fence: ErrStaleFence, unless this very
+// settle is in effect — an earlier try of it landed in both tiers (its
+// answer lost), and the hot copy has since expired, or been re-warmed from
+// the archive under a duplicate's claim: the archive, under this fence with
+// this state and result, is the record. (A claim of another fence in
+// flight is not such a case: the settle is refused as before.) Run's retry must not report as lost a
 // completion that duplicates are replayed. A cold tier that cannot say
 // fails the settle as unavailable (tried again).
 func (s *Store) staleUnlessLanded(ctx context.Context, key string, fence uint64, st idem.State, result []byte) error {
