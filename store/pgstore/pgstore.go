@@ -576,12 +576,13 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 	if err == nil {
 		rec, err = scanRecord(br.QueryRow())
 	}
-	cerr := br.Close()
-	switch {
-	case errors.Is(err, pgx.ErrNoRows) && cerr == nil:
-		return idem.Record{}, idem.ErrNotFound
-	case err == nil || errors.Is(err, pgx.ErrNoRows):
+	// Close reports what failed the batch as a whole (the lock's wait
+	// cancelled, the connection lost); a missing row is the read's own.
+	if cerr := br.Close(); cerr != nil && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
 		err = cerr
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idem.Record{}, idem.ErrNotFound
 	}
 	return rec, wrap("get", err)
 }

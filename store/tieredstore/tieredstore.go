@@ -227,13 +227,13 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 
 // coldReadAwaiting reads the cold tier before a claim is handed out (or a
 // key answered Poisoned): waiting for the archives of the key under way
-// (idem.ArchiveAwaiter), for at most half the request's lease. A claim
-// held meanwhile is momentary until the cold tier answers — nothing runs
-// under it — and a read that
-// outlasted the lease let another request take it over, counting an
-// attempt for a claim under which nothing ran (a key poisoned early). Past
-// the bound the read fails (ErrStoreUnavailable), and the caller gives the
-// claim back with its attempt before its lease ends.
+// (idem.ArchiveAwaiter), for at most half the request's lease. A claim held
+// meanwhile is momentary until the cold tier answers — nothing runs under
+// it — and a read that outlasted the lease let another request take it
+// over, counting an attempt for a claim under which nothing ran (a key
+// poisoned early). Past the bound the read fails (ErrStoreUnavailable),
+// and the caller gives the claim back with its attempt before its lease
+// ends.
 func (s *Store) coldReadAwaiting(ctx context.Context, req idem.AcquireRequest) (idem.Record, error) {
 	bound := req.Lease / 2
 	cctx, cancel := context.WithTimeout(ctx, bound)
@@ -362,10 +362,10 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 // settle is in effect — an earlier try of it landed in both tiers (its
 // answer lost), and the hot copy has since expired, or been re-warmed from
 // the archive under a duplicate's claim: the archive, under this fence with
-// this state and result, is the record. (A claim of another fence in
-// flight is not such a case: the settle is refused as before.) Run's retry must not report as lost a
-// completion that duplicates are replayed. A cold tier that cannot say
-// fails the settle as unavailable (tried again).
+// this state and result, is the record, and a retry must not report as
+// lost a completion duplicates are replayed. (A claim of another fence in
+// flight is not such a case: the settle is refused.) A cold tier that
+// cannot say fails the settle as unavailable (tried again).
 func (s *Store) staleUnlessLanded(ctx context.Context, key string, fence uint64, st idem.State, result []byte) error {
 	archived, err := s.cold.Get(ctx, key)
 	switch {
