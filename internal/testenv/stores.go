@@ -28,6 +28,17 @@ var (
 // CrashTakeover; a child leaves the shared schema or prefix in place.
 func isChild() bool { return URL("IDEM_STORETEST_MODE", "") != "" }
 
+// probeTimeout bounds a probe of a service: 3s, or 30s in a storetest
+// child — its parent found the service already, and a child started while
+// a campaign loads the machine can be slow to connect (a worker process
+// failed its 3s probe so, failing a campaign that had found no fault).
+func probeTimeout() time.Duration {
+	if isChild() {
+		return 30 * time.Second
+	}
+	return 3 * time.Second
+}
+
 // RandomName returns prefix followed by 12 random hex digits.
 func RandomName(prefix string) string {
 	var b [6]byte
@@ -38,7 +49,7 @@ func RandomName(prefix string) string {
 // ProbePostgres skips or fails t when PostgreSQL does not answer.
 func ProbePostgres(t testing.TB) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout())
 	defer cancel()
 	conn, err := pgx.Connect(ctx, PostgresURL)
 	if err == nil {
@@ -80,7 +91,7 @@ func RedisClient(t testing.TB) *redis.Client {
 	}
 	opt.MaxRetries = -1 // as redisstore.Config.Client asks
 	c := redis.NewClient(opt)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout())
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
 		c.Close()

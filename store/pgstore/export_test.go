@@ -29,3 +29,7 @@ func CompleteBatch(ctx context.Context, s *Store, keys []string, fences []uint64
 	s.settleMany(ctx, calls, nil, errs)
 	return errs
 }
+
+// DeleteStatement is the statement Delete runs ($1 the key), for a test that
+// holds a delete's transaction open.
+func (s *Store) DeleteStatement() string { return s.sql.del }

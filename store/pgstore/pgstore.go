@@ -250,9 +250,24 @@ func expiryAfter(ms string) string {
 const recordCols = `k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at`
 
 func buildSQL(table string) statements {
-	// The archives of a key and the reads awaiting them meet on an advisory
-	// lock of the key (a 64-bit hash of it, seeded by the table's name).
-	keyLock := `hashtextextended($1::text, ` + strconv.FormatInt(int64(fnv64(table)), 10) + `)`
+	// The key's advisory lock (a 64-bit hash of the key, seeded by the
+	// table's name), held until the transaction ends. Taken exclusively by
+	// what removes a row or archives one (Delete, DeleteUpTo, a sweep — which
+	// skips a key it cannot have at once — and an archive); shared by
+	// acquisitions, before they read the clock for a new fence, and by the
+	// reads awaiting archives. So an acquisition never waits inside its
+	// INSERT for a delete of the key: had it, it would insert with a fence
+	// read before the wait, below the fence of a claim taken and deleted
+	// meanwhile (TestFenceGrowsAfterAnAcquireWaitedOnDeletes). A
+	// collision with another key's hash only makes one wait for the other.
+	lockOf := func(key string) string {
+		return `hashtextextended(` + key + `, ` + strconv.FormatInt(int64(fnv64(table)), 10) + `)`
+	}
+	keyLock := lockOf(`$1::text`)
+	shared := `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(` + keyLock + `))
+`
+	exclusive := `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(` + keyLock + `))
+`
 	const (
 		expired  = `(r.expires_at <= now())`
 		mismatch = `(r.fp <> EXCLUDED.fp)`
@@ -287,12 +302,16 @@ RETURNING outcome, ` + recordCols
 	insert := `INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)`
 	return statements{
 		// $1 key, $2 fingerprint, $3 lease ms, $4 unsettled retention ms, $5 max attempts
-		acquire: insert + `
-VALUES ($1, 1, ` + floor + `, $2, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1)` + onConflict,
-		// $1 keys, $2 fingerprints, $3-$5 as acquire's
-		acquireMany: insert + `
-SELECT i.k, 1, ` + floor + `, i.fp, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1
-FROM unnest($1::text[], $2::text[]) AS i(k, fp) ORDER BY i.k` + onConflict,
+		// The fence floor is read after the key's lock (from l's row).
+		acquire: shared + insert + `
+SELECT $1, 1, ` + floor + `, $2, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1 FROM l` + onConflict,
+		// $1 keys, $2 fingerprints, $3-$5 as acquire's. Every key's lock is
+		// taken (l, read whole by the sort) before the first row is written.
+		acquireMany: `WITH l AS MATERIALIZED (SELECT i.k, i.fp, pg_advisory_xact_lock_shared(` + lockOf(`i.k`) + `)
+	FROM unnest($1::text[], $2::text[]) AS i(k, fp))
+` + insert + `
+SELECT l.k, 1, ` + floor + `, l.fp, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1
+FROM l ORDER BY l.k` + onConflict,
 		// $1 keys, $2 fences, $3 retentions ms, $4 states, $5 results.
 		// Written as an upsert so that every row is found through the
 		// primary key, whatever the planner knows of the table (a prepared
@@ -322,11 +341,16 @@ WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 		unclaim: `UPDATE ` + table + ` SET state = 5, lease_until = now(), updated_at = now(), attempts = greatest(attempts - 1, 0)
 WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
-		get:     `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k = $1 AND expires_at > now()`,
-		del:     `DELETE FROM ` + table + ` WHERE k = $1`,
-		delUpTo: `DELETE FROM ` + table + ` WHERE k = $1 AND fence <= $2`,
-		sweep:   `DELETE FROM ` + table + ` WHERE k IN (SELECT k FROM ` + table + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
-		list:    `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k > $1 AND expires_at > now() ORDER BY k LIMIT $2`,
+		get: `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k = $1 AND expires_at > now()`,
+		// The deletes take the key's lock before they touch its row (l is a
+		// one-time filter, evaluated first).
+		del:     exclusive + `DELETE FROM ` + table + ` WHERE k = $1 AND EXISTS (SELECT FROM l)`,
+		delUpTo: exclusive + `DELETE FROM ` + table + ` WHERE k = $1 AND fence <= $2 AND EXISTS (SELECT FROM l)`,
+		// A sweep locks the rows it chose, then deletes those whose key's
+		// lock it has at once: the others are left to the next sweep.
+		sweep: `WITH c AS MATERIALIZED (SELECT k FROM ` + table + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+DELETE FROM ` + table + ` WHERE k IN (SELECT c.k FROM c WHERE pg_try_advisory_xact_lock(` + lockOf(`c.k`) + `))`,
+		list: `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k > $1 AND expires_at > now() ORDER BY k LIMIT $2`,
 		// $1 key, $2 state, $3 fence, $4 fingerprint, $5 attempts, $6
 		// result, $7 retention ms, $8 the caller's deadline (NULL: none).
 		// Takes the key's lock (held until its transaction ends: after the
