@@ -264,8 +264,6 @@ func buildSQL(table string) statements {
 		return `hashtextextended(` + key + `, ` + strconv.FormatInt(int64(fnv64(table)), 10) + `)`
 	}
 	keyLock := lockOf(`$1::text`)
-	shared := `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(` + keyLock + `))
-`
 	exclusive := `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(` + keyLock + `))
 `
 	const (
@@ -281,6 +279,11 @@ func buildSQL(table string) statements {
 		floor = `(extract(epoch from clock_timestamp()) * 1000000)::bigint`
 	)
 	keepEnd := expiryAfter(`$4::float8`)
+	// lockedFloor is the fence floor read once the key's lock is held
+	// shared.
+	lockedFloor := func(lock string) string {
+		return `(SELECT ` + floor + ` FROM (SELECT pg_advisory_xact_lock_shared(` + lock + `)) l)`
+	}
 	// The acquire's decision, for one row (the statement for one key) or for
 	// many (over arrays of keys and fingerprints, in key order, so that two
 	// statements never lock the same rows in opposite orders).
@@ -302,16 +305,14 @@ RETURNING outcome, ` + recordCols
 	insert := `INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)`
 	return statements{
 		// $1 key, $2 fingerprint, $3 lease ms, $4 unsettled retention ms, $5 max attempts
-		// The fence floor is read after the key's lock (from l's row).
-		acquire: shared + insert + `
-SELECT $1, 1, ` + floor + `, $2, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1 FROM l` + onConflict,
+		// The fence floor is read after the key's lock is taken.
+		acquire: insert + `
+VALUES ($1, 1, ` + lockedFloor(keyLock) + `, $2, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1)` + onConflict,
 		// $1 keys, $2 fingerprints, $3-$5 as acquire's. Every key's lock is
-		// taken (l, read whole by the sort) before the first row is written.
-		acquireMany: `WITH l AS MATERIALIZED (SELECT i.k, i.fp, pg_advisory_xact_lock_shared(` + lockOf(`i.k`) + `)
-	FROM unnest($1::text[], $2::text[]) AS i(k, fp))
-` + insert + `
-SELECT l.k, 1, ` + floor + `, l.fp, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1
-FROM l ORDER BY l.k` + onConflict,
+		// taken (the rows are sorted whole) before the first row is written.
+		acquireMany: insert + `
+SELECT i.k, 1, ` + lockedFloor(lockOf(`i.k`)) + `, i.fp, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1
+FROM unnest($1::text[], $2::text[]) AS i(k, fp) ORDER BY i.k` + onConflict,
 		// $1 keys, $2 fences, $3 retentions ms, $4 states, $5 results.
 		// Written as an upsert so that every row is found through the
 		// primary key, whatever the planner knows of the table (a prepared
