@@ -1632,3 +1632,68 @@ func TestGuardSettleThatLandedBeforeARewarm(t *testing.T) {
 		t.Fatalf("Run: %v — its completion landed (a duplicate was replayed it)", runErr)
 	}
 }
+
+// heldHeartbeatReply is a memory hot tier whose armed Heartbeat is applied
+// at once and answered only when the test lets it (a reply held up on its
+// way back: a stalled network, a paused process).
+type heldHeartbeatReply struct {
+	*memstore.Store
+	armed            atomic.Bool
+	applied, release chan struct{}
+}
+
+func (s *heldHeartbeatReply) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
+	err := s.Store.Heartbeat(ctx, key, fence, lease)
+	if s.armed.CompareAndSwap(true, false) {
+		close(s.applied)
+		<-s.release
+	}
+	return err
+}
+
+// TestArchiveBudgetCountsFromBeforeTheHeartbeat: a settle extends its hot
+// lease by SettleTimeout and gives the archive half of it — counted from
+// before the heartbeat was sent, for the lease runs from when the hot tier
+// applied it. Counted from when its answer came back, an answer held up
+// longer than half the extension let the archive land after the lease had
+// ended, beside a takeover's claim (tiered TestCampaignBuckets, seed
+// 16699538669798421197: the owner's result replayed, then the taker's).
+func TestArchiveBudgetCountsFromBeforeTheHeartbeat(t *testing.T) {
+	const settle = 100 * time.Millisecond
+	hot := &heldHeartbeatReply{Store: memstore.New(memstore.Config{SweepInterval: -1}), applied: make(chan struct{}), release: make(chan struct{})}
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: settle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	first, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "A", Lease: settle, Retention: time.Hour})
+	if err != nil || first.Outcome != idem.Acquired {
+		t.Fatalf("first acquire: %+v, %v", first, err)
+	}
+	hot.armed.Store(true)
+	settled := make(chan error, 1)
+	go func() { settled <- s.Complete(ctx, "k", first.Fence, []byte("first"), time.Hour) }()
+	<-hot.applied
+	// The owner's extended lease ends; another caller takes the key over.
+	var taken idem.Acquisition
+	testenv.Eventually(t, 10*time.Second, "a takeover once the extended lease ended", func() error {
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "A", Lease: time.Minute, Retention: time.Hour})
+		if err == nil && a.Outcome != idem.TakenOver {
+			err = fmt.Errorf("acquire answered %v", a.Outcome)
+		}
+		taken = a
+		return err
+	})
+	close(hot.release)
+	if err := <-settled; err == nil || errors.Is(err, tieredstore.ErrSettleUncertain) {
+		t.Fatalf("the owner's Complete, its heartbeat's answer held up past its archive's budget: %v — its archive landed after its lease, beside the takeover's claim", err)
+	}
+	if rec, err := cold.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("the cold tier holds %+v, %v; want nothing: the owner's archive came too late", rec, err)
+	}
+	dup, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "A", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || dup.Outcome != idem.InProgress || dup.Record.Fence != taken.Fence {
+		t.Fatalf("a duplicate after: %v (fence %d), %v; want InProgress under the takeover's fence %d", dup.Outcome, dup.Record.Fence, err, taken.Fence)
+	}
+}

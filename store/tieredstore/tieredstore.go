@@ -326,7 +326,10 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 	// ended, a takeover could claim the key and the cold tier would then
 	// hold the result of a settle the hot tier refuses. A fenced heartbeat
 	// keeps the lease for at least SettleTimeout (never shortening it) and
-	// the archive gets half of that.
+	// the archive gets half of that, counted from before the heartbeat was
+	// sent: the lease runs from when the hot tier applied it, and its answer
+	// may come back late (TestArchiveBudgetCountsFromBeforeTheHeartbeat).
+	sent := time.Now()
 	if err := s.hot.Heartbeat(ctx, key, fence, max(s.settleTimeout, time.Until(cur.LeaseUntil))); err != nil {
 		return err
 	}
@@ -334,7 +337,7 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 		s.beforeArchive()
 	}
 	rec := idem.Record{Key: key, State: st, Fence: fence, Fingerprint: cur.Fingerprint, Attempts: cur.Attempts, Result: result}
-	actx, cancel := context.WithTimeout(ctx, s.settleTimeout/2)
+	actx, cancel := context.WithDeadline(ctx, sent.Add(s.settleTimeout/2))
 	stored := true // what an Archiver that does not say is taken to have done
 	if sa, ok := s.archive.(idem.StoredArchiver); ok {
 		stored, err = sa.ArchiveStored(actx, rec, retention)
