@@ -13,7 +13,9 @@ import (
 	"github.com/idemgo/idem"
 )
 
-// maxBatch bounds the calls of one shared statement.
+// maxBatch bounds the calls of one shared statement. An acquisition holds
+// its key's advisory lock until its commit; 64 keeps a batch within the
+// default max_locks_per_transaction.
 const maxBatch = 64
 
 type acquireCall struct {

@@ -119,3 +119,23 @@ type acquisition struct {
 	a   idem.Acquisition
 	err error
 }
+
+// TestSweepOfManyExpiredRecords: one Sweep call of a large limit deletes
+// them all. A sweep takes each key's advisory lock (see
+// TestFenceGrowsAfterAnAcquireWaitedOnDeletes); taken all in one
+// transaction, 20,000 of them overflowed PostgreSQL's lock table at the
+// default max_locks_per_transaction ("out of shared memory"), so the sweep
+// goes in transactions of a bounded size.
+func TestSweepOfManyExpiredRecords(t *testing.T) {
+	s := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
+	ctx := context.Background()
+	const n = 20000
+	if _, err := s.Pool().Exec(ctx, `INSERT INTO `+s.Table()+` (k, state, fence, attempts, lease_until, expires_at, updated_at, outcome)
+		SELECT 'old-' || i, 2, i, 1, now() - interval '2 hours', now() - interval '1 hour', now(), 1 FROM generate_series(1, $1) i`, n); err != nil {
+		t.Fatal(err)
+	}
+	swept, err := s.Sweep(ctx, n)
+	if err != nil || swept != n {
+		t.Fatalf("Sweep(%d) of %d expired records: %d, %v", n, n, swept, err)
+	}
+}

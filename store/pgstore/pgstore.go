@@ -624,19 +624,36 @@ func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error 
 	return wrap("delete", err)
 }
 
-// Sweep implements idem.Store: one DELETE of up to limit expired records
-// (1000 when limit <= 0), oldest first, skipping rows another sweeper holds.
-// expires_at is never before lease_until, so a live lease is never deleted.
+// Sweep implements idem.Store: it deletes up to limit expired records (1000
+// when limit <= 0), oldest first, skipping rows another sweeper holds and
+// keys an acquisition holds, in DELETEs of at most sweepChunk rows, each its
+// own transaction: every key a DELETE takes holds an advisory lock until its
+// commit (see buildSQL), and PostgreSQL's lock table is sized for about
+// max_locks_per_transaction (64 by default) locks a connection. It stops at
+// the first DELETE that finds fewer rows than it asked for. expires_at is
+// never before lease_until, so a live lease is never deleted.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		limit = 1000
 	}
-	tag, err := s.pool.Exec(ctx, s.sql.sweep, limit)
-	if err != nil {
-		return 0, wrap("sweep", err)
+	swept := 0
+	for swept < limit {
+		n := min(sweepChunk, limit-swept)
+		tag, err := s.pool.Exec(ctx, s.sql.sweep, n)
+		if err != nil {
+			return swept, wrap("sweep", err)
+		}
+		swept += int(tag.RowsAffected())
+		if tag.RowsAffected() < int64(n) {
+			break
+		}
 	}
-	return int(tag.RowsAffected()), nil
+	return swept, nil
 }
+
+// sweepChunk bounds the rows of one sweep DELETE, and so the advisory locks
+// its transaction holds.
+const sweepChunk = 64
 
 // List implements idem.Lister.
 func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Record, error) {
