@@ -62,7 +62,10 @@ func TestFenceGrowsAfterAnAcquireWaitedOnDeletes(t *testing.T) {
 		return err
 	})
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Skipf("cannot hold PostgreSQL's backend %d (SIGSTOP): %v", pid, err)
+		if testenv.Required() {
+			t.Fatalf("cannot hold PostgreSQL's backend %d (SIGSTOP: run as root or as PostgreSQL's user) and IDEM_TEST_REQUIRE=1: %v", pid, err)
+		}
+		t.Skipf("cannot hold PostgreSQL's backend %d (SIGSTOP: run as root or as PostgreSQL's user): %v", pid, err)
 	}
 	resumed := false
 	resume := func() {

@@ -264,8 +264,9 @@ func buildSQL(table string) statements {
 		return `hashtextextended(` + key + `, ` + strconv.FormatInt(int64(fnv64(table)), 10) + `)`
 	}
 	keyLock := lockOf(`$1::text`)
-	exclusive := `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(` + keyLock + `))
-`
+	// locked is a CTE that takes the key's lock exclusively (the deletes'
+	// and the archive's first).
+	locked := `l AS MATERIALIZED (SELECT pg_advisory_xact_lock(` + keyLock + `))`
 	const (
 		expired  = `(r.expires_at <= now())`
 		mismatch = `(r.fp <> EXCLUDED.fp)`
@@ -345,8 +346,10 @@ WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
 		get: `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k = $1 AND expires_at > now()`,
 		// The deletes take the key's lock before they touch its row (l is a
 		// one-time filter, evaluated first).
-		del:     exclusive + `DELETE FROM ` + table + ` WHERE k = $1 AND EXISTS (SELECT FROM l)`,
-		delUpTo: exclusive + `DELETE FROM ` + table + ` WHERE k = $1 AND fence <= $2 AND EXISTS (SELECT FROM l)`,
+		del: `WITH ` + locked + `
+DELETE FROM ` + table + ` WHERE k = $1 AND EXISTS (SELECT FROM l)`,
+		delUpTo: `WITH ` + locked + `
+DELETE FROM ` + table + ` WHERE k = $1 AND fence <= $2 AND EXISTS (SELECT FROM l)`,
 		// A sweep locks the rows it chose, then deletes those whose key's
 		// lock it has at once: the others are left to the next sweep.
 		sweep: `WITH c AS MATERIALIZED (SELECT k FROM ` + table + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
@@ -357,7 +360,7 @@ DELETE FROM ` + table + ` WHERE k IN (SELECT c.k FROM c WHERE pg_try_advisory_xa
 		// Takes the key's lock (held until its transaction ends: after the
 		// commit), then answers whether it came in time (read once, by the
 		// database's clock) and the rows it wrote.
-		archive: `WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(` + keyLock + `)),
+		archive: `WITH ` + locked + `,
 t AS MATERIALIZED (SELECT $8::timestamptz IS NULL OR clock_timestamp() < $8::timestamptz AS in_time FROM l),
 a AS (INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
 SELECT $1::text, $2::smallint, $3::bigint, $4::text, $5::integer, $6::bytea, now(), ` + expiryAfter(`$7::float8`) + `, now(), 4
