@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,4 +188,61 @@ func TestRecordingAcrossABlip(t *testing.T) {
 	if n, err := r.RunOnce(ctx); n != 0 || err != nil || sends != 1 {
 		t.Fatalf("after the claim: %d rows, %v, %d sends; want none and one", n, err, sends)
 	}
+}
+
+// TestCampaign runs the outbox's fault campaign on PostgreSQL (pgx, LISTEN
+// and all) through a proxy that cuts and stalls the connections of the
+// test's processes and of half its relay processes (the others reach
+// PostgreSQL directly: a partition).
+func TestCampaign(t *testing.T) {
+	outboxtest.Campaign(t, campaignOnPostgres(t))
+}
+
+func campaignOnPostgres(t *testing.T) outboxtest.CampaignConfig[pgx.Tx] {
+	cfg := outboxtest.CampaignConfig[pgx.Tx]{TestName: "TestCampaign", Open: openCampaignPostgres}
+	if loc := os.Getenv("IDEM_OUTBOX_CAMPAIGN_LOCATION"); loc != "" { // a relay process
+		cfg.Location = loc
+		return cfg
+	}
+	_, schema := pgPool(t)
+	conn, proxy := testenv.PostgresProxy(t)
+	cfg.Location, cfg.Direct = conn+"\n"+schema, testenv.PostgresURL+"\n"+schema
+	cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = proxy.Cut, proxy.Restore, proxy.Stall, proxy.Unstall
+	return cfg
+}
+
+// openCampaignPostgres opens the outbox at location: a connection string
+// and a schema, a line each.
+func openCampaignPostgres(t testing.TB, location string) outboxtest.Backend[pgx.Tx] {
+	conn, schema, _ := strings.Cut(location, "\n")
+	cfg, err := pgxpool.ParseConfig(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return backend(t, pgxv5.New(pool), schema)
+}
+
+// TestCampaignSQLite runs the outbox's fault campaign on one SQLite file
+// shared by every process (no server to cut; a relay frozen holding the
+// write lock stalls the others).
+func TestCampaignSQLite(t *testing.T) {
+	loc := os.Getenv("IDEM_OUTBOX_CAMPAIGN_LOCATION")
+	if loc == "" {
+		loc = filepath.Join(t.TempDir(), "outbox.db")
+	}
+	outboxtest.Campaign(t, outboxtest.CampaignConfig[*sql.Tx]{TestName: "TestCampaignSQLite", Location: loc,
+		Open: func(t testing.TB, loc string) outboxtest.Backend[*sql.Tx] {
+			db, err := sql.Open("sqlite", "file:"+loc+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+			return backend(t, databasesql.New(db, sqldriver.SQLite), "")
+		}})
 }
