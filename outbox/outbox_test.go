@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -195,37 +196,58 @@ func TestRecordingAcrossABlip(t *testing.T) {
 // test's processes and of half its relay processes (the others reach
 // PostgreSQL directly: a partition).
 func TestCampaign(t *testing.T) {
-	outboxtest.Campaign(t, campaignOnPostgres(t))
+	outboxtest.Campaign(t, campaignOnPostgres(t, "TestCampaign", false))
 }
 
-func campaignOnPostgres(t *testing.T) outboxtest.CampaignConfig[pgx.Tx] {
-	cfg := outboxtest.CampaignConfig[pgx.Tx]{TestName: "TestCampaign", Open: openCampaignPostgres}
+// TestCampaignThroughPgBouncer runs it through a real PgBouncer in
+// transaction pooling mode (no LISTEN: the relays poll), the proxy in front
+// of PgBouncer.
+func TestCampaignThroughPgBouncer(t *testing.T) {
+	outboxtest.Campaign(t, campaignOnPostgres(t, "TestCampaignThroughPgBouncer", true))
+}
+
+func campaignOnPostgres(t *testing.T, name string, bouncer bool) outboxtest.CampaignConfig[pgx.Tx] {
+	cfg := outboxtest.CampaignConfig[pgx.Tx]{TestName: name, Open: openCampaignPostgres}
 	if loc := os.Getenv("IDEM_OUTBOX_CAMPAIGN_LOCATION"); loc != "" { // a relay process
 		cfg.Location = loc
 		return cfg
 	}
 	_, schema := pgPool(t)
-	conn, proxy := testenv.PostgresProxy(t)
-	cfg.Location, cfg.Direct = conn+"\n"+schema, testenv.PostgresURL+"\n"+schema
+	direct, mode := testenv.PostgresURL, ""
+	if bouncer {
+		direct, mode = testenv.StartPgBouncer(t), "pgbouncer"
+	}
+	u, err := url.Parse(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.StartProxy(t, u.Host)
+	proxied := strings.Replace(direct, u.Host, proxy.Addr(), 1)
+	cfg.Location, cfg.Direct = proxied+"\n"+schema+"\n"+mode, direct+"\n"+schema+"\n"+mode
 	cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = proxy.Cut, proxy.Restore, proxy.Stall, proxy.Unstall
 	return cfg
 }
 
-// openCampaignPostgres opens the outbox at location: a connection string
-// and a schema, a line each.
+// openCampaignPostgres opens the outbox at location: a connection string,
+// a schema and "pgbouncer" or nothing, a line each.
 func openCampaignPostgres(t testing.TB, location string) outboxtest.Backend[pgx.Tx] {
-	conn, schema, _ := strings.Cut(location, "\n")
-	cfg, err := pgxpool.ParseConfig(conn)
+	lines := strings.SplitN(location, "\n", 3)
+	cfg, err := pgxpool.ParseConfig(lines[0])
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	var opts []pgxv5.Option
+	if lines[2] == "pgbouncer" {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		opts = append(opts, pgxv5.WithoutListen())
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return backend(t, pgxv5.New(pool), schema)
+	return backend(t, pgxv5.New(pool, opts...), lines[1])
 }
 
 // TestCampaignSQLite runs the outbox's fault campaign on one SQLite file

@@ -224,6 +224,7 @@ func Campaign[TTx any](t *testing.T, cfg CampaignConfig[TTx]) CampaignReport {
 		t.Error(err)
 	}
 	ownLog.close()
+	srv.Close() // waits for the answers still being written
 	checkOutboxCampaign(t, ctx, b, p, recv, op, procs, dir, &rep)
 	t.Logf("outbox campaign report: %+v", rep)
 	return rep
@@ -698,6 +699,8 @@ func checkOutboxCampaign[TTx any](t *testing.T, ctx context.Context, b Backend[T
 			break
 		}
 	}
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
 	p.mu.Lock()
 	for k, v := range p.committed {
 		committed[k] = v
@@ -719,8 +722,6 @@ func checkOutboxCampaign[TTx any](t *testing.T, ctx context.Context, b Backend[T
 	rep.UnknownCommits, rep.AloneEnqueues = p.counts.unknown, p.counts.alone
 	p.mu.Unlock()
 
-	recv.mu.Lock()
-	defer recv.mu.Unlock()
 	rrep := recv.rep
 	rep.ReceiverOK, rep.ReceiverFailed, rep.ReceiverLate = rrep.ReceiverOK, rrep.ReceiverFailed, rrep.ReceiverLate
 	rep.ReceiverDropped, rep.ReceiverRefused, rep.Replayed = rrep.ReceiverDropped, rrep.ReceiverRefused, rrep.Replayed
