@@ -1,7 +1,6 @@
 package inbox_test
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -12,13 +11,10 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/internal/fleet"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
@@ -295,11 +292,16 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 			consume(cctx, db, srv.URL, rand.New(rand.NewPCG(seed, uint64(g+2))), g == 1)
 		}()
 	}
-	procs := &consumerProcs{t: t, testName: testName, location: location, direct: direct, broker: srv.URL}
+	procs := fleet.New(t, testName, readyLine, nil, func(n int) []string {
+		loc := location
+		if n%2 == 0 && direct != "" {
+			loc = direct
+		}
+		return []string{envConsumer + "=" + strconv.Itoa(n), envLocation + "=" + loc, envBroker + "=" + srv.URL}
+	})
 	for range 3 {
-		procs.spawn()
+		procs.Spawn()
 	}
-	t.Cleanup(procs.stopAll)
 
 	var kills, freezes, outages, stalls int
 	frng := rand.New(rand.NewPCG(seed, 0))
@@ -309,10 +311,10 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
 		switch f := frng.IntN(10); {
 		case f < 2:
-			procs.killOne(frng)
+			procs.KillOne(frng)
 			kills++
 		case f < 4:
-			procs.freezeOne(frng, time.Duration(200+frng.IntN(2000))*time.Millisecond)
+			procs.FreezeOne(frng, time.Duration(200+frng.IntN(2000))*time.Millisecond)
 			freezes++
 		case f < 6 && stall != nil && frng.IntN(3) == 0:
 			stall()
@@ -326,7 +328,7 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 			outages++
 		}
 	}
-	procs.thawAll()
+	procs.ThawAll()
 	b.mu.Lock()
 	b.closed = true
 	b.mu.Unlock()
@@ -340,7 +342,7 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 	}
 	stopConsumers()
 	wg.Wait()
-	procs.stopAll()
+	procs.StopAll()
 
 	// The checks, on what committed.
 	violations := 0
@@ -425,101 +427,6 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 	}
 	t.Logf("inbox campaign: %d messages handed out %d times, %d changes committed, %d stale; %d kills, %d freezes, %d outages, %d stalls; %d violations",
 		len(b.msgs), b.handed, len(byKey), stale, kills, freezes, outages, stalls, violations)
-}
-
-// consumerProcs are the campaign's consumer processes.
-type consumerProcs struct {
-	t                                  *testing.T
-	testName, location, direct, broker string
-	mu                                 sync.Mutex
-	children                           []*exec.Cmd
-	frozen                             map[*exec.Cmd]bool
-	last                               int
-}
-
-func (p *consumerProcs) spawn() {
-	p.last++
-	loc := p.location
-	if p.last%2 == 0 && p.direct != "" {
-		loc = p.direct
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+p.testName+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envConsumer+"="+strconv.Itoa(p.last), envLocation+"="+loc, envBroker+"="+p.broker)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err == nil {
-		err = cmd.Start()
-	}
-	if err != nil {
-		p.t.Errorf("start a consumer process: %v", err)
-		return
-	}
-	sc := bufio.NewScanner(out)
-	for sc.Scan() && sc.Text() != readyLine {
-		fmt.Fprintf(os.Stderr, "consumer process %d: %s\n", p.last, sc.Text())
-	}
-	go func() {
-		for sc.Scan() {
-		}
-	}()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.frozen == nil {
-		p.frozen = map[*exec.Cmd]bool{}
-	}
-	p.children = append(p.children, cmd)
-}
-
-func (p *consumerProcs) killOne(rng *rand.Rand) {
-	p.mu.Lock()
-	i := rng.IntN(len(p.children))
-	c := p.children[i]
-	p.children = slices.Delete(p.children, i, i+1)
-	delete(p.frozen, c)
-	p.mu.Unlock()
-	_ = c.Process.Signal(syscall.SIGKILL)
-	_ = c.Wait()
-	p.spawn()
-}
-
-func (p *consumerProcs) freezeOne(rng *rand.Rand, d time.Duration) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	c := p.children[rng.IntN(len(p.children))]
-	if p.frozen[c] || c.Process.Signal(syscall.SIGSTOP) != nil {
-		return
-	}
-	p.frozen[c] = true
-	time.AfterFunc(d, func() { p.thaw(c) })
-}
-
-func (p *consumerProcs) thaw(c *exec.Cmd) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.frozen[c] {
-		_ = c.Process.Signal(syscall.SIGCONT)
-		delete(p.frozen, c)
-	}
-}
-
-func (p *consumerProcs) thawAll() {
-	p.mu.Lock()
-	cs := slices.Clone(p.children)
-	p.mu.Unlock()
-	for _, c := range cs {
-		p.thaw(c)
-	}
-}
-
-func (p *consumerProcs) stopAll() {
-	p.mu.Lock()
-	cs := p.children
-	p.children = nil
-	p.mu.Unlock()
-	for _, c := range cs {
-		_ = c.Process.Signal(syscall.SIGKILL)
-		_ = c.Wait()
-	}
 }
 
 // TestCampaign runs the inbox's fault campaign on PostgreSQL through pgx

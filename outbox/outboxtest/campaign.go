@@ -12,18 +12,16 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/internal/fleet"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/httpsender"
 )
@@ -160,9 +158,15 @@ func Campaign[TTx any](t *testing.T, cfg CampaignConfig[TTx]) CampaignReport {
 	if err := own.Start(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	procs := &relayProcesses{t: t, testName: cfg.TestName, dir: dir, receiver: dest, location: cfg.Location, direct: cfg.Direct}
+	procs := fleet.New(t, cfg.TestName, relayReadyLine, []string{"-outbox.campaign.duration=" + campaignDuration.String()}, func(n int) []string {
+		location := cfg.Location
+		if n%2 == 0 && cfg.Direct != "" {
+			location = cfg.Direct
+		}
+		return []string{envRelayProc + "=" + strconv.Itoa(n), envRelayDir + "=" + dir, envRelayReceiver + "=" + dest, envRelayLocation + "=" + location}
+	})
 	for range cfg.Processes {
-		procs.spawn()
+		procs.Spawn()
 	}
 
 	deadline := time.Now().Add(*campaignDuration)
@@ -181,10 +185,10 @@ func Campaign[TTx any](t *testing.T, cfg CampaignConfig[TTx]) CampaignReport {
 		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
 		switch f := frng.IntN(12); {
 		case f < 2:
-			procs.killOne(frng)
+			procs.KillOne(frng)
 			rep.Kills++
 		case f < 4:
-			procs.freezeOne(frng, time.Duration(300+frng.IntN(3000))*time.Millisecond)
+			procs.FreezeOne(frng, time.Duration(300+frng.IntN(3000))*time.Millisecond)
 			rep.Freezes++
 		case f < 6 && cfg.Stall != nil && frng.IntN(3) == 0:
 			cfg.Stall()
@@ -201,7 +205,7 @@ func Campaign[TTx any](t *testing.T, cfg CampaignConfig[TTx]) CampaignReport {
 		}
 	}
 	wg.Wait()
-	procs.thawAll()
+	procs.ThawAll()
 
 	// The faults are over: every committed message must now be delivered.
 	recv.draining.Store(true)
@@ -219,7 +223,7 @@ func Campaign[TTx any](t *testing.T, cfg CampaignConfig[TTx]) CampaignReport {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	procs.stopAll()
+	procs.StopAll()
 	if err := own.Stop(ctx); err != nil {
 		t.Error(err)
 	}
@@ -328,128 +332,6 @@ func (l *sendLog) end(id int64, key string, st outbox.Status) {
 }
 
 func (l *sendLog) close() { _ = l.f.Close() }
-
-// relayProcesses are a campaign's relay processes.
-type relayProcesses struct {
-	t                                 *testing.T
-	testName, dir, receiver, location string
-	direct                            string // for the even processes, if set
-	children                          []*exec.Cmd
-	procOf                            map[*exec.Cmd]int
-	last                              int
-	mu                                sync.Mutex
-	killedAt                          map[int]int64      // proc → unix ns
-	frozen                            map[int][][2]int64 // proc → intervals, unix ns
-	frozenNow                         map[*exec.Cmd]int64
-}
-
-func (p *relayProcesses) spawn() {
-	p.last++
-	proc := p.last
-	cmd := exec.Command(os.Args[0], "-test.run=^"+p.testName+"$", "-test.count=1",
-		"-outbox.campaign.duration="+campaignDuration.String())
-	location := p.location
-	if proc%2 == 0 && p.direct != "" {
-		location = p.direct
-	}
-	cmd.Env = append(os.Environ(), envRelayProc+"="+strconv.Itoa(proc), envRelayDir+"="+p.dir,
-		envRelayReceiver+"="+p.receiver, envRelayLocation+"="+location)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err == nil {
-		err = cmd.Start()
-	}
-	if err != nil {
-		p.t.Errorf("start a relay process: %v", err)
-		return
-	}
-	sc := bufio.NewScanner(out)
-	for sc.Scan() && sc.Text() != relayReadyLine {
-		fmt.Fprintf(os.Stderr, "relay process %d: %s\n", proc, sc.Text())
-	}
-	go func() { // its failures, if any, to the test's output
-		for sc.Scan() {
-			fmt.Fprintf(os.Stderr, "relay process %d: %s\n", proc, sc.Text())
-		}
-	}()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.procOf == nil {
-		p.procOf, p.killedAt, p.frozen, p.frozenNow = map[*exec.Cmd]int{}, map[int]int64{}, map[int][][2]int64{}, map[*exec.Cmd]int64{}
-	}
-	p.children = append(p.children, cmd)
-	p.procOf[cmd] = proc
-}
-
-func (p *relayProcesses) killOne(rng *rand.Rand) {
-	if len(p.children) == 0 {
-		return
-	}
-	i := rng.IntN(len(p.children))
-	c := p.children[i]
-	p.thaw(c)
-	_ = c.Process.Signal(syscall.SIGKILL)
-	_ = c.Wait()
-	p.mu.Lock()
-	p.killedAt[p.procOf[c]] = time.Now().UnixNano()
-	p.children = slices.Delete(p.children, i, i+1)
-	p.mu.Unlock()
-	p.spawn()
-}
-
-// freezeOne stops a relay process with SIGSTOP for d, in the background.
-func (p *relayProcesses) freezeOne(rng *rand.Rand, d time.Duration) {
-	if len(p.children) == 0 {
-		return
-	}
-	c := p.children[rng.IntN(len(p.children))]
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, ok := p.frozenNow[c]; ok {
-		return
-	}
-	if err := c.Process.Signal(syscall.SIGSTOP); err != nil {
-		return
-	}
-	p.frozenNow[c] = time.Now().UnixNano()
-	time.AfterFunc(d, func() { p.thaw(c) })
-}
-
-func (p *relayProcesses) thaw(c *exec.Cmd) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	at, ok := p.frozenNow[c]
-	if !ok {
-		return
-	}
-	_ = c.Process.Signal(syscall.SIGCONT)
-	delete(p.frozenNow, c)
-	proc := p.procOf[c]
-	p.frozen[proc] = append(p.frozen[proc], [2]int64{at, time.Now().UnixNano()})
-}
-
-func (p *relayProcesses) thawAll() {
-	for _, c := range p.children {
-		p.thaw(c)
-	}
-}
-
-func (p *relayProcesses) stopAll() {
-	for _, c := range p.children {
-		_ = c.Process.Signal(syscall.SIGKILL)
-		_ = c.Wait()
-	}
-}
-
-// frozenNear reports whether proc was frozen at some moment of [from, to].
-func (p *relayProcesses) frozenNear(proc int, from, to int64) bool {
-	for _, iv := range p.frozen[proc] {
-		if iv[0] <= to && iv[1] >= from {
-			return true
-		}
-	}
-	return false
-}
 
 // receiver is the campaign's HTTP receiver: an idempotent one (it
 // processes a key once and answers a repeat "replayed"), which misbehaves
@@ -660,7 +542,7 @@ func (p *producers[TTx]) alone(rng *rand.Rand, g, seq int, deadline time.Time) {
 }
 
 // checkOutboxCampaign checks the campaign's guarantees (see Campaign).
-func checkOutboxCampaign[TTx any](t *testing.T, ctx context.Context, b Backend[TTx], p *producers[TTx], recv *receiver, op *operator, procs *relayProcesses, dir string, rep *CampaignReport) {
+func checkOutboxCampaign[TTx any](t *testing.T, ctx context.Context, b Backend[TTx], p *producers[TTx], recv *receiver, op *operator, procs *fleet.Fleet, dir string, rep *CampaignReport) {
 	violate := func(format string, args ...any) {
 		rep.Violations++
 		if rep.Violations <= 20 {
@@ -790,7 +672,7 @@ func checkOutboxCampaign[TTx any](t *testing.T, ctx context.Context, b Backend[T
 	// A relay frozen between its check that the claim has time left and
 	// the send's start, or during a send, cannot know its claim ran out.
 	exempt := func(s send) bool {
-		return s.proc != 0 && procs.frozenNear(s.proc, s.start-int64(500*time.Millisecond), s.end)
+		return s.proc != 0 && procs.FrozenDuring(s.proc, s.start-int64(500*time.Millisecond), s.end)
 	}
 	for k, ss := range byKey {
 		sort.Slice(ss, func(i, j int) bool { return ss[i].start < ss[j].start })
@@ -827,7 +709,7 @@ type send struct {
 
 // readSends reads every relay's send log. A send whose end is missing (its
 // process was killed) ended when the process did, or at its timeout.
-func readSends(t *testing.T, dir string, procs *relayProcesses) []send {
+func readSends(t *testing.T, dir string, procs *fleet.Fleet) []send {
 	files, err := filepath.Glob(filepath.Join(dir, "sends-*.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -858,7 +740,7 @@ func readSends(t *testing.T, dir string, procs *relayProcesses) []send {
 		f.Close()
 		for _, s := range open {
 			s.end = s.start + int64(campaignSendTimeout)
-			if at, ok := procs.killedAt[s.proc]; ok && at > s.start && at < s.end {
+			if at, ok := procs.KilledAt(s.proc); ok && at > s.start && at < s.end {
 				s.end = at
 			}
 			out = append(out, s)
