@@ -670,3 +670,65 @@ func TestLeaseWatchWithoutHeartbeats(t *testing.T) {
 		}
 	})
 }
+
+// unreachableUntil refuses Complete and Heartbeat as an unreachable server
+// does until open is closed.
+type unreachableUntil struct {
+	idem.Store
+	open chan struct{}
+}
+
+func (s *unreachableUntil) reachable() bool {
+	select {
+	case <-s.open:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *unreachableUntil) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
+	if !s.reachable() {
+		return fmt.Errorf("%w: connection refused", idem.ErrStoreUnavailable)
+	}
+	return s.Store.Complete(ctx, key, fence, result, retention)
+}
+
+func (s *unreachableUntil) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
+	if !s.reachable() {
+		return fmt.Errorf("%w: connection refused", idem.ErrStoreUnavailable)
+	}
+	return s.Store.Heartbeat(ctx, key, fence, lease)
+}
+
+// TestSettleTriesUntilTheLeaseEnds: a completion that cannot reach the store
+// is tried again until the lease ends — its last try at the end, not a
+// backoff pause before it. Lease 1 s, heartbeats every 333 ms, so the
+// Guard's lease ends 900 ms after the work (its margin is 100 ms); the store
+// is back 820 ms after the work ended. The doubling pauses bring tries at
+// about 0, 10, 30, 70, 150, 310 and 630 ms, and the next pause (333 ms)
+// would end past the lease: the fault campaign saw a Guard give up a settle
+// this way with a second of its lease left, in short outages (PostgreSQL
+// Guard campaign, seed 2875479024331763359). Now that pause is cut to end
+// at the lease's end, where the try lands.
+func TestSettleTriesUntilTheLeaseEnds(t *testing.T) {
+	s := memstore.New(memstore.Config{})
+	t.Cleanup(func() { s.Close() })
+	store := &unreachableUntil{Store: s, open: make(chan struct{})}
+	g, err := idem.NewGuard(idem.Config{Store: store, Lease: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	v, err := idem.Do(ctx, g, key, func(ctx context.Context) (string, error) {
+		time.AfterFunc(820*time.Millisecond, func() { close(store.open) })
+		return "done", nil
+	})
+	if err != nil || v != "done" {
+		t.Fatalf("Do: %q, %v; want done, settled once the store was back within the lease", v, err)
+	}
+	rec, err := s.Get(ctx, g.StorageKey(key))
+	if err != nil || rec.State != idem.StateCompleted {
+		t.Fatalf("the record: %+v, %v; want completed", rec, err)
+	}
+}

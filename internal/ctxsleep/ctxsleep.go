@@ -27,9 +27,11 @@ const (
 )
 
 // Retry calls try until it returns false, pausing 10 ms before the second
-// call and twice as long before each next one (at most 1 s) — as long as
-// the pause ends before deadline() and ctx lasts. deadline is asked before
-// each pause, so it may move.
+// call and twice as long before each next one (at most 1 s), as long as
+// deadline() lasts and ctx too: a pause that would end past the deadline
+// is cut to end there, for a last call at the deadline (a caller retrying
+// until its lease ends uses the whole lease). deadline is asked before each
+// pause, so it may move; a pause is cut short only once in a row.
 func Retry(ctx context.Context, deadline func() time.Time, try func() (again bool)) {
 	RetryPausing(ctx, deadline, longestPause, try)
 }
@@ -39,6 +41,20 @@ func Retry(ctx context.Context, deadline func() time.Time, try func() (again boo
 // only if it is tried at least every so often.
 func RetryPausing(ctx context.Context, deadline func() time.Time, longest time.Duration, try func() (again bool)) {
 	longest = max(longest, firstPause)
-	for pause := firstPause; try() && time.Until(deadline()) >= pause && Sleep(ctx, pause) == nil; pause = min(2*pause, longest) {
+	pause, cut := firstPause, false
+	for try() {
+		wait := pause
+		switch left := time.Until(deadline()); {
+		case left >= pause:
+			cut = false
+		case left > 0 && !cut:
+			wait, cut = left, true
+		default:
+			return
+		}
+		if Sleep(ctx, wait) != nil {
+			return
+		}
+		pause = min(2*pause, longest)
 	}
 }

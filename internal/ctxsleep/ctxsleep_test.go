@@ -26,8 +26,8 @@ func TestSleepWaits(t *testing.T) {
 }
 
 // TestRetryStopsAtTheDeadline: Retry calls again while try asks and the
-// next pause ends before the deadline; it stops when try is done, and
-// never pauses past the deadline.
+// deadline lasts; it stops when try is done, never pauses past the
+// deadline, and cuts a pause short for a last call there only once.
 func TestRetryStopsAtTheDeadline(t *testing.T) {
 	calls := 0
 	Retry(context.Background(), func() time.Time { return time.Now().Add(time.Hour) }, func() bool { calls++; return calls < 3 })
@@ -36,8 +36,13 @@ func TestRetryStopsAtTheDeadline(t *testing.T) {
 	}
 	calls = 0
 	Retry(context.Background(), func() time.Time { return time.Now().Add(5 * time.Millisecond) }, func() bool { calls++; return true })
+	if calls != 2 {
+		t.Fatalf("called %d times, want 2 (the first pause, 10 ms, ends past the deadline: cut to it, for a last call; then no more)", calls)
+	}
+	calls = 0
+	Retry(context.Background(), func() time.Time { return time.Now().Add(-time.Millisecond) }, func() bool { calls++; return true })
 	if calls != 1 {
-		t.Fatalf("called %d times, want 1 (the first pause, 10 ms, ends past the deadline)", calls)
+		t.Fatalf("called %d times with the deadline passed, want 1", calls)
 	}
 	calls = 0
 	ctx, cancel := context.WithCancel(context.Background())
@@ -61,5 +66,21 @@ func TestRetryPausingStopsGrowingAtLongest(t *testing.T) {
 	}
 	if took := time.Since(start); took >= 1270*time.Millisecond {
 		t.Fatalf("eight tries took %v: the pauses grew past 10 ms", took)
+	}
+}
+
+// TestRetryTriesLastAtTheDeadline: a pause that would end past the
+// deadline is cut to end there, for one last call, so a caller retrying
+// until a lease ends uses the whole lease. With a deadline 300 ms away the
+// doubling pauses (10, 20, 40, 80 ms) bring the fifth call at 150 ms; the
+// next pause, 160 ms, is cut to 150: the sixth call comes at the deadline.
+func TestRetryTriesLastAtTheDeadline(t *testing.T) {
+	start := time.Now()
+	deadline := start.Add(300 * time.Millisecond)
+	var last time.Time
+	calls := 0
+	Retry(context.Background(), func() time.Time { return deadline }, func() bool { calls++; last = time.Now(); return true })
+	if last.Before(deadline.Add(-30 * time.Millisecond)) {
+		t.Fatalf("the last of %d calls came %v before the deadline", calls, deadline.Sub(last))
 	}
 }
