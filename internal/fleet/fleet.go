@@ -5,6 +5,7 @@ package fleet
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -29,9 +30,10 @@ type Fleet struct {
 	last      int
 	children  []*exec.Cmd
 	number    map[*exec.Cmd]int
-	frozenNow map[*exec.Cmd]int64 // unix ns
-	frozen    map[int][][2]int64  // process → intervals, unix ns
-	killed    map[int]int64       // process → unix ns
+	output    map[*exec.Cmd]chan struct{} // closed when its standard output ended
+	frozenNow map[*exec.Cmd]int64         // unix ns
+	frozen    map[int][][2]int64          // process → intervals, unix ns
+	killed    map[int]int64               // process → unix ns
 }
 
 // New returns an empty fleet. Process n runs testName with env(n)
@@ -39,7 +41,7 @@ type Fleet struct {
 // (what it prints before goes to standard error; after, it is read and
 // dropped); every process is killed when the test ends.
 func New(t testing.TB, testName, ready string, args []string, env func(n int) []string) *Fleet {
-	f := &Fleet{t: t, ready: ready, number: map[*exec.Cmd]int{}, frozenNow: map[*exec.Cmd]int64{},
+	f := &Fleet{t: t, ready: ready, number: map[*exec.Cmd]int{}, output: map[*exec.Cmd]chan struct{}{}, frozenNow: map[*exec.Cmd]int64{},
 		frozen: map[int][][2]int64{}, killed: map[int]int64{}}
 	f.command = func(n int) *exec.Cmd {
 		cmd := exec.Command(os.Args[0], append([]string{"-test.run=^" + testName + "$", "-test.count=1"}, args...)...)
@@ -70,14 +72,36 @@ func (f *Fleet) Spawn() {
 	for sc.Scan() && sc.Text() != f.ready {
 		fmt.Fprintf(os.Stderr, "helper process %d: %s\n", n, sc.Text())
 	}
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		for sc.Scan() {
+			if sc.Text() != "PASS" {
+				fmt.Fprintf(os.Stderr, "helper process %d: %s\n", n, sc.Text())
+			}
 		}
 	}()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.children = append(f.children, cmd)
 	f.number[cmd] = n
+	f.output[cmd] = done
+}
+
+// Len is how many processes run.
+func (f *Fleet) Len() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.children)
+}
+
+// reap waits for c's output to end, then for c.
+func (f *Fleet) reap(c *exec.Cmd) error {
+	f.mu.Lock()
+	done := f.output[c]
+	f.mu.Unlock()
+	<-done
+	return c.Wait()
 }
 
 // KillOne kills a process with SIGKILL, waits for it and starts another.
@@ -93,7 +117,7 @@ func (f *Fleet) KillOne(rng *rand.Rand) {
 	f.thawLocked(c)
 	f.mu.Unlock()
 	_ = c.Process.Signal(syscall.SIGKILL)
-	_ = c.Wait()
+	_ = f.reap(c)
 	f.mu.Lock()
 	f.killed[f.number[c]] = time.Now().UnixNano()
 	f.mu.Unlock()
@@ -151,7 +175,22 @@ func (f *Fleet) StopAll() {
 	f.mu.Unlock()
 	for _, c := range cs {
 		_ = c.Process.Signal(syscall.SIGKILL)
-		_ = c.Wait()
+		_ = f.reap(c)
+	}
+}
+
+// Wait waits for every process to end on its own and reports those that
+// failed.
+func (f *Fleet) Wait() {
+	f.mu.Lock()
+	cs := f.children
+	f.children = nil
+	number := maps.Clone(f.number)
+	f.mu.Unlock()
+	for _, c := range cs {
+		if err := f.reap(c); err != nil {
+			f.t.Errorf("helper process %d: %v", number[c], err)
+		}
 	}
 }
 
@@ -166,6 +205,17 @@ func (f *Fleet) FrozenDuring(n int, from, to int64) bool {
 		}
 	}
 	return false
+}
+
+// KilledMillis returns when each process killed was (unix ms).
+func (f *Fleet) KilledMillis() map[int]int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[int]int64, len(f.killed))
+	for n, ns := range f.killed {
+		out[n] = ns / int64(time.Millisecond)
+	}
+	return out
 }
 
 // KilledAt returns when process n was killed (unix ns), if it was.

@@ -11,7 +11,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -19,13 +18,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/fleet"
 	"github.com/idemgo/idem/store/sqlitestore" // the ledger
 )
 
@@ -192,9 +191,9 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 		}()
 	}
 
-	procs := &workerProcesses{t: t, testName: cfg.TestName, mode: "campaign", location: cfg.Location, dir: dir, deadline: deadline, seed: seed}
+	procs := workerProcesses(t, cfg, "campaign", dir, deadline, seed)
 	for range cfg.Processes {
-		procs.spawn()
+		procs.Spawn()
 	}
 	ctx := context.Background()
 	injectFaults(cfg, procs, seed, deadline, &rep, func(frng *rand.Rand, f int) {
@@ -225,106 +224,35 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 		}
 	})
 	wg.Wait()
-	procs.wait()
+	procs.Wait()
 	logs.close()
 	rep.Stalls = int(stats.stalls.Load())
-	checkCampaign(t, dir, ledger, procs.killedAt, cfg, &rep)
+	checkCampaign(t, dir, ledger, procs.KilledMillis(), cfg, &rep)
 	t.Logf("campaign report: %+v", rep)
 	return rep
 }
 
 // workerProcesses are a campaign's worker processes: copies of the test
-// binary re-running testName in mode, killed and replaced at random.
-type workerProcesses struct {
-	t              *testing.T
-	testName, mode string
-	location, dir  string
-	deadline       time.Time
-	seed           uint64
-	children       []workerProcess
-	killedAt       map[int]int64 // proc → ms
-	last           int
-}
-
-type workerProcess struct {
-	cmd    *exec.Cmd
-	proc   int
-	output chan struct{} // closed when its standard output ended
-}
-
-// spawn starts a worker process and waits until it has opened the store:
-// no outage is started while a new process connects (that would fail its
-// start, not the store).
-func (p *workerProcesses) spawn() {
-	p.last++
-	proc := p.last
-	cmd := exec.Command(os.Args[0], "-test.run=^"+p.testName+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envCampaignProc+"="+strconv.Itoa(proc), envCampaignDir+"="+p.dir,
-		envCampaignDeadline+"="+strconv.FormatInt(p.deadline.UnixNano(), 10), envCampaignSeed+"="+strconv.FormatUint(p.seed, 10),
-		envMode+"="+p.mode, envLocation+"="+p.location)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err == nil {
-		err = cmd.Start()
-	}
-	if err != nil {
-		p.t.Errorf("start worker process: %v", err)
-		return
-	}
-	output := make(chan struct{})
-	p.children = append(p.children, workerProcess{cmd: cmd, proc: proc, output: output})
-	// What it prints but the ready line (a failure of its own) goes to the
-	// campaign's standard error; read to the end, so Wait may close it.
-	sc := bufio.NewScanner(out)
-	for sc.Scan() && sc.Text() != readyLine {
-		fmt.Fprintf(os.Stderr, "worker process %d: %s\n", proc, sc.Text())
-	}
-	go func() {
-		defer close(output)
-		for sc.Scan() {
-			if sc.Text() != "PASS" {
-				fmt.Fprintf(os.Stderr, "worker process %d: %s\n", proc, sc.Text())
-			}
-		}
-	}()
-}
-
-// killOne kills a worker process with SIGKILL and starts another.
-func (p *workerProcesses) killOne(rng *rand.Rand) {
-	i := rng.IntN(len(p.children))
-	c := p.children[i]
-	_ = c.cmd.Process.Signal(syscall.SIGKILL)
-	<-c.output
-	_ = c.cmd.Wait()
-	if p.killedAt == nil {
-		p.killedAt = map[int]int64{}
-	}
-	p.killedAt[c.proc] = time.Now().UnixMilli()
-	p.children = slices.Delete(p.children, i, i+1)
-	p.spawn()
-}
-
-// wait waits for the worker processes to end at the deadline.
-func (p *workerProcesses) wait() {
-	for _, c := range p.children {
-		<-c.output
-		if err := c.cmd.Wait(); err != nil {
-			p.t.Errorf("worker process %d: %v", c.proc, err)
-		}
-	}
+// binary re-running cfg's test in mode, killed and replaced at random.
+func workerProcesses(t *testing.T, cfg CampaignConfig, mode, dir string, deadline time.Time, seed uint64) *fleet.Fleet {
+	return fleet.New(t, cfg.TestName, readyLine, nil, func(proc int) []string {
+		return []string{envCampaignProc + "=" + strconv.Itoa(proc), envCampaignDir + "=" + dir,
+			envCampaignDeadline + "=" + strconv.FormatInt(deadline.UnixNano(), 10), envCampaignSeed + "=" + strconv.FormatUint(seed, 10),
+			envMode + "=" + mode, envLocation + "=" + cfg.Location}
+	})
 }
 
 // injectFaults injects faults at random until the deadline, every 150 to
 // 600 ms: of ten draws, three kill a worker process (when there are any),
 // two cut the store's server for 100–400 ms or (one time in three) stall it
 // for 100–700 ms (where cfg says how), the rest are other's (the draw given).
-func injectFaults(cfg CampaignConfig, procs *workerProcesses, seed uint64, deadline time.Time, rep *CampaignReport, other func(frng *rand.Rand, f int)) {
+func injectFaults(cfg CampaignConfig, procs *fleet.Fleet, seed uint64, deadline time.Time, rep *CampaignReport, other func(frng *rand.Rand, f int)) {
 	frng := rand.New(rand.NewPCG(seed, 0))
 	for time.Now().Add(300 * time.Millisecond).Before(deadline) {
 		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
 		switch f := frng.IntN(10); {
-		case f < 3 && len(procs.children) > 0:
-			procs.killOne(frng)
+		case f < 3 && procs.Len() > 0:
+			procs.KillOne(frng)
 			rep.Kills++
 		case f < 5 && cfg.Stall != nil && frng.IntN(3) == 0:
 			cfg.Stall()

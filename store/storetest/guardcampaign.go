@@ -95,9 +95,9 @@ func GuardCampaign(t *testing.T, cfg CampaignConfig) {
 			runGuardWorkers(t, direct, cfg.Goroutines, -1, dir, deadline, seed)
 		}()
 	}
-	procs := &workerProcesses{t: t, testName: cfg.TestName, mode: "guardcampaign", location: cfg.Location, dir: dir, deadline: deadline, seed: seed}
+	procs := workerProcesses(t, cfg, "guardcampaign", dir, deadline, seed)
 	for range cfg.Processes {
-		procs.spawn()
+		procs.Spawn()
 	}
 	var long [][2]int64 // the outages longer than a lease, ns
 	injectFaults(cfg, procs, seed, deadline, &rep, func(frng *rand.Rand, _ int) {
@@ -124,9 +124,10 @@ func GuardCampaign(t *testing.T, cfg CampaignConfig) {
 		rep.Sweeps++
 	})
 	wg.Wait()
-	procs.wait()
-	runs := readRuns(t, dir, procs.killedAt)
-	checkGuardRuns(t, s, runs, seed, procs.killedAt, long)
+	procs.Wait()
+	killedAt := procs.KilledMillis()
+	runs := readRuns(t, dir, killedAt)
+	checkGuardRuns(t, s, runs, seed, killedAt, long)
 	did := map[string]int{}
 	for _, r := range runs {
 		did[r.did]++
