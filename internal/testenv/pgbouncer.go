@@ -82,12 +82,16 @@ pidfile = %s
 	if err != nil {
 		return "", err
 	}
-	t.Cleanup(proc.stop)
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	return addr, proc.waitReady(10*time.Second, func() error {
+	if err := proc.waitReady(10*time.Second, func() error {
 		if err := proc.logSays(" LOG process up: "); err != nil { // after it bound the port
 			return err
 		}
 		return listening(addr)
-	})
+	}); err != nil {
+		proc.stop()
+		return "", err
+	}
+	t.Cleanup(func() { proc.stopReporting(t, "pgbouncer") })
+	return addr, nil
 }

@@ -99,6 +99,22 @@ func (s *server) logSays(what string) error {
 	return err
 }
 
+// stopReporting is stop for t's cleanup: a server that exited during the
+// test (crashed, or was killed by something else) fails t with the end of
+// its log — what its clients saw is not the code under test's doing — and
+// a test that failed gets the end of the log of the server it ran against.
+func (s *server) stopReporting(t testing.TB, name string) {
+	select {
+	case <-s.exited:
+		t.Errorf("%s exited during the test (%v); its log ends:\n%s", name, s.err, s.logTail())
+	default:
+		if t.Failed() {
+			t.Logf("%s's log ends:\n%s", name, s.logTail())
+		}
+	}
+	s.stop()
+}
+
 // stop kills the process and waits for it (nothing if it has exited).
 func (s *server) stop() {
 	_ = s.cmd.Process.Kill()
@@ -112,5 +128,5 @@ func (s *server) logTail() string {
 	}
 	b, _ := os.ReadFile(s.log)
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return strings.Join(lines[max(0, len(lines)-5):], "\n")
+	return strings.Join(lines[max(0, len(lines)-12):], "\n")
 }
