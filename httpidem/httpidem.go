@@ -370,16 +370,20 @@ func readBody(r *http.Request, limit int64) (body []byte, tooBig bool, err error
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, key idem.Key, body []byte) {
 	fp := m.cfg.Fingerprint(r, body)
+	// A request with a key runs to its end even when its client leaves
+	// (FinishTimeout), so that the retry is answered what it did; but
+	// never past its lease: the Guard runs it under a context the client
+	// does not end, and cancels the handler's when its lease runs out.
+	ctx, stop := finishWithoutClient(r.Context(), m.cfg.FinishTimeout)
+	defer stop()
 	var rec *recorder
-	work := func(ctx context.Context, fence uint64) ([]byte, error) {
+	work := func(hctx context.Context, fence uint64) ([]byte, error) {
 		rec = &recorder{ResponseWriter: w, limit: m.cfg.MaxResponseBytes}
 		rec.onHeader = func(status int, h http.Header) {
 			if m.cfg.Policy(status) == idem.Complete {
 				h.Set(ExpiresHeader, time.Now().Add(m.cfg.Retention).UTC().Format(http.TimeFormat))
 			}
 		}
-		hctx, stop := finishWithoutClient(ctx, m.cfg.FinishTimeout)
-		defer stop()
 		next.ServeHTTP(rec, r.WithContext(hctx))
 		if hctx.Err() != nil && (!rec.wroteFinal || m.cfg.Policy(rec.status) != idem.Complete) {
 			// Cancelled (finish timeout, lost lease) before a storable
@@ -407,7 +411,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		return nil, decided(d, "status "+strconv.Itoa(rec.status))
 	}
-	res, err := m.guard.Run(r.Context(), key, &idem.RunOptions{Fingerprint: fp}, work)
+	res, err := m.guard.Run(ctx, key, &idem.RunOptions{Fingerprint: fp}, work)
 	if res.Outcome.Owns() {
 		// The handler ran and answered; err is the policy's reason or a
 		// failure to settle, which the observer hears about.

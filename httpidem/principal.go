@@ -9,8 +9,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/idemgo/idem"
 )
 
 // DefaultPrincipal is the default Config.Principal: a hash of the
@@ -99,29 +97,27 @@ func validToken(s string) bool {
 // its client left.
 var errClientGone = errors.New("idem/httpidem: the client left and the handler did not finish within FinishTimeout")
 
-// finishWithoutClient returns the handler's context: ctx without the
-// client's cancellation. A lost lease (cause idem.ErrStaleFence) still
-// cancels it at once; the client leaving cancels it only after timeout.
-// stop releases its timers.
-func finishWithoutClient(ctx context.Context, timeout time.Duration) (context.Context, func()) {
-	hctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+// finishWithoutClient returns the context a request runs under: client
+// (the request's context) without its cancellation, cancelled with cause
+// errClientGone timeout after the client left. The Guard runs the request
+// under it, so the client leaving neither stops the lease's heartbeats nor
+// hides the Guard's own cancellations (a refused heartbeat, a lease run out)
+// from the handler. stop releases its timers.
+func finishWithoutClient(client context.Context, timeout time.Duration) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(client))
 	var (
 		mu      sync.Mutex
 		stopped bool
 		timer   *time.Timer
 	)
-	stopAfter := context.AfterFunc(ctx, func() {
+	stopAfter := context.AfterFunc(client, func() {
 		mu.Lock()
 		defer mu.Unlock()
-		switch {
-		case stopped:
-		case errors.Is(context.Cause(ctx), idem.ErrStaleFence):
-			cancel(context.Cause(ctx))
-		default:
+		if !stopped {
 			timer = time.AfterFunc(timeout, func() { cancel(errClientGone) })
 		}
 	})
-	return hctx, func() {
+	return ctx, func() {
 		stopAfter()
 		mu.Lock()
 		stopped = true

@@ -115,10 +115,25 @@ func LeaseRunsOutInAnOutage(t *testing.T, s, direct idem.Store, cut, restore fun
 		close(finish)
 		<-ran
 	}()
-	ctx := context.Background()
+	TakeOverAfterTheLease(t, direct, idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Minute, Retention: time.Hour}, work, lease)
+	restore()
+	restored = true
+	if err := <-ran; !errors.Is(err, context.Canceled) || !errors.Is(err, idem.ErrLeaseExpired) {
+		t.Fatalf("the first owner's run: %v, want the cancellation of its work and why", err)
+	}
+	ran <- nil // for the deferred wait
+}
+
+// TakeOverAfterTheLease asks direct to acquire req (the key of work cut off
+// from its store) until it takes the key over, and fails t unless work's
+// context was cancelled by then with cause idem.ErrLeaseExpired: never two
+// owners' work at once. The lease runs out on the server's clock, which
+// the caller cannot move, so it asks every lease/20, for up to 30 s.
+func TakeOverAfterTheLease(t testing.TB, direct idem.Store, req idem.AcquireRequest, work context.Context, lease time.Duration) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		a, err := direct.Acquire(ctx, idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Minute, Retention: time.Hour})
+		a, err := direct.Acquire(context.Background(), req)
 		if err != nil {
 			t.Fatalf("the direct store: %v", err)
 		}
@@ -129,7 +144,7 @@ func LeaseRunsOutInAnOutage(t *testing.T, s, direct idem.Store, cut, restore fun
 			if cause := context.Cause(work); !errors.Is(cause, idem.ErrLeaseExpired) {
 				t.Fatalf("the first owner's work was cancelled with cause %v, want ErrLeaseExpired", cause)
 			}
-			break
+			return
 		}
 		if a.Outcome != idem.InProgress {
 			t.Fatalf("while the first owner's lease runs: %v, want InProgress", a.Outcome)
@@ -139,12 +154,6 @@ func LeaseRunsOutInAnOutage(t *testing.T, s, direct idem.Store, cut, restore fun
 		}
 		time.Sleep(lease / 20)
 	}
-	restore()
-	restored = true
-	if err := <-ran; !errors.Is(err, context.Canceled) || !errors.Is(err, idem.ErrLeaseExpired) {
-		t.Fatalf("the first owner's run: %v, want the cancellation of its work and why", err)
-	}
-	ran <- nil // for the deferred wait
 }
 
 // SettleAcrossABlip proves that a store out of reach for a moment when the

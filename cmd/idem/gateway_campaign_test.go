@@ -1,0 +1,676 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/internal/fleet"
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+var (
+	gatewayCampaignDuration = flag.Duration("gateway.campaign.duration", 8*time.Second, "how long the gateway fault campaigns inject faults")
+	gatewayCampaignSeed     = flag.Uint64("gateway.campaign.seed", 0, "seed of the gateway fault campaign (0: a new one, printed)")
+)
+
+const (
+	envGatewayArgs   = "IDEM_GATEWAY_CAMPAIGN_ARGS" // idem serve's arguments, a line each
+	gatewayReadyLine = "gateway campaign: serving"
+	// The campaign's lease: slow upstream calls outlive it on heartbeats,
+	// frozen gateways lose it.
+	gatewayLease = 2 * time.Second
+	// gatewayUpstreamTimeout is --upstream-timeout: an upstream call that
+	// answers later is a 504, and its key is held.
+	gatewayUpstreamTimeout = 4 * time.Second
+)
+
+// TestGatewayCampaign runs the HTTP role under faults: clients retry POSTs
+// with an Idempotency-Key through several idem serve processes that are
+// killed (SIGKILL) and frozen (SIGSTOP), in front of an upstream that
+// answers slowly, fails, drops the connection or times out, over a
+// PostgreSQL store that half the gateways reach through a proxy which cuts
+// and stalls it (a partition). See gatewayCampaign for what it checks.
+func TestGatewayCampaign(t *testing.T) {
+	if gatewayHelper(t) {
+		return
+	}
+	testenv.ProbePostgres(t)
+	schema := testenv.RandomName("idemtest_")
+	t.Cleanup(func() {
+		if conn, err := pgx.Connect(context.Background(), testenv.PostgresURL); err == nil {
+			_, _ = conn.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+			conn.Close(context.Background())
+		}
+	})
+	proxied, proxy := testenv.PostgresProxy(t)
+	gatewayCampaign(t, gatewayCampaignConfig{
+		TestName: "TestGatewayCampaign",
+		Proxied:  proxied + "&idem_schema=" + schema,
+		Direct:   testenv.PostgresURL + "&idem_schema=" + schema,
+		proxy:    proxy,
+	})
+}
+
+// TestGatewayCampaignRedis is TestGatewayCampaign on a Redis store.
+func TestGatewayCampaignRedis(t *testing.T) {
+	if gatewayHelper(t) {
+		return
+	}
+	proxy := testenv.RedisProxy(t)
+	c := testenv.RedisClient(t)
+	direct := c.Options().Addr
+	prefix := testenv.RandomName("idemtest:") + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		if keys, err := c.Keys(ctx, prefix+"*").Result(); err == nil && len(keys) > 0 {
+			c.Del(ctx, keys...)
+		}
+		c.Close()
+	})
+	at := func(addr string) string { return "redis://" + addr + "/0?idem_prefix=" + url.QueryEscape(prefix) }
+	gatewayCampaign(t, gatewayCampaignConfig{
+		TestName: "TestGatewayCampaignRedis",
+		Proxied:  at(proxy.Addr()),
+		Direct:   at(direct),
+		proxy:    proxy,
+	})
+}
+
+// gatewayHelper runs idem serve with the arguments in the environment when
+// this process is one of a campaign's gateways, and reports whether it is.
+func gatewayHelper(t *testing.T) bool {
+	args := os.Getenv(envGatewayArgs)
+	if args == "" {
+		return false
+	}
+	argv := strings.Split(args, "\n")
+	listen := argv[slices.Index(argv, "--listen")+1]
+	root := newRootCmd()
+	root.SetArgs(argv)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(context.Background()) }()
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf("idem serve ended before it listened: %v", err)
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", listen, time.Second); err == nil {
+			c.Close()
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Println(gatewayReadyLine)
+	t.Fatalf("idem serve ended: %v", <-done) // it runs until the campaign kills it
+	return true
+}
+
+type gatewayCampaignConfig struct {
+	TestName string
+	// Proxied and Direct are the store's URL through the proxy and not:
+	// odd gateways use the first, even ones the second.
+	Proxied, Direct string
+	proxy           *testenv.Proxy
+}
+
+// execution is one request the upstream received.
+type execution struct {
+	id                         int
+	proc                       int // the gateway that sent it
+	key, principal, payload    string
+	reqID                      string
+	start, end                 int64 // unix ns
+	status                     int   // 0: no answer (dropped, or cancelled by the gateway)
+	cancelled, dropped, stored bool
+	body                       string
+}
+
+// complete reports whether the gateway stores and replays the execution's
+// answer (httpidem.DefaultPolicy).
+func (e *execution) complete() bool {
+	return e.status != 0 && !e.cancelled && httpidem.DefaultPolicy(e.status) == idem.Complete
+}
+
+// campaignUpstream is the service behind the gateways. It records every
+// request it receives and answers at random: at once, slowly (past the
+// lease on heartbeats), 500, 400, by dropping the connection or not before
+// the gateway's upstream timeout. Once behave is set it answers 201 at once.
+type campaignUpstream struct {
+	behave   atomic.Bool
+	inflight sync.WaitGroup
+	mu       sync.Mutex
+	rng      *rand.Rand
+	execs    []*execution
+}
+
+func (u *campaignUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.inflight.Add(1)
+	defer u.inflight.Done()
+	body, _ := io.ReadAll(r.Body)
+	proc, _ := strconv.Atoi(strings.TrimPrefix(strings.Split(r.URL.Path, "/")[1], "g"))
+	u.mu.Lock()
+	e := &execution{id: len(u.execs) + 1, proc: proc, key: r.Header.Get(httpidem.HeaderName), principal: r.Header.Get("Authorization"),
+		payload: string(body), reqID: r.Header.Get("X-Request-Id"), start: time.Now().UnixNano()}
+	u.execs = append(u.execs, e)
+	pick, wait := u.rng.IntN(100), time.Duration(u.rng.IntN(50))*time.Millisecond
+	if pick >= 50 && pick < 65 {
+		wait = time.Duration(300+u.rng.IntN(2700)) * time.Millisecond // up to 1.5 leases
+	}
+	u.mu.Unlock()
+	finish := func(status int, cancelled, dropped bool, body string) {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		e.end, e.status, e.cancelled, e.dropped, e.body = time.Now().UnixNano(), status, cancelled, dropped, body
+	}
+	status := http.StatusCreated
+	switch {
+	case u.behave.Load():
+	case pick >= 65 && pick < 75:
+		status = http.StatusInternalServerError // released: the retry runs again
+	case pick >= 75 && pick < 80:
+		status = http.StatusBadRequest // a business refusal, stored like a success
+	case pick >= 80 && pick < 85: // the gateway answers 502 and holds the key
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+		finish(0, false, true, "")
+		return
+	case pick >= 85 && pick < 90:
+		wait = gatewayUpstreamTimeout + time.Second // the gateway answers 504 and holds the key
+	}
+	select {
+	case <-time.After(wait):
+	case <-r.Context().Done():
+		finish(0, true, false, "")
+		return
+	}
+	out := fmt.Sprintf(`{"exec":%d,"key":%q,"principal":%q,"payload":%q,"status":%d}`, e.id, e.key, e.principal, e.payload, status)
+	w.Header().Set("X-Exec", strconv.Itoa(e.id))
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, out)
+	finish(status, false, false, out)
+}
+
+// campaignKey is one idempotency key of one principal, and what its
+// requests carry.
+type campaignKey struct {
+	id, principal, payload, rogue string
+}
+
+// attempt is one request a client sent and what came back.
+type attempt struct {
+	key            *campaignKey
+	payload, reqID string
+	gateway        int
+	sent, got      int64 // unix ns; got 0: no answer (timeout, refused, cut)
+	status         int
+	replayed       bool
+	problem        string // the problem type's slug, for problem+json
+	exec           int    // X-Exec, when the answer carries it
+	body           string
+}
+
+// final reports whether the answer ends the client's retries: the stored
+// kind, or a 422 (the key belongs to another request).
+func (a *attempt) final() bool {
+	if a.got == 0 || a.problem != "" && a.problem != "mismatch" {
+		return false
+	}
+	return a.status == http.StatusUnprocessableEntity || httpidem.DefaultPolicy(a.status) == idem.Complete && a.exec != 0
+}
+
+// outageSpan is a cut or a stall of the proxy, unix ns.
+type outageSpan struct {
+	from, to int64
+	kind     string
+}
+
+type gatewayCampaignRun struct {
+	t        *testing.T
+	up       *campaignUpstream
+	upURL    string
+	procs    *fleet.Fleet
+	proxied  func(n int) bool
+	mu       sync.Mutex
+	addrs    map[int]string // gateway process → its address
+	attempts []*attempt
+	outages  []outageSpan
+	nextReq  atomic.Int64
+	client   *http.Client
+	began    int64 // unix ns
+}
+
+// live returns the address of a gateway not known to be killed.
+func (g *gatewayCampaignRun) live(rng *rand.Rand) (int, string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for {
+		n := 1 + rng.IntN(len(g.addrs))
+		if _, killed := g.procs.KilledAt(n); !killed {
+			return n, g.addrs[n]
+		}
+	}
+}
+
+// send posts payload under key through a live gateway, waiting at most
+// timeout, and records the attempt.
+func (g *gatewayCampaignRun) send(rng *rand.Rand, k *campaignKey, payload string, timeout time.Duration) *attempt {
+	n, addr := g.live(rng)
+	a := &attempt{key: k, payload: payload, gateway: n, reqID: "r" + strconv.FormatInt(g.nextReq.Add(1), 10)}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/payments", strings.NewReader(payload))
+	req.Header.Set(httpidem.HeaderName, strconv.Quote(k.id))
+	req.Header.Set("Authorization", k.principal)
+	req.Header.Set("X-Request-Id", a.reqID)
+	a.sent = time.Now().UnixNano()
+	resp, err := g.client.Do(req)
+	if err == nil {
+		body, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if rerr == nil {
+			a.got, a.status, a.body = time.Now().UnixNano(), resp.StatusCode, string(body)
+			a.replayed = resp.Header.Get(httpidem.ReplayedHeader) == "true"
+			a.exec, _ = strconv.Atoi(resp.Header.Get("X-Exec"))
+			if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
+				var p struct{ Type string }
+				_ = json.Unmarshal(body, &p)
+				a.problem = p.Type[strings.LastIndex(p.Type, "#")+1:]
+			}
+		}
+	}
+	g.mu.Lock()
+	g.attempts = append(g.attempts, a)
+	g.mu.Unlock()
+	return a
+}
+
+// gatewayCampaign runs the campaign and checks, once the faults are over:
+//   - every request the upstream received was sent by a client with the
+//     same key, principal and body, and reached it once (no request is
+//     forwarded twice, or with someone else's key);
+//   - a replay (Idempotent-Replayed) is the answer of an execution of the
+//     same key, principal and body whose status the gateway stores, byte
+//     for byte, and was not forwarded; every replay of a key names the
+//     same execution — the one replayed at the end; a 409, 422 or 503
+//     problem was not forwarded either (no work without a claim), and a 422
+//     came after a request with another body under the key;
+//   - an answer forwarded from the upstream is the execution of that very
+//     request;
+//   - two executions of a key never overlapped in time, unless the gateway
+//     of the first was frozen or killed meanwhile (a frozen gateway cannot
+//     cancel its upstream call when its lease runs out);
+//   - no execution of a key started after the execution whose answer is
+//     stored, and any other execution whose answer would have been stored
+//     lost its settle to a fault: its gateway killed or frozen, or cut off
+//     from the store, before the stored one started;
+//   - after the faults, every key has a stored answer, replayed.
+func gatewayCampaign(t *testing.T, cfg gatewayCampaignConfig) {
+	seed := *gatewayCampaignSeed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	t.Logf("gateway campaign seed %d (replay: -gateway.campaign.seed=%d), duration %v", seed, seed, *gatewayCampaignDuration)
+	up := &campaignUpstream{rng: rand.New(rand.NewPCG(seed, 1))}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	g := &gatewayCampaignRun{t: t, up: up, upURL: srv.URL, addrs: map[int]string{}, began: time.Now().UnixNano(),
+		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+	g.procs = fleet.New(t, cfg.TestName, gatewayReadyLine, nil, func(n int) []string {
+		addr := freeAddr(t)
+		store := cfg.Direct
+		if n%2 == 1 {
+			store = cfg.Proxied
+		}
+		g.mu.Lock()
+		g.addrs[n] = addr
+		g.mu.Unlock()
+		args := []string{"serve", "--listen", addr, "--upstream", fmt.Sprintf("%s/g%d", srv.URL, n), "--store", store,
+			"--lease", gatewayLease.String(), "--upstream-timeout", gatewayUpstreamTimeout.String(),
+			"--retention", "1h", "--sweep-interval", "0"}
+		return []string{envGatewayArgs + "=" + strings.Join(args, "\n")}
+	})
+	for range 4 {
+		g.procs.Spawn()
+	}
+
+	// Keys: each id is used by two principals with the same body, so an
+	// answer given to the wrong principal would be seen; one key in ten
+	// also gets a request with another body (a client reusing a key).
+	var keys []*campaignKey
+	var keysMu sync.Mutex
+	newKey := func(rng *rand.Rand) []*campaignKey {
+		keysMu.Lock()
+		defer keysMu.Unlock()
+		id := fmt.Sprintf("order-%d", len(keys)/2)
+		ks := []*campaignKey{{id: id, principal: "Bearer alice"}, {id: id, principal: "Bearer bob"}}
+		for _, k := range ks {
+			k.payload = "amount=" + strconv.Itoa(len(keys))
+			if rng.IntN(10) == 0 {
+				k.rogue = k.payload + "&again=1"
+			}
+		}
+		ks[1].payload = ks[0].payload
+		keys = append(keys, ks...)
+		return ks
+	}
+
+	deadline := time.Now().Add(*gatewayCampaignDuration)
+	var wg sync.WaitGroup
+	for c := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(c+2)))
+			for time.Now().Before(deadline) {
+				for _, k := range newKey(rng) {
+					g.pursue(rng, k, deadline)
+				}
+			}
+		}()
+	}
+
+	// The faults.
+	frng := rand.New(rand.NewPCG(seed, 0))
+	var kills, freezes, cuts, stalls int
+	outage := func(kind string, start, stop func(), d time.Duration) {
+		from := time.Now().UnixNano()
+		start()
+		time.Sleep(d)
+		stop()
+		g.mu.Lock()
+		g.outages = append(g.outages, outageSpan{from, time.Now().UnixNano(), kind})
+		g.mu.Unlock()
+	}
+	for time.Now().Add(300 * time.Millisecond).Before(deadline) {
+		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
+		switch f := frng.IntN(10); {
+		case f < 2:
+			g.procs.KillOne(frng)
+			kills++
+		case f < 4:
+			g.procs.FreezeOne(frng, time.Duration(300+frng.IntN(3000))*time.Millisecond)
+			freezes++
+		case f < 6:
+			d := time.Duration(100+frng.IntN(400)) * time.Millisecond
+			if frng.IntN(4) == 0 {
+				d = gatewayLease + 500*time.Millisecond
+			}
+			outage("cut", cfg.proxy.Cut, cfg.proxy.Restore, d)
+			cuts++
+		case f < 8:
+			outage("stall", cfg.proxy.Stall, cfg.proxy.Unstall, time.Duration(100+frng.IntN(2500))*time.Millisecond)
+			stalls++
+		}
+	}
+	wg.Wait()
+	g.procs.ThawAll()
+	up.behave.Store(true)
+	up.mu.Lock()
+	t.Logf("%d keys, %d requests, %d executions; %d kills, %d freezes, %d cuts, %d stalls",
+		len(keys), len(g.attempts), len(up.execs), kills, freezes, cuts, stalls)
+	up.mu.Unlock()
+
+	// The faults are over: every key must get its stored answer, replayed.
+	stored := map[*campaignKey]*attempt{}
+	end := time.Now().Add(30 * time.Second)
+	rng := rand.New(rand.NewPCG(seed, 99))
+	for _, k := range keys {
+		for {
+			a := g.send(rng, k, k.payload, 5*time.Second)
+			if a.final() && a.status == http.StatusUnprocessableEntity && k.rogue != "" {
+				a = g.send(rng, k, k.rogue, 5*time.Second)
+			}
+			if a.final() && a.replayed {
+				stored[k] = a
+				break
+			}
+			if time.Now().After(end) {
+				t.Errorf("VIOLATION: key %s of %s: no stored answer replayed 30 s after the faults (last: %d %s %q)", k.id, k.principal, a.status, a.problem, a.body)
+				break
+			}
+			if !a.final() {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+	g.procs.StopAll()
+	up.inflight.Wait()
+	g.check(keys, stored)
+	if t.Failed() {
+		t.Logf("replay: go test ./cmd/idem -run '^%s$' -gateway.campaign.seed=%d -gateway.campaign.duration=%v", cfg.TestName, seed, *gatewayCampaignDuration)
+	}
+}
+
+// pursue sends k's request until it gets a final answer (or the campaign
+// ends): with random client timeouts, now and then a duplicate at once or
+// a request with another body, and sometimes once more after the answer.
+func (g *gatewayCampaignRun) pursue(rng *rand.Rand, k *campaignKey, deadline time.Time) {
+	var dup sync.WaitGroup
+	defer dup.Wait()
+	if k.rogue != "" && rng.IntN(2) == 0 {
+		g.send(rng, k, k.rogue, time.Second)
+	}
+	for time.Now().Before(deadline) {
+		timeout := time.Duration(300+rng.IntN(3700)) * time.Millisecond
+		if rng.IntN(5) == 0 {
+			dup.Add(1)
+			drng := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
+			go func() {
+				defer dup.Done()
+				g.send(drng, k, k.payload, timeout)
+			}()
+		}
+		a := g.send(rng, k, k.payload, timeout)
+		if a.final() {
+			if rng.IntN(3) == 0 {
+				g.send(rng, k, k.payload, timeout)
+			}
+			if k.rogue != "" && rng.IntN(2) == 0 {
+				g.send(rng, k, k.rogue, time.Second)
+			}
+			return
+		}
+		time.Sleep(time.Duration(20+rng.IntN(200)) * time.Millisecond)
+	}
+}
+
+func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]*attempt) {
+	t := g.t
+	violations := 0
+	fail := func(format string, args ...any) {
+		violations++
+		if violations <= 20 {
+			t.Errorf("VIOLATION: "+format, args...)
+		}
+	}
+	byReq := map[string]*attempt{}
+	for _, a := range g.attempts {
+		byReq[a.reqID] = a
+	}
+	execsOf := map[*campaignKey][]*execution{}
+	byID := map[int]*execution{}
+	forwarded := map[string]*execution{}
+	keyOf := map[[2]string]*campaignKey{}
+	for _, k := range keys {
+		keyOf[[2]string{k.id, k.principal}] = k
+	}
+	for _, e := range g.up.execs {
+		byID[e.id] = e
+		a := byReq[e.reqID]
+		switch {
+		case a == nil:
+			fail("execution %d carries request id %q, which no client sent", e.id, e.reqID)
+			continue
+		case forwarded[e.reqID] != nil:
+			fail("request %s reached the upstream twice (executions %d and %d)", e.reqID, forwarded[e.reqID].id, e.id)
+		case e.key != strconv.Quote(a.key.id) || e.principal != a.key.principal || e.payload != a.payload:
+			fail("execution %d of request %s carries key %s, %q, %q; the client sent %q, %q, %q", e.id, e.reqID,
+				e.key, e.principal, e.payload, a.key.id, a.key.principal, a.payload)
+		}
+		forwarded[e.reqID] = e
+		execsOf[a.key] = append(execsOf[a.key], e)
+	}
+
+	// Every answer.
+	replayedExec := map[*campaignKey]int{}
+	for _, a := range g.attempts {
+		if a.got == 0 {
+			continue
+		}
+		e := forwarded[a.reqID]
+		switch {
+		case a.replayed:
+			s := byID[a.exec]
+			switch {
+			case e != nil:
+				fail("request %s was answered with a replay, but was forwarded (execution %d)", a.reqID, e.id)
+			case s == nil:
+				fail("request %s (key %s of %s) was replayed execution %d, which never ran", a.reqID, a.key.id, a.key.principal, a.exec)
+			case keyOf[[2]string{strings.Trim(s.key, `"`), s.principal}] != a.key || s.payload != a.payload:
+				fail("request %s (key %s of %s, %q) was replayed execution %d of key %s of %s, %q", a.reqID, a.key.id, a.key.principal,
+					a.payload, s.id, s.key, s.principal, s.payload)
+			case !s.complete() || s.status != a.status || s.body != a.body:
+				fail("request %s was replayed %d %q; execution %d answered %d %q (cancelled %v)", a.reqID, a.status, a.body, s.id, s.status, s.body, s.cancelled)
+			}
+			if prev, ok := replayedExec[a.key]; ok && prev != a.exec {
+				fail("key %s of %s was replayed executions %d and %d", a.key.id, a.key.principal, prev, a.exec)
+			}
+			replayedExec[a.key] = a.exec
+		case a.problem != "" || a.status == http.StatusConflict || a.status == http.StatusUnprocessableEntity:
+			if e != nil {
+				fail("request %s was answered %d %s, but was forwarded (execution %d)", a.reqID, a.status, a.problem, e.id)
+			}
+			if a.status == http.StatusUnprocessableEntity && !g.otherBodyBefore(a) {
+				fail("request %s (key %s of %s) was answered 422, though no request with another body came before it", a.reqID, a.key.id, a.key.principal)
+			}
+		case a.exec != 0:
+			if e == nil || e.id != a.exec {
+				fail("request %s was answered execution %d's response as its own, but its execution is %v", a.reqID, a.exec, e)
+			} else if a.status != e.status || a.body != e.body {
+				fail("request %s was answered %d %q; its execution %d answered %d %q", a.reqID, a.status, a.body, e.id, e.status, e.body)
+			}
+		}
+	}
+
+	// Every key.
+	for _, k := range keys {
+		s := stored[k]
+		es := execsOf[k]
+		for i, e1 := range es {
+			for _, e2 := range es[i+1:] {
+				if e2.start < e1.end && !g.lostGateway(e1.proc, e1.start, e2.start) {
+					fail("key %s of %s: executions %s and %s overlapped by %v, with neither killed nor frozen (outages: %s)",
+						k.id, k.principal, g.describe(e1), g.describe(e2), time.Duration(e1.end-e2.start), g.outagesNear(e1.start, e2.end))
+				}
+			}
+		}
+		if s == nil {
+			continue
+		}
+		if prev, ok := replayedExec[k]; ok && prev != s.exec {
+			fail("key %s of %s: replayed execution %d during the faults, %d after", k.id, k.principal, prev, s.exec)
+		}
+		se := byID[s.exec]
+		if se == nil {
+			continue // reported above
+		}
+		for _, e := range es {
+			switch {
+			case e == se:
+			case e.start > se.start:
+				if !g.procs.FrozenDuring(e.proc, e.start-int64(10*time.Second), e.start) {
+					fail("key %s of %s: execution %d (gateway %d) started %v after execution %d, whose answer is stored",
+						k.id, k.principal, e.id, e.proc, time.Duration(e.start-se.start), se.id)
+				}
+			case e.complete() && !g.lostGateway(e.proc, e.start, se.start) && !(e.proc%2 == 1 && g.outageDuring(e.start, se.start)):
+				fail("key %s of %s: execution %d (gateway %d) answered %d and was not stored, with no kill, freeze or outage before execution %d (gateway %d) ran it again %v later",
+					k.id, k.principal, e.id, e.proc, e.status, se.id, se.proc, time.Duration(se.start-e.end))
+			}
+		}
+	}
+	if violations > 20 {
+		t.Errorf("… %d violations in all", violations)
+	}
+}
+
+// describe says what an execution did, its times relative to the
+// campaign's start.
+func (g *gatewayCampaignRun) describe(e *execution) string {
+	what := strconv.Itoa(e.status)
+	switch {
+	case e.cancelled:
+		what = "cancelled"
+	case e.dropped:
+		what = "dropped"
+	}
+	return fmt.Sprintf("%d (gateway %d, %v–%v, %s)", e.id, e.proc, g.since(e.start), g.since(e.end), what)
+}
+
+func (g *gatewayCampaignRun) since(ns int64) time.Duration {
+	return time.Duration(ns - g.began).Round(time.Millisecond)
+}
+
+// outagesNear lists the cuts and stalls that overlapped [from, to].
+func (g *gatewayCampaignRun) outagesNear(from, to int64) string {
+	var s []string
+	for _, o := range g.outages {
+		if o.from <= to && o.to >= from {
+			s = append(s, fmt.Sprintf("%s %v–%v", o.kind, g.since(o.from), g.since(o.to)))
+		}
+	}
+	return strings.Join(s, ", ")
+}
+
+// lostGateway reports whether gateway n was killed or frozen at some moment
+// of [from, to] (unix ns).
+func (g *gatewayCampaignRun) lostGateway(n int, from, to int64) bool {
+	if at, ok := g.procs.KilledAt(n); ok && at >= from && at <= to {
+		return true
+	}
+	return g.procs.FrozenDuring(n, from, to)
+}
+
+// outageDuring reports whether the proxy was cut or stalled at some moment
+// of [from, to].
+func (g *gatewayCampaignRun) outageDuring(from, to int64) bool {
+	for _, o := range g.outages {
+		if o.from <= to && o.to >= from {
+			return true
+		}
+	}
+	return false
+}
+
+// otherBodyBefore reports whether a request with another body under a's
+// key was sent before a's answer came.
+func (g *gatewayCampaignRun) otherBodyBefore(a *attempt) bool {
+	for _, b := range g.attempts {
+		if b.key == a.key && b.payload != a.payload && b.sent < a.got {
+			return true
+		}
+	}
+	return false
+}
