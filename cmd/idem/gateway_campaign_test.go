@@ -392,39 +392,49 @@ func gatewayCampaign(t *testing.T, cfg gatewayCampaignConfig) {
 		}()
 	}
 
-	// The faults.
+	// The faults: kills and freezes while the store is cut or stalled too
+	// (one outage at a time, in the background).
 	frng := rand.New(rand.NewPCG(seed, 0))
 	var kills, freezes, cuts, stalls int
+	var outages sync.WaitGroup
+	var outageOn atomic.Bool
 	outage := func(kind string, start, stop func(), d time.Duration) {
+		outageOn.Store(true)
+		outages.Add(1)
 		from := time.Now().UnixNano()
 		start()
-		time.Sleep(d)
-		stop()
-		g.mu.Lock()
-		g.outages = append(g.outages, outageSpan{from, time.Now().UnixNano(), kind})
-		g.mu.Unlock()
+		time.AfterFunc(d, func() {
+			defer outages.Done()
+			stop()
+			g.mu.Lock()
+			g.outages = append(g.outages, outageSpan{from, time.Now().UnixNano(), kind})
+			g.mu.Unlock()
+			outageOn.Store(false)
+		})
 	}
 	for time.Now().Add(300 * time.Millisecond).Before(deadline) {
-		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
+		time.Sleep(time.Duration(100+frng.IntN(300)) * time.Millisecond)
 		switch f := frng.IntN(10); {
-		case f < 2:
+		case f < 3:
 			g.procs.KillOne(frng)
 			kills++
-		case f < 4:
+		case f < 6:
 			g.procs.FreezeOne(frng, time.Duration(300+frng.IntN(3000))*time.Millisecond)
 			freezes++
-		case f < 6:
+		case outageOn.Load():
+		case f < 8:
 			d := time.Duration(100+frng.IntN(400)) * time.Millisecond
 			if frng.IntN(4) == 0 {
 				d = gatewayLease + 500*time.Millisecond
 			}
 			outage("cut", cfg.proxy.Cut, cfg.proxy.Restore, d)
 			cuts++
-		case f < 8:
+		default:
 			outage("stall", cfg.proxy.Stall, cfg.proxy.Unstall, time.Duration(100+frng.IntN(2500))*time.Millisecond)
 			stalls++
 		}
 	}
+	outages.Wait()
 	wg.Wait()
 	g.procs.ThawAll()
 	up.behave.Store(true)
