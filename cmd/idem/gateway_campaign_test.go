@@ -105,14 +105,24 @@ func gatewayHelper(t *testing.T) bool {
 	}
 	argv := strings.Split(args, "\n")
 	listen := argv[slices.Index(argv, "--listen")+1]
-	root := newRootCmd()
-	root.SetArgs(argv)
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(context.Background()) }()
-	for {
+	// A gateway started while the store is cut off cannot open it: it is
+	// started again, as a supervisor would.
+	var done chan error
+	start := func() {
+		root := newRootCmd()
+		root.SetArgs(argv)
+		done = make(chan error, 1)
+		go func() { done <- root.ExecuteContext(context.Background()) }()
+	}
+	start()
+	for restarts := 0; ; {
 		select {
 		case err := <-done:
-			t.Fatalf("idem serve ended before it listened: %v", err)
+			if restarts++; restarts > 300 {
+				t.Fatalf("idem serve ended before it listened, %d times: %v", restarts, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			start()
 		default:
 		}
 		if c, err := net.DialTimeout("tcp", listen, time.Second); err == nil {
