@@ -10,6 +10,15 @@ import (
 // (draft-ietf-httpapi-idempotency-key-header).
 const HeaderName = "Idempotency-Key"
 
+// FenceHeader is the request header in which idem serve hands the upstream
+// its request's fencing token (idem.FenceFrom), in decimal: each execution
+// of a key gets a larger one than every execution before it, so an
+// upstream that keeps the largest fence it applied per key, and refuses a
+// write under a smaller one, refuses a gateway that lost its lease while
+// frozen. In a handler behind the middleware, read idem.FenceFrom of the
+// request's context instead.
+const FenceHeader = "Idempotency-Fence"
+
 // ParseKey parses the value of an Idempotency-Key header. It accepts an RFC
 // 8941 sf-string ("abc", with \" and \\ escapes) and, as Stripe's clients send
 // it, a bare token (abc) of visible ASCII without quotes, commas, semicolons or

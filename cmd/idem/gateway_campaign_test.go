@@ -146,14 +146,16 @@ type gatewayCampaignConfig struct {
 
 // execution is one request the upstream received.
 type execution struct {
-	id                         int
-	proc                       int // the gateway that sent it
-	key, principal, payload    string
-	reqID                      string
-	start, end                 int64 // unix ns
-	status                     int   // 0: no answer (dropped, or cancelled by the gateway)
-	cancelled, dropped, stored bool
-	body                       string
+	id                      int
+	proc                    int // the gateway that sent it
+	key, principal, payload string
+	reqID                   string
+	start, end              int64  // unix ns
+	status                  int    // 0: no answer (dropped, or cancelled by the gateway)
+	fence                   uint64 // Idempotency-Fence
+	stale                   bool   // refused: a larger fence of its key had come first
+	cancelled, dropped      bool
+	body                    string
 }
 
 // complete reports whether the gateway stores and replays the execution's
@@ -163,7 +165,9 @@ func (e *execution) complete() bool {
 }
 
 // campaignUpstream is the service behind the gateways. It records every
-// request it receives and answers at random: at once, slowly (past the
+// request it receives and, like a service that conditions its writes on
+// the fence, refuses one whose fence is below the largest its key came
+// with (409); the others it answers at random: at once, slowly (past the
 // lease on heartbeats), 500, 400, by dropping the connection or not before
 // the gateway's upstream timeout. Once behave is set it answers 201 at once.
 type campaignUpstream struct {
@@ -172,6 +176,7 @@ type campaignUpstream struct {
 	mu       sync.Mutex
 	rng      *rand.Rand
 	execs    []*execution
+	fences   map[[2]string]uint64 // key and principal → the largest fence
 }
 
 func (u *campaignUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -183,6 +188,17 @@ func (u *campaignUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e := &execution{id: len(u.execs) + 1, proc: proc, key: r.Header.Get(httpidem.HeaderName), principal: r.Header.Get("Authorization"),
 		payload: string(body), reqID: r.Header.Get("X-Request-Id"), start: time.Now().UnixNano()}
 	u.execs = append(u.execs, e)
+	e.fence, _ = strconv.ParseUint(r.Header.Get(httpidem.FenceHeader), 10, 64)
+	if k := [2]string{e.key, e.principal}; e.fence < u.fences[k] {
+		e.stale, e.end, e.status, e.body = true, time.Now().UnixNano(), http.StatusConflict, "stale fence"
+		u.mu.Unlock()
+		w.Header().Set("X-Exec", strconv.Itoa(e.id))
+		w.WriteHeader(http.StatusConflict)
+		_, _ = io.WriteString(w, e.body)
+		return
+	} else {
+		u.fences[k] = e.fence
+	}
 	pick, wait := u.rng.IntN(100), time.Duration(u.rng.IntN(50))*time.Millisecond
 	if pick >= 50 && pick < 65 {
 		wait = time.Duration(300+u.rng.IntN(2700)) * time.Millisecond // up to 1.5 leases
@@ -245,10 +261,10 @@ type attempt struct {
 // final reports whether the answer ends the client's retries: the stored
 // kind, or a 422 (the key belongs to another request).
 func (a *attempt) final() bool {
-	if a.got == 0 || a.problem != "" && a.problem != "mismatch" {
+	if a.got == 0 {
 		return false
 	}
-	return a.status == http.StatusUnprocessableEntity || httpidem.DefaultPolicy(a.status) == idem.Complete && a.exec != 0
+	return a.problem == "mismatch" || a.problem == "" && a.exec != 0 && httpidem.DefaultPolicy(a.status) == idem.Complete
 }
 
 // outageSpan is a cut or a stall of the proxy, unix ns.
@@ -343,7 +359,7 @@ func gatewayCampaign(t *testing.T, cfg gatewayCampaignConfig) {
 		seed = rand.Uint64()
 	}
 	t.Logf("gateway campaign seed %d (replay: -gateway.campaign.seed=%d), duration %v", seed, seed, *gatewayCampaignDuration)
-	up := &campaignUpstream{rng: rand.New(rand.NewPCG(seed, 1))}
+	up := &campaignUpstream{rng: rand.New(rand.NewPCG(seed, 1)), fences: map[[2]string]uint64{}}
 	srv := httptest.NewServer(up)
 	defer srv.Close()
 	g := &gatewayCampaignRun{t: t, up: up, upURL: srv.URL, addrs: map[int]string{}, began: time.Now().UnixNano(),
@@ -526,6 +542,7 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 			t.Errorf("VIOLATION: "+format, args...)
 		}
 	}
+	stale := 0
 	byReq := map[string]*attempt{}
 	for _, a := range g.attempts {
 		byReq[a.reqID] = a
@@ -549,6 +566,12 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 		case e.key != strconv.Quote(a.key.id) || e.principal != a.key.principal || e.payload != a.payload:
 			fail("execution %d of request %s carries key %s, %q, %q; the client sent %q, %q, %q", e.id, e.reqID,
 				e.key, e.principal, e.payload, a.key.id, a.key.principal, a.payload)
+		}
+		if e.fence == 0 {
+			fail("execution %d (request %s) came without a fence", e.id, e.reqID)
+		}
+		if e.stale {
+			stale++
 		}
 		forwarded[e.reqID] = e
 		execsOf[a.key] = append(execsOf[a.key], e)
@@ -579,11 +602,11 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 				fail("key %s of %s was replayed executions %d and %d", a.key.id, a.key.principal, prev, a.exec)
 			}
 			replayedExec[a.key] = a.exec
-		case a.problem != "" || a.status == http.StatusConflict || a.status == http.StatusUnprocessableEntity:
+		case a.problem != "":
 			if e != nil {
 				fail("request %s was answered %d %s, but was forwarded (execution %d)", a.reqID, a.status, a.problem, e.id)
 			}
-			if a.status == http.StatusUnprocessableEntity && !g.otherBodyBefore(a) {
+			if a.problem == "mismatch" && !g.otherBodyBefore(a) {
 				fail("request %s (key %s of %s) was answered 422, though no request with another body came before it", a.reqID, a.key.id, a.key.principal)
 			}
 		case a.exec != 0:
@@ -601,7 +624,7 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 		es := execsOf[k]
 		for i, e1 := range es {
 			for _, e2 := range es[i+1:] {
-				if e2.start < e1.end && !g.lostGateway(e1.proc, e1.start, e2.start) {
+				if e2.start < e1.end && !e1.stale && !e2.stale && !g.lostGateway(e1.proc, e1.start, e2.start) {
 					fail("key %s of %s: executions %s and %s overlapped by %v, with neither killed nor frozen (outages: %s)",
 						k.id, k.principal, g.describe(e1), g.describe(e2), time.Duration(e1.end-e2.start), g.outagesNear(e1.start, e2.end))
 				}
@@ -620,17 +643,17 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 		for _, e := range es {
 			switch {
 			case e == se:
+			case e.stale:
 			case e.start > se.start:
-				if !g.procs.FrozenDuring(e.proc, e.start-int64(10*time.Second), e.start) {
-					fail("key %s of %s: execution %d (gateway %d) started %v after execution %d, whose answer is stored",
-						k.id, k.principal, e.id, e.proc, time.Duration(e.start-se.start), se.id)
-				}
+				fail("key %s of %s: execution %s started %v after execution %s, whose answer is stored (fences %d, %d)",
+					k.id, k.principal, g.describe(e), time.Duration(e.start-se.start), g.describe(se), e.fence, se.fence)
 			case e.complete() && !g.lostGateway(e.proc, e.start, se.start) && !(e.proc%2 == 1 && g.outageDuring(e.start, se.start)):
 				fail("key %s of %s: execution %d (gateway %d) answered %d and was not stored, with no kill, freeze or outage before execution %d (gateway %d) ran it again %v later",
 					k.id, k.principal, e.id, e.proc, e.status, se.id, se.proc, time.Duration(se.start-e.end))
 			}
 		}
 	}
+	t.Logf("%d executions refused by the upstream for a stale fence", stale)
 	if violations > 20 {
 		t.Errorf("… %d violations in all", violations)
 	}
@@ -641,6 +664,8 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 func (g *gatewayCampaignRun) describe(e *execution) string {
 	what := strconv.Itoa(e.status)
 	switch {
+	case e.stale:
+		what = "stale"
 	case e.cancelled:
 		what = "cancelled"
 	case e.dropped:

@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +32,7 @@ type serveOpts struct {
 	maxBody                        int64
 	problemBase                    string
 	keyFrom                        string
+	fenceHeader                    string
 	principal                      string
 	storeSetCookie                 bool
 }
@@ -44,7 +46,9 @@ func newServeCmd() *cobra.Command {
 Idempotency-Key run once: duplicates get the stored response (Idempotent-Replayed: true),
 409 while the first is in flight, 422 when the key comes with another request, 400 for a
 bad key. The store keeps completed responses and live leases across restarts and kill -9.
-The key is forwarded upstream unchanged.`,
+The key is forwarded upstream unchanged, with the execution's fencing token in
+Idempotency-Fence: it grows with every execution of a key, so an upstream that refuses writes
+under a fence below the largest it applied refuses a gateway paused past its lease.`,
 		Args: cobra.NoArgs,
 	}
 	f := cmd.Flags()
@@ -62,6 +66,7 @@ The key is forwarded upstream unchanged.`,
 	f.BoolVar(&o.requireKey, "require-key", false, "answer 400 to POST and PATCH without an Idempotency-Key")
 	f.Int64Var(&o.maxBody, "max-body", 1<<20, "largest request body accepted with a key (413 above)")
 	f.StringVar(&o.keyFrom, "key-from", "header", "where keys come from: header (Idempotency-Key only), or edi (also the interchange's dedup key for EDI bodies posted without the header)")
+	f.StringVar(&o.fenceHeader, "fence-header", httpidem.FenceHeader, "request header that hands the upstream each execution's fencing token, which grows with every execution of a key (a client's own is replaced, or removed from requests without a key); empty: none")
 	f.StringVar(&o.problemBase, "problem-type-base", httpidem.DefaultProblemTypeBase, "prefix of the type links in problem+json answers")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), o) }
 	return cmd
@@ -125,7 +130,9 @@ func (m *gatewayMetrics) store(e idem.Event) {
 	}
 }
 
-func newProxy(upstream *url.URL, timeout time.Duration, logger *log.Logger) *httputil.ReverseProxy {
+// newProxy forwards to upstream, handing it the request's fence in
+// fenceHeader (when not empty).
+func newProxy(upstream *url.URL, timeout time.Duration, fenceHeader string, logger *log.Logger) *httputil.ReverseProxy {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.ResponseHeaderTimeout = timeout
 	transport.MaxIdleConnsPerHost = 256
@@ -133,6 +140,12 @@ func newProxy(upstream *url.URL, timeout time.Duration, logger *log.Logger) *htt
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
+			if fenceHeader != "" {
+				pr.Out.Header.Del(fenceHeader)
+				if fence, ok := idem.FenceFrom(pr.In.Context()); ok {
+					pr.Out.Header.Set(fenceHeader, strconv.FormatUint(fence, 10))
+				}
+			}
 		},
 		Transport: transport,
 		ErrorLog:  logger,
@@ -216,7 +229,7 @@ func runServe(ctx context.Context, o serveOpts) error {
 		}
 		defer sw.Stop(context.Background())
 	}
-	srv := &http.Server{Handler: mw(newProxy(up, o.timeout, logger)), ReadHeaderTimeout: 10 * time.Second, ErrorLog: logger}
+	srv := &http.Server{Handler: mw(newProxy(up, o.timeout, o.fenceHeader, logger)), ReadHeaderTimeout: 10 * time.Second, ErrorLog: logger}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 	var adminSrv *http.Server

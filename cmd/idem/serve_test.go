@@ -9,12 +9,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemgo/idem/httpidem"
 )
 
 // TestMain lets the tests run this test binary as the idem command in a
@@ -102,16 +106,21 @@ func (g *gateway) metrics(t *testing.T) string {
 
 // upstream counts executions and can be made slow.
 type upstream struct {
-	runs  atomic.Int32
-	keys  atomic.Value
-	delay time.Duration
-	block chan struct{} // the first execution waits for it
-	got   chan struct{}
+	runs   atomic.Int32
+	keys   atomic.Value
+	mu     sync.Mutex
+	fences []string // each execution's Idempotency-Fence
+	delay  time.Duration
+	block  chan struct{} // the first execution waits for it
+	got    chan struct{}
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := u.runs.Add(1)
 	u.keys.Store(r.Header.Get("Idempotency-Key"))
+	u.mu.Lock()
+	u.fences = append(u.fences, r.Header.Get(httpidem.FenceHeader))
+	u.mu.Unlock()
 	if u.got != nil {
 		u.got <- struct{}{}
 	}
@@ -183,6 +192,71 @@ func TestGatewayKill9MidRequestHoldsLease(t *testing.T) {
 	}
 	if !strings.Contains(g.metrics(t), "idem_lease_takeovers_total 1") {
 		t.Error("the takeover is not counted")
+	}
+	// Each execution was handed its fence, the takeover's above the dead
+	// gateway's: an upstream that conditions its writes on it refuses the
+	// first one's late writes.
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if len(up.fences) != 2 {
+		t.Fatalf("fences %q, want two", up.fences)
+	}
+	first, err1 := strconv.ParseUint(up.fences[0], 10, 64)
+	second, err2 := strconv.ParseUint(up.fences[1], 10, 64)
+	if err1 != nil || err2 != nil || first == 0 || second <= first {
+		t.Fatalf("fences %q: want two growing numbers", up.fences)
+	}
+}
+
+// TestGatewayFenceHeaderIsTheGateways: a client cannot choose the fence the
+// upstream sees — the gateway replaces an Idempotency-Fence it sends, and
+// removes it from requests without a key — and --fence-header names it.
+func TestGatewayFenceHeaderIsTheGateways(t *testing.T) {
+	up := &upstream{}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	store := "sqlite:" + filepath.Join(t.TempDir(), "gw.db")
+	g := startGateway(t, "--upstream", srv.URL, "--store", store)
+	send := func(key string) {
+		req, _ := http.NewRequest("POST", "http://"+g.addr+"/payments", strings.NewReader("x"))
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		req.Header.Set(httpidem.FenceHeader, "99999999999999999999")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	send(`"f-1"`)
+	send("")
+	up.mu.Lock()
+	fences := slices.Clone(up.fences)
+	up.mu.Unlock()
+	if f, err := strconv.ParseUint(fences[0], 10, 64); err != nil || f == 0 || fences[0] == "99999999999999999999" {
+		t.Errorf("with a key the upstream saw fence %q, want the gateway's", fences[0])
+	}
+	if fences[1] != "" {
+		t.Errorf("without a key the upstream saw fence %q, want none", fences[1])
+	}
+	seen := make(chan string, 1)
+	named := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Get("X-Fencing-Token") + "|" + r.Header.Get(httpidem.FenceHeader)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer named.Close()
+	g = startGateway(t, "--upstream", named.URL, "--store", store, "--fence-header", "X-Fencing-Token")
+	req, _ := http.NewRequest("POST", "http://"+g.addr+"/payments", strings.NewReader("x"))
+	req.Header.Set("Idempotency-Key", `"f-2"`)
+	req.Header.Set("X-Fencing-Token", "1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := <-seen; got == "1|" || !strings.HasSuffix(got, "|") || got == "|" {
+		t.Errorf("with --fence-header X-Fencing-Token the upstream saw %q (X-Fencing-Token|Idempotency-Fence), want the fence in the first only", got)
 	}
 }
 
