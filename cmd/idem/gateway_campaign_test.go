@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -96,6 +97,17 @@ func TestGatewayCampaignRedis(t *testing.T) {
 	})
 }
 
+// TestGatewayCampaignSQLite is TestGatewayCampaign on idem serve's default
+// store, one SQLite file shared by the gateways: kills and freezes, no
+// outages.
+func TestGatewayCampaignSQLite(t *testing.T) {
+	if gatewayHelper(t) {
+		return
+	}
+	store := "sqlite:" + filepath.Join(t.TempDir(), "gateways.db")
+	gatewayCampaign(t, gatewayCampaignConfig{TestName: "TestGatewayCampaignSQLite", Proxied: store, Direct: store})
+}
+
 // gatewayHelper runs idem serve with the arguments in the environment when
 // this process is one of a campaign's gateways, and reports whether it is.
 func gatewayHelper(t *testing.T) bool {
@@ -141,7 +153,7 @@ type gatewayCampaignConfig struct {
 	// Proxied and Direct are the store's URL through the proxy and not:
 	// odd gateways use the first, even ones the second.
 	Proxied, Direct string
-	proxy           *testenv.Proxy
+	proxy           *testenv.Proxy // nil: no outages (SQLite)
 }
 
 // execution is one request the upstream received.
@@ -447,7 +459,7 @@ func gatewayCampaign(t *testing.T, cfg gatewayCampaignConfig) {
 		case f < 6:
 			g.procs.FreezeOne(frng, time.Duration(300+frng.IntN(3000))*time.Millisecond)
 			freezes++
-		case outageOn.Load():
+		case outageOn.Load() || cfg.proxy == nil:
 		case f < 8:
 			d := time.Duration(100+frng.IntN(400)) * time.Millisecond
 			if frng.IntN(4) == 0 {
