@@ -30,14 +30,21 @@ func TestConformance(t *testing.T) { conformance(t, 1) }
 // TestConformanceConcurrent: the same suite with 8 deliveries at once.
 func TestConformanceConcurrent(t *testing.T) { conformance(t, 8) }
 
-func conformance(t *testing.T, concurrency int) {
+// TestCampaign runs the broker fault campaign on RabbitMQ, four deliveries
+// at once per consumer.
+func TestCampaign(t *testing.T) { brokertest.Campaign(t, harness(t, 4), "TestCampaign") }
+
+func conformance(t *testing.T, concurrency int) { brokertest.Run(t, harness(t, concurrency)) }
+
+// harness is the suite's view of RabbitMQ and amqpidem.
+func harness(t *testing.T, concurrency int) brokertest.Harness {
 	admin := dial(t)
-	defer admin.Close()
+	t.Cleanup(func() { admin.Close() })
 	pub, err := admin.Channel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	brokertest.Run(t, brokertest.Harness{
+	return brokertest.Harness{
 		Features: brokertest.Features{RetryDelay: true, CrossProcess: true},
 		NewTopic: func(t testing.TB) string {
 			name := testenv.RandomName("idembroker.")
@@ -104,5 +111,5 @@ func conformance(t *testing.T, concurrency int) {
 				t.Fatal(err)
 			}
 		},
-	})
+	}
 }

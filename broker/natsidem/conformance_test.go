@@ -24,15 +24,22 @@ func TestConformance(t *testing.T) { conformance(t, 1) }
 // TestConformanceConcurrent: the same suite with 8 messages at once.
 func TestConformanceConcurrent(t *testing.T) { conformance(t, 8) }
 
-func conformance(t *testing.T, concurrency int) {
+// TestCampaign runs the broker fault campaign on JetStream, four messages
+// at once per consumer.
+func TestCampaign(t *testing.T) { brokertest.Campaign(t, harness(t, 4), "TestCampaign") }
+
+func conformance(t *testing.T, concurrency int) { brokertest.Run(t, harness(t, concurrency)) }
+
+// harness is the suite's view of JetStream and natsidem.
+func harness(t *testing.T, concurrency int) brokertest.Harness {
 	nc, err := nats.Connect(testenv.NATSURL, nats.Timeout(3*time.Second))
 	testenv.Need(t, "NATS", testenv.NATSURL, err)
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	brokertest.Run(t, brokertest.Harness{
+	return brokertest.Harness{
 		Features: brokertest.Features{RetryDelay: true, CrossProcess: true},
 		NewTopic: func(t testing.TB) string {
 			ctx := context.Background()
@@ -84,5 +91,5 @@ func conformance(t *testing.T, concurrency int) {
 				t.Fatal(err)
 			}
 		},
-	})
+	}
 }

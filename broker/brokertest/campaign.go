@@ -1,0 +1,347 @@
+package brokertest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/fleet"
+	"github.com/idemgo/idem/store/sqlitestore"
+)
+
+var (
+	campaignDuration = flag.Duration("broker.campaign.duration", 8*time.Second, "how long the broker fault campaign publishes and injects faults")
+	campaignSeed     = flag.Uint64("broker.campaign.seed", 0, "seed of the broker fault campaign (0: a new one, printed)")
+)
+
+// Environment of a campaign's consumer process.
+const (
+	envCampaignProc  = "IDEM_BROKERTEST_CAMPAIGN_PROC"
+	envCampaignTopic = "IDEM_BROKERTEST_CAMPAIGN_TOPIC"
+	envCampaignDir   = "IDEM_BROKERTEST_CAMPAIGN_DIR"
+	campaignReady    = "IDEM BROKERTEST CAMPAIGN CONSUMING"
+	// campaignLease is the consumers' lease: a twentieth of the work
+	// outlives it (and the broker's ack deadline) on heartbeats; a frozen
+	// consumer loses it.
+	campaignLease = 1500 * time.Millisecond
+)
+
+// Campaign runs the adapter under faults, as users run it: a producer
+// publishes messages with keys — a third of them again later under a new
+// broker id (the producer's retry), one in twenty again with another body
+// (a reused key) — to consumers in this process and in three processes of
+// their own, which run the work through idem.Guard over one SQLite file
+// and the adapter under test, while the consumer processes are killed
+// (SIGKILL, and replaced) and frozen (SIGSTOP, past the lease and the
+// broker's ack deadline) at random. The work logs each run (its key, fence
+// and body) to a file of its process, takes up to 3 s (longer than the
+// lease: the Guard's heartbeats report progress to the broker) and fails
+// now and then (released, redelivered). Then the faults stop, and every
+// key must be completed in the store within a minute. It checks:
+//   - never lost: every key published was completed, by a run of its own;
+//   - never twice: no run of a key started after the run whose result is
+//     stored (a consumer frozen between its claim and its work excepted),
+//     and every other run that succeeded lost its settle to a kill or a
+//     freeze of its consumer;
+//   - one owner at a time: two runs of a key overlapped only when the
+//     first one's consumer was frozen or killed meanwhile (a frozen
+//     process cannot stop its work when its lease runs out);
+//   - never someone else's: a key's runs carry bodies published under it,
+//     and the stored run's body is the one the record's fingerprint names.
+//
+// testName is the calling test, which must call Campaign first: in a
+// consumer process Campaign consumes until it is killed. Only for brokers
+// with Features.CrossProcess.
+func Campaign(t *testing.T, h Harness, testName string) {
+	if n := os.Getenv(envCampaignProc); n != "" {
+		proc, _ := strconv.Atoi(n)
+		consumeForCampaign(t, h, proc, os.Getenv(envCampaignTopic), os.Getenv(envCampaignDir))
+		select {} // killed at the campaign's end
+	}
+	seed := *campaignSeed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	t.Logf("broker campaign seed %d (replay: -broker.campaign.seed=%d), duration %v", seed, seed, *campaignDuration)
+	topic := h.NewTopic(t)
+	dir := t.TempDir()
+	stop := consumeForCampaign(t, h, 0, topic, dir)
+	procs := fleet.New(t, testName, campaignReady, []string{"-broker.campaign.duration=" + campaignDuration.String()}, func(n int) []string {
+		return []string{envCampaignProc + "=" + strconv.Itoa(n), envCampaignTopic + "=" + topic, envCampaignDir + "=" + dir}
+	})
+	for range 3 {
+		procs.Spawn()
+	}
+
+	// The producer.
+	rng := rand.New(rand.NewPCG(seed, 1))
+	bodies := map[string][]string{} // key → the bodies published under it
+	var order []string
+	var again []string // keys to publish again
+	publish := func(key, body string) {
+		h.Publish(t, topic, key, []byte(body))
+		if !containsString(bodies[key], body) {
+			bodies[key] = append(bodies[key], body)
+		}
+	}
+	deadline := time.Now().Add(*campaignDuration)
+	frng := rand.New(rand.NewPCG(seed, 2))
+	kills, freezes := 0, 0
+	nextFault := time.Now()
+	for time.Now().Before(deadline) {
+		key := fmt.Sprintf("PAY-%d", len(order))
+		order = append(order, key)
+		publish(key, "credit "+strconv.Itoa(len(order)))
+		if rng.IntN(3) == 0 {
+			again = append(again, key)
+		}
+		if rng.IntN(20) == 0 {
+			publish(key, "credit "+strconv.Itoa(len(order))+" again")
+		}
+		if len(again) > 0 && rng.IntN(2) == 0 {
+			k := again[0]
+			again = again[1:]
+			publish(k, bodies[k][0])
+		}
+		if time.Now().After(nextFault) {
+			if frng.IntN(2) == 0 {
+				procs.KillOne(frng)
+				kills++
+			} else {
+				procs.FreezeOne(frng, time.Duration(300+frng.IntN(3000))*time.Millisecond)
+				freezes++
+			}
+			nextFault = time.Now().Add(time.Duration(200+frng.IntN(600)) * time.Millisecond)
+		}
+		time.Sleep(time.Duration(5+rng.IntN(20)) * time.Millisecond)
+	}
+	procs.ThawAll()
+	t.Logf("%d keys published, %d kills, %d freezes", len(order), kills, freezes)
+
+	// The faults are over: every key must be completed.
+	s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(dir, "records.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	g := newGuard(t, idem.Config{Store: s})
+	records := map[string]idem.Record{}
+	end := time.Now().Add(time.Minute)
+	for _, key := range order {
+		for {
+			r, err := s.Get(context.Background(), g.StorageKey(idem.Key{Scope: Scope, ID: key}))
+			if err == nil && r.State == idem.StateCompleted {
+				records[key] = r
+				break
+			}
+			if time.Now().After(end) {
+				t.Errorf("VIOLATION: key %s not completed a minute after the faults: %+v, %v", key, r, err)
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	procs.StopAll()
+	stop()
+	checkCampaign(t, procs, readRuns(t, dir), bodies, records)
+	if t.Failed() {
+		t.Logf("replay: go test -run '^%s$' -broker.campaign.seed=%d -broker.campaign.duration=%v", testName, seed, *campaignDuration)
+	}
+}
+
+func containsString(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// consumeForCampaign consumes topic as consumer proc, logging its runs to
+// a file of its own in dir, and prints campaignReady.
+func consumeForCampaign(t *testing.T, h Harness, proc int, topic, dir string) (stop func()) {
+	s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(dir, "records.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	g := newGuard(t, idem.Config{Store: s, Lease: campaignLease})
+	f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("runs-%d.log", proc)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(proc)))
+	logRun := func(kind, key string, fence uint64, what string) {
+		mu.Lock()
+		defer mu.Unlock()
+		// One write per line: a kill loses whole lines only.
+		_, _ = fmt.Fprintf(f, "%s %d %s %d %d %s\n", kind, proc, key, fence, time.Now().UnixNano(), strconv.Quote(what))
+	}
+	events := make(chan Event, 1024)
+	go func() {
+		for range events {
+		}
+	}()
+	policy := fast
+	policy.InProgressDelay = 200 * time.Millisecond
+	stop = h.Consume(t, topic, g, policy, func(ctx context.Context, key string, body []byte) error {
+		fence, _ := idem.FenceFrom(ctx)
+		logRun("S", key, fence, string(body))
+		mu.Lock()
+		d := time.Duration(rng.IntN(200)) * time.Millisecond
+		if rng.IntN(20) == 0 {
+			d = time.Duration(1500+rng.IntN(1500)) * time.Millisecond
+		}
+		fail := rng.IntN(10) == 0
+		mu.Unlock()
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			logRun("E", key, fence, "cancelled")
+			return ctx.Err()
+		}
+		if fail {
+			logRun("E", key, fence, "failed")
+			return errors.New("brokertest: a transient failure")
+		}
+		logRun("E", key, fence, "ok")
+		return nil
+	}, events)
+	if proc != 0 {
+		fmt.Println(campaignReady)
+	}
+	return stop
+}
+
+// run is one run of the work, from the consumers' logs.
+type run struct {
+	proc       int
+	key        string
+	fence      uint64
+	start, end int64 // unix ns; end 0: none logged (killed)
+	body, how  string
+}
+
+func readRuns(t *testing.T, dir string) map[string][]*run {
+	files, _ := filepath.Glob(filepath.Join(dir, "runs-*.log"))
+	open := map[[2]string]*run{}
+	runs := map[string][]*run{}
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			var kind, key, what string
+			var proc int
+			var fence uint64
+			var at int64
+			if _, err := fmt.Sscanf(sc.Text(), "%s %d %s %d %d %q", &kind, &proc, &key, &fence, &at, &what); err != nil {
+				continue // a line cut by a kill
+			}
+			id := [2]string{key, strconv.FormatUint(fence, 10)}
+			if kind == "S" {
+				r := &run{proc: proc, key: key, fence: fence, start: at, body: what}
+				open[id] = r
+				runs[key] = append(runs[key], r)
+			} else if r := open[id]; r != nil {
+				r.end, r.how = at, what
+			}
+		}
+		f.Close()
+	}
+	return runs
+}
+
+func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, bodies map[string][]string, records map[string]idem.Record) {
+	violations := 0
+	fail := func(format string, args ...any) {
+		violations++
+		if violations <= 20 {
+			t.Errorf("VIOLATION: "+format, args...)
+		}
+	}
+	// lost reports whether consumer n was killed or frozen within [from, to].
+	lost := func(n int, from, to int64) bool {
+		if at, ok := procs.KilledAt(n); ok && at >= from && at <= to {
+			return true
+		}
+		return procs.FrozenDuring(n, from, to)
+	}
+	total := 0
+	for key, rs := range runs {
+		total += len(rs)
+		for _, r := range rs {
+			if !containsString(bodies[key], r.body) {
+				fail("key %s ran with body %q, which was never published under it", key, r.body)
+			}
+		}
+		for i, a := range rs {
+			for _, b := range rs[i+1:] {
+				first, second := a, b
+				if b.start < a.start {
+					first, second = b, a
+				}
+				if first.end == 0 || second.start < first.end {
+					if !lost(first.proc, first.start, second.start) {
+						fail("key %s: runs under fences %d (consumer %d) and %d (consumer %d) overlapped, neither consumer killed nor frozen",
+							key, first.fence, first.proc, second.fence, second.proc)
+					}
+				}
+			}
+		}
+		rec, ok := records[key]
+		if !ok {
+			continue // reported as not completed
+		}
+		var stored *run
+		for _, r := range rs {
+			if r.fence == rec.Fence {
+				stored = r
+			}
+		}
+		if stored == nil || stored.how != "ok" {
+			fail("key %s is completed under fence %d, which no successful run had (%v)", key, rec.Fence, stored)
+			continue
+		}
+		if idem.Fingerprint([]byte(stored.body)) != rec.Fingerprint {
+			fail("key %s: the stored run's body %q is not the one its record's fingerprint names", key, stored.body)
+		}
+		for _, r := range rs {
+			switch {
+			case r == stored:
+			case r.start > stored.start:
+				if !procs.FrozenDuring(r.proc, r.start-int64(10*time.Second), r.start) {
+					fail("key %s: a run under fence %d (consumer %d) started %v after the stored run under fence %d (consumer %d)",
+						key, r.fence, r.proc, time.Duration(r.start-stored.start), stored.fence, stored.proc)
+				}
+			case r.how == "ok" && !lost(r.proc, r.start, stored.start):
+				fail("key %s: the run under fence %d (consumer %d) succeeded and was not stored, its consumer neither killed nor frozen before the stored run (fence %d, consumer %d) ran it again",
+					key, r.fence, r.proc, stored.fence, stored.proc)
+			}
+		}
+	}
+	for key := range bodies {
+		if len(runs[key]) == 0 && records[key].State == idem.StateCompleted {
+			fail("key %s is completed but never ran", key)
+		}
+	}
+	t.Logf("%d runs of %d keys checked", total, len(runs))
+	if violations > 20 {
+		t.Errorf("… %d violations in all", violations)
+	}
+}
