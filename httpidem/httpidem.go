@@ -374,8 +374,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// (FinishTimeout), so that the retry is answered what it did; but
 	// never past its lease: the Guard runs it under a context the client
 	// does not end, and cancels the handler's when its lease runs out.
-	ctx, stop := finishWithoutClient(r.Context(), m.cfg.FinishTimeout)
-	defer stop()
+	run := finishWithoutClient(r.Context(), m.cfg.FinishTimeout)
+	defer run.stop()
 	var rec *recorder
 	work := func(hctx context.Context, fence uint64) ([]byte, error) {
 		rec = &recorder{ResponseWriter: w, limit: m.cfg.MaxResponseBytes}
@@ -411,7 +411,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		return nil, decided(d, "status "+strconv.Itoa(rec.status))
 	}
-	res, err := m.guard.Run(ctx, key, &idem.RunOptions{Fingerprint: fp}, work)
+	res, err := m.guard.Run(run.ctx, key, &idem.RunOptions{Fingerprint: fp}, work)
 	if res.Outcome.Owns() {
 		// The handler ran and answered; err is the policy's reason or a
 		// failure to settle, which the observer hears about.
