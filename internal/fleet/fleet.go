@@ -207,6 +207,27 @@ func (f *Fleet) FrozenDuring(n int, from, to int64) bool {
 	return false
 }
 
+// AnyFrozenDuring reports whether some process was frozen at some moment of
+// [from, to] (unix ns): one that shares a file with the others (SQLite)
+// may have held its lock meanwhile, an outage for every process.
+func (f *Fleet) AnyFrozenDuring(from, to int64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, ivs := range f.frozen {
+		for _, iv := range ivs {
+			if iv[0] <= to && iv[1] >= from {
+				return true
+			}
+		}
+	}
+	for _, at := range f.frozenNow {
+		if at <= to {
+			return true
+		}
+	}
+	return false
+}
+
 // KilledMillis returns when each process killed was (unix ms).
 func (f *Fleet) KilledMillis() map[int]int64 {
 	f.mu.Lock()
