@@ -155,7 +155,8 @@ func Campaign(t *testing.T, h Harness, testName string) {
 	}
 	procs.StopAll()
 	stop()
-	checkCampaign(t, procs, readRuns(t, dir), bodies, records)
+	runs, decisions := readRuns(t, dir)
+	checkCampaign(t, procs, runs, decisions, bodies, records)
 	if t.Failed() {
 		t.Logf("replay: go test -run '^%s$' -broker.campaign.seed=%d -broker.campaign.duration=%v", testName, seed, *campaignDuration)
 	}
@@ -194,7 +195,8 @@ func consumeForCampaign(t *testing.T, h Harness, proc int, topic, dir string) (s
 	}
 	events := make(chan Event, 1024)
 	go func() {
-		for range events {
+		for e := range events { // what the adapter told the broker, and why
+			logRun("D", e.Key, 0, e.Verdict.String()+": "+e.Reason)
 		}
 	}()
 	policy := fast
@@ -237,10 +239,18 @@ type run struct {
 	body, how  string
 }
 
-func readRuns(t *testing.T, dir string) map[string][]*run {
+// decision is what a consumer's adapter decided for a delivery of a key.
+type decision struct {
+	proc int
+	at   int64
+	what string
+}
+
+func readRuns(t *testing.T, dir string) (map[string][]*run, map[string][]decision) {
 	files, _ := filepath.Glob(filepath.Join(dir, "runs-*.log"))
 	open := map[[2]string]*run{}
 	runs := map[string][]*run{}
+	decisions := map[string][]decision{}
 	for _, name := range files {
 		f, err := os.Open(name)
 		if err != nil {
@@ -256,6 +266,10 @@ func readRuns(t *testing.T, dir string) map[string][]*run {
 				continue // a line cut by a kill
 			}
 			id := [2]string{key, strconv.FormatUint(fence, 10)}
+			if kind == "D" {
+				decisions[key] = append(decisions[key], decision{proc, at, what})
+				continue
+			}
 			if kind == "S" {
 				r := &run{proc: proc, key: key, fence: fence, start: at, body: what}
 				open[id] = r
@@ -266,10 +280,10 @@ func readRuns(t *testing.T, dir string) map[string][]*run {
 		}
 		f.Close()
 	}
-	return runs
+	return runs, decisions
 }
 
-func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, bodies map[string][]string, records map[string]idem.Record) {
+func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, decisions map[string][]decision, bodies map[string][]string, records map[string]idem.Record) {
 	violations := 0
 	fail := func(format string, args ...any) {
 		violations++
@@ -336,8 +350,14 @@ func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, bod
 			case r.how == "ok" && !lost(r.proc, r.start, stored.start) && !procs.AnyFrozenDuring(r.start, stored.start):
 				// (A consumer frozen while it holds the SQLite file's write
 				// lock is an outage for every consumer: settles wait.)
-				fail("key %s: the run under fence %d (consumer %d) succeeded and was not stored, its consumer neither killed nor frozen before the stored run (fence %d, consumer %d) ran it again",
-					key, r.fence, r.proc, stored.fence, stored.proc)
+				var said []string // its consumer's decisions for the key after it: the settle's error
+				for _, d := range decisions[key] {
+					if d.proc == r.proc && d.at >= r.end {
+						said = append(said, d.what)
+					}
+				}
+				fail("key %s: the run under fence %d (consumer %d) succeeded and was not stored, no consumer killed or frozen before the stored run (fence %d, consumer %d) ran it again; its consumer then decided %q",
+					key, r.fence, r.proc, stored.fence, stored.proc, said)
 			}
 		}
 	}
