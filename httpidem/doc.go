@@ -18,7 +18,13 @@
 //   - stores 2xx, 3xx and 4xx (except 408, 409, 425, 429); releases the key on
 //     those and 5xx so the retry runs again; holds it on 502, 504 or a panic,
 //     where the effect may have happened, until the lease expires;
-//   - fails closed with 503 when the store is unreachable.
+//   - fails closed with 503 when the store is unreachable;
+//   - runs the handler under the key's lease: the request's context is not
+//     cancelled when the client leaves (only Config.FinishTimeout after),
+//     but at once, with cause idem.ErrLeaseExpired or idem.ErrStaleFence,
+//     when the lease runs out or is lost; idem.FenceFrom(r.Context()) is
+//     the execution's fencing token, for writes conditioned on it (idem
+//     serve hands it to its upstream in FenceHeader).
 //
 // Every error is application/problem+json whose "type" links to
 // PROBLEMS.md (or your own docs, Config.ProblemTypeBase). Every stored
