@@ -174,10 +174,6 @@ func RedisProxy(t testing.TB) *Proxy {
 	return StartProxy(t, c.Options().Addr)
 }
 
-// PostgresSchema connects a pool to the test PostgreSQL and creates a
-// fresh schema in it, running ddl there (its tables named schema.NAME by
-// the caller); the schema is dropped and the pool closed when the test
-// ends.
 // PostgresInbox is PostgresSchema with a migrated inbox in the schema (its
 // processed_events and entity_versions tables) on the pool.
 func PostgresInbox(t testing.TB, ddl func(schema string) string) (*pgxpool.Pool, string, *inbox.Inbox[pgx.Tx]) {
@@ -193,6 +189,10 @@ func PostgresInbox(t testing.TB, ddl func(schema string) string) (*pgxpool.Pool,
 	return pool, schema, ib
 }
 
+// PostgresSchema connects a pool to the test PostgreSQL and creates a
+// fresh schema in it, running ddl there (its tables named schema.NAME by
+// the caller); the schema is dropped and the pool closed when the test
+// ends.
 func PostgresSchema(t testing.TB, ddl func(schema string) string) (*pgxpool.Pool, string) {
 	t.Helper()
 	ProbePostgres(t)
