@@ -32,7 +32,15 @@ func TestConformanceConcurrent(t *testing.T) { conformance(t, 8) }
 
 // TestCampaign runs the broker fault campaign on RabbitMQ, four deliveries
 // at once per consumer.
-func TestCampaign(t *testing.T) { brokertest.Campaign(t, harness(t, 4), "TestCampaign") }
+func TestCampaign(t *testing.T) {
+	brokertest.Campaign(t, harness(t, 4), brokertest.CampaignConfig{TestName: "TestCampaign"})
+}
+
+// TestCampaignPostgres runs it over PostgreSQL, cut and stalled for the
+// test's consumer and half the others.
+func TestCampaignPostgres(t *testing.T) {
+	brokertest.Campaign(t, harness(t, 4), brokertest.CampaignConfig{TestName: "TestCampaignPostgres", Postgres: true})
+}
 
 func conformance(t *testing.T, concurrency int) { brokertest.Run(t, harness(t, concurrency)) }
 

@@ -14,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/fleet"
-	"github.com/idemgo/idem/store/sqlitestore"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store/storeurl"
 )
 
 var (
@@ -29,6 +32,7 @@ const (
 	envCampaignProc  = "IDEM_BROKERTEST_CAMPAIGN_PROC"
 	envCampaignTopic = "IDEM_BROKERTEST_CAMPAIGN_TOPIC"
 	envCampaignDir   = "IDEM_BROKERTEST_CAMPAIGN_DIR"
+	envCampaignStore = "IDEM_BROKERTEST_CAMPAIGN_STORE" // the consumer's store URL
 	campaignReady    = "IDEM BROKERTEST CAMPAIGN CONSUMING"
 	// campaignLease is the consumers' lease: a twentieth of the work
 	// outlives it (and the broker's ack deadline) on heartbeats; a frozen
@@ -61,13 +65,21 @@ const (
 //   - never someone else's: a key's runs carry bodies published under it,
 //     and the stored run's body is the one the record's fingerprint names.
 //
-// testName is the calling test, which must call Campaign first: in a
+// With CampaignConfig.Postgres the store is PostgreSQL instead, reached by
+// the test's consumer and the odd processes through a proxy that cuts it
+// (now and then for longer than a lease) and stalls it, by the even ones
+// directly — a partition: the adapters meet failed acquisitions (retried)
+// and settles that do not land (redelivered once the lease ends), and a
+// successful run whose settle was lost is also excused by an outage on its
+// side.
+//
+// cfg.TestName is the calling test, which must call Campaign first: in a
 // consumer process Campaign consumes until it is killed. Only for brokers
 // with Features.CrossProcess.
-func Campaign(t *testing.T, h Harness, testName string) {
+func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 	if n := os.Getenv(envCampaignProc); n != "" {
 		proc, _ := strconv.Atoi(n)
-		consumeForCampaign(t, h, proc, os.Getenv(envCampaignTopic), os.Getenv(envCampaignDir))
+		consumeForCampaign(t, h, proc, os.Getenv(envCampaignTopic), os.Getenv(envCampaignDir), os.Getenv(envCampaignStore))
 		select {} // killed at the campaign's end
 	}
 	seed := *campaignSeed
@@ -77,9 +89,28 @@ func Campaign(t *testing.T, h Harness, testName string) {
 	t.Logf("broker campaign seed %d (replay: -broker.campaign.seed=%d), duration %v", seed, seed, *campaignDuration)
 	topic := h.NewTopic(t)
 	dir := t.TempDir()
-	stop := consumeForCampaign(t, h, 0, topic, dir)
-	procs := fleet.New(t, testName, campaignReady, []string{"-broker.campaign.duration=" + campaignDuration.String()}, func(n int) []string {
-		return []string{envCampaignProc + "=" + strconv.Itoa(n), envCampaignTopic + "=" + topic, envCampaignDir + "=" + dir}
+	proxied := "sqlite:" + filepath.Join(dir, "records.db")
+	direct := proxied
+	var proxy *testenv.Proxy
+	if cfg.Postgres {
+		schema := testenv.RandomName("idemtest_")
+		conn, p := testenv.PostgresProxy(t)
+		proxy = p
+		proxied, direct = conn+"&idem_schema="+schema, testenv.PostgresURL+"&idem_schema="+schema
+		t.Cleanup(func() {
+			if c, err := pgx.Connect(context.Background(), testenv.PostgresURL); err == nil {
+				_, _ = c.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+				c.Close(context.Background())
+			}
+		})
+	}
+	stop := consumeForCampaign(t, h, 0, topic, dir, proxied)
+	procs := fleet.New(t, cfg.TestName, campaignReady, []string{"-broker.campaign.duration=" + campaignDuration.String()}, func(n int) []string {
+		store := direct
+		if n%2 == 1 {
+			store = proxied
+		}
+		return []string{envCampaignProc + "=" + strconv.Itoa(n), envCampaignTopic + "=" + topic, envCampaignDir + "=" + dir, envCampaignStore + "=" + store}
 	})
 	for range 3 {
 		procs.Spawn()
@@ -98,8 +129,12 @@ func Campaign(t *testing.T, h Harness, testName string) {
 	}
 	deadline := time.Now().Add(*campaignDuration)
 	frng := rand.New(rand.NewPCG(seed, 2))
-	kills, freezes := 0, 0
+	kills, freezes, cuts, stalls := 0, 0, 0, 0
 	nextFault := time.Now()
+	var outages *testenv.Outages
+	if proxy != nil {
+		outages = testenv.NewOutages(proxy)
+	}
 	for time.Now().Before(deadline) {
 		key := fmt.Sprintf("PAY-%d", len(order))
 		order = append(order, key)
@@ -116,22 +151,37 @@ func Campaign(t *testing.T, h Harness, testName string) {
 			publish(k, bodies[k][0])
 		}
 		if time.Now().After(nextFault) {
-			if frng.IntN(2) == 0 {
+			switch f := frng.IntN(6); {
+			case f < 2:
 				procs.KillOne(frng)
 				kills++
-			} else {
+			case f < 4:
 				procs.FreezeOne(frng, time.Duration(300+frng.IntN(3000))*time.Millisecond)
 				freezes++
+			case outages == nil || outages.Busy():
+			case f == 4:
+				d := time.Duration(100+frng.IntN(400)) * time.Millisecond
+				if frng.IntN(4) == 0 {
+					d = campaignLease + 500*time.Millisecond
+				}
+				outages.Cut(d)
+				cuts++
+			default:
+				outages.Stall(time.Duration(100+frng.IntN(2000)) * time.Millisecond)
+				stalls++
 			}
 			nextFault = time.Now().Add(time.Duration(200+frng.IntN(600)) * time.Millisecond)
 		}
 		time.Sleep(time.Duration(5+rng.IntN(20)) * time.Millisecond)
 	}
+	if outages != nil {
+		outages.Wait()
+	}
 	procs.ThawAll()
-	t.Logf("%d keys published, %d kills, %d freezes", len(order), kills, freezes)
+	t.Logf("%d keys published, %d kills, %d freezes, %d cuts, %d stalls", len(order), kills, freezes, cuts, stalls)
 
 	// The faults are over: every key must be completed.
-	s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(dir, "records.db")})
+	s, err := storeurl.Open(context.Background(), direct, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,9 +206,14 @@ func Campaign(t *testing.T, h Harness, testName string) {
 	procs.StopAll()
 	stop()
 	runs, decisions := readRuns(t, dir)
-	checkCampaign(t, procs, runs, decisions, bodies, records)
+	// Consumers on the proxied side (the test's and the odd ones) lose
+	// their settles in an outage.
+	cutOff := func(proc int, from, to int64) bool {
+		return outages != nil && (proc == 0 || proc%2 == 1) && len(outages.During(from, to)) > 0
+	}
+	checkCampaign(t, procs, runs, decisions, bodies, records, cutOff)
 	if t.Failed() {
-		t.Logf("replay: go test -run '^%s$' -broker.campaign.seed=%d -broker.campaign.duration=%v", testName, seed, *campaignDuration)
+		t.Logf("replay: go test -run '^%s$' -broker.campaign.seed=%d -broker.campaign.duration=%v", cfg.TestName, seed, *campaignDuration)
 	}
 }
 
@@ -173,8 +228,17 @@ func containsString(s []string, v string) bool {
 
 // consumeForCampaign consumes topic as consumer proc, logging its runs to
 // a file of its own in dir, and prints campaignReady.
-func consumeForCampaign(t *testing.T, h Harness, proc int, topic, dir string) (stop func()) {
-	s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(dir, "records.db")})
+func consumeForCampaign(t *testing.T, h Harness, proc int, topic, dir, store string) (stop func()) {
+	// A consumer started while the store is cut off opens it again, as a
+	// supervisor would restart it.
+	var s idem.Store
+	var err error
+	for tries := 0; ; tries++ {
+		if s, err = storeurl.Open(context.Background(), store, nil); err == nil || tries == 300 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,6 +294,15 @@ func consumeForCampaign(t *testing.T, h Harness, proc int, topic, dir string) (s
 	return stop
 }
 
+// CampaignConfig says how to run Campaign.
+type CampaignConfig struct {
+	// TestName is the calling test's name.
+	TestName string
+	// Postgres: the store is PostgreSQL, with outages (see Campaign);
+	// otherwise one SQLite file.
+	Postgres bool
+}
+
 // run is one run of the work, from the consumers' logs.
 type run struct {
 	proc       int
@@ -283,7 +356,8 @@ func readRuns(t *testing.T, dir string) (map[string][]*run, map[string][]decisio
 	return runs, decisions
 }
 
-func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, decisions map[string][]decision, bodies map[string][]string, records map[string]idem.Record) {
+func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, decisions map[string][]decision, bodies map[string][]string, records map[string]idem.Record,
+	cutOff func(proc int, from, to int64) bool) {
 	violations := 0
 	fail := func(format string, args ...any) {
 		violations++
@@ -347,7 +421,7 @@ func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, dec
 					fail("key %s: a run under fence %d (consumer %d) started %v after the stored run under fence %d (consumer %d)",
 						key, r.fence, r.proc, time.Duration(r.start-stored.start), stored.fence, stored.proc)
 				}
-			case r.how == "ok" && !lost(r.proc, r.start, stored.start) && !procs.AnyFrozenDuring(r.start, stored.start):
+			case r.how == "ok" && !lost(r.proc, r.start, stored.start) && !procs.AnyFrozenDuring(r.start, stored.start) && !cutOff(r.proc, r.start, stored.start):
 				// (A consumer frozen while it holds the SQLite file's write
 				// lock is an outage for every consumer: settles wait.)
 				var said []string // its consumer's decisions for the key after it: the settle's error

@@ -166,6 +166,7 @@ type execution struct {
 	status                  int    // 0: no answer (dropped, or cancelled by the gateway)
 	fence                   uint64 // Idempotency-Fence
 	stale                   bool   // refused: a larger fence of its key had come first
+	broken                  bool   // its body could not be read: its gateway died sending it
 	cancelled, dropped      bool
 	body                    string
 }
@@ -194,12 +195,17 @@ type campaignUpstream struct {
 func (u *campaignUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.inflight.Add(1)
 	defer u.inflight.Done()
-	body, _ := io.ReadAll(r.Body)
+	body, readErr := io.ReadAll(r.Body)
 	proc, _ := strconv.Atoi(strings.TrimPrefix(strings.Split(r.URL.Path, "/")[1], "g"))
 	u.mu.Lock()
 	e := &execution{id: len(u.execs) + 1, proc: proc, key: r.Header.Get(httpidem.HeaderName), principal: r.Header.Get("Authorization"),
 		payload: string(body), reqID: r.Header.Get("X-Request-Id"), start: time.Now().UnixNano()}
 	u.execs = append(u.execs, e)
+	if readErr != nil { // its gateway died sending it: no request, no effect
+		e.broken, e.end = true, time.Now().UnixNano()
+		u.mu.Unlock()
+		return
+	}
 	e.fence, _ = strconv.ParseUint(r.Header.Get(httpidem.FenceHeader), 10, 64)
 	if k := [2]string{e.key, e.principal}; e.fence < u.fences[k] {
 		e.stale, e.end, e.status, e.body = true, time.Now().UnixNano(), http.StatusConflict, "stale fence"
@@ -279,12 +285,6 @@ func (a *attempt) final() bool {
 	return a.problem == "mismatch" || a.problem == "" && a.exec != 0 && httpidem.DefaultPolicy(a.status) == idem.Complete
 }
 
-// outageSpan is a cut or a stall of the proxy, unix ns.
-type outageSpan struct {
-	from, to int64
-	kind     string
-}
-
 type gatewayCampaignRun struct {
 	t        *testing.T
 	up       *campaignUpstream
@@ -294,7 +294,7 @@ type gatewayCampaignRun struct {
 	mu       sync.Mutex
 	addrs    map[int]string // gateway process → its address
 	attempts []*attempt
-	outages  []outageSpan
+	outages  *testenv.Outages // nil: none (SQLite)
 	nextReq  atomic.Int64
 	client   *http.Client
 	began    int64 // unix ns
@@ -434,21 +434,8 @@ func gatewayCampaign(t *testing.T, cfg gatewayCampaignConfig) {
 	// (one outage at a time, in the background).
 	frng := rand.New(rand.NewPCG(seed, 0))
 	var kills, freezes, cuts, stalls int
-	var outages sync.WaitGroup
-	var outageOn atomic.Bool
-	outage := func(kind string, start, stop func(), d time.Duration) {
-		outageOn.Store(true)
-		outages.Add(1)
-		from := time.Now().UnixNano()
-		start()
-		time.AfterFunc(d, func() {
-			defer outages.Done()
-			stop()
-			g.mu.Lock()
-			g.outages = append(g.outages, outageSpan{from, time.Now().UnixNano(), kind})
-			g.mu.Unlock()
-			outageOn.Store(false)
-		})
+	if cfg.proxy != nil {
+		g.outages = testenv.NewOutages(cfg.proxy)
 	}
 	for time.Now().Add(300 * time.Millisecond).Before(deadline) {
 		time.Sleep(time.Duration(100+frng.IntN(300)) * time.Millisecond)
@@ -459,20 +446,22 @@ func gatewayCampaign(t *testing.T, cfg gatewayCampaignConfig) {
 		case f < 6:
 			g.procs.FreezeOne(frng, time.Duration(300+frng.IntN(3000))*time.Millisecond)
 			freezes++
-		case outageOn.Load() || cfg.proxy == nil:
+		case g.outages == nil || g.outages.Busy():
 		case f < 8:
 			d := time.Duration(100+frng.IntN(400)) * time.Millisecond
 			if frng.IntN(4) == 0 {
 				d = gatewayLease + 500*time.Millisecond
 			}
-			outage("cut", cfg.proxy.Cut, cfg.proxy.Restore, d)
+			g.outages.Cut(d)
 			cuts++
 		default:
-			outage("stall", cfg.proxy.Stall, cfg.proxy.Unstall, time.Duration(100+frng.IntN(2500))*time.Millisecond)
+			g.outages.Stall(time.Duration(100+frng.IntN(2500)) * time.Millisecond)
 			stalls++
 		}
 	}
-	outages.Wait()
+	if g.outages != nil {
+		g.outages.Wait()
+	}
 	wg.Wait()
 	g.procs.ThawAll()
 	up.behave.Store(true)
@@ -556,7 +545,7 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 			t.Errorf("VIOLATION: "+format, args...)
 		}
 	}
-	stale := 0
+	stale, broken := 0, 0
 	byReq := map[string]*attempt{}
 	for _, a := range g.attempts {
 		byReq[a.reqID] = a
@@ -577,6 +566,13 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 			continue
 		case forwarded[e.reqID] != nil:
 			fail("request %s reached the upstream twice (executions %d and %d)", e.reqID, forwarded[e.reqID].id, e.id)
+		case e.broken:
+			if at, ok := g.procs.KilledAt(e.proc); !ok || at < e.start-int64(5*time.Second) || at > e.end+int64(5*time.Second) {
+				fail("execution %d (request %s) came with its body cut short, its gateway %d not killed", e.id, e.reqID, e.proc)
+			}
+			forwarded[e.reqID] = e
+			broken++
+			continue // no request, no effect
 		case e.key != strconv.Quote(a.key.id) || e.principal != a.key.principal || e.payload != a.payload:
 			fail("execution %d of request %s carries key %s, %q, %q; the client sent %q, %q, %q", e.id, e.reqID,
 				e.key, e.principal, e.payload, a.key.id, a.key.principal, a.payload)
@@ -671,7 +667,7 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 			}
 		}
 	}
-	t.Logf("%d executions refused by the upstream for a stale fence", stale)
+	t.Logf("%d executions refused by the upstream for a stale fence, %d cut short by their gateway's kill", stale, broken)
 	if violations > 20 {
 		t.Errorf("… %d violations in all", violations)
 	}
@@ -698,11 +694,12 @@ func (g *gatewayCampaignRun) since(ns int64) time.Duration {
 
 // outagesNear lists the cuts and stalls that overlapped [from, to].
 func (g *gatewayCampaignRun) outagesNear(from, to int64) string {
+	if g.outages == nil {
+		return ""
+	}
 	var s []string
-	for _, o := range g.outages {
-		if o.from <= to && o.to >= from {
-			s = append(s, fmt.Sprintf("%s %v–%v", o.kind, g.since(o.from), g.since(o.to)))
-		}
+	for _, o := range g.outages.During(from, to) {
+		s = append(s, fmt.Sprintf("%s %v–%v", o.Kind, g.since(o.From), g.since(o.To)))
 	}
 	return strings.Join(s, ", ")
 }
@@ -719,12 +716,7 @@ func (g *gatewayCampaignRun) lostGateway(n int, from, to int64) bool {
 // outageDuring reports whether the proxy was cut or stalled at some moment
 // of [from, to].
 func (g *gatewayCampaignRun) outageDuring(from, to int64) bool {
-	for _, o := range g.outages {
-		if o.from <= to && o.to >= from {
-			return true
-		}
-	}
-	return false
+	return g.outages != nil && len(g.outages.During(from, to)) > 0
 }
 
 // otherBodyBefore reports whether a request with another body under a's

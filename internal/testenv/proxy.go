@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -222,4 +223,63 @@ func (p *Proxy) Restore() {
 		p.t.Fatalf("proxy: listen again on %s: %v", p.addr, err)
 	}
 	p.serve(ln)
+}
+
+// Outages cuts and stalls a Proxy in the background, one outage at a time,
+// for a fault campaign, and remembers them for its checks.
+type Outages struct {
+	p    *Proxy
+	on   atomic.Bool
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	past []Outage
+}
+
+// Outage is one cut or stall, unix ns.
+type Outage struct {
+	From, To int64
+	Kind     string // "cut" or "stall"
+}
+
+// NewOutages returns p's outages (none yet).
+func NewOutages(p *Proxy) *Outages { return &Outages{p: p} }
+
+// Busy reports whether an outage is under way.
+func (o *Outages) Busy() bool { return o.on.Load() }
+
+// Cut cuts the proxy and restores it after d, in the background.
+func (o *Outages) Cut(d time.Duration) { o.start("cut", o.p.Cut, o.p.Restore, d) }
+
+// Stall stalls the proxy and lets it go on after d, in the background.
+func (o *Outages) Stall(d time.Duration) { o.start("stall", o.p.Stall, o.p.Unstall, d) }
+
+func (o *Outages) start(kind string, begin, end func(), d time.Duration) {
+	o.on.Store(true)
+	o.wg.Add(1)
+	from := time.Now().UnixNano()
+	begin()
+	time.AfterFunc(d, func() {
+		defer o.wg.Done()
+		end()
+		o.mu.Lock()
+		o.past = append(o.past, Outage{from, time.Now().UnixNano(), kind})
+		o.mu.Unlock()
+		o.on.Store(false)
+	})
+}
+
+// Wait waits for the outage under way to end.
+func (o *Outages) Wait() { o.wg.Wait() }
+
+// During returns the outages that overlapped [from, to] (unix ns).
+func (o *Outages) During(from, to int64) []Outage {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []Outage
+	for _, x := range o.past {
+		if x.From <= to && x.To >= from {
+			out = append(out, x)
+		}
+	}
+	return out
 }
