@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -140,11 +141,22 @@ func newProxy(upstream *url.URL, timeout time.Duration, fenceHeader string, logg
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
+			fence, guarded := idem.FenceFrom(pr.In.Context())
 			if fenceHeader != "" {
 				pr.Out.Header.Del(fenceHeader)
-				if fence, ok := idem.FenceFrom(pr.In.Context()); ok {
+				if guarded {
 					pr.Out.Header.Set(fenceHeader, strconv.FormatUint(fence, 10))
 				}
+			}
+			if guarded && (pr.Out.Body == nil || pr.Out.Body == http.NoBody) {
+				// http.Transport resends a request whose connection broke
+				// after it was written if it deems it replayable, and a
+				// request without a body and with an Idempotency-Key (or
+				// X-Idempotency-Key) header is, to it: the upstream would
+				// run it twice under one claim. It looks for those names
+				// as Go writes them; in lower case (as HTTP/2 sends every
+				// name, and HTTP/1.1 compares them) it does not resend.
+				hideFromRetries(pr.Out.Header)
 			}
 		},
 		Transport: transport,
@@ -167,6 +179,17 @@ func newProxy(upstream *url.URL, timeout time.Duration, fenceHeader string, logg
 			logger.Printf("upstream %s %s: %v", r.Method, r.URL.Path, err)
 			w.WriteHeader(status)
 		},
+	}
+}
+
+// hideFromRetries moves the key headers to their lower-case names (see
+// newProxy).
+func hideFromRetries(h http.Header) {
+	for _, name := range [...]string{"Idempotency-Key", "X-Idempotency-Key"} {
+		if v, ok := h[name]; ok {
+			delete(h, name)
+			h[strings.ToLower(name)] = v
+		}
 	}
 }
 

@@ -434,3 +434,45 @@ func TestGatewayUpstreamDroppedConnectionHolds(t *testing.T) {
 		}
 	}
 }
+
+// TestGatewayNeverSendsAKeyedRequestTwice: Go's http.Transport resends a
+// request whose connection broke after it was written when it deems the
+// request replayable — and a POST with an Idempotency-Key header and no
+// body is, to it. Behind the gateway the upstream may have done the work:
+// the resend would run it twice under one claim. Here the upstream reads
+// the empty POST on a kept-alive connection, then drops the connection
+// without answering: the gateway must answer 502 (and hold the key), the
+// upstream having seen the request once.
+func TestGatewayNeverSendsAKeyedRequestTwice(t *testing.T) {
+	var posts atomic.Int32
+	var lengths sync.Map
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			return // warms a kept-alive connection up
+		}
+		posts.Add(1)
+		lengths.Store(r.Header.Get("Content-Length")+"/"+strings.Join(r.TransferEncoding, ",")+"/"+r.Header.Get("Idempotency-Key"), true)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+	}))
+	defer srv.Close()
+	g := startGateway(t, "--upstream", srv.URL, "--store", "sqlite:"+filepath.Join(t.TempDir(), "gw.db"))
+	resp, err := http.Get("http://" + g.addr + "/warm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if st, _, _ := g.post(t, `"empty"`, ""); st != http.StatusBadGateway {
+		t.Errorf("the upstream dropped the connection: %d, want 502", st)
+	}
+	if n := posts.Load(); n != 1 {
+		t.Fatalf("the upstream received the keyed POST %d times, want once", n)
+	}
+	lengths.Range(func(k, _ any) bool {
+		if k != `0//"empty"` {
+			t.Errorf("the empty POST went upstream with Content-Length/Transfer-Encoding/Idempotency-Key %q, want 0, none and its key", k)
+		}
+		return true
+	})
+}
