@@ -181,8 +181,9 @@ func (e *execution) complete() bool {
 // request it receives and, like a service that conditions its writes on
 // the fence, refuses one whose fence is below the largest its key came
 // with (409); the others it answers at random: at once, slowly (past the
-// lease on heartbeats), 500, 400, by dropping the connection or not before
-// the gateway's upstream timeout. Once behave is set it answers 201 at once.
+// lease on heartbeats), 500, 400, by dropping the connection (before its
+// answer, or in the middle of it) or not before the gateway's upstream
+// timeout. Once behave is set it answers 201 at once.
 type campaignUpstream struct {
 	behave   atomic.Bool
 	inflight sync.WaitGroup
@@ -242,6 +243,17 @@ func (u *campaignUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case pick >= 85 && pick < 90:
 		wait = gatewayUpstreamTimeout + time.Second // the gateway answers 504 and holds the key
+	case pick >= 90 && pick < 93: // dies in the middle of its answer: never replayed cut short
+		w.Header().Set("Content-Length", "100")
+		w.Header().Set("X-Exec", strconv.Itoa(e.id))
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"exec":`)
+		_ = http.NewResponseController(w).Flush()
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+		finish(0, false, true, "")
+		return
 	}
 	select {
 	case <-time.After(wait):
@@ -320,7 +332,10 @@ func (g *gatewayCampaignRun) send(rng *rand.Rand, k *campaignKey, payload string
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/payments", strings.NewReader(payload))
-	req.Header.Set(httpidem.HeaderName, strconv.Quote(k.id))
+	// One transmission per attempt: Go's Transport would resend a request
+	// with a (canonically spelt) Idempotency-Key whose connection broke — the
+	// gateway then answers the resend, say 409, for a request it forwarded.
+	req.Header[strings.ToLower(httpidem.HeaderName)] = []string{strconv.Quote(k.id)}
 	req.Header.Set("Authorization", k.principal)
 	req.Header.Set("X-Request-Id", a.reqID)
 	a.sent = time.Now().UnixNano()
