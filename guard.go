@@ -206,7 +206,10 @@ type Result struct {
 // A duplicate is reported in Result.Outcome with a nil error: InProgress,
 // Replayed (Value holds the stored result), Mismatch or Poisoned. The error is
 // non-nil for invalid input, a store failure (no work runs without a claim:
-// the guard fails closed), or the work's own error, which Run returns after
+// the guard fails closed), a claim whose answer came after its lease would
+// have ended (ErrLeaseExpired, the Result empty as for a store failure:
+// another owner may hold the key by then, so the work does not run and the
+// claim ends with its lease), or the work's own error, which Run returns after
 // settling — unchanged, unless the Guard had cancelled the work's context
 // because its lease was lost (ErrStaleFence) or ran out (ErrLeaseExpired):
 // then with that reason joined (errors.Is finds both; Config.Classify sees
@@ -273,6 +276,12 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 		return res, nil
 	}
 
+	if late := time.Since(sent); late >= g.cfg.Lease-g.leaseMargin() {
+		// The answer came after the lease would have ended (by this
+		// process's count): another owner may hold the key by now. The work
+		// does not run; the claim ends with its lease.
+		return Result{}, fmt.Errorf("idem: acquire %s: the store answered after %v, past the %v lease: %w", key, late.Round(time.Millisecond), g.cfg.Lease, ErrLeaseExpired)
+	}
 	value, workErr, leaseEnd, lost := g.runOwned(ctx, skey, acq.Fence, sent, progress, work)
 	disp := classify(g.cfg.Classify, workErr)
 	res.Disposition = disp
