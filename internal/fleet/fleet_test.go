@@ -29,7 +29,13 @@ func TestFleet(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	before := time.Now().UnixNano()
+	if f.AnyFrozenDuring(0, before) {
+		t.Fatal("a helper remembered as frozen before any was")
+	}
 	f.FreezeOne(rng, time.Hour) // thawed by ThawAll, not by its timer
+	if !f.AnyFrozenDuring(before, time.Now().UnixNano()) {
+		t.Fatal("the helper frozen now is not seen by AnyFrozenDuring")
+	}
 	f.ThawAll()
 	after := time.Now().UnixNano()
 	if !f.FrozenDuring(1, before, after) && !f.FrozenDuring(2, before, after) {
@@ -37,6 +43,9 @@ func TestFleet(t *testing.T) {
 	}
 	if f.FrozenDuring(1, after+1, after+int64(time.Hour)) || f.FrozenDuring(2, after+1, after+int64(time.Hour)) {
 		t.Fatal("a helper remembered as frozen after ThawAll")
+	}
+	if !f.AnyFrozenDuring(before, after) || f.AnyFrozenDuring(after+1, after+int64(time.Hour)) {
+		t.Fatal("AnyFrozenDuring does not follow the freeze")
 	}
 	f.KillOne(rng)
 	if f.Len() != 2 {

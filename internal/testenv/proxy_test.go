@@ -57,3 +57,50 @@ func TestProxyDelay(t *testing.T) {
 		}
 	}
 }
+
+// TestOutages: a cut refuses connections until it ends, one outage runs at
+// a time (Busy), and each is remembered with its kind and span.
+func TestOutages(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	p := StartProxy(t, ln.Addr().String())
+	o := NewOutages(p)
+	before := time.Now().UnixNano()
+	o.Cut(50 * time.Millisecond)
+	if !o.Busy() {
+		t.Fatal("not busy during a cut")
+	}
+	if c, err := net.Dial("tcp", p.Addr()); err == nil {
+		c.Close()
+		t.Fatal("the cut proxy accepted a connection")
+	}
+	o.Wait()
+	after := time.Now().UnixNano()
+	if o.Busy() {
+		t.Fatal("busy after the cut ended")
+	}
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatalf("after the cut: %v", err)
+	}
+	c.Close()
+	got := o.During(before, after)
+	if len(got) != 1 || got[0].Kind != "cut" || got[0].To-got[0].From < int64(50*time.Millisecond) {
+		t.Fatalf("remembered %+v, want one cut of at least 50 ms", got)
+	}
+	if len(o.During(after+1, after+int64(time.Hour))) != 0 {
+		t.Fatal("an outage remembered after it ended")
+	}
+}
