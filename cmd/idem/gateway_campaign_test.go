@@ -300,7 +300,6 @@ func (a *attempt) final() bool {
 type gatewayCampaignRun struct {
 	t        *testing.T
 	up       *campaignUpstream
-	upURL    string
 	procs    *fleet.Fleet
 	proxied  func(n int) bool
 	mu       sync.Mutex
@@ -389,7 +388,7 @@ func gatewayCampaign(t *testing.T, cfg gatewayCampaignConfig) {
 	up := &campaignUpstream{rng: rand.New(rand.NewPCG(seed, 1)), fences: map[[2]string]uint64{}}
 	srv := httptest.NewServer(up)
 	defer srv.Close()
-	g := &gatewayCampaignRun{t: t, up: up, upURL: srv.URL, addrs: map[int]string{}, began: time.Now().UnixNano(),
+	g := &gatewayCampaignRun{t: t, up: up, addrs: map[int]string{}, began: time.Now().UnixNano(),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	g.procs = fleet.New(t, cfg.TestName, gatewayReadyLine, nil, func(n int) []string {
 		addr := freeAddr(t)
@@ -634,7 +633,7 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 			replayedExec[a.key] = a.exec
 		case a.problem != "":
 			if e != nil {
-				fail("request %s was answered %d %s, but was forwarded (execution %d)", a.reqID, a.status, a.problem, e.id)
+				fail("request %s was answered %d %s by gateway %d, but was forwarded (execution %s)", a.reqID, a.status, a.problem, a.gateway, g.describe(e))
 			}
 			if a.problem == "mismatch" && !g.otherBodyBefore(a) {
 				fail("request %s (key %s of %s) was answered 422, though no request with another body came before it", a.reqID, a.key.id, a.key.principal)
