@@ -31,15 +31,32 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// freeAddr returns a loopback address free now and never returned before
+// in this process: the kernel may hand a port just closed out again, and two
+// callers of the same test (a gateway's listen and admin addresses, a
+// gateway and its upstream) must not share one.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	handedOutMu.Lock()
+	defer handedOutMu.Unlock()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if !handedOut[addr] {
+			handedOut[addr] = true
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
+
+var (
+	handedOutMu sync.Mutex
+	handedOut   = map[string]bool{}
+)
 
 // gateway is an idem serve process.
 type gateway struct {
@@ -427,7 +444,15 @@ func TestGatewayUpstreamDroppedConnectionHolds(t *testing.T) {
 		t.Fatalf("the upstream ran %d times", n)
 	}
 
-	down := startGateway(t, "--upstream", "http://"+freeAddr(t), "--store", "sqlite:"+filepath.Join(t.TempDir(), "gw2.db"), "--lease", "10s")
+	// The upstream's port is held while the gateway picks its own, so the
+	// two cannot be the same (the gateway then proxied to itself: 409),
+	// and let go after: nothing listens there.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := startGateway(t, "--upstream", "http://"+ln.Addr().String(), "--store", "sqlite:"+filepath.Join(t.TempDir(), "gw2.db"), "--lease", "10s")
+	ln.Close()
 	for i := range 2 {
 		if st, _, _ := down.post(t, `"unreachable"`, "pay 10"); st != 503 {
 			t.Fatalf("request %d to an upstream that cannot be reached: %d, want 503 (released, nothing was sent)", i, st)
