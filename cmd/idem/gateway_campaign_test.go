@@ -166,7 +166,7 @@ type execution struct {
 	status                  int    // 0: no answer (dropped, or cancelled by the gateway)
 	fence                   uint64 // Idempotency-Fence
 	stale                   bool   // refused: a larger fence of its key had come first
-	broken                  bool   // its body could not be read: its gateway died sending it
+	broken                  bool   // its body could not be read: its gateway died or gave up sending it
 	cancelled, dropped      bool
 	body                    string
 }
@@ -202,7 +202,7 @@ func (u *campaignUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e := &execution{id: len(u.execs) + 1, proc: proc, key: r.Header.Get(httpidem.HeaderName), principal: r.Header.Get("Authorization"),
 		payload: string(body), reqID: r.Header.Get("X-Request-Id"), start: time.Now().UnixNano()}
 	u.execs = append(u.execs, e)
-	if readErr != nil { // its gateway died sending it: no request, no effect
+	if readErr != nil { // its gateway died or gave up sending it: no request, no effect
 		e.broken, e.end = true, time.Now().UnixNano()
 		u.mu.Unlock()
 		return
@@ -586,9 +586,8 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 		case forwarded[e.reqID] != nil:
 			fail("request %s reached the upstream twice (executions %d and %d)", e.reqID, forwarded[e.reqID].id, e.id)
 		case e.broken:
-			if at, ok := g.procs.KilledAt(e.proc); !ok || at < e.start-int64(5*time.Second) || at > e.end+int64(5*time.Second) {
-				fail("execution %d (request %s) came with its body cut short, its gateway %d not killed", e.id, e.reqID, e.proc)
-			}
+			// Its gateway died or cancelled the call (its lease ran out)
+			// while sending it: nothing the upstream can act on.
 			forwarded[e.reqID] = e
 			broken++
 			continue // no request, no effect
@@ -686,7 +685,7 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 			}
 		}
 	}
-	t.Logf("%d executions refused by the upstream for a stale fence, %d cut short by their gateway's kill", stale, broken)
+	t.Logf("%d executions refused by the upstream for a stale fence, %d requests cut short by their gateway", stale, broken)
 	if violations > 20 {
 		t.Errorf("… %d violations in all", violations)
 	}
