@@ -365,13 +365,6 @@ func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, dec
 			t.Errorf("VIOLATION: "+format, args...)
 		}
 	}
-	// lost reports whether consumer n was killed or frozen within [from, to].
-	lost := func(n int, from, to int64) bool {
-		if at, ok := procs.KilledAt(n); ok && at >= from && at <= to {
-			return true
-		}
-		return procs.FrozenDuring(n, from, to)
-	}
 	total := 0
 	for key, rs := range runs {
 		total += len(rs)
@@ -389,7 +382,7 @@ func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, dec
 				if first.end == 0 || second.start < first.end {
 					// (A consumer frozen between its claim and its work's
 					// start runs it when thawed, its lease gone.)
-					if !lost(first.proc, first.start, second.start) && !procs.FrozenDuring(first.proc, first.start-int64(10*time.Second), first.start) {
+					if !procs.LostDuring(first.proc, first.start, second.start) && !procs.FrozenDuring(first.proc, first.start-int64(10*time.Second), first.start) {
 						fail("key %s: runs under fences %d (consumer %d) and %d (consumer %d) overlapped, neither consumer killed nor frozen",
 							key, first.fence, first.proc, second.fence, second.proc)
 					}
@@ -421,7 +414,7 @@ func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, dec
 					fail("key %s: a run under fence %d (consumer %d) started %v after the stored run under fence %d (consumer %d)",
 						key, r.fence, r.proc, time.Duration(r.start-stored.start), stored.fence, stored.proc)
 				}
-			case r.how == "ok" && !lost(r.proc, r.start, stored.start) && !procs.AnyFrozenDuring(r.start, stored.start) && !cutOff(r.proc, r.start, stored.start):
+			case r.how == "ok" && !procs.LostDuring(r.proc, r.start, stored.start) && !procs.AnyFrozenDuring(r.start, stored.start) && !cutOff(r.proc, r.start, stored.start):
 				// (A consumer frozen while it holds the SQLite file's write
 				// lock is an outage for every consumer: settles wait.)
 				var said []string // its consumer's decisions for the key after it: the settle's error

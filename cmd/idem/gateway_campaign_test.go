@@ -654,7 +654,7 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 			for _, e2 := range es[i+1:] {
 				// A gateway frozen between its claim and its call (before
 				// e1 started) sends it when thawed, its lease gone.
-				if e2.start < e1.end && !e1.stale && !e2.stale && !g.lostGateway(e1.proc, e1.start, e2.start) &&
+				if e2.start < e1.end && !e1.stale && !e2.stale && !g.procs.LostDuring(e1.proc, e1.start, e2.start) &&
 					!g.procs.FrozenDuring(e1.proc, e1.start-int64(10*time.Second), e1.start) {
 					fail("key %s of %s: executions %s and %s overlapped by %v, with neither killed nor frozen (outages: %s)",
 						k.id, k.principal, g.describe(e1), g.describe(e2), time.Duration(e1.end-e2.start), g.outagesNear(e1.start, e2.end))
@@ -678,7 +678,7 @@ func (g *gatewayCampaignRun) check(keys []*campaignKey, stored map[*campaignKey]
 			case e.start > se.start:
 				fail("key %s of %s: execution %s started %v after execution %s, whose answer is stored (fences %d, %d)",
 					k.id, k.principal, g.describe(e), time.Duration(e.start-se.start), g.describe(se), e.fence, se.fence)
-			case e.complete() && !g.lostGateway(e.proc, e.start, se.start) && !(e.proc%2 == 1 && g.outageDuring(e.start, se.start)) &&
+			case e.complete() && !g.procs.LostDuring(e.proc, e.start, se.start) && !(e.proc%2 == 1 && g.outageDuring(e.start, se.start)) &&
 				!(sharedFile && g.procs.AnyFrozenDuring(e.start, se.start)):
 				fail("key %s of %s: execution %d (gateway %d) answered %d and was not stored, with no kill, freeze or outage before execution %d (gateway %d) ran it again %v later",
 					k.id, k.principal, e.id, e.proc, e.status, se.id, se.proc, time.Duration(se.start-e.end))
@@ -720,15 +720,6 @@ func (g *gatewayCampaignRun) outagesNear(from, to int64) string {
 		s = append(s, fmt.Sprintf("%s %v–%v", o.Kind, g.since(o.From), g.since(o.To)))
 	}
 	return strings.Join(s, ", ")
-}
-
-// lostGateway reports whether gateway n was killed or frozen at some moment
-// of [from, to] (unix ns).
-func (g *gatewayCampaignRun) lostGateway(n int, from, to int64) bool {
-	if at, ok := g.procs.KilledAt(n); ok && at >= from && at <= to {
-		return true
-	}
-	return g.procs.FrozenDuring(n, from, to)
 }
 
 // outageDuring reports whether the proxy was cut or stalled at some moment

@@ -207,6 +207,15 @@ func (f *Fleet) FrozenDuring(n int, from, to int64) bool {
 	return false
 }
 
+// LostDuring reports whether process n was killed or frozen at some moment
+// of [from, to] (unix ns): work it ran then cannot have stopped in time.
+func (f *Fleet) LostDuring(n int, from, to int64) bool {
+	if at, ok := f.KilledAt(n); ok && at >= from && at <= to {
+		return true
+	}
+	return f.FrozenDuring(n, from, to)
+}
+
 // AnyFrozenDuring reports whether some process was frozen at some moment of
 // [from, to] (unix ns): one that shares a file with the others (SQLite)
 // may have held its lock meanwhile, an outage for every process.

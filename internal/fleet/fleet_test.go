@@ -44,6 +44,9 @@ func TestFleet(t *testing.T) {
 	if f.FrozenDuring(1, after+1, after+int64(time.Hour)) || f.FrozenDuring(2, after+1, after+int64(time.Hour)) {
 		t.Fatal("a helper remembered as frozen after ThawAll")
 	}
+	if !f.LostDuring(1, before, after) && !f.LostDuring(2, before, after) {
+		t.Fatal("LostDuring does not see the freeze")
+	}
 	if !f.AnyFrozenDuring(before, after) || f.AnyFrozenDuring(after+1, after+int64(time.Hour)) {
 		t.Fatal("AnyFrozenDuring does not follow the freeze")
 	}

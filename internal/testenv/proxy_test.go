@@ -12,21 +12,7 @@ import (
 // echo server takes at least twice the delay, and a burst of messages
 // arrives whole and in order (the chunks do not wait for each other).
 func TestProxyDelay(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
-	p := StartProxy(t, ln.Addr().String())
+	p := StartProxy(t, serveLoopback(t, func(c net.Conn) { io.Copy(c, c); c.Close() }))
 	const delay = 20 * time.Millisecond
 	p.SetDelay(delay)
 	c, err := net.Dial("tcp", p.Addr())
@@ -61,21 +47,7 @@ func TestProxyDelay(t *testing.T) {
 // TestOutages: a cut refuses connections until it ends, one outage runs at
 // a time (Busy), and each is remembered with its kind and span.
 func TestOutages(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	p := StartProxy(t, ln.Addr().String())
+	p := StartProxy(t, serveLoopback(t, func(c net.Conn) { c.Close() }))
 	o := NewOutages(p)
 	before := time.Now().UnixNano()
 	o.Cut(50 * time.Millisecond)
@@ -103,4 +75,24 @@ func TestOutages(t *testing.T) {
 	if len(o.During(after+1, after+int64(time.Hour))) != 0 {
 		t.Fatal("an outage remembered after it ended")
 	}
+}
+
+// serveLoopback serves each connection to a loopback listener with handle,
+// in a goroutine of its own, until t ends, and returns its address.
+func serveLoopback(t *testing.T, handle func(net.Conn)) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}()
+	return ln.Addr().String()
 }
