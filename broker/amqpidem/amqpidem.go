@@ -74,6 +74,19 @@ func CorrelationIDKey(m broker.Message) (string, error) {
 	return "", errors.New("idem/amqpidem: the message has no correlation-id")
 }
 
+// MessageIDKey takes the key from the AMQP message-id property: where a
+// publisher that sets its own ids puts them — idem's outbox sender
+// (outbox/amqpsender) writes its key there, the same on every retry. The
+// broker keeps the property on redelivery and dead-lettering; a publisher
+// that lets its client library make up a new id per publish must not be
+// keyed on it.
+func MessageIDKey(m broker.Message) (string, error) {
+	if dm, ok := m.(message); ok && dm.d.MessageId != "" {
+		return dm.d.MessageId, nil
+	}
+	return "", errors.New("idem/amqpidem: the message has no message-id")
+}
+
 // attempt is x-delivery-count + 1 on quorum queues; elsewhere 1, or 2 for a
 // redelivery.
 func attempt(d *amqp.Delivery) int {

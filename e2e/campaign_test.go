@@ -1,0 +1,452 @@
+package e2e_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/internal/fleet"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/sqldriver/pgxv5"
+)
+
+var (
+	campaignDuration = flag.Duration("e2e.campaign.duration", 8*time.Second, "how long the end-to-end campaign commits transfers and injects faults")
+	campaignSeed     = flag.Uint64("e2e.campaign.seed", 0, "seed of the end-to-end campaign (0: a new one, printed)")
+)
+
+const (
+	// The relays' claims and sends: short, so that claims of killed and
+	// frozen relays run out, and sends are cut, many times a run.
+	relayLease       = 2 * time.Second
+	relaySendTimeout = 500 * time.Millisecond
+	// ackWait is how long the broker waits for a consumer's ack before it
+	// hands the message to another (JetStream's AckWait; RabbitMQ hands a
+	// message out again when its consumer's connection ends).
+	ackWait = 2 * time.Second
+	// dedupWindow is JetStream's duplicate window on the campaign's stream:
+	// shorter than the relays' lease, so a message that a killed relay
+	// published is published again after it and reaches the stream twice —
+	// the inbox, not the broker, must keep the second copy from booking.
+	dedupWindow   = time.Second
+	campaignDrain = 90 * time.Second
+	inboxConsumer = "e2e-credits"
+)
+
+// Environment of a campaign's helper process.
+const (
+	envRole   = "IDEM_E2E_ROLE" // "relay" or "consumer"
+	envProc   = "IDEM_E2E_PROC"
+	envDB     = "IDEM_E2E_DB"     // the connection string it uses
+	envSchema = "IDEM_E2E_SCHEMA" // of every table
+	envTopic  = "IDEM_E2E_TOPIC"  // the stream or queue
+	envBroker = "IDEM_E2E_BROKER" // host:port of the broker, as this relay reaches it
+	envDir    = "IDEM_E2E_DIR"    // where consumers log what they book
+	readyLine = "IDEM E2E READY"
+)
+
+// transfer is the business message: the sender debits Cents from its side
+// and the receiver credits them to Account.
+type transfer struct {
+	Key     string `json:"key"`
+	Account string `json:"account"`
+	Cents   int64  `json:"cents"`
+}
+
+// book applies one delivery: key is what the consumer read from the
+// protocol's own field.
+type book func(ctx context.Context, key string, body []byte) (inbox.Outcome, error)
+
+// transport is one broker as the campaign uses it.
+type transport struct {
+	// url is the broker's URL (testenv's); its host:port is what a proxy
+	// stands in front of.
+	url string
+	// newTopic creates a fresh stream or queue, removed when t ends.
+	newTopic func(t testing.TB) string
+	// destination names topic on the broker at url, as an outbox row does.
+	destination func(url, topic string) string
+	// sender is the outbox's sender for the broker.
+	sender func() outbox.Sender
+	// consume runs b on every message of topic through the broker's
+	// adapter (the transactional inbox's handler), keyed by the field the
+	// sender writes its key into, until t ends.
+	consume func(t testing.TB, topic string, b book)
+}
+
+func schemaDDL(schema string) string {
+	return strings.NewReplacer("S.", schema+".").Replace(`
+		-- The sender's side: a debit per committed transfer.
+		CREATE TABLE S.debits (key text PRIMARY KEY, account text NOT NULL, cents bigint NOT NULL);
+		-- The receiver's side: a credit per booking, deliberately without a
+		-- unique key (the inbox is what stops a second booking), and the
+		-- balances the credits add up to.
+		CREATE TABLE S.credits (id bigserial PRIMARY KEY, key text NOT NULL, body_key text NOT NULL,
+			account text NOT NULL, cents bigint NOT NULL, proc int NOT NULL);
+		CREATE TABLE S.balances (account text PRIMARY KEY, cents bigint NOT NULL);`)
+}
+
+// campaign runs the end-to-end campaign on tr; testName is the calling
+// test, which helper processes re-run.
+//
+// Producers commit transfers: a debit row and its outbox message in one
+// transaction (a sixth of them rolled back). Three relay processes send the
+// outbox with the broker's sender (the key in the protocol's own field:
+// Nats-Msg-Id, the AMQP message-id); three consumer processes book each
+// message through the broker's adapter into the transactional inbox, keyed
+// by that field: a credit row and a balance update in the transaction that
+// records the key. Meanwhile relays and consumers are killed (SIGKILL, and
+// replaced) and frozen (SIGSTOP, past the relays' lease and the broker's
+// ack deadline); PostgreSQL is cut (now and then for longer than a lease)
+// and stalled for the odd relays and consumers, which reach it through a
+// proxy — the even ones directly: a partition; and the broker is cut and
+// stalled for the odd relays. Then the faults stop and every committed
+// transfer must be booked within campaignDrain. It checks, on the business
+// rows at both ends:
+//   - never lost: every debit has its credit, and no outbox row is dead;
+//   - never twice: no debit has two credits;
+//   - never phantom: no credit without a committed debit (a rolled-back
+//     transaction sends nothing);
+//   - never someone else's: a credit carries its own debit's account,
+//     amount and key, and was booked under the key its body names;
+//   - the balances are the debits' sums, account by account.
+func campaign(t *testing.T, testName string, tr transport) {
+	switch os.Getenv(envRole) {
+	case "relay":
+		runRelay(t, tr)
+		return
+	case "consumer":
+		runConsumer(t, tr)
+		return
+	}
+	seed := *campaignSeed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	t.Logf("end-to-end campaign seed %d (replay: -e2e.campaign.seed=%d), duration %v", seed, seed, *campaignDuration)
+	ctx := context.Background()
+	pool, schema := testenv.PostgresSchema(t, schemaDDL)
+	ob, err := outbox.New(pgxv5.New(pool), outbox.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ob.Close()
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := openInbox(t, pool, schema).Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	topic := tr.newTopic(t)
+	brokerURL, err := url.Parse(tr.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dest := tr.destination(tr.url, topic)
+	proxiedDB, dbProxy := testenv.PostgresProxy(t)
+	brokerProxy := testenv.StartProxy(t, brokerURL.Host)
+	dbOutages, brokerOutages := testenv.NewOutages(dbProxy), testenv.NewOutages(brokerProxy)
+	dir := t.TempDir()
+	helpers := func(role string) *fleet.Fleet {
+		return fleet.New(t, testName, readyLine, []string{"-e2e.campaign.duration=" + campaignDuration.String()}, func(n int) []string {
+			db, brokerAddr := testenv.PostgresURL, brokerURL.Host
+			if n%2 == 1 {
+				db, brokerAddr = proxiedDB, brokerProxy.Addr()
+			}
+			return []string{envRole + "=" + role, envProc + "=" + strconv.Itoa(n), envDB + "=" + db, envSchema + "=" + schema,
+				envTopic + "=" + topic, envBroker + "=" + brokerAddr, envDir + "=" + dir}
+		})
+	}
+	relays, consumers := helpers("relay"), helpers("consumer")
+	for range 3 {
+		relays.Spawn()
+		consumers.Spawn()
+	}
+
+	deadline := time.Now().Add(*campaignDuration)
+	var committed, rolledBack, failed atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(g+1)))
+			for time.Now().Before(deadline) {
+				switch err := commitTransfer(ctx, pool, ob, schema, rng, dest); {
+				case errors.Is(err, errRolledBack):
+					rolledBack.Add(1)
+				case err != nil:
+					failed.Add(1) // nothing committed: the producers reach PostgreSQL directly
+					t.Errorf("a producer's transaction failed: %v", err)
+				default:
+					committed.Add(1)
+				}
+				time.Sleep(time.Duration(2+rng.IntN(10)) * time.Millisecond)
+			}
+		}()
+	}
+	var kills, freezes, cuts, stalls, brokerCuts, brokerStalls int
+	frng := rand.New(rand.NewPCG(seed, 0))
+	for time.Now().Before(deadline) {
+		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
+		helpers := relays
+		if frng.IntN(2) == 0 {
+			helpers = consumers
+		}
+		switch f := frng.IntN(8); {
+		case f < 2:
+			helpers.KillOne(frng)
+			kills++
+		case f < 4:
+			helpers.FreezeOne(frng, time.Duration(300+frng.IntN(3000))*time.Millisecond)
+			freezes++
+		case f == 4 && !dbOutages.Busy():
+			d := time.Duration(100+frng.IntN(400)) * time.Millisecond
+			if frng.IntN(4) == 0 {
+				d = relayLease + 500*time.Millisecond
+			}
+			dbOutages.Cut(d)
+			cuts++
+		case f == 5 && !dbOutages.Busy():
+			dbOutages.Stall(time.Duration(100+frng.IntN(2000)) * time.Millisecond)
+			stalls++
+		case f == 6 && !brokerOutages.Busy():
+			brokerOutages.Cut(time.Duration(100+frng.IntN(900)) * time.Millisecond)
+			brokerCuts++
+		case f == 7 && !brokerOutages.Busy():
+			brokerOutages.Stall(time.Duration(100+frng.IntN(900)) * time.Millisecond)
+			brokerStalls++
+		}
+	}
+	wg.Wait()
+	dbOutages.Wait()
+	brokerOutages.Wait()
+	relays.ThawAll()
+	consumers.ThawAll()
+	t.Logf("%d transfers committed, %d rolled back; %d kills, %d freezes, %d cuts and %d stalls of PostgreSQL, %d cuts and %d stalls of the broker",
+		committed.Load(), rolledBack.Load(), kills, freezes, cuts, stalls, brokerCuts, brokerStalls)
+
+	// The faults are over: every committed transfer must be booked.
+	drainEnd := time.Now().Add(campaignDrain)
+	for {
+		var unbooked int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.debits d WHERE NOT EXISTS (SELECT 1 FROM `+schema+`.credits c WHERE c.key = d.key)`).Scan(&unbooked)
+		counts, cerr := ob.CountByStatus(ctx)
+		if err == nil && cerr == nil && unbooked == 0 && counts[outbox.Pending] == 0 {
+			break
+		}
+		if time.Now().After(drainEnd) {
+			t.Errorf("VIOLATION: %v after the faults ended, %d debits have no credit and the outbox holds %v (%v, %v)", campaignDrain, unbooked, counts, err, cerr)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	relays.StopAll()
+	consumers.StopAll()
+	checkBooks(t, pool, schema, ob)
+	t.Logf("the inbox kept %d copies from booking again (consumers' logs)", duplicatesLogged(t, dir))
+}
+
+var errRolledBack = errors.New("rolled back on purpose")
+
+// commitTransfer debits an account and enqueues the transfer in one
+// transaction, which it rolls back one time in six.
+func commitTransfer(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox[pgx.Tx], schema string, rng *rand.Rand, dest string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		key, err := outbox.NewUUIDKey()
+		if rng.IntN(2) == 0 { // half the keys from the outbox's counters
+			key, err = ob.NextKeyTx(ctx, tx, "TRF", time.Now())
+		}
+		if err != nil {
+			return err
+		}
+		tr := transfer{Key: key, Account: "ACC-" + strconv.Itoa(rng.IntN(8)), Cents: 1 + rng.Int64N(100_000)}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.debits (key, account, cents) VALUES ($1, $2, $3)`, tr.Key, tr.Account, tr.Cents); err != nil {
+			return err
+		}
+		payload, _ := json.Marshal(tr)
+		if err := ob.EnqueueTx(ctx, tx, outbox.Message{Key: key, Destination: dest, Payload: payload}); err != nil {
+			return err
+		}
+		if rng.IntN(6) == 0 {
+			return errRolledBack
+		}
+		return nil
+	})
+}
+
+func openInbox(t testing.TB, pool *pgxpool.Pool, schema string) *inbox.Inbox[pgx.Tx] {
+	ib, err := inbox.New(pgxv5.New(pool), inbox.Config{Table: schema + ".processed_events", VersionTable: schema + ".entity_versions"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ib
+}
+
+// helperPool opens the helper process's own pool, on the connection string
+// its number gave it.
+func helperPool(t testing.TB) *pgxpool.Pool {
+	cfg, err := pgxpool.ParseConfig(os.Getenv(envDB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// runRelay is a relay process: it sends the outbox until it is killed,
+// reaching the broker at envBroker.
+func runRelay(t *testing.T, tr transport) {
+	ob, err := outbox.New(pgxv5.New(helperPool(t)), outbox.Config{Schema: os.Getenv(envSchema)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(tr.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sender, brokerHost, via := tr.sender(), u.Host, os.Getenv(envBroker)
+	proc, _ := strconv.Atoi(os.Getenv(envProc))
+	batch, concurrency := 8, 4 // half the relays send small batches four at a time, the others long ones one at a time
+	if proc%2 == 0 {
+		batch, concurrency = 64, 1
+	}
+	r, err := outbox.NewRelay(outbox.RelayConfig{
+		Store: ob.Store, Batch: batch, Concurrency: concurrency, Lease: relayLease, SendTimeout: relaySendTimeout,
+		PollInterval: 100 * time.Millisecond, BackoffMin: 20 * time.Millisecond, BackoffMax: 300 * time.Millisecond,
+		MaxTries: 1000, // a message dies only when the broker refuses it for good
+		Sender: outbox.SenderFunc(func(ctx context.Context, m *outbox.Message) outbox.Result {
+			routed := *m // through this relay's way to the broker
+			routed.Destination = strings.Replace(m.Destination, brokerHost, via, 1)
+			return sender.Send(ctx, &routed)
+		}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println(readyLine)
+	time.Sleep(*campaignDuration + campaignDrain + time.Minute) // the campaign kills it before
+}
+
+// runConsumer is a consumer process: it books the topic's messages until
+// it is killed, and logs each copy the inbox kept from booking again.
+func runConsumer(t *testing.T, tr transport) {
+	pool := helperPool(t)
+	schema := os.Getenv(envSchema)
+	ib := openInbox(t, pool, schema)
+	proc, _ := strconv.Atoi(os.Getenv(envProc))
+	f, err := os.OpenFile(filepath.Join(os.Getenv(envDir), "consumer-"+strconv.Itoa(proc)+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.consume(t, os.Getenv(envTopic), func(ctx context.Context, key string, body []byte) (inbox.Outcome, error) {
+		var m transfer
+		if err := json.Unmarshal(body, &m); err != nil {
+			return 0, fmt.Errorf("message %s: %w", key, err)
+		}
+		out, err := ib.Process(ctx, inbox.Event{Consumer: inboxConsumer, CorrelationID: key, Type: "transfer"}, func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.credits (key, body_key, account, cents, proc) VALUES ($1, $2, $3, $4, $5)`,
+				key, m.Key, m.Account, m.Cents, proc); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.balances (account, cents) VALUES ($1, $2)
+				ON CONFLICT (account) DO UPDATE SET cents = balances.cents + EXCLUDED.cents`, m.Account, m.Cents)
+			return err
+		})
+		if err == nil && out == inbox.Duplicate {
+			_, _ = f.WriteString("duplicate " + key + "\n")
+		}
+		return out, err
+	})
+	fmt.Println(readyLine)
+	time.Sleep(*campaignDuration + campaignDrain + time.Minute)
+}
+
+// checkBooks compares both ends' business rows.
+func checkBooks(t *testing.T, pool *pgxpool.Pool, schema string, ob *outbox.Outbox[pgx.Tx]) {
+	ctx := context.Background()
+	violations := 0
+	each := func(what, query string) {
+		rows, err := pool.Query(ctx, strings.ReplaceAll(query, "S.", schema+"."))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if violations++; violations <= 20 {
+				t.Errorf("VIOLATION: %s: %v", what, vals)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	each("lost: a committed debit without its credit (key, account, cents)",
+		`SELECT d.key, d.account, d.cents FROM S.debits d WHERE NOT EXISTS (SELECT 1 FROM S.credits c WHERE c.key = d.key)`)
+	each("twice: a debit credited more than once (key, credits, consumer processes)",
+		`SELECT key, count(*), array_agg(proc) FROM S.credits GROUP BY key HAVING count(*) > 1`)
+	each("phantom: a credit without a committed debit (key, account, cents)",
+		`SELECT c.key, c.account, c.cents FROM S.credits c WHERE NOT EXISTS (SELECT 1 FROM S.debits d WHERE d.key = c.key)`)
+	each("someone else's: a credit unlike its debit (key, body's key, credited account and cents, debited account and cents)",
+		`SELECT c.key, c.body_key, c.account, c.cents, d.account, d.cents FROM S.credits c JOIN S.debits d ON d.key = c.key
+		 WHERE c.body_key <> c.key OR c.account <> d.account OR c.cents <> d.cents`)
+	each("a balance unlike its debits' sum (account, balance, debited)",
+		`SELECT coalesce(b.account, d.account), b.cents, d.cents FROM S.balances b
+		 FULL JOIN (SELECT account, sum(cents) AS cents FROM S.debits GROUP BY account) d ON d.account = b.account
+		 WHERE b.cents IS DISTINCT FROM d.cents`)
+	each("a dead outbox row (key, tries, last error)", `SELECT key, tries, last_error FROM S.idem_outbox WHERE status = 'dead'`)
+	var debits, tries int64
+	if err := pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(o.tries), 0) FROM `+schema+`.debits d JOIN `+schema+`.idem_outbox o ON o.key = d.key`).Scan(&debits, &tries); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d transfers booked once each at the receiver; their outbox rows counted %d tries in all", debits, tries)
+	if violations > 20 {
+		t.Errorf("… %d violations in all", violations)
+	}
+}
+
+// duplicatesLogged counts the copies the consumers' inboxes found booked.
+func duplicatesLogged(t *testing.T, dir string) int {
+	logs, _ := filepath.Glob(filepath.Join(dir, "consumer-*.log"))
+	n := 0
+	for _, name := range logs {
+		f, err := os.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for sc := bufio.NewScanner(f); sc.Scan(); {
+			n++
+		}
+		f.Close()
+	}
+	return n
+}

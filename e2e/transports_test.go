@@ -1,0 +1,139 @@
+package e2e_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemgo/idem/broker"
+	"github.com/idemgo/idem/broker/amqpidem"
+	"github.com/idemgo/idem/broker/natsidem"
+	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/outbox/amqpsender"
+	"github.com/idemgo/idem/outbox/natssender"
+)
+
+// TestCampaignNATS runs the end-to-end campaign through JetStream: the
+// relays publish with the key in Nats-Msg-Id (on a stream whose duplicate
+// window is shorter than the relays' lease), the consumers take it from
+// there through natsidem.InboxHandler.
+func TestCampaignNATS(t *testing.T) { campaign(t, "TestCampaignNATS", natsTransport()) }
+
+// TestCampaignRabbitMQ runs it through RabbitMQ: the relays publish with
+// confirms and the key in the message-id (no dedup at the broker: every
+// copy reaches the queue), the consumers take it from there
+// (amqpidem.MessageIDKey) through amqpidem.InboxHandler.
+func TestCampaignRabbitMQ(t *testing.T) { campaign(t, "TestCampaignRabbitMQ", amqpTransport()) }
+
+// The consumers' policy: transient failures (a cut database) come back
+// soon; a key in progress elsewhere does not occur with the inbox.
+var policy = broker.Policy{InProgressDelay: 200 * time.Millisecond, BackoffMin: 50 * time.Millisecond, BackoffMax: time.Second}
+
+const consumersAtOnce = 4 // messages each consumer process books at once
+
+func jetStream(t testing.TB) jetstream.JetStream {
+	nc, err := nats.Connect(testenv.NATSURL, nats.Timeout(3*time.Second), nats.MaxReconnects(-1))
+	testenv.Need(t, "NATS", testenv.NATSURL, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func natsTransport() transport {
+	return transport{
+		url: testenv.NATSURL,
+		newTopic: func(t testing.TB) string {
+			js, ctx := jetStream(t), context.Background()
+			name := testenv.RandomName("IDEME2E_")
+			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name}, Duplicates: dedupWindow}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+			if _, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
+				Durable: "credits", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxAckPending: 256,
+			}); err != nil {
+				t.Fatal(err)
+			}
+			return name
+		},
+		destination: func(url, topic string) string { return strings.TrimSuffix(url, "/") + "/" + topic },
+		sender:      func() outbox.Sender { return natssender.New() },
+		consume: func(t testing.TB, topic string, b book) {
+			cons, err := jetStream(t).Consumer(context.Background(), topic, "credits")
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, err := natsidem.InboxHandler(natsidem.Config{
+				Scope: inboxConsumer, Key: broker.HeaderKey(nats.MsgIdHdr), Policy: policy,
+				ProgressInterval: ackWait / 3, Concurrency: consumersAtOnce,
+			}, func(ctx context.Context, msg jetstream.Msg, key string) (inbox.Outcome, error) {
+				return b(ctx, key, msg.Data())
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc, err := cons.Consume(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(cc.Stop)
+		},
+	}
+}
+
+func amqpChannel(t testing.TB) *amqp.Channel {
+	conn, err := amqp.Dial(testenv.AMQPURL)
+	testenv.Need(t, "RabbitMQ", testenv.AMQPURL, err)
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+func amqpTransport() transport {
+	return transport{
+		url: testenv.AMQPURL,
+		newTopic: func(t testing.TB) string {
+			ch := amqpChannel(t)
+			name := testenv.RandomName("idem_e2e_")
+			if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = ch.QueueDelete(name, false, false, false) }) // before the connection closes
+			return name
+		},
+		destination: func(url, topic string) string { return url + "?routing_key=" + topic },
+		sender:      func() outbox.Sender { return amqpsender.New() },
+		consume: func(t testing.TB, topic string, b book) {
+			ch := amqpChannel(t)
+			if err := ch.Qos(4*consumersAtOnce, 0, false); err != nil {
+				t.Fatal(err)
+			}
+			h, err := amqpidem.InboxHandler(amqpidem.Config{
+				Scope: inboxConsumer, Key: amqpidem.MessageIDKey, Policy: policy, Concurrency: consumersAtOnce,
+			}, func(ctx context.Context, d *amqp.Delivery, key string) (inbox.Outcome, error) {
+				return b(ctx, key, d.Body)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				if err := amqpidem.Consume(context.Background(), ch, topic, "", h); err != nil {
+					panic(err) // the consumer process ends; the campaign sees its messages redelivered
+				}
+			}()
+		},
+	}
+}
