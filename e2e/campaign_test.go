@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/internal/fleet"
 	"github.com/idemgo/idem/internal/testenv"
@@ -49,6 +50,12 @@ const (
 	dedupWindow   = time.Second
 	campaignDrain = 90 * time.Second
 	inboxConsumer = "e2e-credits"
+	// accounts is how many accounts the transfers go to: enough that the
+	// consumers' transactions seldom wait for each other's balance rows (a
+	// batch holds its rows' locks until it commits; with eight accounts,
+	// every transaction queued behind every other and, under load, the
+	// consumers booked a few messages a second).
+	accounts = 1000
 )
 
 // Environment of a campaign's helper process.
@@ -71,11 +78,28 @@ type transfer struct {
 	Cents   int64  `json:"cents"`
 }
 
-// book applies one delivery: key is what the consumer read from the
-// protocol's own field.
-type book func(ctx context.Context, key string, body []byte) (inbox.Outcome, error)
+// receiver is what a consumer process books with: the transactional
+// inbox, the business change, and how the adapter runs them.
+type receiver struct {
+	inbox *inbox.Inbox[pgx.Tx]
+	// credit makes one transfer's business change in tx; key is what the
+	// consumer read from the protocol's own field.
+	credit func(ctx context.Context, tx pgx.Tx, key string, body []byte) error
+	// batches: through the adapter's InboxBatches (many messages, one
+	// transaction, a savepoint each) rather than InboxHandler.
+	batches bool
+	// decided hears each decision the adapter applied to a message of key.
+	decided func(key string, d broker.Decision)
+}
 
-// transport is one broker as the campaign uses it.
+// book runs one message through the inbox: its key recorded and its credit
+// made in one transaction.
+func (r receiver) book(ctx context.Context, key string, body []byte) (inbox.Outcome, error) {
+	return r.inbox.Process(ctx, inbox.Event{Consumer: inboxConsumer, CorrelationID: key}, func(ctx context.Context, tx pgx.Tx) error {
+		return r.credit(ctx, tx, key, body)
+	})
+}
+
 type transport struct {
 	// url is the broker's URL (testenv's); its host:port is what a proxy
 	// stands in front of.
@@ -86,10 +110,10 @@ type transport struct {
 	destination func(url, topic string) string
 	// sender is the outbox's sender for the broker.
 	sender func() outbox.Sender
-	// consume runs b on every message of topic through the broker's
-	// adapter (the transactional inbox's handler), keyed by the field the
-	// sender writes its key into, until t ends.
-	consume func(t testing.TB, topic string, b book)
+	// consume books every message of topic with r through the broker's
+	// adapter, keyed by the field the sender writes its key into, until t
+	// ends.
+	consume func(t testing.TB, topic string, r receiver)
 }
 
 func schemaDDL(schema string) string {
@@ -111,8 +135,9 @@ func schemaDDL(schema string) string {
 // transaction (a sixth of them rolled back). Three relay processes send the
 // outbox with the broker's sender (the key in the protocol's own field:
 // Nats-Msg-Id, the AMQP message-id); three consumer processes book each
-// message through the broker's adapter into the transactional inbox, keyed
-// by that field: a credit row and a balance update in the transaction that
+// message through the broker's adapter into the transactional inbox — one
+// message a transaction (InboxHandler), or in batches (InboxBatches) —
+// keyed by that field: a credit row and a balance update in the transaction that
 // records the key. Meanwhile relays and consumers are killed (SIGKILL, and
 // replaced) and frozen (SIGSTOP, past the relays' lease and the broker's
 // ack deadline); PostgreSQL is cut (now and then for longer than a lease)
@@ -262,7 +287,9 @@ func campaign(t *testing.T, testName string, tr transport) {
 	relays.StopAll()
 	consumers.StopAll()
 	checkBooks(t, pool, schema, ob)
-	t.Logf("the inbox kept %d copies from booking again (consumers' logs)", duplicatesLogged(t, dir))
+	decisions := decisionsLogged(t, dir)
+	t.Logf("the inbox kept %d copies from booking again; the consumers' other decisions: %v",
+		decisions["ack "+inbox.Duplicate.String()], decisions)
 }
 
 var errRolledBack = errors.New("rolled back on purpose")
@@ -278,7 +305,7 @@ func commitTransfer(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox[p
 		if err != nil {
 			return err
 		}
-		tr := transfer{Key: key, Account: "ACC-" + strconv.Itoa(rng.IntN(8)), Cents: 1 + rng.Int64N(100_000)}
+		tr := transfer{Key: key, Account: "ACC-" + strconv.Itoa(rng.IntN(accounts)), Cents: 1 + rng.Int64N(100_000)}
 		if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.debits (key, account, cents) VALUES ($1, $2, $3)`, tr.Key, tr.Account, tr.Cents); err != nil {
 			return err
 		}
@@ -354,22 +381,25 @@ func runRelay(t *testing.T, tr transport) {
 }
 
 // runConsumer is a consumer process: it books the topic's messages until
-// it is killed, and logs each copy the inbox kept from booking again.
+// it is killed — the odd ones one message a transaction, the even ones in
+// batches — and logs each copy the inbox kept from booking again.
 func runConsumer(t *testing.T, tr transport) {
 	pool := helperPool(t)
 	schema := os.Getenv(envSchema)
-	ib := openInbox(t, pool, schema)
 	proc, _ := strconv.Atoi(os.Getenv(envProc))
 	f, err := os.OpenFile(filepath.Join(os.Getenv(envDir), "consumer-"+strconv.Itoa(proc)+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr.consume(t, os.Getenv(envTopic), func(ctx context.Context, key string, body []byte) (inbox.Outcome, error) {
-		var m transfer
-		if err := json.Unmarshal(body, &m); err != nil {
-			return 0, fmt.Errorf("message %s: %w", key, err)
-		}
-		out, err := ib.Process(ctx, inbox.Event{Consumer: inboxConsumer, CorrelationID: key, Type: "transfer"}, func(ctx context.Context, tx pgx.Tx) error {
+	var logMu sync.Mutex
+	tr.consume(t, os.Getenv(envTopic), receiver{
+		inbox:   openInbox(t, pool, schema),
+		batches: proc%2 == 0,
+		credit: func(ctx context.Context, tx pgx.Tx, key string, body []byte) error {
+			var m transfer
+			if err := json.Unmarshal(body, &m); err != nil {
+				return fmt.Errorf("message %s: %w", key, err)
+			}
 			if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.credits (key, body_key, account, cents, proc) VALUES ($1, $2, $3, $4, $5)`,
 				key, m.Key, m.Account, m.Cents, proc); err != nil {
 				return err
@@ -377,11 +407,16 @@ func runConsumer(t *testing.T, tr transport) {
 			_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.balances (account, cents) VALUES ($1, $2)
 				ON CONFLICT (account) DO UPDATE SET cents = balances.cents + EXCLUDED.cents`, m.Account, m.Cents)
 			return err
-		})
-		if err == nil && out == inbox.Duplicate {
-			_, _ = f.WriteString("duplicate " + key + "\n")
-		}
-		return out, err
+		},
+		decided: func(key string, d broker.Decision) {
+			if d.Verdict == broker.Ack && d.Reason == inbox.Processed.String() {
+				return
+			}
+			reason, _, _ := strings.Cut(strings.ReplaceAll(d.Reason, key, "KEY"), "\n")
+			logMu.Lock()
+			defer logMu.Unlock()
+			_, _ = fmt.Fprintf(f, "%s\t%s\t%s\n", d.Verdict, key, reason)
+		},
 	})
 	fmt.Println(readyLine)
 	time.Sleep(*campaignDuration + campaignDrain + time.Minute)
@@ -434,17 +469,24 @@ func checkBooks(t *testing.T, pool *pgxpool.Pool, schema string, ob *outbox.Outb
 	}
 }
 
-// duplicatesLogged counts the copies the consumers' inboxes found booked.
-func duplicatesLogged(t *testing.T, dir string) int {
+// decisionsLogged counts the decisions the consumers logged (all but the
+// acks of messages booked), by verdict and reason: an ack "duplicate" is a
+// copy the inbox kept from booking again.
+func decisionsLogged(t *testing.T, dir string) map[string]int {
 	logs, _ := filepath.Glob(filepath.Join(dir, "consumer-*.log"))
-	n := 0
+	n := map[string]int{}
 	for _, name := range logs {
 		f, err := os.Open(name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for sc := bufio.NewScanner(f); sc.Scan(); {
-			n++
+			verdict, rest, _ := strings.Cut(sc.Text(), "\t")
+			_, reason, _ := strings.Cut(rest, "\t")
+			if len(reason) > 100 {
+				reason = reason[:100] + "…"
+			}
+			n[verdict+" "+reason]++
 		}
 		f.Close()
 	}

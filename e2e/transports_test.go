@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -36,7 +37,13 @@ func TestCampaignRabbitMQ(t *testing.T) { campaign(t, "TestCampaignRabbitMQ", am
 // soon; a key in progress elsewhere does not occur with the inbox.
 var policy = broker.Policy{InProgressDelay: 200 * time.Millisecond, BackoffMin: 50 * time.Millisecond, BackoffMax: time.Second}
 
-const consumersAtOnce = 4 // messages each consumer process books at once
+// How a consumer process takes its messages: consumersAtOnce at once, one
+// per transaction, or (the batch consumers) consumersAtOnce transactions of
+// up to batchSize messages each.
+const (
+	consumersAtOnce = 4
+	batchSize       = 16
+)
 
 func jetStream(t testing.TB) jetstream.JetStream {
 	nc, err := nats.Connect(testenv.NATSURL, nats.Timeout(3*time.Second), nats.MaxReconnects(-1))
@@ -68,21 +75,36 @@ func natsTransport() transport {
 		},
 		destination: func(url, topic string) string { return strings.TrimSuffix(url, "/") + "/" + topic },
 		sender:      func() outbox.Sender { return natssender.New() },
-		consume: func(t testing.TB, topic string, b book) {
+		consume: func(t testing.TB, topic string, r receiver) {
 			cons, err := jetStream(t).Consumer(context.Background(), topic, "credits")
 			if err != nil {
 				t.Fatal(err)
 			}
-			h, err := natsidem.InboxHandler(natsidem.Config{
+			cfg := natsidem.Config{
 				Scope: inboxConsumer, Key: broker.HeaderKey(nats.MsgIdHdr), Policy: policy,
 				ProgressInterval: ackWait / 3, Concurrency: consumersAtOnce,
-			}, func(ctx context.Context, msg jetstream.Msg, key string) (inbox.Outcome, error) {
-				return b(ctx, key, msg.Data())
-			})
-			if err != nil {
-				t.Fatal(err)
+				OnDecision: func(msg jetstream.Msg, d broker.Decision) { r.decided(msg.Headers().Get(nats.MsgIdHdr), d) },
 			}
-			cc, err := cons.Consume(h)
+			var handle jetstream.MessageHandler
+			if r.batches {
+				h, err := natsidem.InboxBatches(cfg, natsidem.Batch[pgx.Tx]{Inbox: r.inbox, Size: batchSize,
+					Process: func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
+						return r.credit(ctx, tx, msg.Headers().Get(nats.MsgIdHdr), msg.Data())
+					}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				handle = h.Handle
+			} else {
+				h, err := natsidem.InboxHandler(cfg, func(ctx context.Context, msg jetstream.Msg, key string) (inbox.Outcome, error) {
+					return r.book(ctx, key, msg.Data())
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				handle = h
+			}
+			cc, err := cons.Consume(handle)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -116,21 +138,36 @@ func amqpTransport() transport {
 		},
 		destination: func(url, topic string) string { return url + "?routing_key=" + topic },
 		sender:      func() outbox.Sender { return amqpsender.New() },
-		consume: func(t testing.TB, topic string, b book) {
+		consume: func(t testing.TB, topic string, r receiver) {
 			ch := amqpChannel(t)
-			if err := ch.Qos(4*consumersAtOnce, 0, false); err != nil {
+			if err := ch.Qos(batchSize*consumersAtOnce, 0, false); err != nil {
 				t.Fatal(err)
 			}
-			h, err := amqpidem.InboxHandler(amqpidem.Config{
+			cfg := amqpidem.Config{
 				Scope: inboxConsumer, Key: amqpidem.MessageIDKey, Policy: policy, Concurrency: consumersAtOnce,
-			}, func(ctx context.Context, d *amqp.Delivery, key string) (inbox.Outcome, error) {
-				return b(ctx, key, d.Body)
-			})
-			if err != nil {
-				t.Fatal(err)
+				OnDecision: func(d *amqp.Delivery, dec broker.Decision) { r.decided(d.MessageId, dec) },
+			}
+			var handle func(amqp.Delivery)
+			if r.batches {
+				h, err := amqpidem.InboxBatches(cfg, amqpidem.Batch[pgx.Tx]{Inbox: r.inbox, Size: batchSize,
+					Process: func(ctx context.Context, tx pgx.Tx, d *amqp.Delivery) error {
+						return r.credit(ctx, tx, d.MessageId, d.Body)
+					}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				handle = h.Handle
+			} else {
+				h, err := amqpidem.InboxHandler(cfg, func(ctx context.Context, d *amqp.Delivery, key string) (inbox.Outcome, error) {
+					return r.book(ctx, key, d.Body)
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				handle = h
 			}
 			go func() {
-				if err := amqpidem.Consume(context.Background(), ch, topic, "", h); err != nil {
+				if err := amqpidem.Consume(context.Background(), ch, topic, "", handle); err != nil {
 					panic(err) // the consumer process ends; the campaign sees its messages redelivered
 				}
 			}()
