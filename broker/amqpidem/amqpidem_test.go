@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -127,5 +128,53 @@ func TestAMQPAdapter(t *testing.T) {
 	}
 	if err != nil || !ok || dl.CorrelationId != "broken" {
 		t.Fatalf("dead-letter queue: %v %v %q", ok, err, dl.CorrelationId)
+	}
+}
+
+// TestMessageIDKey: keyed on the message-id — where idem's outbox sender
+// writes its key, the same on every retry — two copies of one message run
+// once, and a message without a message-id is dead-lettered, never run.
+func TestMessageIDKey(t *testing.T) {
+	ch, consumeCh, q := queue(t)
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	g, _ := idem.NewGuard(idem.Config{Store: s})
+	var mu sync.Mutex
+	runs := map[string]int{}
+	decisions := make(chan broker.Decision, 10)
+	h, err := amqpidem.GuardHandler(g, amqpidem.Config{
+		Scope: "credits", Key: amqpidem.MessageIDKey,
+		OnDecision: func(d *amqp.Delivery, dec broker.Decision) { decisions <- dec },
+	}, func(ctx context.Context, d *amqp.Delivery, fence uint64) ([]byte, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		runs[d.MessageId]++
+		return nil, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = amqpidem.Consume(ctx, consumeCh, q, "", h) }()
+	publish(t, ch, q, "TRF-1", "", "credit 100")
+	publish(t, ch, q, "TRF-1", "", "credit 100") // the relay's resend
+	publish(t, ch, q, "", "PAY-9", "credit 5")   // no message-id
+	got := map[string]int{}
+	for range 3 {
+		select {
+		case d := <-decisions:
+			got[d.Verdict.String()]++
+			if d.Verdict == broker.DeadLetter && !strings.Contains(d.Reason, "no message-id") {
+				t.Errorf("dead-lettered for %q, want no message-id", d.Reason)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("decisions so far: %v", got)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got["ack"] != 2 || got["dead-letter"] != 1 || runs["TRF-1"] != 1 || len(runs) != 1 {
+		t.Errorf("decisions %v, runs %v; want 2 acks, 1 dead letter, TRF-1 run once and nothing else", got, runs)
 	}
 }
