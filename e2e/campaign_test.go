@@ -60,14 +60,15 @@ const (
 
 // Environment of a campaign's helper process.
 const (
-	envRole   = "IDEM_E2E_ROLE" // "relay" or "consumer"
-	envProc   = "IDEM_E2E_PROC"
-	envDB     = "IDEM_E2E_DB"     // the connection string it uses
-	envSchema = "IDEM_E2E_SCHEMA" // of every table
-	envTopic  = "IDEM_E2E_TOPIC"  // the stream or queue
-	envBroker = "IDEM_E2E_BROKER" // host:port of the broker, as this relay reaches it
-	envDir    = "IDEM_E2E_DIR"    // where consumers log what they book
-	readyLine = "IDEM E2E READY"
+	envRole      = "IDEM_E2E_ROLE" // "relay" or "consumer"
+	envProc      = "IDEM_E2E_PROC"
+	envDB        = "IDEM_E2E_DB"         // the connection string it uses
+	envSchema    = "IDEM_E2E_SCHEMA"     // of every table
+	envTopic     = "IDEM_E2E_TOPIC"      // the stream or queue
+	envBrokerURL = "IDEM_E2E_BROKER_URL" // the broker's own URL
+	envBroker    = "IDEM_E2E_BROKER"     // host:port of the broker, as this relay reaches it
+	envDir       = "IDEM_E2E_DIR"        // where consumers log what they book
+	readyLine    = "IDEM E2E READY"
 )
 
 // transfer is the business message: the sender debits Cents from its side
@@ -101,19 +102,22 @@ func (r receiver) book(ctx context.Context, key string, body []byte) (inbox.Outc
 }
 
 type transport struct {
-	// url is the broker's URL (testenv's); its host:port is what a proxy
-	// stands in front of.
-	url string
-	// newTopic creates a fresh stream or queue, removed when t ends.
-	newTopic func(t testing.TB) string
+	// broker returns the broker's URL for a campaign (its host:port is what
+	// a proxy stands in front of) and, where the campaign may crash it, a
+	// function that kills it with SIGKILL and starts it again (nil: the
+	// machine's shared broker, which other tests use meanwhile).
+	broker func(t testing.TB) (url string, crash func())
+	// newTopic creates a fresh stream or queue on the broker at url,
+	// removed when t ends.
+	newTopic func(t testing.TB, url string) string
 	// destination names topic on the broker at url, as an outbox row does.
 	destination func(url, topic string) string
 	// sender is the outbox's sender for the broker.
 	sender func() outbox.Sender
-	// consume books every message of topic with r through the broker's
-	// adapter, keyed by the field the sender writes its key into, until t
-	// ends.
-	consume func(t testing.TB, topic string, r receiver)
+	// consume books every message of topic on the broker at url with r
+	// through the broker's adapter, keyed by the field the sender writes
+	// its key into, until t ends.
+	consume func(t testing.TB, url, topic string, r receiver)
 }
 
 func schemaDDL(schema string) string {
@@ -142,8 +146,9 @@ func schemaDDL(schema string) string {
 // replaced) and frozen (SIGSTOP, past the relays' lease and the broker's
 // ack deadline); PostgreSQL is cut (now and then for longer than a lease)
 // and stalled for the odd relays and consumers, which reach it through a
-// proxy — the even ones directly: a partition; and the broker is cut and
-// stalled for the odd relays. Then the faults stop and every committed
+// proxy — the even ones directly: a partition; the broker is cut and
+// stalled for the odd relays; and a broker the test runs itself (JetStream)
+// is killed with SIGKILL and started again on its port and store. Then the faults stop and every committed
 // transfer must be booked within campaignDrain. It checks, on the business
 // rows at both ends:
 //   - never lost: every debit has its credit, and no outbox row is dead;
@@ -180,12 +185,13 @@ func campaign(t *testing.T, testName string, tr transport) {
 	if err := openInbox(t, pool, schema).Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	topic := tr.newTopic(t)
-	brokerURL, err := url.Parse(tr.url)
+	rawBrokerURL, crash := tr.broker(t)
+	topic := tr.newTopic(t, rawBrokerURL)
+	brokerURL, err := url.Parse(rawBrokerURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dest := tr.destination(tr.url, topic)
+	dest := tr.destination(rawBrokerURL, topic)
 	proxiedDB, dbProxy := testenv.PostgresProxy(t)
 	brokerProxy := testenv.StartProxy(t, brokerURL.Host)
 	dbOutages, brokerOutages := testenv.NewOutages(dbProxy), testenv.NewOutages(brokerProxy)
@@ -197,7 +203,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 				db, brokerAddr = proxiedDB, brokerProxy.Addr()
 			}
 			return []string{envRole + "=" + role, envProc + "=" + strconv.Itoa(n), envDB + "=" + db, envSchema + "=" + schema,
-				envTopic + "=" + topic, envBroker + "=" + brokerAddr, envDir + "=" + dir}
+				envTopic + "=" + topic, envBrokerURL + "=" + rawBrokerURL, envBroker + "=" + brokerAddr, envDir + "=" + dir}
 		})
 	}
 	relays, consumers := helpers("relay"), helpers("consumer")
@@ -228,7 +234,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 			}
 		}()
 	}
-	var kills, freezes, cuts, stalls, brokerCuts, brokerStalls int
+	var kills, freezes, cuts, stalls, brokerCuts, brokerStalls, brokerCrashes int
 	frng := rand.New(rand.NewPCG(seed, 0))
 	for time.Now().Before(deadline) {
 		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
@@ -236,7 +242,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 		if frng.IntN(2) == 0 {
 			helpers = consumers
 		}
-		switch f := frng.IntN(8); {
+		switch f := frng.IntN(9); {
 		case f < 2:
 			helpers.KillOne(frng)
 			kills++
@@ -259,6 +265,9 @@ func campaign(t *testing.T, testName string, tr transport) {
 		case f == 7 && !brokerOutages.Busy():
 			brokerOutages.Stall(time.Duration(100+frng.IntN(900)) * time.Millisecond)
 			brokerStalls++
+		case f == 8 && crash != nil:
+			crash()
+			brokerCrashes++
 		}
 	}
 	wg.Wait()
@@ -266,8 +275,8 @@ func campaign(t *testing.T, testName string, tr transport) {
 	brokerOutages.Wait()
 	relays.ThawAll()
 	consumers.ThawAll()
-	t.Logf("%d transfers committed, %d rolled back; %d kills, %d freezes, %d cuts and %d stalls of PostgreSQL, %d cuts and %d stalls of the broker",
-		committed.Load(), rolledBack.Load(), kills, freezes, cuts, stalls, brokerCuts, brokerStalls)
+	t.Logf("%d transfers committed, %d rolled back; %d kills, %d freezes, %d cuts and %d stalls of PostgreSQL, %d cuts and %d stalls of the broker, %d crashes of the broker",
+		committed.Load(), rolledBack.Load(), kills, freezes, cuts, stalls, brokerCuts, brokerStalls, brokerCrashes)
 
 	// The faults are over: every committed transfer must be booked.
 	drainEnd := time.Now().Add(campaignDrain)
@@ -350,7 +359,7 @@ func runRelay(t *testing.T, tr transport) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := url.Parse(tr.url)
+	u, err := url.Parse(os.Getenv(envBrokerURL))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -392,7 +401,7 @@ func runConsumer(t *testing.T, tr transport) {
 		t.Fatal(err)
 	}
 	var logMu sync.Mutex
-	tr.consume(t, os.Getenv(envTopic), receiver{
+	tr.consume(t, os.Getenv(envBrokerURL), os.Getenv(envTopic), receiver{
 		inbox:   openInbox(t, pool, schema),
 		batches: proc%2 == 0,
 		credit: func(ctx context.Context, tx pgx.Tx, key string, body []byte) error {

@@ -21,16 +21,18 @@ import (
 	"github.com/idemgo/idem/outbox/natssender"
 )
 
-// TestCampaignNATS runs the end-to-end campaign through JetStream: the
-// relays publish with the key in Nats-Msg-Id (on a stream whose duplicate
-// window is shorter than the relays' lease), the consumers take it from
-// there through natsidem.InboxHandler.
+// TestCampaignNATS runs the end-to-end campaign through JetStream, on a
+// nats-server of its own that it crashes now and then: the relays publish
+// with the key in Nats-Msg-Id (on a stream whose duplicate window is
+// shorter than the relays' lease), the consumers take it from there
+// through natsidem's InboxHandler and InboxBatches.
 func TestCampaignNATS(t *testing.T) { campaign(t, "TestCampaignNATS", natsTransport()) }
 
 // TestCampaignRabbitMQ runs it through RabbitMQ: the relays publish with
 // confirms and the key in the message-id (no dedup at the broker: every
 // copy reaches the queue), the consumers take it from there
-// (amqpidem.MessageIDKey) through amqpidem.InboxHandler.
+// (amqpidem.MessageIDKey) through amqpidem's InboxHandler and
+// InboxBatches.
 func TestCampaignRabbitMQ(t *testing.T) { campaign(t, "TestCampaignRabbitMQ", amqpTransport()) }
 
 // The consumers' policy: transient failures (a cut database) come back
@@ -45,9 +47,9 @@ const (
 	batchSize       = 16
 )
 
-func jetStream(t testing.TB) jetstream.JetStream {
-	nc, err := nats.Connect(testenv.NATSURL, nats.Timeout(3*time.Second), nats.MaxReconnects(-1))
-	testenv.Need(t, "NATS", testenv.NATSURL, err)
+func jetStream(t testing.TB, url string) jetstream.JetStream {
+	nc, err := nats.Connect(url, nats.Timeout(3*time.Second), nats.MaxReconnects(-1))
+	testenv.Need(t, "NATS", url, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -58,9 +60,12 @@ func jetStream(t testing.TB) jetstream.JetStream {
 
 func natsTransport() transport {
 	return transport{
-		url: testenv.NATSURL,
-		newTopic: func(t testing.TB) string {
-			js, ctx := jetStream(t), context.Background()
+		broker: func(t testing.TB) (string, func()) {
+			srv := testenv.StartNATSServer(t)
+			return srv.URL, func() { srv.Crash(t) }
+		},
+		newTopic: func(t testing.TB, url string) string {
+			js, ctx := jetStream(t, url), context.Background()
 			name := testenv.RandomName("IDEME2E_")
 			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name}, Duplicates: dedupWindow}); err != nil {
 				t.Fatal(err)
@@ -75,8 +80,8 @@ func natsTransport() transport {
 		},
 		destination: func(url, topic string) string { return strings.TrimSuffix(url, "/") + "/" + topic },
 		sender:      func() outbox.Sender { return natssender.New() },
-		consume: func(t testing.TB, topic string, r receiver) {
-			cons, err := jetStream(t).Consumer(context.Background(), topic, "credits")
+		consume: func(t testing.TB, url, topic string, r receiver) {
+			cons, err := jetStream(t, url).Consumer(context.Background(), topic, "credits")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -113,9 +118,9 @@ func natsTransport() transport {
 	}
 }
 
-func amqpChannel(t testing.TB) *amqp.Channel {
-	conn, err := amqp.Dial(testenv.AMQPURL)
-	testenv.Need(t, "RabbitMQ", testenv.AMQPURL, err)
+func amqpChannel(t testing.TB, url string) *amqp.Channel {
+	conn, err := amqp.Dial(url)
+	testenv.Need(t, "RabbitMQ", url, err)
 	t.Cleanup(func() { conn.Close() })
 	ch, err := conn.Channel()
 	if err != nil {
@@ -126,9 +131,9 @@ func amqpChannel(t testing.TB) *amqp.Channel {
 
 func amqpTransport() transport {
 	return transport{
-		url: testenv.AMQPURL,
-		newTopic: func(t testing.TB) string {
-			ch := amqpChannel(t)
+		broker: func(testing.TB) (string, func()) { return testenv.AMQPURL, nil },
+		newTopic: func(t testing.TB, url string) string {
+			ch := amqpChannel(t, url)
 			name := testenv.RandomName("idem_e2e_")
 			if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
 				t.Fatal(err)
@@ -138,8 +143,8 @@ func amqpTransport() transport {
 		},
 		destination: func(url, topic string) string { return url + "?routing_key=" + topic },
 		sender:      func() outbox.Sender { return amqpsender.New() },
-		consume: func(t testing.TB, topic string, r receiver) {
-			ch := amqpChannel(t)
+		consume: func(t testing.TB, url, topic string, r receiver) {
+			ch := amqpChannel(t, url)
 			if err := ch.Qos(batchSize*consumersAtOnce, 0, false); err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -132,4 +133,80 @@ func (c *NATSCluster) Kill(t testing.TB, i int) {
 	}
 	c.procs[i].stop()
 	c.procs[i] = nil
+}
+
+// NATSServer is one JetStream server on loopback, with a store of its own,
+// that a test can kill (SIGKILL) and start again on the same port and
+// store: a broker that crashes and comes back.
+type NATSServer struct {
+	URL    string // nats://127.0.0.1:PORT
+	bin    string
+	dir    string
+	args   []string
+	starts int
+	proc   *server
+}
+
+// StartNATSServer starts a JetStream server on a free port and waits until
+// it is ready; it is killed when the test ends.
+func StartNATSServer(t testing.TB) *NATSServer {
+	t.Helper()
+	bin, err := exec.LookPath("nats-server")
+	if err != nil {
+		Need(t, "nats-server", "PATH", err)
+	}
+	s := &NATSServer{bin: bin, dir: t.TempDir()}
+	t.Cleanup(s.stop)
+	for attempt := 1; ; attempt++ {
+		port := strconv.Itoa(freePort(t))
+		s.URL = "nats://127.0.0.1:" + port
+		s.args = []string{"-a", "127.0.0.1", "-p", port, "-js", "-sd", filepath.Join(s.dir, "store")}
+		err := s.start()
+		if err == nil {
+			return s
+		}
+		var exit *earlyExitError
+		if !errors.As(err, &exit) || attempt == 5 {
+			t.Fatalf("nats-server (attempt %d): %v", attempt, err)
+		}
+		t.Logf("nats-server %v; again on a new port", err)
+	}
+}
+
+// start starts the process, with a log of its own, and waits until it says
+// it is ready (JetStream has recovered its streams by then) and listens.
+func (s *NATSServer) start() error {
+	s.starts++
+	log := filepath.Join(s.dir, fmt.Sprintf("nats-%d.log", s.starts))
+	p, err := startServer(exec.Command(s.bin, append(slices.Clone(s.args), "-l", log)...), log)
+	if err != nil {
+		return err
+	}
+	err = p.waitReady(30*time.Second, func() error {
+		if err := p.logSays("Server is ready"); err != nil {
+			return err
+		}
+		return listening(strings.TrimPrefix(s.URL, "nats://"))
+	})
+	if err == nil {
+		s.proc = p
+	}
+	return err
+}
+
+func (s *NATSServer) stop() {
+	if s.proc != nil {
+		s.proc.stop()
+		s.proc = nil
+	}
+}
+
+// Crash kills the server with SIGKILL and starts it again on its port and
+// store, waiting until it is ready.
+func (s *NATSServer) Crash(t testing.TB) {
+	t.Helper()
+	s.stop()
+	if err := s.start(); err != nil {
+		t.Fatalf("nats-server on %s, after the kill: %v", s.URL, err)
+	}
 }

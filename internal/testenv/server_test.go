@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -130,4 +132,37 @@ func takenPort(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestNATSServerCrash: a message JetStream acknowledged is still in the
+// stream after the server was killed with SIGKILL and started again on its
+// port and store, and clients reach it there.
+func TestNATSServerCrash(t *testing.T) {
+	s := StartNATSServer(t)
+	publish := func(subject string) {
+		t.Helper()
+		nc, err := nats.Connect(s.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		ctx := context.Background()
+		if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "CRASH", Subjects: []string{"crash.>"}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, subject, []byte(subject)); err != nil {
+			t.Fatal(err)
+		}
+		info, err := js.Stream(ctx, "CRASH")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := info.CachedInfo().State.Msgs; got != map[string]uint64{"crash.1": 1, "crash.2": 2}[subject] {
+			t.Fatalf("after publishing %s the stream holds %d messages", subject, got)
+		}
+	}
+	publish("crash.1")
+	s.Crash(t)
+	publish("crash.2")
 }
