@@ -18,9 +18,12 @@ import (
 // Sender publishes with publisher confirms: destination
 // amqp://USER:PASS@HOST:PORT/VHOST?exchange=E&routing_key=R (exchange ""
 // is the default exchange, routing to the queue named R), the key in the
-// message-id property, persistent delivery. A confirmed publish is sent; a
-// nack or a lost connection is retried. One connection per server, one
-// confirm channel per send at a time.
+// message-id property, persistent delivery, mandatory. A confirmed publish
+// is sent; a nack or a lost connection is retried, and so is a publish no
+// queue takes (no queue of that name, no binding): RabbitMQ confirms those
+// too, and drops them — published mandatory, it returns them first, and the
+// message stays pending with the reason until a queue takes it. One
+// connection per server, one confirm channel per send at a time.
 type Sender struct {
 	mu    sync.Mutex
 	conns map[string]*amqpConn
@@ -28,7 +31,17 @@ type Sender struct {
 
 type amqpConn struct {
 	conn *amqp.Connection
-	pool chan *amqp.Channel
+	pool chan *confirmChannel
+}
+
+// confirmChannel is a channel in confirm mode, with the returns of its
+// mandatory publishes: a publish no queue takes is returned (basic.return)
+// before the broker confirms it, so its return is here by the time its
+// confirmation is.
+type confirmChannel struct {
+	ch      *amqp.Channel
+	returns chan amqp.Return
+	closed  chan *amqp.Error // why the broker closed the channel (a publish to an exchange that does not exist)
 }
 
 // New returns the AMQP sender.
@@ -60,16 +73,16 @@ func (a *Sender) conn(server string) (*amqpConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &amqpConn{conn: conn, pool: make(chan *amqp.Channel, 64)}
+	c := &amqpConn{conn: conn, pool: make(chan *confirmChannel, 64)}
 	a.conns[server] = c
 	return c, nil
 }
 
-func (c *amqpConn) channel() (*amqp.Channel, error) {
+func (c *amqpConn) channel() (*confirmChannel, error) {
 	select {
-	case ch := <-c.pool:
-		if !ch.IsClosed() {
-			return ch, nil
+	case cc := <-c.pool:
+		if !cc.ch.IsClosed() {
+			return cc, nil
 		}
 	default:
 	}
@@ -81,14 +94,33 @@ func (c *amqpConn) channel() (*amqp.Channel, error) {
 		ch.Close()
 		return nil, err
 	}
-	return ch, nil
+	return &confirmChannel{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1)), closed: ch.NotifyClose(make(chan *amqp.Error, 1))}, nil
 }
 
-func (c *amqpConn) put(ch *amqp.Channel) {
+func (c *amqpConn) put(cc *confirmChannel) {
 	select {
-	case c.pool <- ch:
+	case c.pool <- cc:
 	default:
-		ch.Close()
+		cc.ch.Close()
+	}
+}
+
+// returned reports whether the broker returned the publish of key: the
+// channel's returns are drained (one send at a time uses a channel, and a
+// return comes before its confirmation, so any return here is this send's).
+func (cc *confirmChannel) returned(key string) (amqp.Return, bool) {
+	for {
+		select {
+		case ret, open := <-cc.returns:
+			if !open { // the channel closed
+				return amqp.Return{}, false
+			}
+			if ret.MessageId == key {
+				return ret, true
+			}
+		default:
+			return amqp.Return{}, false
+		}
 	}
 }
 
@@ -102,7 +134,7 @@ func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	if err != nil {
 		return outbox.Result{Status: outbox.Pending, Err: err}
 	}
-	ch, err := c.channel()
+	cc, err := c.channel()
 	if err != nil {
 		return outbox.Result{Status: outbox.Pending, Err: err}
 	}
@@ -110,22 +142,34 @@ func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	for k, v := range m.Headers {
 		headers[k] = v
 	}
-	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, false, false, amqp.Publishing{
+	conf, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, amqp.Publishing{
 		MessageId: m.Key, DeliveryMode: amqp.Persistent, Headers: headers, Body: m.Payload,
 		ContentType: m.Headers["Content-Type"],
 	})
 	if err != nil {
-		ch.Close()
+		cc.ch.Close()
 		return outbox.Result{Status: outbox.Pending, Err: err}
 	}
 	ok, err := conf.WaitContext(ctx)
 	if err != nil {
-		ch.Close()
+		cc.ch.Close()
 		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("no confirm: %v", err)}
 	}
-	c.put(ch)
-	if !ok {
+	ret, returned := cc.returned(m.Key)
+	c.put(cc)
+	switch {
+	case !ok:
+		select {
+		case cause := <-cc.closed:
+			if cause != nil {
+				return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("the broker closed the channel: %v", cause)}
+			}
+		default:
+		}
 		return outbox.Result{Status: outbox.Pending, Err: errors.New("the broker nacked the publish")}
+	case returned:
+		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("no queue takes it: the broker returned it from exchange %q with routing key %q (%d %s)",
+			exchange, key, ret.ReplyCode, ret.ReplyText)}
 	}
 	return outbox.Result{Status: outbox.Sent}
 }

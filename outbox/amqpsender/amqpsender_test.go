@@ -2,6 +2,7 @@ package amqpsender_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -81,5 +82,53 @@ func TestAMQPMessageID(t *testing.T) {
 	}
 	if res := s.Send(context.Background(), &outbox.Message{Key: "k", Destination: testenv.AMQPURL}); res.Status != outbox.Dead {
 		t.Fatalf("no exchange or routing key: %s", res.Status)
+	}
+}
+
+// TestUnroutableIsNotSent: RabbitMQ confirms a publish that no queue takes
+// (no queue of that name, no binding of the exchange) — and drops it. Such
+// a message stays pending (retried, with the reason), and is delivered once
+// the queue exists; it is never recorded sent. So does a message to an
+// exchange that does not exist (the broker closes the channel).
+func TestUnroutableIsNotSent(t *testing.T) {
+	conn, err := amqp.DialConfig(testenv.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	testenv.Need(t, "RabbitMQ", testenv.AMQPURL, err)
+	defer conn.Close()
+	ch, _ := conn.Channel()
+	q, exchange := testenv.RandomName("idemout."), testenv.RandomName("idemout.x.")
+	if err := ch.ExchangeDeclare(exchange, "direct", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer ch.ExchangeDelete(exchange, false, false)
+	s := amqpsender.New()
+	defer s.Close()
+	ctx := context.Background()
+	for _, dest := range []string{testenv.AMQPURL + "?routing_key=" + q, testenv.AMQPURL + "?exchange=" + exchange + "&routing_key=" + q} {
+		m := &outbox.Message{Key: "ORD-" + dest, Destination: dest, Payload: []byte("order")}
+		res := s.Send(ctx, m)
+		if res.Status != outbox.Pending || res.Err == nil || !strings.Contains(res.Err.Error(), "no queue") {
+			t.Fatalf("%s, no queue to take it: %s %v; want pending, no queue", dest, res.Status, res.Err)
+		}
+		// The sender goes on working on the same channels.
+		if _, err := ch.QueueDeclare(q, false, true, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.QueueBind(q, q, exchange, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if res := s.Send(ctx, m); res.Status != outbox.Sent {
+			t.Fatalf("%s, the queue declared: %s %v", dest, res.Status, res.Err)
+		}
+		d, ok, err := ch.Get(q, true)
+		if err != nil || !ok || d.MessageId != m.Key {
+			t.Fatalf("%s: delivered %q %v %v", dest, d.MessageId, ok, err)
+		}
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := &outbox.Message{Key: "ORD-9", Destination: testenv.AMQPURL + "?exchange=" + exchange + ".missing&routing_key=" + q, Payload: []byte("order")}
+	if res := s.Send(ctx, m); res.Status != outbox.Pending || res.Err == nil || !strings.Contains(res.Err.Error(), "NOT_FOUND") {
+		t.Fatalf("to an exchange that does not exist: %s %v; want pending, NOT_FOUND", res.Status, res.Err)
 	}
 }
