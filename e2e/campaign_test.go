@@ -107,16 +107,17 @@ type transport struct {
 	// function that kills it with SIGKILL and starts it again (nil: the
 	// machine's shared broker, which other tests use meanwhile).
 	broker func(t testing.TB) (url string, crash func())
-	// newTopic creates a fresh stream or queue on the broker at url,
-	// removed when t ends.
-	newTopic func(t testing.TB, url string) string
+	// remove removes topic from the broker at url. The consumers declare
+	// it (as consumers of a queue or stream usually do), so a relay may
+	// publish before it exists.
+	remove func(url, topic string)
 	// destination names topic on the broker at url, as an outbox row does.
 	destination func(url, topic string) string
 	// sender is the outbox's sender for the broker.
 	sender func() outbox.Sender
-	// consume books every message of topic on the broker at url with r
-	// through the broker's adapter, keyed by the field the sender writes
-	// its key into, until t ends.
+	// consume declares topic on the broker at url (if it is not there yet)
+	// and books every message of it with r through the broker's adapter,
+	// keyed by the field the sender writes its key into, until t ends.
 	consume func(t testing.TB, url, topic string, r receiver)
 }
 
@@ -142,7 +143,9 @@ func schemaDDL(schema string) string {
 // message through the broker's adapter into the transactional inbox — one
 // message a transaction (InboxHandler), or in batches (InboxBatches) —
 // keyed by that field: a credit row and a balance update in the transaction that
-// records the key. Meanwhile relays and consumers are killed (SIGKILL, and
+// records the key; the consumers declare the stream or queue, and start
+// once the first transfers are committed. Meanwhile relays and consumers
+// are killed (SIGKILL, and
 // replaced) and frozen (SIGSTOP, past the relays' lease and the broker's
 // ack deadline); PostgreSQL is cut (now and then for longer than a lease)
 // and stalled for the odd relays and consumers, which reach it through a
@@ -186,7 +189,8 @@ func campaign(t *testing.T, testName string, tr transport) {
 		t.Fatal(err)
 	}
 	rawBrokerURL, crash := tr.broker(t)
-	topic := tr.newTopic(t, rawBrokerURL)
+	topic := testenv.RandomName("IDEME2E_")
+	t.Cleanup(func() { tr.remove(rawBrokerURL, topic) })
 	brokerURL, err := url.Parse(rawBrokerURL)
 	if err != nil {
 		t.Fatal(err)
@@ -209,11 +213,16 @@ func campaign(t *testing.T, testName string, tr transport) {
 	relays, consumers := helpers("relay"), helpers("consumer")
 	for range 3 {
 		relays.Spawn()
-		consumers.Spawn()
 	}
 
 	deadline := time.Now().Add(*campaignDuration)
 	var committed, rolledBack, failed atomic.Int64
+	// The consumers start — and declare the stream or queue — once the
+	// first transfers are committed, so the relays' first sends find no
+	// stream or queue to take them: they must stay pending until one does
+	// (a broker that confirms what no queue takes, and drops it, is caught
+	// here).
+	first, firstOnce := make(chan struct{}), sync.Once{}
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Add(1)
@@ -228,11 +237,20 @@ func campaign(t *testing.T, testName string, tr transport) {
 					failed.Add(1) // nothing committed: the producers reach PostgreSQL directly
 					t.Errorf("a producer's transaction failed: %v", err)
 				default:
-					committed.Add(1)
+					if committed.Add(1) == 50 {
+						firstOnce.Do(func() { close(first) })
+					}
 				}
 				time.Sleep(time.Duration(2+rng.IntN(10)) * time.Millisecond)
 			}
 		}()
+	}
+	select {
+	case <-first:
+	case <-time.After(time.Until(deadline)):
+	}
+	for range 3 {
+		consumers.Spawn()
 	}
 	var kills, freezes, cuts, stalls, brokerCuts, brokerStalls, brokerCrashes int
 	frng := rand.New(rand.NewPCG(seed, 0))

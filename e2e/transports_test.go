@@ -64,24 +64,24 @@ func natsTransport() transport {
 			srv := testenv.StartNATSServer(t)
 			return srv.URL, func() { srv.Crash(t) }
 		},
-		newTopic: func(t testing.TB, url string) string {
-			js, ctx := jetStream(t, url), context.Background()
-			name := testenv.RandomName("IDEME2E_")
-			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name}, Duplicates: dedupWindow}); err != nil {
-				t.Fatal(err)
+		remove: func(url, topic string) {
+			if nc, err := nats.Connect(url); err == nil {
+				if js, err := jetstream.New(nc); err == nil {
+					_ = js.DeleteStream(context.Background(), topic)
+				}
+				nc.Close()
 			}
-			t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
-			if _, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
-				Durable: "credits", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxAckPending: 256,
-			}); err != nil {
-				t.Fatal(err)
-			}
-			return name
 		},
 		destination: func(url, topic string) string { return strings.TrimSuffix(url, "/") + "/" + topic },
 		sender:      func() outbox.Sender { return natssender.New() },
 		consume: func(t testing.TB, url, topic string, r receiver) {
-			cons, err := jetStream(t, url).Consumer(context.Background(), topic, "credits")
+			js, ctx := jetStream(t, url), context.Background()
+			if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: topic, Subjects: []string{topic}, Duplicates: dedupWindow}); err != nil {
+				t.Fatal(err)
+			}
+			cons, err := js.CreateOrUpdateConsumer(ctx, topic, jetstream.ConsumerConfig{
+				Durable: "credits", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxAckPending: 256,
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -132,19 +132,21 @@ func amqpChannel(t testing.TB, url string) *amqp.Channel {
 func amqpTransport() transport {
 	return transport{
 		broker: func(testing.TB) (string, func()) { return testenv.AMQPURL, nil },
-		newTopic: func(t testing.TB, url string) string {
-			ch := amqpChannel(t, url)
-			name := testenv.RandomName("idem_e2e_")
-			if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
-				t.Fatal(err)
+		remove: func(url, topic string) {
+			if conn, err := amqp.Dial(url); err == nil {
+				if ch, err := conn.Channel(); err == nil {
+					_, _ = ch.QueueDelete(topic, false, false, false)
+				}
+				conn.Close()
 			}
-			t.Cleanup(func() { _, _ = ch.QueueDelete(name, false, false, false) }) // before the connection closes
-			return name
 		},
 		destination: func(url, topic string) string { return url + "?routing_key=" + topic },
 		sender:      func() outbox.Sender { return amqpsender.New() },
 		consume: func(t testing.TB, url, topic string, r receiver) {
 			ch := amqpChannel(t, url)
+			if _, err := ch.QueueDeclare(topic, true, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
 			if err := ch.Qos(batchSize*consumersAtOnce, 0, false); err != nil {
 				t.Fatal(err)
 			}
