@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
@@ -306,7 +307,7 @@ func newOutboxRetryCmd() *cobra.Command {
 func newRelayCmd() *cobra.Command {
 	var cfg outbox.RelayConfig
 	var httpTimeout, keep time.Duration
-	var admin, as2File, adminToken string
+	var admin, as2File, adminToken, natsCreds, natsToken string
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Send outbox messages until SIGTERM, the same key on every attempt",
@@ -315,7 +316,10 @@ destination's scheme — HTTP with Idempotency-Key, NATS JetStream with Nats-Msg
 AMQP with message-id, AS2 (as2://PARTNER, with --as2: signed and encrypted per the
 partner's agreement, acked on a verified MDN) — and records the outcome: sent, acked (HTTP 2xx), or a retry
 with exponential backoff and full jitter, dead after --max-tries. A killed relay's
-claims expire after --lease and are retried. SIGTERM finishes the sends in flight.`,
+claims expire after --lease and are retried. SIGTERM finishes the sends in flight.
+
+NATS credentials are the relay's (--nats-creds, --nats-token), not the rows':
+a destination names the server and subject only.`,
 		Args: cobra.NoArgs,
 	}
 	store := storeFlag(cmd)
@@ -331,6 +335,8 @@ claims expire after --lease and are retried. SIGTERM finishes the sends in fligh
 	f.StringVar(&admin, "admin", "", "address for the console (/), /metrics and /healthz")
 	f.StringVar(&as2File, "as2", "", "AS2 profile file (YAML): sends as2://PARTNER destinations")
 	f.StringVar(&adminToken, "admin-token", os.Getenv("IDEM_ADMIN_TOKEN"), "token for console writes off loopback (default $IDEM_ADMIN_TOKEN)")
+	f.StringVar(&natsCreds, "nats-creds", "", "NATS credentials file (JWT and NKey seed) for every nats:// destination")
+	f.StringVar(&natsToken, "nats-token", os.Getenv("IDEM_NATS_TOKEN"), "NATS authentication token for every nats:// destination (default $IDEM_NATS_TOKEN)")
 	f.DurationVar(&keep, "keep", 7*24*time.Hour, "delete sent and acked messages delivered longer ago than this (every minute; 0 keeps them forever)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
@@ -342,7 +348,16 @@ claims expire after --lease and are retried. SIGTERM finishes the sends in fligh
 		if err := s.Migrate(ctx); err != nil {
 			return err
 		}
-		router, closeSenders := senders.New(httpsender.Config{Timeout: httpTimeout})
+		natsOpts := []nats.Option{nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			fmt.Fprintf(cmd.ErrOrStderr(), "idem relay: nats: %v\n", err)
+		})}
+		if natsCreds != "" {
+			natsOpts = append(natsOpts, nats.UserCredentials(natsCreds))
+		}
+		if natsToken != "" {
+			natsOpts = append(natsOpts, nats.Token(natsToken))
+		}
+		router, closeSenders := senders.New(httpsender.Config{Timeout: httpTimeout}, natsOpts...)
 		defer closeSenders()
 		if as2File != "" {
 			profile, err := as2.LoadProfile(as2File, time.Now())

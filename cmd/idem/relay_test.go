@@ -9,11 +9,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
 )
 
@@ -71,9 +75,24 @@ func (f *flakyReceiver) process(key string) {
 	f.mu.Unlock()
 }
 
-func startRelay(t *testing.T, store string) *exec.Cmd {
-	cmd := exec.Command(os.Args[0], "relay", "--store", store, "--concurrency", "4", "--batch", "5", "--lease", "2s",
-		"--http-timeout", "400ms", "--backoff-min", "50ms", "--backoff-max", "200ms", "--poll", "100ms")
+// sqliteOutbox returns a migrated outbox on a new SQLite file, and its
+// store URL.
+func sqliteOutbox(t *testing.T) (string, *outbox.Store) {
+	store := "sqlite:" + filepath.Join(t.TempDir(), "outbox.db")
+	s, closeFn, err := openOutbox(context.Background(), store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeFn() })
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return store, s
+}
+
+func startRelay(t *testing.T, store string, extra ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], append([]string{"relay", "--store", store, "--concurrency", "4", "--batch", "5", "--lease", "2s",
+		"--http-timeout", "400ms", "--backoff-min", "50ms", "--backoff-max", "200ms", "--poll", "100ms"}, extra...)...)
 	cmd.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -86,16 +105,8 @@ func TestRelayKill9TwiceWithFlakyReceiver(t *testing.T) {
 	recv := &flakyReceiver{attempts: map[string][]string{}, processed: map[string]int{}, t: t}
 	srv := httptest.NewServer(recv)
 	defer srv.Close()
-	store := "sqlite:" + filepath.Join(t.TempDir(), "outbox.db")
+	store, s := sqliteOutbox(t)
 	ctx := context.Background()
-	s, closeFn, err := openOutbox(ctx, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeFn()
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	const n = 60
 	for i := range n {
 		if err := s.Enqueue(ctx, outbox.Message{Key: fmt.Sprintf("INV-%d", i), Destination: srv.URL + "/invoices",
@@ -152,4 +163,36 @@ func TestRelayKill9TwiceWithFlakyReceiver(t *testing.T) {
 		total += len(a)
 	}
 	t.Logf("%d intents delivered once each through %d attempts, every attempt with the same key and bytes", n, total)
+}
+
+// TestRelayNATSToken: the relay authenticates to NATS with its own token
+// (--nats-token), the outbox row naming only the server and subject;
+// without it the row stays pending with the server's reason.
+func TestRelayNATSToken(t *testing.T) {
+	srv := testenv.StartNATSServer(t, "--auth", "relay-s3cret")
+	st := srv.Stream(t, "ORDERS", "orders", nats.Token("relay-s3cret"))
+	store, s := sqliteOutbox(t)
+	ctx := context.Background()
+	if err := s.Enqueue(ctx, outbox.Message{Key: "ORD-1", Destination: srv.URL + "/orders", Payload: []byte("order")}); err != nil {
+		t.Fatal(err)
+	}
+	anonymous := startRelay(t, store, "--max-tries", "1000") // never dead while the test looks
+	testenv.Eventually(t, 20*time.Second, "the row pending with the server's reason", func() error {
+		if row, err := s.Get(ctx, "ORD-1"); err != nil || row.Status != outbox.Pending || !strings.Contains(strings.ToLower(row.LastError), "authorization") {
+			return fmt.Errorf("row %+v, %v", row, err)
+		}
+		return nil
+	})
+	_ = anonymous.Process.Kill()
+	_ = anonymous.Wait()
+	startRelay(t, store, "--max-tries", "1000", "--nats-token", "relay-s3cret")
+	testenv.Eventually(t, 20*time.Second, "the row sent", func() error {
+		if row, err := s.Get(ctx, "ORD-1"); err != nil || row.Status != outbox.Sent {
+			return fmt.Errorf("row %+v, %v", row, err)
+		}
+		return nil
+	})
+	if info, err := st.Info(ctx); err != nil || info.State.Msgs != 1 {
+		t.Fatalf("the stream holds %+v (%v), want the message", info, err)
+	}
 }

@@ -147,9 +147,10 @@ type NATSServer struct {
 	proc   *server
 }
 
-// StartNATSServer starts a JetStream server on a free port and waits until
-// it is ready; it is killed when the test ends.
-func StartNATSServer(t testing.TB) *NATSServer {
+// StartNATSServer starts a JetStream server on a free port, with extra
+// arguments for nats-server (say "--auth", TOKEN), and waits until it is
+// ready; it is killed when the test ends.
+func StartNATSServer(t testing.TB, extra ...string) *NATSServer {
 	t.Helper()
 	bin, err := exec.LookPath("nats-server")
 	if err != nil {
@@ -160,7 +161,7 @@ func StartNATSServer(t testing.TB) *NATSServer {
 	for attempt := 1; ; attempt++ {
 		port := strconv.Itoa(freePort(t))
 		s.URL = "nats://127.0.0.1:" + port
-		s.args = []string{"-a", "127.0.0.1", "-p", port, "-js", "-sd", filepath.Join(s.dir, "store")}
+		s.args = append([]string{"-a", "127.0.0.1", "-p", port, "-js", "-sd", filepath.Join(s.dir, "store")}, extra...)
 		err := s.start()
 		if err == nil {
 			return s
@@ -209,4 +210,25 @@ func (s *NATSServer) Crash(t testing.TB) {
 	if err := s.start(); err != nil {
 		t.Fatalf("nats-server on %s, after the kill: %v", s.URL, err)
 	}
+}
+
+// Stream creates a stream named name taking subject on the server,
+// connecting with opts (a token, credentials), and returns it; the
+// connection closes when the test ends.
+func (s *NATSServer) Stream(t testing.TB, name, subject string, opts ...nats.Option) jetstream.Stream {
+	t.Helper()
+	nc, err := nats.Connect(s.URL, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: []string{subject}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }

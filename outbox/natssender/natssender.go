@@ -23,6 +23,7 @@ import (
 // that did arrive (PubAck.Duplicate, reported as sent). One connection per
 // server, shared.
 type Sender struct {
+	opts  []nats.Option
 	mu    sync.Mutex
 	conns map[string]*natsConn
 }
@@ -32,8 +33,15 @@ type natsConn struct {
 	js jetstream.JetStream
 }
 
-// New returns the NATS sender.
-func New() *Sender { return &Sender{conns: map[string]*natsConn{}} }
+// New returns the NATS sender. opts are added to every connection it opens:
+// credentials (nats.UserCredentials, nats.Token, nats.UserInfo), TLS
+// (nats.RootCAs, nats.ClientCert), an ErrorHandler for the connections'
+// asynchronous errors (nats.go prints them to standard error otherwise) —
+// so that secrets live in the relay's configuration, not in the destination
+// of every outbox row.
+func New(opts ...nats.Option) *Sender {
+	return &Sender{opts: opts, conns: map[string]*natsConn{}}
+}
 
 func (n *Sender) conn(server string) (*natsConn, error) {
 	n.mu.Lock()
@@ -41,7 +49,7 @@ func (n *Sender) conn(server string) (*natsConn, error) {
 	if c, ok := n.conns[server]; ok && !c.nc.IsClosed() {
 		return c, nil
 	}
-	nc, err := nats.Connect(server, nats.Name("idem relay"), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(server, append([]nats.Option{nats.Name("idem relay"), nats.MaxReconnects(-1)}, n.opts...)...)
 	if err != nil {
 		return nil, err
 	}

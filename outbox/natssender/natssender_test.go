@@ -95,3 +95,27 @@ func TestNATSMsgIDAndDuplicate(t *testing.T) {
 		t.Fatalf("no subject: %s", res.Status)
 	}
 }
+
+// TestCredentialsAreTheSenders: against a server that wants a token, a
+// destination without one is retried (pending, the server's reason), and a
+// sender given the token (natssender.New(nats.Token(…))) delivers to the
+// same destination — no secret in the outbox row.
+func TestCredentialsAreTheSenders(t *testing.T) {
+	srv := testenv.StartNATSServer(t, "--auth", "relay-s3cret")
+	st := srv.Stream(t, "ORDERS", "orders", nats.Token("relay-s3cret"))
+	ctx := context.Background()
+	m := &outbox.Message{Key: "ORD-1", Destination: srv.URL + "/orders", Payload: []byte("order")}
+	anonymous := natssender.New()
+	defer anonymous.Close()
+	if res := anonymous.Send(ctx, m); res.Status != outbox.Pending || res.Err == nil || !strings.Contains(strings.ToLower(res.Err.Error()), "authorization") {
+		t.Fatalf("without the token: %s %v; want pending, authorization", res.Status, res.Err)
+	}
+	s := natssender.New(nats.Token("relay-s3cret"))
+	defer s.Close()
+	if res := s.Send(ctx, m); res.Status != outbox.Sent {
+		t.Fatalf("with the token: %s %v", res.Status, res.Err)
+	}
+	if info, err := st.Info(ctx); err != nil || info.State.Msgs != 1 {
+		t.Fatalf("the stream holds %+v (%v), want the message", info, err)
+	}
+}
