@@ -255,16 +255,16 @@ func campaign(t *testing.T, testName string, tr transport) {
 	frng := rand.New(rand.NewPCG(seed, 0))
 	for time.Now().Before(deadline) {
 		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
-		helpers := relays
+		victims := relays // the processes this fault may hit
 		if frng.IntN(2) == 0 {
-			helpers = consumers
+			victims = consumers
 		}
 		switch f := frng.IntN(9); {
 		case f < 2:
-			helpers.KillOne(frng)
+			victims.KillOne(frng)
 			kills++
 		case f < 4:
-			helpers.FreezeOne(frng, time.Duration(300+frng.IntN(3000))*time.Millisecond)
+			victims.FreezeOne(frng, time.Duration(300+frng.IntN(3000))*time.Millisecond)
 			freezes++
 		case f == 4 && !dbOutages.Busy():
 			d := time.Duration(100+frng.IntN(400)) * time.Millisecond

@@ -212,7 +212,7 @@ func startRedisServer(t testing.TB, pick func(testing.TB) int, extra ...string) 
 	dir := t.TempDir()
 	r := &RedisServer{log: filepath.Join(dir, "redis.log")}
 	t.Cleanup(func() { r.stop() })
-	for attempt := 1; ; attempt++ {
+	startOnFreePorts(t, "redis-server", func(int) error {
 		port := pick(t)
 		r.Addr = "127.0.0.1:" + strconv.Itoa(port)
 		r.args = append(append(slices.Clone(conf), "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
@@ -220,16 +220,9 @@ func startRedisServer(t testing.TB, pick func(testing.TB) int, extra ...string) 
 		if cluster {
 			r.args = append(r.args, "--cluster-port", strconv.Itoa(pick(t)))
 		}
-		err := r.start()
-		if err == nil {
-			return r
-		}
-		var exit *earlyExitError
-		if !errors.As(err, &exit) || attempt == 5 {
-			t.Fatalf("redis-server (attempt %d): %v", attempt, err)
-		}
-		t.Logf("redis-server %v; again on new ports", err)
-	}
+		return r.start()
+	})
+	return r
 }
 
 // Start starts the server again on its address, waiting until it loaded

@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -84,24 +83,18 @@ func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 			}
 		}
 	})
-	// A port free when chosen may be taken before the server binds it; a
-	// server that exits before it listens has the whole cluster started
-	// again on new ports.
-	for attempt := 1; ; attempt++ {
-		err := c.start(t, freePort, bin, filepath.Join(dir, strconv.Itoa(attempt)), n) // a fresh store per attempt
-		if err == nil {
-			break
+	// A server that exits before it listens has the whole cluster started
+	// again on new ports, with a fresh store.
+	startOnFreePorts(t, "nats-server", func(attempt int) error {
+		err := c.start(t, freePort, bin, filepath.Join(dir, strconv.Itoa(attempt)), n)
+		if err != nil {
+			for _, p := range c.procs {
+				p.stop()
+			}
+			c.procs, c.URLs = nil, nil
 		}
-		var exit *earlyExitError
-		if !errors.As(err, &exit) || attempt == 5 {
-			t.Fatalf("nats-server (attempt %d): %v", attempt, err)
-		}
-		t.Logf("nats-server %v; the cluster again on new ports", err)
-		for _, p := range c.procs {
-			p.stop()
-		}
-		c.procs, c.URLs = nil, nil
-	}
+		return err
+	})
 	nc, err := nats.Connect(strings.Join(c.URLs, ","))
 	if err != nil {
 		t.Fatal(err)
@@ -158,20 +151,13 @@ func StartNATSServer(t testing.TB, extra ...string) *NATSServer {
 	}
 	s := &NATSServer{bin: bin, dir: t.TempDir()}
 	t.Cleanup(s.stop)
-	for attempt := 1; ; attempt++ {
+	startOnFreePorts(t, "nats-server", func(int) error {
 		port := strconv.Itoa(freePort(t))
 		s.URL = "nats://127.0.0.1:" + port
 		s.args = append([]string{"-a", "127.0.0.1", "-p", port, "-js", "-sd", filepath.Join(s.dir, "store")}, extra...)
-		err := s.start()
-		if err == nil {
-			return s
-		}
-		var exit *earlyExitError
-		if !errors.As(err, &exit) || attempt == 5 {
-			t.Fatalf("nats-server (attempt %d): %v", attempt, err)
-		}
-		t.Logf("nats-server %v; again on a new port", err)
-	}
+		return s.start()
+	})
+	return s
 }
 
 // start starts the process, with a log of its own, and waits until it says

@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -29,17 +28,12 @@ func StartPgBouncer(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	for attempt := 1; ; attempt++ {
-		addr, err := startPgBouncer(t, bin, dir, freePort(t))
-		if err == nil {
-			return "postgres://postgres@" + addr + "/test?sslmode=disable"
-		}
-		var exit *earlyExitError
-		if !errors.As(err, &exit) || attempt == 5 {
-			t.Fatalf("pgbouncer (attempt %d): %v", attempt, err)
-		}
-		t.Logf("pgbouncer %v; again on a new port", err)
-	}
+	var addr string
+	startOnFreePorts(t, "pgbouncer", func(int) (err error) {
+		addr, err = startPgBouncer(t, bin, dir, freePort(t))
+		return err
+	})
+	return "postgres://postgres@" + addr + "/test?sslmode=disable"
 }
 
 // startPgBouncer writes the configuration for port into dir and starts

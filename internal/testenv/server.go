@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -39,6 +40,26 @@ type earlyExitError struct {
 
 func (e *earlyExitError) Error() string {
 	return fmt.Sprintf("exited before it answered (%v); its log ends:\n%s", e.err, e.log)
+}
+
+// startOnFreePorts runs start, which starts a server on ports it picks,
+// until it succeeds. A port free when chosen may be taken before the server
+// binds it: a server that exited before it answered (an *earlyExitError) is
+// started again — new ports, attempt numbered from 1 — up to five times;
+// any other error fails t.
+func startOnFreePorts(t testing.TB, name string, start func(attempt int) error) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		err := start(attempt)
+		if err == nil {
+			return
+		}
+		var exit *earlyExitError
+		if !errors.As(err, &exit) || attempt == 5 {
+			t.Fatalf("%s (attempt %d): %v", name, attempt, err)
+		}
+		t.Logf("%s %v; again on new ports", name, err)
+	}
 }
 
 // waitReady polls ready every 20 ms until it returns nil, the process

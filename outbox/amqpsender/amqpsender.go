@@ -155,10 +155,8 @@ func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 		cc.ch.Close()
 		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("no confirm: %v", err)}
 	}
-	ret, returned := cc.returned(m.Key)
-	c.put(cc)
-	switch {
-	case !ok:
+	if !ok { // nacked, or the channel closed under the publish: not reused
+		cc.ch.Close()
 		select {
 		case cause := <-cc.closed:
 			if cause != nil {
@@ -167,7 +165,10 @@ func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 		default:
 		}
 		return outbox.Result{Status: outbox.Pending, Err: errors.New("the broker nacked the publish")}
-	case returned:
+	}
+	ret, returned := cc.returned(m.Key)
+	c.put(cc)
+	if returned {
 		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("no queue takes it: the broker returned it from exchange %q with routing key %q (%d %s)",
 			exchange, key, ret.ReplyCode, ret.ReplyText)}
 	}
