@@ -26,7 +26,10 @@ type Config struct {
 	// records. Defaults to 1m; a negative value disables the sweeper (call
 	// Sweep yourself).
 	SweepInterval time.Duration
-	// Clock tells the store's time. Defaults to the wall clock.
+	// Clock tells the store's time. Defaults to the wall clock. The store
+	// decides by the wall-clock part of its readings only — the time it
+	// reports as LeaseUntil and ExpiresAt — never by a monotonic reading, as a
+	// server store decides by its server's clock.
 	Clock idem.Clock
 	// Limits bound what the store accepts. Defaults to idem's defaults.
 	Limits idem.Limits
@@ -138,7 +141,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := s.limits.CheckAcquire(req); err != nil {
 		return idem.Acquisition{}, err
 	}
-	now := s.clock.Now()
+	now := s.now()
 	leaseUntil := now.Add(req.Lease)
 	expiresAt := now.Add(max(req.Retention, req.Lease))
 
@@ -206,7 +209,7 @@ func (s *Store) owned(ctx context.Context, key string, fence uint64, fn func(e *
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	now := s.clock.Now()
+	now := s.now()
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -292,7 +295,7 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 	if err := s.limits.CheckArchive(rec, retention); err != nil {
 		return false, err
 	}
-	now := s.clock.Now()
+	now := s.now()
 	kept := append([]byte(nil), rec.Result...)
 	sh := s.shard(rec.Key)
 	sh.mu.Lock()
@@ -320,7 +323,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return idem.Record{}, err
 	}
-	now := s.clock.Now()
+	now := s.now()
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -359,7 +362,7 @@ func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error 
 
 // Sweep implements idem.Store. A limit of zero or less means no limit.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
-	now := s.clock.Now()
+	now := s.now()
 	n := 0
 	for i := range s.shards {
 		if err := ctx.Err(); err != nil {
@@ -384,7 +387,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 
 // CountStates implements idem.StateCounter.
 func (s *Store) CountStates(ctx context.Context) (map[idem.State]int64, error) {
-	now := s.clock.Now()
+	now := s.now()
 	out := map[idem.State]int64{}
 	for i := range s.shards {
 		if err := ctx.Err(); err != nil {
@@ -408,7 +411,7 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	now := s.clock.Now()
+	now := s.now()
 	var out []idem.Record
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -426,6 +429,11 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	}
 	return out, nil
 }
+
+// now is the store's time: its clock's reading without the monotonic
+// reading time.Now adds, so that expiry and leases are decided by the times
+// the store reports even when the system's clock is stepped.
+func (s *Store) now() time.Time { return s.clock.Now().Round(0) }
 
 // Len returns the number of records held, expired or not.
 func (s *Store) Len() int {

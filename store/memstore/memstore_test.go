@@ -1,7 +1,9 @@
 package memstore_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/store/memstore"
@@ -31,4 +33,40 @@ func BenchmarkStore(b *testing.B) {
 func TestCampaign(t *testing.T) {
 	storetest.Campaign(t, storetest.CampaignConfig{TestName: "TestCampaign",
 		Open: func(t testing.TB, _ string) idem.Store { return newStore(t) }})
+}
+
+// TestTimeIsTheWallClock: the store decides by the time it reports. A
+// record's ExpiresAt and LeaseUntil are wall-clock times, as on every server
+// store, and the conformance model and the campaign hold the store to them.
+// Readings of time.Now carry a monotonic reading as well, and times that
+// both have one are compared by it: a store keeping them would decide
+// expiry on the monotonic clock and report the wall clock, two clocks
+// that part when the system's clock is stepped (CI saw it: records
+// replayed 4–8 ms after the ExpiresAt they were reported with, on a machine
+// whose wall clock was stepped ahead during the campaign). So every time the
+// store keeps or hands out has no monotonic reading.
+func TestTimeIsTheWallClock(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	acq, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wall := func(what string, at time.Time) {
+		t.Helper()
+		if at != at.Round(0) {
+			t.Errorf("%s %v carries a monotonic reading: the store decides by a clock it does not report", what, at)
+		}
+	}
+	wall("acquired LeaseUntil", acq.Record.LeaseUntil)
+	wall("acquired ExpiresAt", acq.Record.ExpiresAt)
+	if err := s.Complete(ctx, "k", acq.Record.Fence, []byte("r"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wall("completed ExpiresAt", rec.ExpiresAt)
+	wall("completed UpdatedAt", rec.UpdatedAt)
 }
