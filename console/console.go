@@ -97,6 +97,7 @@ func New(cfg Config) (*Console, error) {
 	}
 	funcs := template.FuncMap{
 		"display": idem.DisplayKey,
+		"redact":  outbox.RedactDestination,
 		"preview": preview,
 		"since":   func(t time.Time) string { return humanDuration(c.cfg.Now().Sub(t)) },
 		"until":   func(t time.Time) string { return humanDuration(t.Sub(c.cfg.Now())) },

@@ -311,3 +311,28 @@ func TestMillionRowPages(t *testing.T) {
 		t.Fatal("the first page does not link to the next by keyset (after=50)")
 	}
 }
+
+// TestPasswordsInDestinationsAreNotShown: a destination URL may carry a
+// password (amqp://USER:PASS@…); every page that shows the destination
+// shows the user and "xxxxx" in its place — and the row still goes where
+// it named.
+func TestPasswordsInDestinationsAreNotShown(t *testing.T) {
+	f := newFixture(t, console.Config{Loopback: true})
+	ctx := context.Background()
+	dest := "amqp://relay:s3cret-pw@rabbit.example:5672/orders?routing_key=orders"
+	if err := f.outbox.Enqueue(ctx, outbox.Message{Key: "ORD-1", Destination: dest, Payload: []byte("p")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/outbox", "/outbox/row?key=ORD-1", "/find?q=ORD-1"} {
+		page := f.get(t, path)
+		if strings.Contains(page, "s3cret-pw") {
+			t.Fatalf("%s shows the destination's password", path)
+		}
+		if !strings.Contains(page, "amqp://relay:xxxxx@rabbit.example:5672/orders") {
+			t.Fatalf("%s does not show the destination with its password hidden:\n%s", path, page)
+		}
+	}
+	if row, err := f.outbox.Get(ctx, "ORD-1"); err != nil || row.Destination != dest {
+		t.Fatalf("the row's destination is %q (%v), want it unchanged", row.Destination, err)
+	}
+}

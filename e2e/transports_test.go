@@ -141,7 +141,7 @@ func amqpTransport() transport {
 			}
 		},
 		destination: func(url, topic string) string { return url + "?routing_key=" + topic },
-		sender:      func() outbox.Sender { return amqpsender.New() },
+		sender:      func() outbox.Sender { return amqpsender.New(amqp.Config{}) },
 		consume: func(t testing.TB, url, topic string, r receiver) {
 			ch := amqpChannel(t, url)
 			if _, err := ch.QueueDeclare(topic, true, false, false, false, nil); err != nil {

@@ -122,7 +122,7 @@ outbox (every destination, as2:// under this profile), beside any idem relay.`,
 			})
 			// A relay of that outbox, with every sender (AS2 under this
 			// profile included): another relay may share the outbox.
-			router, closeSenders := senders.New(httpsender.Config{Timeout: forwardTimeout})
+			router, closeSenders := senders.New(senders.Config{HTTP: httpsender.Config{Timeout: forwardTimeout}})
 			defer closeSenders()
 			router["as2"] = as2sender.NewProfile(profile, &http.Client{Timeout: forwardTimeout})
 			relay, err := outbox.NewRelay(outbox.RelayConfig{Store: ob, Sender: router, SendTimeout: forwardTimeout, Lease: 2 * forwardTimeout,

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem/as2"
@@ -222,7 +223,7 @@ func optTime(t time.Time) *time.Time {
 func newOutboxLsCmd() *cobra.Command {
 	var status string
 	var asJSON bool
-	cmd := &cobra.Command{Use: "ls", Short: "List outbox messages", Args: cobra.NoArgs}
+	cmd := &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List outbox messages (a password in a destination shown as xxxxx)", Args: cobra.NoArgs}
 	store := storeFlag(cmd)
 	cmd.Flags().StringVar(&status, "status", "", "only this status: pending, sent, acked or dead")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
@@ -260,7 +261,7 @@ func newOutboxLsCmd() *cobra.Command {
 			after = rows[len(rows)-1].ID
 			for _, r := range rows {
 				if asJSON {
-					if err := enc.Encode(outboxJSON{Key: r.Key, Status: string(r.Status), Tries: r.Tries, Destination: r.Destination,
+					if err := enc.Encode(outboxJSON{Key: r.Key, Status: string(r.Status), Tries: r.Tries, Destination: outbox.RedactDestination(r.Destination),
 						LastError: r.LastError, NextAttemptAt: r.NextAttemptAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
 						SentAt: optTime(r.SentAt), AckedAt: optTime(r.AckedAt), Bytes: len(r.Payload)}); err != nil {
 						return err
@@ -271,7 +272,7 @@ func newOutboxLsCmd() *cobra.Command {
 				if r.Status == outbox.Pending {
 					next = r.NextAttemptAt.UTC().Format(time.RFC3339)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Key, r.Status, r.Tries, r.Destination, next, preview([]byte(r.LastError)))
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Key, r.Status, r.Tries, outbox.RedactDestination(r.Destination), next, preview([]byte(r.LastError)))
 			}
 		}
 		if !asJSON {
@@ -307,7 +308,7 @@ func newOutboxRetryCmd() *cobra.Command {
 func newRelayCmd() *cobra.Command {
 	var cfg outbox.RelayConfig
 	var httpTimeout, keep time.Duration
-	var admin, as2File, adminToken, natsCreds, natsToken string
+	var admin, as2File, adminToken, natsCreds, natsToken, amqpUser, amqpPassword string
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Send outbox messages until SIGTERM, the same key on every attempt",
@@ -337,6 +338,8 @@ a destination names the server and subject only.`,
 	f.StringVar(&adminToken, "admin-token", os.Getenv("IDEM_ADMIN_TOKEN"), "token for console writes off loopback (default $IDEM_ADMIN_TOKEN)")
 	f.StringVar(&natsCreds, "nats-creds", "", "NATS credentials file (JWT and NKey seed) for every nats:// destination")
 	f.StringVar(&natsToken, "nats-token", os.Getenv("IDEM_NATS_TOKEN"), "NATS authentication token for every nats:// destination (default $IDEM_NATS_TOKEN)")
+	f.StringVar(&amqpUser, "amqp-user", os.Getenv("IDEM_AMQP_USER"), "AMQP user for every amqp:// destination, in place of the URL's (default $IDEM_AMQP_USER)")
+	f.StringVar(&amqpPassword, "amqp-password", os.Getenv("IDEM_AMQP_PASSWORD"), "AMQP password for --amqp-user (default $IDEM_AMQP_PASSWORD)")
 	f.DurationVar(&keep, "keep", 7*24*time.Hour, "delete sent and acked messages delivered longer ago than this (every minute; 0 keeps them forever)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
@@ -357,7 +360,13 @@ a destination names the server and subject only.`,
 		if natsToken != "" {
 			natsOpts = append(natsOpts, nats.Token(natsToken))
 		}
-		router, closeSenders := senders.New(httpsender.Config{Timeout: httpTimeout}, natsOpts...)
+		sendCfg := senders.Config{HTTP: httpsender.Config{Timeout: httpTimeout}, NATS: natsOpts}
+		if amqpUser != "" {
+			sendCfg.AMQP.SASL = []amqp.Authentication{&amqp.PlainAuth{Username: amqpUser, Password: amqpPassword}}
+		} else if amqpPassword != "" {
+			return errors.New("--amqp-password needs --amqp-user")
+		}
+		router, closeSenders := senders.New(sendCfg)
 		defer closeSenders()
 		if as2File != "" {
 			profile, err := as2.LoadProfile(as2File, time.Now())

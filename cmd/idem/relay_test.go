@@ -196,3 +196,43 @@ func TestRelayNATSToken(t *testing.T) {
 		t.Fatalf("the stream holds %+v (%v), want the message", info, err)
 	}
 }
+
+// TestRelayAMQPCredentials: the relay logs in to RabbitMQ as its own user
+// (--amqp-user, --amqp-password), whatever user the row's URL names; without
+// them the row stays pending with the broker's refusal. And the password a
+// row's URL does carry is not printed by `idem outbox ls`.
+func TestRelayAMQPCredentials(t *testing.T) {
+	ch, q := testenv.AMQPQueue(t, "idemrelay.")
+	stranger, user, password := testenv.AMQPStranger(t)
+	store, s := sqliteOutbox(t)
+	ctx := context.Background()
+	if err := s.Enqueue(ctx, outbox.Message{Key: "ORD-1", Destination: stranger + "?routing_key=" + q, Payload: []byte("order")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"outbox", "ls", "--store", store}, {"outbox", "ls", "--json", "--store", store}} {
+		out, err := run(t, args...)
+		if err != nil || strings.Contains(out, "row-s3cret") || !strings.Contains(out, "idem-nobody:xxxxx@") {
+			t.Fatalf("%v: the password shown, or the destination not (%v):\n%s", args, err, out)
+		}
+	}
+	anonymous := startRelay(t, store, "--max-tries", "1000") // never dead while the test looks
+	testenv.Eventually(t, 30*time.Second, "the row pending with the broker's refusal", func() error {
+		if row, err := s.Get(ctx, "ORD-1"); err != nil || row.Status != outbox.Pending || !strings.Contains(row.LastError, "not allowed") {
+			return fmt.Errorf("row %+v, %v", row, err)
+		}
+		return nil
+	})
+	_ = anonymous.Process.Kill()
+	_ = anonymous.Wait()
+	t.Setenv("IDEM_AMQP_PASSWORD", password) // --amqp-password's default
+	startRelay(t, store, "--max-tries", "1000", "--amqp-user", user)
+	testenv.Eventually(t, 30*time.Second, "the row sent", func() error {
+		if row, err := s.Get(ctx, "ORD-1"); err != nil || row.Status != outbox.Sent {
+			return fmt.Errorf("row %+v, %v", row, err)
+		}
+		return nil
+	})
+	if d, ok, err := ch.Get(q, true); err != nil || !ok || d.MessageId != "ORD-1" {
+		t.Fatalf("delivered %q %v %v", d.MessageId, ok, err)
+	}
+}

@@ -173,7 +173,7 @@ func run(ctx context.Context, out io.Writer, dbPath string, orders int) (bool, e
 	}
 
 	fmt.Fprintln(out, "2. The relay sends them; the network loses the answer to every first attempt")
-	router, closeSenders := senders.New(httpsender.Config{Timeout: 5 * time.Second})
+	router, closeSenders := senders.New(senders.Config{HTTP: httpsender.Config{Timeout: 5 * time.Second}})
 	defer closeSenders()
 	var outMu sync.Mutex // OnResult runs on the relay's sending goroutines
 	relay, err := outbox.NewRelay(outbox.RelayConfig{Store: ob.Store, Sender: router, BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,

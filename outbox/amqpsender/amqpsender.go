@@ -25,6 +25,7 @@ import (
 // message stays pending with the reason until a queue takes it. One
 // connection per server, one confirm channel per send at a time.
 type Sender struct {
+	cfg   amqp.Config
 	mu    sync.Mutex
 	conns map[string]*amqpConn
 }
@@ -44,8 +45,13 @@ type confirmChannel struct {
 	closed  chan *amqp.Error // why the broker closed the channel (a publish to an exchange that does not exist)
 }
 
-// New returns the AMQP sender.
-func New() *Sender { return &Sender{conns: map[string]*amqpConn{}} }
+// New returns the AMQP sender. Every connection it opens is opened with cfg
+// (amqp.DialConfig): its SASL credentials are the ones the sender logs in
+// with on every server, taking precedence over a user and password in a
+// destination's URL, so outbox rows need carry no secret; likewise its TLS
+// settings and heartbeat. The zero Config dials as amqp.Dial does: with the
+// URL's user and password, or guest/guest.
+func New(cfg amqp.Config) *Sender { return &Sender{cfg: cfg, conns: map[string]*amqpConn{}} }
 
 // ParseDestination splits a destination into the server URL, exchange and routing
 // key.
@@ -69,7 +75,7 @@ func (a *Sender) conn(server string) (*amqpConn, error) {
 	if c, ok := a.conns[server]; ok && !c.conn.IsClosed() {
 		return c, nil
 	}
-	conn, err := amqp.Dial(server)
+	conn, err := amqp.DialConfig(server, a.cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ func TestConformance(t *testing.T) {
 	conn, err := amqp.DialConfig(testenv.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
 	testenv.Need(t, "RabbitMQ", testenv.AMQPURL, err)
 	defer conn.Close()
-	s := amqpsender.New()
+	s := amqpsender.New(amqp.Config{})
 	defer s.Close()
 	sendertest.Run(t, sendertest.Target{
 		Sender: s,
@@ -62,15 +62,8 @@ func TestConformance(t *testing.T) {
 }
 
 func TestAMQPMessageID(t *testing.T) {
-	conn, err := amqp.DialConfig(testenv.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
-	testenv.Need(t, "RabbitMQ", testenv.AMQPURL, err)
-	defer conn.Close()
-	ch, _ := conn.Channel()
-	q := testenv.RandomName("idemout.")
-	if _, err := ch.QueueDeclare(q, false, true, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	s := amqpsender.New()
+	ch, q := testenv.AMQPQueue(t, "idemout.")
+	s := amqpsender.New(amqp.Config{})
 	defer s.Close()
 	res := s.Send(context.Background(), &outbox.Message{Key: "ORD-7", Destination: testenv.AMQPURL + "?routing_key=" + q, Payload: []byte("order 7")})
 	if res.Status != outbox.Sent {
@@ -100,7 +93,7 @@ func TestUnroutableIsNotSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ch.ExchangeDelete(exchange, false, false)
-	s := amqpsender.New()
+	s := amqpsender.New(amqp.Config{})
 	defer s.Close()
 	ctx := context.Background()
 	for _, dest := range []string{testenv.AMQPURL + "?routing_key=" + q, testenv.AMQPURL + "?exchange=" + exchange + "&routing_key=" + q} {
@@ -130,5 +123,32 @@ func TestUnroutableIsNotSent(t *testing.T) {
 	m := &outbox.Message{Key: "ORD-9", Destination: testenv.AMQPURL + "?exchange=" + exchange + ".missing&routing_key=" + q, Payload: []byte("order")}
 	if res := s.Send(ctx, m); res.Status != outbox.Pending || res.Err == nil || !strings.Contains(res.Err.Error(), "NOT_FOUND") {
 		t.Fatalf("to an exchange that does not exist: %s %v; want pending, NOT_FOUND", res.Status, res.Err)
+	}
+}
+
+// TestCredentialsAreTheSenders: the sender's own credentials
+// (amqpsender.New(amqp.Config{SASL: …})) are the ones it logs in with,
+// whatever user a destination's URL names — an outbox row needs no secret.
+// Without them the same destination, with a user the broker does not know,
+// is retried with the broker's refusal (403, "username or password not allowed").
+func TestCredentialsAreTheSenders(t *testing.T) {
+	ch, q := testenv.AMQPQueue(t, "idemout.")
+	stranger, user, password := testenv.AMQPStranger(t)
+	relay := &amqp.PlainAuth{Username: user, Password: password}
+	ctx := context.Background()
+	m := &outbox.Message{Key: "ORD-1", Destination: stranger + "?routing_key=" + q, Payload: []byte("order")}
+
+	anonymous := amqpsender.New(amqp.Config{})
+	defer anonymous.Close()
+	if res := anonymous.Send(ctx, m); res.Status != outbox.Pending || res.Err == nil || !strings.Contains(res.Err.Error(), "not allowed") {
+		t.Fatalf("with the row's unknown user: %s %v; want pending, not allowed", res.Status, res.Err)
+	}
+	s := amqpsender.New(amqp.Config{SASL: []amqp.Authentication{relay}})
+	defer s.Close()
+	if res := s.Send(ctx, m); res.Status != outbox.Sent {
+		t.Fatalf("with the sender's credentials: %s %v", res.Status, res.Err)
+	}
+	if d, ok, err := ch.Get(q, true); err != nil || !ok || d.MessageId != m.Key {
+		t.Fatalf("delivered %q %v %v", d.MessageId, ok, err)
 	}
 }

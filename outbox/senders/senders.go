@@ -2,6 +2,7 @@ package senders
 
 import (
 	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/amqpsender"
@@ -10,16 +11,29 @@ import (
 	"github.com/idemgo/idem/outbox/natssender"
 )
 
-// New returns a router with every transport's sender: HTTP(S), NATS (its
-// connections opened with natsOpts: see natssender.New), AMQP and AS2 over
-// HTTP(S). Close the returned closer when done (it closes the
+// Config configures every transport's sender. The zero value works: no
+// timeout beyond httpsender's default, anonymous NATS, AMQP with the
+// destination's user and password (or guest/guest).
+type Config struct {
+	HTTP httpsender.Config
+	// NATS are the options every NATS connection is opened with
+	// (credentials, TLS, an error handler): see natssender.New.
+	NATS []nats.Option
+	// AMQP is how every AMQP connection is opened (SASL credentials, which
+	// take precedence over a destination's user and password, TLS): see
+	// amqpsender.New.
+	AMQP amqp.Config
+}
+
+// New returns a router with every transport's sender: HTTP(S), NATS, AMQP
+// and AS2 over HTTP(S). Close the returned closer when done (it closes the
 // broker connections). A program that sends over one transport only
 // builds its own outbox.Router from that transport's package and links
 // nothing of the others.
-func New(httpCfg httpsender.Config, natsOpts ...nats.Option) (outbox.Router, func()) {
-	h := httpsender.New(httpCfg)
-	n := natssender.New(natsOpts...)
-	a := amqpsender.New()
+func New(cfg Config) (outbox.Router, func()) {
+	h := httpsender.New(cfg.HTTP)
+	n := natssender.New(cfg.NATS...)
+	a := amqpsender.New(cfg.AMQP)
 	as2 := as2sender.New(h.Client())
 	return outbox.Router{"http": h, "https": h, "nats": n, "amqp": a, "amqps": a, "as2+http": as2, "as2+https": as2}, func() { n.Close(); a.Close() }
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemgo/idem/outbox"
-	"github.com/idemgo/idem/outbox/httpsender"
 	"github.com/idemgo/idem/outbox/senders"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
@@ -87,7 +86,7 @@ func runIdem(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st
 	}
 	_, err = pool.CopyFrom(ctx, pgx.Identifier{"relaybench", "idem_outbox"}, []string{"key", "destination", "payload", "headers"}, pgx.CopyFromRows(rows))
 	check(err)
-	router, closeSenders := senders.New(httpsender.Config{})
+	router, closeSenders := senders.New(senders.Config{})
 	defer closeSenders()
 	var retries atomic.Int64
 	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s.Store, Sender: router, Batch: batch, Concurrency: concurrency,
