@@ -1,0 +1,137 @@
+package testenv
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// RabbitMQ is a RabbitMQ node of a test's own (StartRabbitMQ), which the
+// test may crash: the machine's shared broker serves other tests at the
+// same time.
+type RabbitMQ struct {
+	// URL is amqp://guest:guest@127.0.0.1:PORT/.
+	URL string
+
+	bin, dir string
+	env      []string
+	addr     string
+	proc     *server
+	starts   int
+}
+
+// rabbitmqServer is the rabbitmq-server script itself (Debian's
+// /usr/sbin/rabbitmq-server wraps it to run as the rabbitmq user, in its
+// home): $IDEM_TEST_RABBITMQ_SERVER, else the package's, else the PATH's.
+func rabbitmqServer() (string, error) {
+	for _, p := range []string{os.Getenv("IDEM_TEST_RABBITMQ_SERVER"), "/usr/lib/rabbitmq/bin/rabbitmq-server"} {
+		if p != "" {
+			if _, err := os.Stat(p); err == nil {
+				return p, nil
+			}
+		}
+	}
+	return exec.LookPath("rabbitmq-server")
+}
+
+// StartRabbitMQ starts a RabbitMQ node on free ports, with its data, logs,
+// configuration and Erlang cookie in a directory of the test's, and stops it
+// when the test ends. It takes some seconds (Erlang boots the whole broker).
+func StartRabbitMQ(t testing.TB) *RabbitMQ {
+	t.Helper()
+	bin, err := rabbitmqServer()
+	if err != nil {
+		Need(t, "rabbitmq-server", "PATH", err)
+	}
+	r := &RabbitMQ{bin: bin, dir: t.TempDir()}
+	var cookie [20]byte
+	_, _ = rand.Read(cookie[:])
+	if err := os.WriteFile(filepath.Join(r.dir, ".erlang.cookie"), []byte(hex.EncodeToString(cookie[:])), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(r.dir, "enabled_plugins"), []byte("[].\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.stop)
+	startOnFreePorts(t, "rabbitmq-server", func(attempt int) error {
+		port, dist := freePort(t), freePort(t)
+		r.addr = "127.0.0.1:" + strconv.Itoa(port)
+		r.URL = "amqp://guest:guest@" + r.addr + "/"
+		conf := filepath.Join(r.dir, "rabbitmq.conf")
+		if err := os.WriteFile(conf, []byte("listeners.tcp.default = "+r.addr+"\n"), 0o644); err != nil {
+			return err
+		}
+		r.env = append(os.Environ(), "HOME="+r.dir,
+			"RABBITMQ_NODENAME="+RandomName("idemtest")+"@localhost",
+			"RABBITMQ_NODE_PORT="+strconv.Itoa(port), "RABBITMQ_DIST_PORT="+strconv.Itoa(dist),
+			"RABBITMQ_MNESIA_BASE="+filepath.Join(r.dir, "mnesia"), "RABBITMQ_LOG_BASE="+filepath.Join(r.dir, "log"),
+			"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(r.dir, "enabled_plugins"),
+			"RABBITMQ_CONFIG_FILE="+conf, "RABBITMQ_PID_FILE="+filepath.Join(r.dir, "pid"))
+		return r.start()
+	})
+	return r
+}
+
+// start starts the node in a process group of its own (the script starts
+// the Erlang VM as a child) and waits until it says it has started and
+// takes connections.
+func (r *RabbitMQ) start() error {
+	r.starts++
+	log := filepath.Join(r.dir, fmt.Sprintf("rabbitmq-%d.out", r.starts))
+	out, err := os.Create(log)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	cmd := exec.Command(r.bin)
+	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = r.env, r.dir, out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p, err := startServer(cmd, log)
+	if err != nil {
+		return err
+	}
+	err = p.waitReady(60*time.Second, func() error {
+		if err := p.logSays("completed with"); err != nil {
+			return err
+		}
+		return listening(r.addr)
+	})
+	if err != nil {
+		killGroup(p)
+		return err
+	}
+	r.proc = p
+	return nil
+}
+
+// killGroup kills the node's whole process group with SIGKILL — the VM
+// with its script — and waits for the script.
+func killGroup(p *server) {
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.exited
+}
+
+func (r *RabbitMQ) stop() {
+	if r.proc != nil {
+		killGroup(r.proc)
+		r.proc = nil
+	}
+}
+
+// Crash kills the node with SIGKILL and starts it again on its ports and
+// data, waiting until it takes connections: durable queues and the
+// persistent messages it confirmed are there again.
+func (r *RabbitMQ) Crash(t testing.TB) {
+	t.Helper()
+	r.stop()
+	if err := r.start(); err != nil {
+		t.Fatalf("rabbitmq-server on %s, after the kill: %v", r.addr, err)
+	}
+}
