@@ -102,11 +102,11 @@ func (r receiver) book(ctx context.Context, key string, body []byte) (inbox.Outc
 }
 
 type transport struct {
-	// broker returns the broker's URL for a campaign (its host:port is what
-	// a proxy stands in front of) and, where the campaign may crash it, a
-	// function that kills it with SIGKILL and starts it again (nil: the
-	// machine's shared broker, which other tests use meanwhile).
-	broker func(t testing.TB) (url string, crash func())
+	// broker starts a broker of the campaign's own and returns its URL (its
+	// host:port is what a proxy stands in front of) and a function that
+	// kills it with SIGKILL and starts it again, returning once it is back
+	// (or why it is not).
+	broker func(t testing.TB) (url string, crash func() error)
 	// remove removes topic from the broker at url. The consumers declare
 	// it (as consumers of a queue or stream usually do), so a relay may
 	// publish before it exists.
@@ -252,6 +252,8 @@ func campaign(t *testing.T, testName string, tr transport) {
 		consumers.Spawn()
 	}
 	var kills, freezes, cuts, stalls, brokerCuts, brokerStalls, brokerCrashes int
+	var crashing atomic.Bool
+	var crashes sync.WaitGroup
 	frng := rand.New(rand.NewPCG(seed, 0))
 	for time.Now().Before(deadline) {
 		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
@@ -282,11 +284,20 @@ func campaign(t *testing.T, testName string, tr transport) {
 		case f == 7 && !brokerOutages.Busy():
 			brokerOutages.Stall(time.Duration(100+frng.IntN(900)) * time.Millisecond)
 			brokerStalls++
-		case f == 8 && crash != nil:
-			crash()
+		case f == 8 && !crashing.Load():
+			// In the background: a broker takes a while to come back
+			// (RabbitMQ some seconds), and the other faults go on meanwhile.
+			crashing.Store(true)
 			brokerCrashes++
+			crashes.Go(func() {
+				defer crashing.Store(false)
+				if err := crash(); err != nil {
+					t.Error(err)
+				}
+			})
 		}
 	}
+	crashes.Wait()
 	wg.Wait()
 	dbOutages.Wait()
 	brokerOutages.Wait()

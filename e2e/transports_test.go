@@ -60,9 +60,9 @@ func jetStream(t testing.TB, url string) jetstream.JetStream {
 
 func natsTransport() transport {
 	return transport{
-		broker: func(t testing.TB) (string, func()) {
+		broker: func(t testing.TB) (string, func() error) {
 			srv := testenv.StartNATSServer(t)
-			return srv.URL, func() { srv.Crash(t) }
+			return srv.URL, srv.Restart
 		},
 		remove: func(url, topic string) {
 			if nc, err := nats.Connect(url); err == nil {
@@ -118,20 +118,12 @@ func natsTransport() transport {
 	}
 }
 
-func amqpChannel(t testing.TB, url string) *amqp.Channel {
-	conn, err := amqp.Dial(url)
-	testenv.Need(t, "RabbitMQ", url, err)
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ch
-}
-
 func amqpTransport() transport {
 	return transport{
-		broker: func(testing.TB) (string, func()) { return testenv.AMQPURL, nil },
+		broker: func(t testing.TB) (string, func() error) {
+			srv := testenv.StartRabbitMQ(t)
+			return srv.URL, srv.Restart
+		},
 		remove: func(url, topic string) {
 			if conn, err := amqp.Dial(url); err == nil {
 				if ch, err := conn.Channel(); err == nil {
@@ -143,13 +135,6 @@ func amqpTransport() transport {
 		destination: func(url, topic string) string { return url + "?routing_key=" + topic },
 		sender:      func() outbox.Sender { return amqpsender.New(amqp.Config{}) },
 		consume: func(t testing.TB, url, topic string, r receiver) {
-			ch := amqpChannel(t, url)
-			if _, err := ch.QueueDeclare(topic, true, false, false, false, nil); err != nil {
-				t.Fatal(err)
-			}
-			if err := ch.Qos(batchSize*consumersAtOnce, 0, false); err != nil {
-				t.Fatal(err)
-			}
 			cfg := amqpidem.Config{
 				Scope: inboxConsumer, Key: amqpidem.MessageIDKey, Policy: policy, Concurrency: consumersAtOnce,
 				OnDecision: func(d *amqp.Delivery, dec broker.Decision) { r.decided(d.MessageId, dec) },
@@ -173,10 +158,18 @@ func amqpTransport() transport {
 				}
 				handle = h
 			}
+			// The broker may crash: the consumer opens its connection again
+			// (amqp091-go does not), declares its queue and goes on.
 			go func() {
-				if err := amqpidem.Consume(context.Background(), ch, topic, "", handle); err != nil {
-					panic(err) // the consumer process ends; the campaign sees its messages redelivered
-				}
+				_ = amqpidem.ConsumeRedialing(context.Background(), amqpidem.Redialing{URL: url,
+					Setup: func(ch *amqp.Channel) error {
+						if _, err := ch.QueueDeclare(topic, true, false, false, false, nil); err != nil {
+							return err
+						}
+						return ch.Qos(batchSize*consumersAtOnce, 0, false)
+					},
+					PauseMax: time.Second,
+				}, topic, "", handle)
 			}()
 		},
 	}

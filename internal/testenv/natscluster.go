@@ -189,13 +189,23 @@ func (s *NATSServer) stop() {
 }
 
 // Crash kills the server with SIGKILL and starts it again on its port and
-// store, waiting until it is ready.
+// store, waiting until it is ready. It fails t if the server does not come
+// back; call it from the test's goroutine, or Restart.
 func (s *NATSServer) Crash(t testing.TB) {
 	t.Helper()
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Restart is Crash for any goroutine: it returns why the server did not
+// come back.
+func (s *NATSServer) Restart() error {
 	s.stop()
 	if err := s.start(); err != nil {
-		t.Fatalf("nats-server on %s, after the kill: %v", s.URL, err)
+		return fmt.Errorf("nats-server on %s, after the kill: %w", s.URL, err)
 	}
+	return nil
 }
 
 // Stream creates a stream named name taking subject on the server,

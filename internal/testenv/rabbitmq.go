@@ -127,11 +127,21 @@ func (r *RabbitMQ) stop() {
 
 // Crash kills the node with SIGKILL and starts it again on its ports and
 // data, waiting until it takes connections: durable queues and the
-// persistent messages it confirmed are there again.
+// persistent messages it confirmed are there again. It fails t if the node
+// does not come back; call it from the test's goroutine, or Restart.
 func (r *RabbitMQ) Crash(t testing.TB) {
 	t.Helper()
+	if err := r.Restart(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Restart is Crash for any goroutine: it returns why the node did not come
+// back.
+func (r *RabbitMQ) Restart() error {
 	r.stop()
 	if err := r.start(); err != nil {
-		t.Fatalf("rabbitmq-server on %s, after the kill: %v", r.addr, err)
+		return fmt.Errorf("rabbitmq-server on %s, after the kill: %w", r.addr, err)
 	}
+	return nil
 }
