@@ -750,3 +750,54 @@ func TestSettleTriesUntilTheLeaseEnds(t *testing.T) {
 		t.Fatalf("the record: %+v, %v; want completed", rec, err)
 	}
 }
+
+// TestStoreClockStepsForward: the store's clock steps forward past the
+// lease while the work runs (an NTP step on the store's server). The key can
+// then be taken over at once — the Guard's own watch runs on the process's
+// monotonic clock and has not run out — so two works run at the same time;
+// what holds is the fence: the first owner's next heartbeat is refused and
+// its work's context ends with ErrStaleFence, its result is not stored, and
+// the key replays the taker's. (README, "The store's clock".)
+func TestStoreClockStepsForward(t *testing.T) {
+	clock := storetest.NewManualClock(time.Now())
+	s := memstore.New(memstore.Config{Clock: clock})
+	t.Cleanup(func() { s.Close() })
+	const lease = 10 * time.Second
+	cfg := idem.Config{Store: s, Lease: lease, HeartbeatInterval: time.Second}
+	first, err := idem.NewGuard(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	taker, err := idem.NewGuard(cfg) // another process's Guard
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	running, taken := make(chan struct{}), make(chan struct{})
+	firstRun := make(chan error, 1)
+	go func() {
+		_, err := first.Run(ctx, key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+			close(running)
+			<-taken
+			<-ctx.Done() // told at its next heartbeat
+			return []byte("first"), nil
+		})
+		firstRun <- err
+	}()
+	<-running
+	clock.Advance(lease + time.Second) // before the first heartbeat, a second away
+	res, err := taker.Run(ctx, key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
+		close(taken)
+		return []byte("taker"), nil
+	})
+	if err != nil || res.Outcome != idem.TakenOver {
+		t.Fatalf("after the step: %v %v, want the key taken over", res.Outcome, err)
+	}
+	if err := <-firstRun; !errors.Is(err, idem.ErrStaleFence) {
+		t.Fatalf("the first owner's Run: %v, want ErrStaleFence", err)
+	}
+	rec, err := s.Get(ctx, first.StorageKey(key))
+	if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "taker" {
+		t.Fatalf("the record: %+v %v, want the taker's result", rec, err)
+	}
+}
