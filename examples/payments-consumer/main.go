@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -175,21 +174,13 @@ func runNATS(ctx context.Context, logger *log.Logger, url string, ackWait time.D
 }
 
 func runAMQP(ctx context.Context, logger *log.Logger, url, consumer string, concurrency int, policy broker.Policy, book bookFunc) error {
+	// A wrong --broker fails at once; afterwards the consumer rides out
+	// broker restarts and lost connections (amqp091-go does not reconnect).
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		return fmt.Errorf("--broker: %w", err)
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if _, err := ch.QueueDeclare(queueName, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("queue %s: %w", queueName, err)
-	}
-	if err := ch.Qos(max(64, concurrency), 0, false); err != nil {
-		return err
-	}
+	conn.Close()
 	h, err := amqpidem.InboxHandler(amqpidem.Config{Scope: consumer, Key: broker.JSONKey("correlation_id"), Policy: policy, Context: context.WithoutCancel(ctx), Concurrency: concurrency},
 		func(ctx context.Context, d *amqp.Delivery, id string) (inbox.Outcome, error) {
 			return book(ctx, id, d.Body)
@@ -198,9 +189,14 @@ func runAMQP(ctx context.Context, logger *log.Logger, url, consumer string, conc
 		return err
 	}
 	logger.Printf("consuming queue %s as %s", queueName, consumer)
-	err = amqpidem.Consume(ctx, ch, queueName, consumer, h)
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
+	return amqpidem.ConsumeRedialing(ctx, amqpidem.Redialing{
+		URL: url,
+		Setup: func(ch *amqp.Channel) error { // on every connection: the queue, the prefetch
+			if _, err := ch.QueueDeclare(queueName, true, false, false, false, nil); err != nil {
+				return fmt.Errorf("queue %s: %w", queueName, err)
+			}
+			return ch.Qos(max(64, concurrency), 0, false)
+		},
+		OnError: func(err error) { logger.Printf("%v; connecting again", err) },
+	}, queueName, consumer, h)
 }

@@ -104,24 +104,9 @@ func startConsumer(t *testing.T, brokerURL, dbURL, name string) *exec.Cmd {
 func TestExactlyOnceWithCrash(t *testing.T) {
 	for name, setup := range map[string]func(*testing.T) (string, publisher){"nats": setupNATS, "amqp": setupAMQP} {
 		t.Run(name, func(t *testing.T) {
-			testenv.ProbePostgres(t)
 			brokerURL, pub := setup(t)
 			ctx := context.Background()
-			schema := testenv.RandomName("idemtest_")
-			pool, err := pgxpool.New(ctx, testenv.PostgresURL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			if _, err := pool.Exec(ctx, `CREATE SCHEMA `+schema); err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`)
-			u, _ := url.Parse(testenv.PostgresURL)
-			q := u.Query()
-			q.Set("search_path", schema)
-			u.RawQuery = q.Encode()
-			dbURL := u.String()
+			pool, schema, dbURL := paymentsDB(t)
 
 			consumer := testenv.RandomName("credit-transfers-")
 			a := startConsumer(t, brokerURL, dbURL, consumer)
@@ -151,40 +136,121 @@ func TestExactlyOnceWithCrash(t *testing.T) {
 					t.Logf("killed consumer A with SIGKILL after %d deliveries", i+1)
 				}
 			}
-			// Wait until all instructions are booked and nothing more happens.
-			deadline := time.Now().Add(90 * time.Second)
-			var booked int
-			for {
-				_ = pool.QueryRow(ctx, `SELECT count(DISTINCT correlation_id) FROM `+schema+`.credit_transfers`).Scan(&booked)
-				if booked == instructions || time.Now().After(deadline) {
-					break
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
-			time.Sleep(3 * time.Second) // redeliveries of the killed consumer's messages land
-			var rows int
-			_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.credit_transfers`).Scan(&rows)
-			if booked != instructions || rows != instructions {
-				t.Fatalf("%d instructions booked in %d rows; want %d in %d", booked, rows, instructions, instructions)
-			}
-			got := map[string]int64{}
-			r, err := pool.Query(ctx, `SELECT account, balance_cents FROM `+schema+`.accounts`)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for r.Next() {
-				var acc string
-				var bal int64
-				_ = r.Scan(&acc, &bal)
-				got[acc] = bal
-			}
-			if fmt.Sprint(got) != fmt.Sprint(want) {
-				t.Fatalf("balances %v, want %v", got, want)
-			}
+			booked := checkBooked(t, pool, schema, instructions, want)
 			var inboxRows int
 			_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.processed_events`).Scan(&inboxRows)
 			t.Logf("%d deliveries (%d duplicates), one consumer killed: %d instructions booked once each, %d inbox rows, balances exact",
 				len(deliveries), duplicates, booked, inboxRows)
 		})
 	}
+}
+
+// paymentsDB makes a schema of the test's own on PostgreSQL and returns a
+// pool, the schema and the URL the consumers are given.
+func paymentsDB(t *testing.T) (*pgxpool.Pool, string, string) {
+	t.Helper()
+	testenv.ProbePostgres(t)
+	ctx := context.Background()
+	schema := testenv.RandomName("idemtest_")
+	pool, err := pgxpool.New(ctx, testenv.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`) })
+	u, _ := url.Parse(testenv.PostgresURL)
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return pool, schema, u.String()
+}
+
+// booked is how many distinct instructions are booked.
+func booked(pool *pgxpool.Pool, schema string) int {
+	var n int
+	_ = pool.QueryRow(context.Background(), `SELECT count(DISTINCT correlation_id) FROM `+schema+`.credit_transfers`).Scan(&n)
+	return n
+}
+
+// checkBooked waits until instructions are booked (90 s at most) and for
+// late redeliveries, then checks each was booked once and the balances are
+// want; it returns how many were booked.
+func checkBooked(t *testing.T, pool *pgxpool.Pool, schema string, instructions int, want map[string]int64) int {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(90 * time.Second)
+	for booked(pool, schema) < instructions && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second) // redeliveries of a killed consumer's messages land
+	n := booked(pool, schema)
+	var rows int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.credit_transfers`).Scan(&rows)
+	if n != instructions || rows != instructions {
+		t.Fatalf("%d instructions booked in %d rows; want %d in %d", n, rows, instructions, instructions)
+	}
+	got := map[string]int64{}
+	r, err := pool.Query(ctx, `SELECT account, balance_cents FROM `+schema+`.accounts`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r.Next() {
+		var acc string
+		var bal int64
+		_ = r.Scan(&acc, &bal)
+		got[acc] = bal
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("balances %v, want %v", got, want)
+	}
+	return n
+}
+
+// TestBrokerRestart: RabbitMQ (a node of the test's own) is killed with
+// SIGKILL and started again between two halves of the instructions; both
+// consumers ride it out — they connect again and declare their queue — and
+// every instruction, before the crash and after, is booked once.
+func TestBrokerRestart(t *testing.T) {
+	node := testenv.StartRabbitMQ(t)
+	pool, schema, dbURL := paymentsDB(t)
+	consumer := testenv.RandomName("credit-transfers-")
+	startConsumer(t, node.URL, dbURL, consumer)
+	startConsumer(t, node.URL, dbURL, consumer)
+	const instructions = 400
+	want := map[string]int64{}
+	send := func(from, to int) {
+		t.Helper()
+		conn, err := amqp.Dial(node.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclare(queueName, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		for i := from; i < to; i++ {
+			in := Instruction{CorrelationID: fmt.Sprintf("PAY-%04d", i), Account: fmt.Sprintf("ACC-%d", i%10), AmountCents: int64(100 + i)}
+			want[in.Account] += in.AmountCents
+			body, _ := json.Marshal(in)
+			amqpPub{ch}.publish(t, fmt.Sprintf("broker-msg-%d", i), body)
+		}
+	}
+	send(0, instructions/2)
+	testenv.Eventually(t, 60*time.Second, "the first half booked", func() error {
+		if n := booked(pool, schema); n < instructions/2 {
+			return fmt.Errorf("%d booked", n)
+		}
+		return nil
+	})
+	node.Crash(t)
+	send(instructions/2, instructions)
+	n := checkBooked(t, pool, schema, instructions, want)
+	t.Logf("the broker crashed between two halves: %d instructions booked once each, balances exact", n)
 }
