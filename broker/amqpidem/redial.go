@@ -40,8 +40,8 @@ type Redialing struct {
 // already run: nothing is lost, nothing runs twice. Acks of deliveries from
 // a closed channel fail and are dropped for that reason — so do those of
 // handlers still running (Config.Concurrency above 1, or a BatchHandler's
-// batch) when ctx ends and the connection closes: close a BatchHandler,
-// or let the handlers finish, before ctx ends if that matters.
+// batch) when ctx ends and the connection closes: those deliveries come
+// again to the next consumer, which replays them.
 func ConsumeRedialing(ctx context.Context, r Redialing, queue, consumer string, handler func(amqp.Delivery)) error {
 	if r.URL == "" || handler == nil {
 		return errors.New("idem/amqpidem: ConsumeRedialing needs Redialing.URL and a handler")
