@@ -17,7 +17,10 @@ import (
 
 // Sender publishes with publisher confirms: destination
 // amqp://USER:PASS@HOST:PORT/VHOST?exchange=E&routing_key=R (exchange ""
-// is the default exchange, routing to the queue named R), the key in the
+// is the default exchange, routing to the queue named R; amqps:// with
+// TLS, the files of a private CA or a client certificate given as
+// &cacertfile=…&certfile=…&keyfile=…; the user and password better given to
+// New than written in every row), the key in the
 // message-id property, persistent delivery, mandatory. A confirmed publish
 // is sent; a nack or a lost connection is retried, and so is a publish no
 // queue takes (no queue of that name, no binding): RabbitMQ confirms those
@@ -53,8 +56,11 @@ type confirmChannel struct {
 // URL's user and password, or guest/guest.
 func New(cfg amqp.Config) *Sender { return &Sender{cfg: cfg, conns: map[string]*amqpConn{}} }
 
-// ParseDestination splits a destination into the server URL, exchange and routing
-// key.
+// ParseDestination splits a destination into the server URL, exchange and
+// routing key. The query's other parameters are amqp091-go's connection
+// parameters (cacertfile, certfile, keyfile, server_name_indication,
+// heartbeat, connection_timeout, channel_max, auth_mechanism) and stay in
+// the server URL.
 func ParseDestination(dest string) (server, exchange, key string, err error) {
 	u, err := url.Parse(dest)
 	if err != nil || u.Host == "" {
@@ -65,7 +71,9 @@ func ParseDestination(dest string) (server, exchange, key string, err error) {
 	if key == "" && exchange == "" {
 		return "", "", "", fmt.Errorf("destination %q names neither an exchange nor a routing_key", dest)
 	}
-	u.RawQuery = ""
+	q.Del("exchange")
+	q.Del("routing_key")
+	u.RawQuery = q.Encode()
 	return u.String(), exchange, key, nil
 }
 

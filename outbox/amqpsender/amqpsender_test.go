@@ -152,3 +152,26 @@ func TestCredentialsAreTheSenders(t *testing.T) {
 		t.Fatalf("delivered %q %v %v", d.MessageId, ok, err)
 	}
 }
+
+// TestParseDestinationKeepsConnectionParameters: a destination's query
+// names the exchange and routing key, and may carry amqp091-go's connection
+// parameters — the TLS files of an amqps:// broker with a private CA or
+// client certificates (cacertfile, certfile, keyfile,
+// server_name_indication), heartbeat, connection_timeout, auth_mechanism —
+// which stay in the server URL the sender dials.
+func TestParseDestinationKeepsConnectionParameters(t *testing.T) {
+	server, exchange, key, err := amqpsender.ParseDestination("amqps://rabbit.example:5671/orders?exchange=ex&routing_key=rk&cacertfile=/etc/idem/ca.pem&certfile=/etc/idem/relay.pem&keyfile=/etc/idem/relay.key&server_name_indication=rabbit.internal&heartbeat=5")
+	if err != nil || exchange != "ex" || key != "rk" {
+		t.Fatalf("exchange %q, routing key %q, %v", exchange, key, err)
+	}
+	u, err := amqp.ParseURI(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.CACertFile != "/etc/idem/ca.pem" || u.CertFile != "/etc/idem/relay.pem" || u.KeyFile != "/etc/idem/relay.key" || u.ServerName != "rabbit.internal" || u.Vhost != "orders" || !strings.Contains(server, "heartbeat=5") {
+		t.Fatalf("the server URL %q lost its connection parameters: %+v", server, u)
+	}
+	if server, _, _, _ := amqpsender.ParseDestination("amqp://h/?routing_key=rk"); server != "amqp://h/" {
+		t.Fatalf("a destination without connection parameters dials %q, want amqp://h/", server)
+	}
+}
