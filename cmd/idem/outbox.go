@@ -309,6 +309,7 @@ func newRelayCmd() *cobra.Command {
 	var cfg outbox.RelayConfig
 	var httpTimeout, keep time.Duration
 	var admin, as2File, adminToken, natsCreds, natsToken, amqpUser, amqpPassword string
+	var natsTLSCA, natsTLSCert, natsTLSKey string
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Send outbox messages until SIGTERM, the same key on every attempt",
@@ -338,6 +339,9 @@ a destination names the server and subject only.`,
 	f.StringVar(&adminToken, "admin-token", os.Getenv("IDEM_ADMIN_TOKEN"), "token for console writes off loopback (default $IDEM_ADMIN_TOKEN)")
 	f.StringVar(&natsCreds, "nats-creds", "", "NATS credentials file (JWT and NKey seed) for every nats:// destination")
 	f.StringVar(&natsToken, "nats-token", os.Getenv("IDEM_NATS_TOKEN"), "NATS authentication token for every nats:// destination (default $IDEM_NATS_TOKEN)")
+	f.StringVar(&natsTLSCA, "nats-tls-ca", "", "PEM file of the CA that signed the NATS servers' certificates (default: the system's)")
+	f.StringVar(&natsTLSCert, "nats-tls-cert", "", "PEM file of the relay's client certificate, for NATS servers that want one (with --nats-tls-key)")
+	f.StringVar(&natsTLSKey, "nats-tls-key", "", "PEM file of the key of --nats-tls-cert")
 	f.StringVar(&amqpUser, "amqp-user", os.Getenv("IDEM_AMQP_USER"), "AMQP user for every amqp:// destination, in place of the URL's (default $IDEM_AMQP_USER)")
 	f.StringVar(&amqpPassword, "amqp-password", os.Getenv("IDEM_AMQP_PASSWORD"), "AMQP password for --amqp-user (default $IDEM_AMQP_PASSWORD)")
 	f.DurationVar(&keep, "keep", 7*24*time.Hour, "delete sent and acked messages delivered longer ago than this (every minute; 0 keeps them forever)")
@@ -359,6 +363,15 @@ a destination names the server and subject only.`,
 		}
 		if natsToken != "" {
 			natsOpts = append(natsOpts, nats.Token(natsToken))
+		}
+		if natsTLSCA != "" {
+			natsOpts = append(natsOpts, nats.RootCAs(natsTLSCA))
+		}
+		if (natsTLSCert == "") != (natsTLSKey == "") {
+			return errors.New("--nats-tls-cert and --nats-tls-key go together")
+		}
+		if natsTLSCert != "" {
+			natsOpts = append(natsOpts, nats.ClientCert(natsTLSCert, natsTLSKey))
 		}
 		sendCfg := senders.Config{HTTP: httpsender.Config{Timeout: httpTimeout}, NATS: natsOpts}
 		if amqpUser != "" {

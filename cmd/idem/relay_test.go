@@ -236,3 +236,43 @@ func TestRelayAMQPCredentials(t *testing.T) {
 		t.Fatalf("delivered %q %v %v", d.MessageId, ok, err)
 	}
 }
+
+// TestRelayNATSTLS: a NATS server with TLS from a private CA that wants
+// client certificates. The relay trusts the CA only when told
+// (--nats-tls-ca) and shows its certificate only when given one
+// (--nats-tls-cert, --nats-tls-key); until both, the row stays pending with
+// the reason.
+func TestRelayNATSTLS(t *testing.T) {
+	files := testenv.NewTLSFiles(t)
+	srv := testenv.StartNATSServer(t, "--tlsverify", "--tlscert", files.Cert, "--tlskey", files.Key, "--tlscacert", files.CA)
+	st := srv.Stream(t, "ORDERS", "orders", nats.RootCAs(files.CA), nats.ClientCert(files.Cert, files.Key))
+	store, s := sqliteOutbox(t)
+	ctx := context.Background()
+	if err := s.Enqueue(ctx, outbox.Message{Key: "ORD-1", Destination: srv.URL + "/orders", Payload: []byte("order")}); err != nil {
+		t.Fatal(err)
+	}
+	pendingWith := func(why string, args ...string) {
+		t.Helper()
+		relay := startRelay(t, store, append([]string{"--max-tries", "1000"}, args...)...)
+		testenv.Eventually(t, 20*time.Second, "the row pending: "+why, func() error {
+			if row, err := s.Get(ctx, "ORD-1"); err != nil || row.Status != outbox.Pending || !strings.Contains(row.LastError, why) {
+				return fmt.Errorf("row %+v, %v", row, err)
+			}
+			return nil
+		})
+		_ = relay.Process.Kill()
+		_ = relay.Wait()
+	}
+	pendingWith("certificate signed by unknown authority")
+	pendingWith("remote error: tls", "--nats-tls-ca", files.CA) // the server refuses the handshake without a client certificate
+	startRelay(t, store, "--max-tries", "1000", "--nats-tls-ca", files.CA, "--nats-tls-cert", files.Cert, "--nats-tls-key", files.Key)
+	testenv.Eventually(t, 20*time.Second, "the row sent", func() error {
+		if row, err := s.Get(ctx, "ORD-1"); err != nil || row.Status != outbox.Sent {
+			return fmt.Errorf("row %+v, %v", row, err)
+		}
+		return nil
+	})
+	if info, err := st.Info(ctx); err != nil || info.State.Msgs != 1 {
+		t.Fatalf("the stream holds %+v (%v), want the message", info, err)
+	}
+}
