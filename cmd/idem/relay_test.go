@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
@@ -186,15 +187,7 @@ func TestRelayNATSToken(t *testing.T) {
 	_ = anonymous.Process.Kill()
 	_ = anonymous.Wait()
 	startRelay(t, store, "--max-tries", "1000", "--nats-token", "relay-s3cret")
-	testenv.Eventually(t, 20*time.Second, "the row sent", func() error {
-		if row, err := s.Get(ctx, "ORD-1"); err != nil || row.Status != outbox.Sent {
-			return fmt.Errorf("row %+v, %v", row, err)
-		}
-		return nil
-	})
-	if info, err := st.Info(ctx); err != nil || info.State.Msgs != 1 {
-		t.Fatalf("the stream holds %+v (%v), want the message", info, err)
-	}
+	sentToStream(t, s, "ORD-1", st)
 }
 
 // TestRelayAMQPCredentials: the relay logs in to RabbitMQ as its own user
@@ -266,8 +259,16 @@ func TestRelayNATSTLS(t *testing.T) {
 	pendingWith("certificate signed by unknown authority")
 	pendingWith("remote error: tls", "--nats-tls-ca", files.CA) // the server refuses the handshake without a client certificate
 	startRelay(t, store, "--max-tries", "1000", "--nats-tls-ca", files.CA, "--nats-tls-cert", files.Cert, "--nats-tls-key", files.Key)
+	sentToStream(t, s, "ORD-1", st)
+}
+
+// sentToStream waits until the outbox row of key is sent, and checks the
+// stream holds one message.
+func sentToStream(t *testing.T, s *outbox.Store, key string, st jetstream.Stream) {
+	t.Helper()
+	ctx := context.Background()
 	testenv.Eventually(t, 20*time.Second, "the row sent", func() error {
-		if row, err := s.Get(ctx, "ORD-1"); err != nil || row.Status != outbox.Sent {
+		if row, err := s.Get(ctx, key); err != nil || row.Status != outbox.Sent {
 			return fmt.Errorf("row %+v, %v", row, err)
 		}
 		return nil
