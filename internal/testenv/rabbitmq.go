@@ -19,6 +19,9 @@ import (
 type RabbitMQ struct {
 	// URL is amqp://guest:guest@127.0.0.1:PORT/.
 	URL string
+	// TLSURL is amqps://guest:guest@127.0.0.1:PORT/ when the node was
+	// started with TLS (StartRabbitMQTLS), else "".
+	TLSURL string
 
 	bin, dir string
 	env      []string
@@ -44,7 +47,14 @@ func rabbitmqServer() (string, error) {
 // StartRabbitMQ starts a RabbitMQ node on free ports, with its data, logs,
 // configuration and Erlang cookie in a directory of the test's, and stops it
 // when the test ends. It takes some seconds (Erlang boots the whole broker).
-func StartRabbitMQ(t testing.TB) *RabbitMQ {
+func StartRabbitMQ(t testing.TB) *RabbitMQ { return startRabbitMQ(t, nil) }
+
+// StartRabbitMQTLS is StartRabbitMQ with a TLS listener as well (TLSURL),
+// its certificate and CA from files, which wants a client certificate
+// signed by that CA.
+func StartRabbitMQTLS(t testing.TB, files TLSFiles) *RabbitMQ { return startRabbitMQ(t, &files) }
+
+func startRabbitMQ(t testing.TB, tls *TLSFiles) *RabbitMQ {
 	t.Helper()
 	bin, err := rabbitmqServer()
 	if err != nil {
@@ -64,8 +74,16 @@ func StartRabbitMQ(t testing.TB) *RabbitMQ {
 		port, dist := freePort(t), freePort(t)
 		r.addr = "127.0.0.1:" + strconv.Itoa(port)
 		r.URL = "amqp://guest:guest@" + r.addr + "/"
+		settings := "listeners.tcp.default = " + r.addr + "\n"
+		if tls != nil {
+			tlsAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+			r.TLSURL = "amqps://guest:guest@" + tlsAddr + "/"
+			settings += "listeners.ssl.default = " + tlsAddr + "\nssl_options.cacertfile = " + tls.CA +
+				"\nssl_options.certfile = " + tls.Cert + "\nssl_options.keyfile = " + tls.Key +
+				"\nssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n"
+		}
 		conf := filepath.Join(r.dir, "rabbitmq.conf")
-		if err := os.WriteFile(conf, []byte("listeners.tcp.default = "+r.addr+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(conf, []byte(settings), 0o644); err != nil {
 			return err
 		}
 		r.env = append(os.Environ(), "HOME="+r.dir,

@@ -175,3 +175,41 @@ func TestParseDestinationKeepsConnectionParameters(t *testing.T) {
 		t.Fatalf("a destination without connection parameters dials %q, want amqp://h/", server)
 	}
 }
+
+// TestTLSWithClientCertificates: a RabbitMQ node with a TLS listener from a
+// private CA that wants client certificates. The destination names the CA,
+// and the relay's certificate and key, as amqp091-go's URL parameters:
+// without the certificate the broker refuses the handshake and the message
+// stays pending; with it, it is delivered.
+func TestTLSWithClientCertificates(t *testing.T) {
+	files := testenv.NewTLSFiles(t)
+	node := testenv.StartRabbitMQTLS(t, files)
+	conn, err := amqp.Dial(node.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const q = "orders"
+	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	s := amqpsender.New(amqp.Config{})
+	defer s.Close()
+	ctx := context.Background()
+	dest := node.TLSURL + "?routing_key=" + q + "&cacertfile=" + files.CA
+	m := &outbox.Message{Key: "ORD-1", Destination: dest, Payload: []byte("order")}
+	if res := s.Send(ctx, m); res.Status != outbox.Pending || res.Err == nil {
+		t.Fatalf("without a client certificate: %s %v; want pending, refused", res.Status, res.Err)
+	}
+	m.Destination = dest + "&certfile=" + files.Cert + "&keyfile=" + files.Key
+	if res := s.Send(ctx, m); res.Status != outbox.Sent {
+		t.Fatalf("with the client certificate: %s %v", res.Status, res.Err)
+	}
+	if d, ok, err := ch.Get(q, true); err != nil || !ok || d.MessageId != m.Key {
+		t.Fatalf("delivered %q %v %v", d.MessageId, ok, err)
+	}
+}
