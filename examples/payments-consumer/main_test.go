@@ -223,18 +223,7 @@ func TestBrokerRestart(t *testing.T) {
 	want := map[string]int64{}
 	send := func(from, to int) {
 		t.Helper()
-		conn, err := amqp.Dial(node.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := ch.QueueDeclare(queueName, true, false, false, false, nil); err != nil {
-			t.Fatal(err)
-		}
+		ch := node.DurableQueue(t, queueName) // a new connection: the node may have crashed since
 		for i := from; i < to; i++ {
 			in := Instruction{CorrelationID: fmt.Sprintf("PAY-%04d", i), Account: fmt.Sprintf("ACC-%d", i%10), AmountCents: int64(100 + i)}
 			want[in.Account] += in.AmountCents

@@ -13,18 +13,31 @@ import (
 // and returns a channel to read it with; both are closed when the test ends.
 func AMQPQueue(t testing.TB, prefix string) (*amqp.Channel, string) {
 	t.Helper()
-	conn, err := amqp.DialConfig(AMQPURL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
-	Need(t, "RabbitMQ", AMQPURL, err)
+	q := RandomName(prefix)
+	return amqpChannel(t, AMQPURL, q, false), q
+}
+
+// DurableQueue connects to the broker at url (a node of the test's own),
+// declares the durable queue name and returns a channel to publish to it or
+// read it with; the connection closes when the test ends.
+func (r *RabbitMQ) DurableQueue(t testing.TB, name string) *amqp.Channel {
+	t.Helper()
+	return amqpChannel(t, r.URL, name, true)
+}
+
+func amqpChannel(t testing.TB, url, queue string, durable bool) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	Need(t, "RabbitMQ", url, err)
 	t.Cleanup(func() { conn.Close() })
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := RandomName(prefix)
-	if _, err := ch.QueueDeclare(q, false, true, false, false, nil); err != nil {
+	if _, err := ch.QueueDeclare(queue, durable, !durable, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	return ch, q
+	return ch
 }
 
 // AMQPStranger returns AMQPURL with a user and password the broker does not

@@ -184,19 +184,8 @@ func TestParseDestinationKeepsConnectionParameters(t *testing.T) {
 func TestTLSWithClientCertificates(t *testing.T) {
 	files := testenv.NewTLSFiles(t)
 	node := testenv.StartRabbitMQTLS(t, files)
-	conn, err := amqp.Dial(node.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
 	const q = "orders"
-	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	ch := node.DurableQueue(t, q)
 	s := amqpsender.New(amqp.Config{})
 	defer s.Close()
 	ctx := context.Background()
