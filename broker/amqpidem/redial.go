@@ -22,7 +22,10 @@ type Redialing struct {
 	// they were not durable), set the prefetch (Qos). Optional.
 	Setup func(ch *amqp.Channel) error
 	// OnError, if set, hears why each connection ended and why each attempt
-	// to open one failed.
+	// to open one failed. It is where a lasting refusal shows — a wrong URL
+	// or credentials, a queue declared elsewhere with other arguments — which
+	// is otherwise tried again, silently, until ctx ends; to fail at start
+	// instead, dial once before (as examples/payments-consumer does).
 	OnError func(error)
 	// PauseMin and PauseMax bound the pause before opening a connection
 	// again: PauseMin after a connection that had consumed, doubling on
