@@ -313,14 +313,15 @@ func TestMillionRowPages(t *testing.T) {
 }
 
 // TestPasswordsInDestinationsAreNotShown: a destination URL may carry a
-// password (amqp://USER:PASS@…); every page that shows the destination
-// shows the user and "xxxxx" in its place — and the row still goes where
-// it named.
+// password (amqp://USER:PASS@…), and a message's headers credentials
+// (Authorization, an API key); every page that shows them shows "xxxxx" in
+// their place — and the row still goes where it named, with what it names.
 func TestPasswordsInDestinationsAreNotShown(t *testing.T) {
 	f := newFixture(t, console.Config{Loopback: true})
 	ctx := context.Background()
 	dest := "amqp://relay:s3cret-pw@rabbit.example:5672/orders?routing_key=orders"
-	if err := f.outbox.Enqueue(ctx, outbox.Message{Key: "ORD-1", Destination: dest, Payload: []byte("p")}); err != nil {
+	if err := f.outbox.Enqueue(ctx, outbox.Message{Key: "ORD-1", Destination: dest, Payload: []byte("p"),
+		Headers: map[string]string{"Authorization": "Bearer s3cret-pw", "X-Api-Key": "s3cret-pw", "Content-Type": "application/json"}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, path := range []string{"/outbox", "/outbox/row?key=ORD-1", "/find?q=ORD-1"} {
@@ -330,6 +331,13 @@ func TestPasswordsInDestinationsAreNotShown(t *testing.T) {
 		}
 		if !strings.Contains(page, "amqp://relay:xxxxx@rabbit.example:5672/orders") {
 			t.Fatalf("%s does not show the destination with its password hidden:\n%s", path, page)
+		}
+	}
+	// The row's headers: credentials hidden, the rest shown.
+	page := f.get(t, "/outbox/row?key=ORD-1")
+	for _, want := range []string{"Authorization: Bearer xxxxx", "X-Api-Key: xxxxx", "Content-Type: application/json"} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("the row page does not show %q:\n%s", want, page)
 		}
 	}
 	if row, err := f.outbox.Get(ctx, "ORD-1"); err != nil || row.Destination != dest {

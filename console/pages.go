@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -251,8 +252,9 @@ func (c *Console) outboxRow(w http.ResponseWriter, r *http.Request) {
 	}
 	d := rowData{Row: row}
 	for k, v := range row.Headers {
-		d.Headers = append(d.Headers, k+": "+v)
+		d.Headers = append(d.Headers, k+": "+outbox.RedactHeader(k, v))
 	}
+	slices.Sort(d.Headers)
 	if c.cfg.Store != nil {
 		if rec, err := c.cfg.Store.Get(r.Context(), row.Key); err == nil {
 			d.Record = &rec

@@ -52,3 +52,19 @@ func FuzzRedactDestination(f *testing.F) {
 		}
 	})
 }
+
+func TestRedactHeader(t *testing.T) {
+	for _, c := range []struct{ name, value, want string }{
+		{"Authorization", "Bearer sk_live_123", "Bearer xxxxx"},
+		{"authorization", "Basic dXNlcjpwYXNz", "Basic xxxxx"},
+		{"Proxy-Authorization", "token", "xxxxx"},
+		{"x-api-key", "k3y", "xxxxx"},
+		{"Cookie", "session=abc; theme=dark", "xxxxx"},
+		{"Content-Type", "application/json", "application/json"},
+		{"Idempotency-Key", `"ORD-1"`, `"ORD-1"`},
+	} {
+		if got := outbox.RedactHeader(c.name, c.value); got != c.want {
+			t.Errorf("RedactHeader(%q, %q) = %q, want %q", c.name, c.value, got, c.want)
+		}
+	}
+}
