@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -309,7 +311,7 @@ func newRelayCmd() *cobra.Command {
 	var cfg outbox.RelayConfig
 	var httpTimeout, keep time.Duration
 	var admin, as2File, adminToken, natsCreds, natsToken, amqpUser, amqpPassword string
-	var natsTLSCA, natsTLSCert, natsTLSKey string
+	var natsTLSCA, natsTLSCert, natsTLSKey, httpTLSCA, httpTLSCert, httpTLSKey string
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Send outbox messages until SIGTERM, the same key on every attempt",
@@ -339,6 +341,9 @@ a destination names the server and subject only.`,
 	f.StringVar(&adminToken, "admin-token", os.Getenv("IDEM_ADMIN_TOKEN"), "token for console writes off loopback (default $IDEM_ADMIN_TOKEN)")
 	f.StringVar(&natsCreds, "nats-creds", "", "NATS credentials file (JWT and NKey seed) for every nats:// destination")
 	f.StringVar(&natsToken, "nats-token", os.Getenv("IDEM_NATS_TOKEN"), "NATS authentication token for every nats:// destination (default $IDEM_NATS_TOKEN)")
+	f.StringVar(&httpTLSCA, "http-tls-ca", "", "PEM file of the CA that signed the HTTPS receivers' certificates (default: the system's)")
+	f.StringVar(&httpTLSCert, "http-tls-cert", "", "PEM file of the relay's client certificate, for HTTPS receivers that want one (with --http-tls-key)")
+	f.StringVar(&httpTLSKey, "http-tls-key", "", "PEM file of the key of --http-tls-cert")
 	f.StringVar(&natsTLSCA, "nats-tls-ca", "", "PEM file of the CA that signed the NATS servers' certificates (default: the system's)")
 	f.StringVar(&natsTLSCert, "nats-tls-cert", "", "PEM file of the relay's client certificate, for NATS servers that want one (with --nats-tls-key)")
 	f.StringVar(&natsTLSKey, "nats-tls-key", "", "PEM file of the key of --nats-tls-cert")
@@ -373,7 +378,11 @@ a destination names the server and subject only.`,
 		if natsTLSCert != "" {
 			natsOpts = append(natsOpts, nats.ClientCert(natsTLSCert, natsTLSKey))
 		}
-		sendCfg := senders.Config{HTTP: httpsender.Config{Timeout: httpTimeout}, NATS: natsOpts}
+		httpClient, err := httpsClient(httpTimeout, httpTLSCA, httpTLSCert, httpTLSKey)
+		if err != nil {
+			return err
+		}
+		sendCfg := senders.Config{HTTP: httpsender.Config{Client: httpClient}, NATS: natsOpts}
 		if amqpUser != "" {
 			sendCfg.AMQP.SASL = []amqp.Authentication{&amqp.PlainAuth{Username: amqpUser, Password: amqpPassword}}
 		} else if amqpPassword != "" {
@@ -386,7 +395,7 @@ a destination names the server and subject only.`,
 			if err != nil {
 				return fmt.Errorf("--as2: %w", err)
 			}
-			router["as2"] = as2sender.NewProfile(profile, &http.Client{Timeout: httpTimeout})
+			router["as2"] = as2sender.NewProfile(profile, httpClient)
 		}
 		cfg.Store, cfg.Sender, cfg.SendTimeout = s, router, httpTimeout
 		if cfg.SendTimeout > cfg.Lease*3/4 {
@@ -518,4 +527,37 @@ func purgeLoop(ctx context.Context, s *outbox.Store, keep time.Duration, logf fu
 			}
 		}
 	}
+}
+
+// httpsClient is the relay's HTTP client: timeout per request, and for
+// HTTPS the CA to trust (the system's when caFile is "") and a client
+// certificate to show (none when certFile is "").
+func httpsClient(timeout time.Duration, caFile, certFile, keyFile string) (*http.Client, error) {
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("--http-tls-cert and --http-tls-key go together")
+	}
+	if caFile == "" && certFile == "" {
+		return &http.Client{Timeout: timeout}, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("--http-tls-ca: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--http-tls-ca: no certificate in %s", caFile)
+		}
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--http-tls-cert: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.TLSClientConfig = cfg
+	return &http.Client{Timeout: timeout, Transport: transport}, nil
 }

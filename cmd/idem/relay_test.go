@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -172,20 +175,8 @@ func TestRelayKill9TwiceWithFlakyReceiver(t *testing.T) {
 func TestRelayNATSToken(t *testing.T) {
 	srv := testenv.StartNATSServer(t, "--auth", "relay-s3cret")
 	st := srv.Stream(t, "ORDERS", "orders", nats.Token("relay-s3cret"))
-	store, s := sqliteOutbox(t)
-	ctx := context.Background()
-	if err := s.Enqueue(ctx, outbox.Message{Key: "ORD-1", Destination: srv.URL + "/orders", Payload: []byte("order")}); err != nil {
-		t.Fatal(err)
-	}
-	anonymous := startRelay(t, store, "--max-tries", "1000") // never dead while the test looks
-	testenv.Eventually(t, 20*time.Second, "the row pending with the server's reason", func() error {
-		if row, err := s.Get(ctx, "ORD-1"); err != nil || row.Status != outbox.Pending || !strings.Contains(strings.ToLower(row.LastError), "authorization") {
-			return fmt.Errorf("row %+v, %v", row, err)
-		}
-		return nil
-	})
-	_ = anonymous.Process.Kill()
-	_ = anonymous.Wait()
+	store, s := oneMessageOutbox(t, "ORD-1", srv.URL+"/orders")
+	pendingWith(t, store, s, "ORD-1", "Authorization Violation")
 	startRelay(t, store, "--max-tries", "1000", "--nats-token", "relay-s3cret")
 	sentToStream(t, s, "ORD-1", st)
 }
@@ -239,25 +230,9 @@ func TestRelayNATSTLS(t *testing.T) {
 	files := testenv.NewTLSFiles(t)
 	srv := testenv.StartNATSServer(t, "--tlsverify", "--tlscert", files.Cert, "--tlskey", files.Key, "--tlscacert", files.CA)
 	st := srv.Stream(t, "ORDERS", "orders", nats.RootCAs(files.CA), nats.ClientCert(files.Cert, files.Key))
-	store, s := sqliteOutbox(t)
-	ctx := context.Background()
-	if err := s.Enqueue(ctx, outbox.Message{Key: "ORD-1", Destination: srv.URL + "/orders", Payload: []byte("order")}); err != nil {
-		t.Fatal(err)
-	}
-	pendingWith := func(why string, args ...string) {
-		t.Helper()
-		relay := startRelay(t, store, append([]string{"--max-tries", "1000"}, args...)...)
-		testenv.Eventually(t, 20*time.Second, "the row pending: "+why, func() error {
-			if row, err := s.Get(ctx, "ORD-1"); err != nil || row.Status != outbox.Pending || !strings.Contains(row.LastError, why) {
-				return fmt.Errorf("row %+v, %v", row, err)
-			}
-			return nil
-		})
-		_ = relay.Process.Kill()
-		_ = relay.Wait()
-	}
-	pendingWith("certificate signed by unknown authority")
-	pendingWith("remote error: tls", "--nats-tls-ca", files.CA) // the server refuses the handshake without a client certificate
+	store, s := oneMessageOutbox(t, "ORD-1", srv.URL+"/orders")
+	pendingWith(t, store, s, "ORD-1", "certificate signed by unknown authority")
+	pendingWith(t, store, s, "ORD-1", "remote error: tls", "--nats-tls-ca", files.CA) // the server refuses the handshake without a client certificate
 	startRelay(t, store, "--max-tries", "1000", "--nats-tls-ca", files.CA, "--nats-tls-cert", files.Cert, "--nats-tls-key", files.Key)
 	sentToStream(t, s, "ORD-1", st)
 }
@@ -276,4 +251,69 @@ func sentToStream(t *testing.T, s *outbox.Store, key string, st jetstream.Stream
 	if info, err := st.Info(ctx); err != nil || info.State.Msgs != 1 {
 		t.Fatalf("the stream holds %+v (%v), want the message", info, err)
 	}
+}
+
+// TestRelayHTTPTLS: an HTTPS receiver with a certificate from a private CA
+// that wants client certificates (mutual TLS, as B2B endpoints often do).
+// The relay trusts the CA only when told (--http-tls-ca) and shows a
+// certificate only when given one (--http-tls-cert, --http-tls-key);
+// until both, the row stays pending with the reason.
+func TestRelayHTTPTLS(t *testing.T) {
+	files := testenv.NewTLSFiles(t)
+	ca, err := os.ReadFile(files.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	cert, err := tls.LoadX509KeyPair(files.Cert, files.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}
+	srv.StartTLS()
+	defer srv.Close()
+	store, s := oneMessageOutbox(t, "INV-1", srv.URL+"/invoices")
+	pendingWith(t, store, s, "INV-1", "certificate signed by unknown authority")
+	pendingWith(t, store, s, "INV-1", "remote error: tls", "--http-tls-ca", files.CA) // the receiver refuses the handshake without a client certificate
+	startRelay(t, store, "--max-tries", "1000", "--http-tls-ca", files.CA, "--http-tls-cert", files.Cert, "--http-tls-key", files.Key)
+	testenv.Eventually(t, 20*time.Second, "the row acknowledged", func() error {
+		if row, err := s.Get(context.Background(), "INV-1"); err != nil || row.Status != outbox.Acked {
+			return fmt.Errorf("row %+v, %v", row, err)
+		}
+		return nil
+	})
+	if got.Load() != 1 {
+		t.Fatalf("the receiver handled %d requests, want 1", got.Load())
+	}
+}
+
+// pendingWith runs a relay with args until the outbox row of key is pending
+// with why in its last error, then kills it.
+func pendingWith(t *testing.T, store string, s *outbox.Store, key, why string, args ...string) {
+	t.Helper()
+	relay := startRelay(t, store, append([]string{"--max-tries", "1000"}, args...)...) // never dead while the test looks
+	testenv.Eventually(t, 20*time.Second, "the row pending: "+why, func() error {
+		if row, err := s.Get(context.Background(), key); err != nil || row.Status != outbox.Pending || !strings.Contains(row.LastError, why) {
+			return fmt.Errorf("row %+v, %v", row, err)
+		}
+		return nil
+	})
+	_ = relay.Process.Kill()
+	_ = relay.Wait()
+}
+
+// oneMessageOutbox is an SQLite outbox holding one message, key to dest.
+func oneMessageOutbox(t *testing.T, key, dest string) (string, *outbox.Store) {
+	t.Helper()
+	store, s := sqliteOutbox(t)
+	if err := s.Enqueue(context.Background(), outbox.Message{Key: key, Destination: dest, Payload: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	return store, s
 }
