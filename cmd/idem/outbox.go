@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/idemgo/idem/as2"
 	"github.com/idemgo/idem/console"
@@ -311,7 +312,7 @@ func newRelayCmd() *cobra.Command {
 	var cfg outbox.RelayConfig
 	var httpTimeout, keep time.Duration
 	var admin, as2File, adminToken, natsCreds, natsToken, amqpUser, amqpPassword string
-	var natsTLSCA, natsTLSCert, natsTLSKey, httpTLSCA, httpTLSCert, httpTLSKey string
+	var natsTLSCA, natsTLSCert, natsTLSKey, httpTLSCA, httpTLSCert, httpTLSKey, httpHeaders string
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Send outbox messages until SIGTERM, the same key on every attempt",
@@ -341,6 +342,7 @@ a destination names the server and subject only.`,
 	f.StringVar(&adminToken, "admin-token", os.Getenv("IDEM_ADMIN_TOKEN"), "token for console writes off loopback (default $IDEM_ADMIN_TOKEN)")
 	f.StringVar(&natsCreds, "nats-creds", "", "NATS credentials file (JWT and NKey seed) for every nats:// destination")
 	f.StringVar(&natsToken, "nats-token", os.Getenv("IDEM_NATS_TOKEN"), "NATS authentication token for every nats:// destination (default $IDEM_NATS_TOKEN)")
+	f.StringVar(&httpHeaders, "http-headers", "", "YAML file of headers to set on every HTTP(S) request to a host, e.g. its credentials: {HOST[:PORT]: {Authorization: Bearer …}}")
 	f.StringVar(&httpTLSCA, "http-tls-ca", "", "PEM file of the CA that signed the HTTPS receivers' certificates (default: the system's)")
 	f.StringVar(&httpTLSCert, "http-tls-cert", "", "PEM file of the relay's client certificate, for HTTPS receivers that want one (with --http-tls-key)")
 	f.StringVar(&httpTLSKey, "http-tls-key", "", "PEM file of the key of --http-tls-cert")
@@ -382,7 +384,11 @@ a destination names the server and subject only.`,
 		if err != nil {
 			return err
 		}
-		sendCfg := senders.Config{HTTP: httpsender.Config{Client: httpClient}, NATS: natsOpts}
+		hostHeaders, err := loadHostHeaders(httpHeaders)
+		if err != nil {
+			return err
+		}
+		sendCfg := senders.Config{HTTP: httpsender.Config{Client: httpClient, HostHeaders: hostHeaders}, NATS: natsOpts}
 		if amqpUser != "" {
 			sendCfg.AMQP.SASL = []amqp.Authentication{&amqp.PlainAuth{Username: amqpUser, Password: amqpPassword}}
 		} else if amqpPassword != "" {
@@ -560,4 +566,30 @@ func httpsClient(timeout time.Duration, caFile, certFile, keyFile string) (*http
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.TLSClientConfig = cfg
 	return &http.Client{Timeout: timeout, Transport: transport}, nil
+}
+
+// loadHostHeaders reads --http-headers: a YAML map of hosts (HOST or
+// HOST:PORT, as in the destination URL) to the headers the relay sets on
+// every request to them. "" reads nothing.
+func loadHostHeaders(path string) (map[string]http.Header, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--http-headers: %w", err)
+	}
+	var byHost map[string]map[string]string
+	if err := yaml.Unmarshal(b, &byHost); err != nil {
+		return nil, fmt.Errorf("--http-headers %s: want HOST: {Name: value}: %w", path, err)
+	}
+	out := make(map[string]http.Header, len(byHost))
+	for host, headers := range byHost {
+		h := http.Header{}
+		for name, value := range headers {
+			h.Set(name, value)
+		}
+		out[host] = h
+	}
+	return out, nil
 }

@@ -317,3 +317,43 @@ func oneMessageOutbox(t *testing.T, key, dest string) (string, *outbox.Store) {
 	}
 	return store, s
 }
+
+// TestRelayHTTPHeaders: a receiver that wants an API token. Without
+// --http-headers the row is refused (401: dead, with the answer); with a
+// headers file naming the receiver's host, the relay sends the token on
+// its own and the row — which carries none — is acknowledged.
+func TestRelayHTTPHeaders(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer relay-t0ken" {
+			http.Error(w, "who are you?", http.StatusUnauthorized)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	store, s := oneMessageOutbox(t, "INV-1", srv.URL+"/invoices")
+	ctx := context.Background()
+	relay := startRelay(t, store)
+	testenv.Eventually(t, 20*time.Second, "the row dead, refused", func() error {
+		if row, err := s.Get(ctx, "INV-1"); err != nil || row.Status != outbox.Dead || !strings.Contains(row.LastError, "401") {
+			return fmt.Errorf("row %+v, %v", row, err)
+		}
+		return nil
+	})
+	_ = relay.Process.Kill()
+	_ = relay.Wait()
+	headers := filepath.Join(t.TempDir(), "headers.yaml")
+	if err := os.WriteFile(headers, []byte(strings.TrimPrefix(srv.URL, "http://")+":\n  Authorization: Bearer relay-t0ken\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Enqueue(ctx, outbox.Message{Key: "INV-2", Destination: srv.URL + "/invoices", Payload: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	startRelay(t, store, "--http-headers", headers)
+	testenv.Eventually(t, 20*time.Second, "the row acknowledged", func() error {
+		if row, err := s.Get(ctx, "INV-2"); err != nil || row.Status != outbox.Acked {
+			return fmt.Errorf("row %+v, %v", row, err)
+		}
+		return nil
+	})
+}

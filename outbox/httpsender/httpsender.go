@@ -27,6 +27,12 @@ type Config struct {
 	// ContentType of the payload unless the message sets Content-Type.
 	// Defaults to application/octet-stream.
 	ContentType string
+	// HostHeaders are headers set on every request to a host — its
+	// credentials (Authorization, an API key), which then need not be
+	// written into every outbox row. The key is the destination URL's host,
+	// HOST:PORT when it names a port (as url.URL.Host has it); they are set
+	// after the message's own headers, so they win.
+	HostHeaders map[string]http.Header
 }
 
 // Sender POSTs the payload with the key in Idempotency-Key:
@@ -61,6 +67,9 @@ func (h *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	req.Header.Set("Content-Type", h.cfg.ContentType)
 	for k, v := range m.Headers {
 		req.Header.Set(k, v)
+	}
+	for k, v := range h.cfg.HostHeaders[req.URL.Host] {
+		req.Header[http.CanonicalHeaderKey(k)] = v
 	}
 	req.Header.Set(httpidem.HeaderName, httpidem.FormatKey(m.Key))
 	resp, err := h.cfg.Client.Do(req)

@@ -3,6 +3,7 @@ package httpsender_test
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -104,5 +105,36 @@ func TestHTTPOutcomes(t *testing.T) {
 	}
 	if res := h.Send(context.Background(), &outbox.Message{Key: "k", Destination: "http://127.0.0.1:1/refused"}); res.Status != outbox.Pending {
 		t.Fatalf("connection refused: %s", res.Status)
+	}
+}
+
+// TestHostHeaders: headers configured for a host (its credentials) go on
+// every request to it — over a message's own header of the same name — and
+// on no other host's; the outbox rows carry none of them.
+func TestHostHeaders(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Host+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://") // 127.0.0.1:PORT
+	other := "http://localhost:" + srv.Listener.Addr().(*net.TCPAddr).AddrPort().String()[len("127.0.0.1:"):]
+	s := httpsender.New(httpsender.Config{HostHeaders: map[string]http.Header{host: {"Authorization": {"Bearer relay-t0ken"}}}})
+	ctx := context.Background()
+	for _, m := range []*outbox.Message{
+		{Key: "INV-1", Destination: srv.URL + "/invoices", Payload: []byte("{}")},
+		{Key: "INV-2", Destination: srv.URL + "/invoices", Payload: []byte("{}"), Headers: map[string]string{"Authorization": "Bearer row-t0ken"}},
+		{Key: "INV-3", Destination: other + "/invoices", Payload: []byte("{}")},
+	} {
+		if res := s.Send(ctx, m); res.Status != outbox.Acked {
+			t.Fatalf("%s: %s %v", m.Key, res.Status, res.Err)
+		}
+	}
+	want := []string{host + " Bearer relay-t0ken", host + " Bearer relay-t0ken", strings.TrimPrefix(other, "http://") + " "}
+	if strings.Join(seen, "|") != strings.Join(want, "|") {
+		t.Fatalf("the receiver saw %q, want %q", seen, want)
 	}
 }
