@@ -432,7 +432,8 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 
 // now is the store's time: its clock's reading without the monotonic
 // reading time.Now adds, so that expiry and leases are decided by the times
-// the store reports even when the system's clock is stepped.
+// the store reports — also when the system's clock is stepped, or the
+// thread was descheduled between time.Now's two clock reads.
 func (s *Store) now() time.Time { return s.clock.Now().Round(0) }
 
 // Len returns the number of records held, expired or not.

@@ -40,11 +40,12 @@ func TestCampaign(t *testing.T) {
 // store, and the conformance model and the campaign hold the store to them.
 // Readings of time.Now carry a monotonic reading as well, and times that
 // both have one are compared by it: a store keeping them would decide
-// expiry on the monotonic clock and report the wall clock, two clocks
-// that part when the system's clock is stepped (CI saw it: records
-// replayed 4–8 ms after the ExpiresAt they were reported with, on a machine
-// whose wall clock was stepped ahead during the campaign). So every time the
-// store keeps or hands out has no monotonic reading.
+// expiry on the monotonic clock and report the wall clock, two readings
+// that part when the system's clock is stepped, and when the thread is
+// descheduled between the two clock reads one time.Now makes (realtime,
+// then monotonic: on a loaded machine, by milliseconds). CI saw it: records
+// replayed 4–8 ms after the ExpiresAt they were reported with. So every time
+// the store keeps or hands out has no monotonic reading.
 func TestTimeIsTheWallClock(t *testing.T) {
 	s := newStore(t)
 	ctx := context.Background()
