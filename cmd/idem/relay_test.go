@@ -199,23 +199,10 @@ func TestRelayAMQPCredentials(t *testing.T) {
 			t.Fatalf("%v: the password shown, or the destination not (%v):\n%s", args, err, out)
 		}
 	}
-	anonymous := startRelay(t, store, "--max-tries", "1000") // never dead while the test looks
-	testenv.Eventually(t, 30*time.Second, "the row pending with the broker's refusal", func() error {
-		if row, err := s.Get(ctx, "ORD-1"); err != nil || row.Status != outbox.Pending || !strings.Contains(row.LastError, "not allowed") {
-			return fmt.Errorf("row %+v, %v", row, err)
-		}
-		return nil
-	})
-	_ = anonymous.Process.Kill()
-	_ = anonymous.Wait()
-	t.Setenv("IDEM_AMQP_PASSWORD", password) // --amqp-password's default
+	pendingWith(t, store, s, "ORD-1", "not allowed") // the broker's refusal of the row's user
+	t.Setenv("IDEM_AMQP_PASSWORD", password)         // --amqp-password's default
 	startRelay(t, store, "--max-tries", "1000", "--amqp-user", user)
-	testenv.Eventually(t, 30*time.Second, "the row sent", func() error {
-		if row, err := s.Get(ctx, "ORD-1"); err != nil || row.Status != outbox.Sent {
-			return fmt.Errorf("row %+v, %v", row, err)
-		}
-		return nil
-	})
+	rowReaches(t, s, "ORD-1", outbox.Sent)
 	if d, ok, err := ch.Get(q, true); err != nil || !ok || d.MessageId != "ORD-1" {
 		t.Fatalf("delivered %q %v %v", d.MessageId, ok, err)
 	}
@@ -242,12 +229,7 @@ func TestRelayNATSTLS(t *testing.T) {
 func sentToStream(t *testing.T, s *outbox.Store, key string, st jetstream.Stream) {
 	t.Helper()
 	ctx := context.Background()
-	testenv.Eventually(t, 20*time.Second, "the row sent", func() error {
-		if row, err := s.Get(ctx, key); err != nil || row.Status != outbox.Sent {
-			return fmt.Errorf("row %+v, %v", row, err)
-		}
-		return nil
-	})
+	rowReaches(t, s, key, outbox.Sent)
 	if info, err := st.Info(ctx); err != nil || info.State.Msgs != 1 {
 		t.Fatalf("the stream holds %+v (%v), want the message", info, err)
 	}
@@ -282,12 +264,7 @@ func TestRelayHTTPTLS(t *testing.T) {
 	pendingWith(t, store, s, "INV-1", "certificate signed by unknown authority")
 	pendingWith(t, store, s, "INV-1", "remote error: tls", "--http-tls-ca", files.CA) // the receiver refuses the handshake without a client certificate
 	startRelay(t, store, "--max-tries", "1000", "--http-tls-ca", files.CA, "--http-tls-cert", files.Cert, "--http-tls-key", files.Key)
-	testenv.Eventually(t, 20*time.Second, "the row acknowledged", func() error {
-		if row, err := s.Get(context.Background(), "INV-1"); err != nil || row.Status != outbox.Acked {
-			return fmt.Errorf("row %+v, %v", row, err)
-		}
-		return nil
-	})
+	rowReaches(t, s, "INV-1", outbox.Acked)
 	if got.Load() != 1 {
 		t.Fatalf("the receiver handled %d requests, want 1", got.Load())
 	}
@@ -298,7 +275,7 @@ func TestRelayHTTPTLS(t *testing.T) {
 func pendingWith(t *testing.T, store string, s *outbox.Store, key, why string, args ...string) {
 	t.Helper()
 	relay := startRelay(t, store, append([]string{"--max-tries", "1000"}, args...)...) // never dead while the test looks
-	testenv.Eventually(t, 20*time.Second, "the row pending: "+why, func() error {
+	testenv.Eventually(t, 30*time.Second, "the row pending: "+why, func() error {
 		if row, err := s.Get(context.Background(), key); err != nil || row.Status != outbox.Pending || !strings.Contains(row.LastError, why) {
 			return fmt.Errorf("row %+v, %v", row, err)
 		}
@@ -350,8 +327,14 @@ func TestRelayHTTPHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	startRelay(t, store, "--http-headers", headers)
-	testenv.Eventually(t, 20*time.Second, "the row acknowledged", func() error {
-		if row, err := s.Get(ctx, "INV-2"); err != nil || row.Status != outbox.Acked {
+	rowReaches(t, s, "INV-2", outbox.Acked)
+}
+
+// rowReaches waits until the outbox row of key has status.
+func rowReaches(t *testing.T, s *outbox.Store, key string, status outbox.Status) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, "the row "+string(status), func() error {
+		if row, err := s.Get(context.Background(), key); err != nil || row.Status != status {
 			return fmt.Errorf("row %+v, %v", row, err)
 		}
 		return nil
