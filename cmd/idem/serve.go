@@ -299,8 +299,8 @@ func runServe(ctx context.Context, o serveOpts) error {
 }
 
 // logServerWarnings logs what the store says is off in its server's
-// settings (redisstore.Store.ServerWarnings); a server that does not let it
-// read them is logged as such.
+// settings (redisstore.Store.ServerWarnings, pgstore.Store.ServerWarnings);
+// a server that does not let it read them is logged as such.
 func logServerWarnings(ctx context.Context, store idem.Store, logger *log.Logger) {
 	w, ok := store.(interface {
 		ServerWarnings(context.Context) ([]string, error)
@@ -310,7 +310,7 @@ func logServerWarnings(ctx context.Context, store idem.Store, logger *log.Logger
 	}
 	warnings, err := w.ServerWarnings(ctx)
 	if err != nil {
-		logger.Printf("warning: cannot read the store server's settings (%v): check maxmemory-policy is noeviction", err)
+		logger.Printf("warning: cannot read the store server's settings (%v): check them by hand (the store's ServerWarnings says which)", err)
 	}
 	for _, s := range warnings {
 		logger.Printf("warning: %s", s)

@@ -1,0 +1,180 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Postgres is a PostgreSQL server of a test's own (StartPostgres), which
+// the test may crash: the machine's shared server serves other tests at
+// the same time.
+type Postgres struct {
+	// URL is postgres://postgres@127.0.0.1:PORT/postgres?sslmode=disable
+	// (trust authentication).
+	URL string
+
+	bin, dir string
+	args     []string
+	addr     string
+	cred     *syscall.Credential // the postgres user's, when the test runs as root
+	proc     *server
+	starts   int
+}
+
+// postgresBin is the directory of PostgreSQL's programs:
+// $IDEM_TEST_POSTGRES_BIN, else the newest /usr/lib/postgresql/*/bin
+// (Debian's), else the directory of the PATH's initdb.
+func postgresBin() (string, error) {
+	if d := os.Getenv("IDEM_TEST_POSTGRES_BIN"); d != "" {
+		return d, nil
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	slices.SortFunc(dirs, func(a, b string) int { // 9.6 < 15 < 16: by number
+		va, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(a)), 64)
+		vb, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(b)), 64)
+		return int(va - vb)
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if _, err := os.Stat(filepath.Join(dirs[i], "initdb")); err == nil {
+			return dirs[i], nil
+		}
+	}
+	p, err := exec.LookPath("initdb")
+	if err != nil {
+		return "", err
+	}
+	return filepath.Dir(p), nil
+}
+
+// StartPostgres initialises a database cluster in a directory of its own
+// and starts a PostgreSQL server on it, on a free loopback port, with the
+// given settings (name=value, as postgres -c takes them) over the
+// defaults; the server is stopped and its files removed when the test
+// ends. PostgreSQL refuses to run as root: a test running as root runs it
+// as the postgres user. It takes about a second.
+func StartPostgres(t testing.TB, settings ...string) *Postgres {
+	t.Helper()
+	bin, err := postgresBin()
+	if err != nil {
+		Need(t, "PostgreSQL's programs (initdb, postgres)", "/usr/lib/postgresql/*/bin or PATH", err)
+	}
+	dir, err := os.MkdirTemp("", "idem-postgres-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Postgres{bin: bin, dir: dir}
+	t.Cleanup(func() {
+		p.stop()
+		os.RemoveAll(dir)
+	})
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			Need(t, "the postgres user (PostgreSQL refuses to run as root)", "/etc/passwd", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		p.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", p.data(), "-A", "trust", "-U", "postgres",
+		"-E", "UTF8", "--no-sync", "--no-instructions")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	for _, s := range settings {
+		p.args = append(p.args, "-c", s)
+	}
+	startOnFreePorts(t, "postgres", func(int) error {
+		p.addr = "127.0.0.1:" + strconv.Itoa(freePort(t))
+		p.URL = "postgres://postgres@" + p.addr + "/postgres?sslmode=disable"
+		return p.start()
+	})
+	return p
+}
+
+func (p *Postgres) data() string { return filepath.Join(p.dir, "data") }
+
+// start starts the server (the postmaster puts itself and its children in
+// a process group of their own) and waits until it takes queries.
+func (p *Postgres) start() error {
+	p.starts++
+	log := filepath.Join(p.dir, fmt.Sprintf("postgres-%d.log", p.starts))
+	out, err := os.Create(log)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	host, port, _ := net.SplitHostPort(p.addr)
+	args := append([]string{"-D", p.data(), "-p", port, "-k", p.dir, "-c", "listen_addresses=" + host}, p.args...)
+	cmd := exec.Command(filepath.Join(p.bin, "postgres"), args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: p.cred}
+	proc, err := startServer(cmd, log)
+	if err != nil {
+		return err
+	}
+	err = proc.waitReady(60*time.Second, func() error {
+		if err := proc.logSays("ready to accept connections"); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, p.URL)
+		if err != nil {
+			return err
+		}
+		defer c.Close(ctx)
+		return c.Ping(ctx)
+	})
+	if err != nil {
+		killGroup(proc)
+		return err
+	}
+	p.proc = proc
+	return nil
+}
+
+func (p *Postgres) stop() {
+	if p.proc != nil {
+		killGroup(p.proc)
+		p.proc = nil
+	}
+}
+
+// Crash kills the server — the postmaster and every backend — with
+// SIGKILL and starts it again on its port and data: it recovers from its
+// write-ahead log, as after a power cut that spared the disk. It fails t
+// if the server does not come back; call it from the test's goroutine, or
+// Restart.
+func (p *Postgres) Crash(t testing.TB) {
+	t.Helper()
+	if err := p.Restart(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Restart is Crash for any goroutine: it returns why the server did not
+// come back.
+func (p *Postgres) Restart() error {
+	p.stop()
+	if err := p.start(); err != nil {
+		return fmt.Errorf("postgres on %s, after the kill: %w", p.addr, err)
+	}
+	return nil
+}
