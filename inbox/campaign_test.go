@@ -252,6 +252,11 @@ func consume[TTx any](ctx context.Context, db campaignDB[TTx], brokerURL string,
 	}
 }
 
+// dbFaults are what a campaign can do to the database's server: cut and
+// restore, stall and unstall its connections (a proxy), crash it (SIGKILL,
+// then started again on its files). nil where there is no way.
+type dbFaults struct{ cut, restore, stall, unstall, crash func() }
+
 // inboxCampaign runs the inbox's fault campaign. Consumers — goroutines of
 // the test and processes of their own, killed with SIGKILL and frozen with
 // SIGSTOP — take messages from a broker that delivers at least once (again
@@ -259,12 +264,12 @@ func consume[TTx any](ctx context.Context, db campaignDB[TTx], brokerURL string,
 // out of order) and process them through the inbox, one by one or in
 // batches, each change failing now and then; the database is cut and
 // stalled for some of them (location goes through the proxy, direct does
-// not). Then the faults stop and every message must be acknowledged.
+// not), and crashed for all (where faults says how). Then the faults stop and every message must be acknowledged.
 // Checked: every message's change committed exactly once, or — an entity's
 // version older than one applied — not at all, its key recorded (Stale);
 // each entity's changes applied in increasing version order, the newest
 // version applied; every message's key in the inbox.
-func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, open func(t testing.TB, location string, proc int) campaignDB[TTx], cut, restore, stall, unstall func()) {
+func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, open func(t testing.TB, location string, proc int) campaignDB[TTx], faults dbFaults) {
 	if p := os.Getenv(envConsumer); p != "" {
 		proc, _ := strconv.Atoi(p)
 		db := open(t, os.Getenv(envLocation), proc)
@@ -303,7 +308,7 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 		procs.Spawn()
 	}
 
-	var kills, freezes, outages, stalls int
+	var kills, freezes, outages, stalls, crashes int
 	frng := rand.New(rand.NewPCG(seed, 0))
 	deadline := time.Now().Add(*campaignDuration)
 	for time.Now().Before(deadline) {
@@ -316,16 +321,19 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 		case f < 4:
 			procs.FreezeOne(frng, time.Duration(200+frng.IntN(2000))*time.Millisecond)
 			freezes++
-		case f < 6 && stall != nil && frng.IntN(3) == 0:
-			stall()
+		case f < 6 && faults.stall != nil && frng.IntN(3) == 0:
+			faults.stall()
 			time.Sleep(time.Duration(100+frng.IntN(2000)) * time.Millisecond)
-			unstall()
+			faults.unstall()
 			stalls++
-		case f < 6 && cut != nil:
-			cut()
+		case f < 6 && faults.cut != nil:
+			faults.cut()
 			time.Sleep(time.Duration(100+frng.IntN(400)) * time.Millisecond)
-			restore()
+			faults.restore()
 			outages++
+		case f == 6 && faults.crash != nil:
+			faults.crash()
+			crashes++
 		}
 	}
 	procs.ThawAll()
@@ -425,14 +433,15 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 	if len(b.msgs) == 0 || len(byKey) == 0 {
 		t.Errorf("the campaign did nothing: %d messages, %d changes", len(b.msgs), len(byKey))
 	}
-	t.Logf("inbox campaign: %d messages handed out %d times, %d changes committed, %d stale; %d kills, %d freezes, %d outages, %d stalls; %d violations",
-		len(b.msgs), b.handed, len(byKey), stale, kills, freezes, outages, stalls, violations)
+	t.Logf("inbox campaign: %d messages handed out %d times, %d changes committed, %d stale; %d kills, %d freezes, %d outages, %d stalls, %d server crashes; %d violations",
+		len(b.msgs), b.handed, len(byKey), stale, kills, freezes, outages, stalls, crashes, violations)
 }
 
-// TestCampaign runs the inbox's fault campaign on PostgreSQL through pgx
-// (BEGIN and the claim in one round trip; ClaimSeparately in every other
-// consumer process), behind a proxy for the test and half the consumer
-// processes.
+// TestCampaign runs the inbox's fault campaign on a PostgreSQL server of
+// the test's own through pgx (BEGIN and the claim in one round trip;
+// ClaimSeparately in every other consumer process), behind a proxy for the
+// test and half the consumer processes; now and then the server is killed
+// with SIGKILL and started again.
 func TestCampaign(t *testing.T) {
 	open := func(t testing.TB, location string, proc int) campaignDB[pgx.Tx] {
 		conn, schema, _ := strings.Cut(location, "\n")
@@ -449,12 +458,14 @@ func TestCampaign(t *testing.T) {
 		return openCampaignDB(t, pgxv5.New(pool), schema+".", inbox.Config{ClaimSeparately: proc%4 == 3})
 	}
 	if loc := os.Getenv(envLocation); loc != "" {
-		inboxCampaign(t, "TestCampaign", loc, "", open, nil, nil, nil, nil)
+		inboxCampaign(t, "TestCampaign", loc, "", open, dbFaults{})
 		return
 	}
-	_, schema := pgSchema(t)
-	conn, proxy := testenv.PostgresProxy(t)
-	inboxCampaign(t, "TestCampaign", conn+"\n"+schema, testenv.PostgresURL+"\n"+schema, open, proxy.Cut, proxy.Restore, proxy.Stall, proxy.Unstall)
+	srv := testenv.StartPostgres(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	conn := strings.Replace(srv.URL, srv.Addr(), proxy.Addr(), 1)
+	inboxCampaign(t, "TestCampaign", conn+"\npublic", srv.URL+"\npublic", open,
+		dbFaults{cut: proxy.Cut, restore: proxy.Restore, stall: proxy.Stall, unstall: proxy.Unstall, crash: func() { srv.Crash(t) }})
 }
 
 // TestCampaignSQLite runs it on one SQLite file shared by every process.
@@ -471,5 +482,5 @@ func TestCampaignSQLite(t *testing.T) {
 	if loc == "" {
 		loc = filepath.Join(t.TempDir(), "inbox.db")
 	}
-	inboxCampaign(t, "TestCampaignSQLite", loc, "", open, nil, nil, nil, nil)
+	inboxCampaign(t, "TestCampaignSQLite", loc, "", open, dbFaults{})
 }

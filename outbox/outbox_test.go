@@ -191,10 +191,11 @@ func TestRecordingAcrossABlip(t *testing.T) {
 	}
 }
 
-// TestCampaign runs the outbox's fault campaign on PostgreSQL (pgx, LISTEN
-// and all) through a proxy that cuts and stalls the connections of the
-// test's processes and of half its relay processes (the others reach
-// PostgreSQL directly: a partition).
+// TestCampaign runs the outbox's fault campaign on a PostgreSQL server of
+// the test's own (pgx, LISTEN and all) through a proxy that cuts and stalls
+// the connections of the test's processes and of half its relay processes
+// (the others reach PostgreSQL directly: a partition); now and then the
+// server is killed with SIGKILL and started again.
 func TestCampaign(t *testing.T) {
 	outboxtest.Campaign(t, campaignOnPostgres(t, "TestCampaign", false))
 }
@@ -212,10 +213,14 @@ func campaignOnPostgres(t *testing.T, name string, bouncer bool) outboxtest.Camp
 		cfg.Location = loc
 		return cfg
 	}
-	_, schema := pgPool(t)
-	direct, mode := testenv.PostgresURL, ""
+	var direct, schema, mode string
 	if bouncer {
+		_, schema = pgPool(t)
 		direct, mode = testenv.StartPgBouncer(t), "pgbouncer"
+	} else {
+		srv := testenv.StartPostgres(t)
+		direct, schema = srv.URL, "idem"
+		cfg.Crash = func() { srv.Crash(t) }
 	}
 	u, err := url.Parse(direct)
 	if err != nil {

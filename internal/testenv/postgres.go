@@ -108,6 +108,9 @@ func StartPostgres(t testing.TB, settings ...string) *Postgres {
 	return p
 }
 
+// Addr is the server's host:port.
+func (p *Postgres) Addr() string { return p.addr }
+
 func (p *Postgres) data() string { return filepath.Join(p.dir, "data") }
 
 // start starts the server (the postmaster puts itself and its children in

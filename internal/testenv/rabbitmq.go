@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -129,11 +131,41 @@ func (r *RabbitMQ) start() error {
 	return nil
 }
 
-// killGroup kills the node's whole process group with SIGKILL — the VM
-// with its script — and waits for the script.
+// killGroup kills a server's whole process group with SIGKILL — the
+// Erlang VM with its script, the postmaster with its backends — and waits
+// for the leader and for every other member to be gone: a restart must not
+// meet the dead server's last processes (PostgreSQL refuses to start while
+// a backend of the old one still holds its shared memory).
 func killGroup(p *server) {
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	pgid := p.cmd.Process.Pid
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	<-p.exited
+	for deadline := time.Now().Add(10 * time.Second); groupAlive(pgid) && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// groupAlive reports whether a process of group pgid is still running
+// (not a zombie: the members' parent is gone, and whoever adopted them
+// reaps them when it will).
+func groupAlive(pgid int) bool {
+	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range procs {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid pgrp …; comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(b[i+1:]))
+		if len(fields) >= 3 && fields[0] != "Z" && fields[2] == strconv.Itoa(pgid) {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *RabbitMQ) stop() {

@@ -70,6 +70,10 @@ type CampaignConfig[TTx any] struct {
 	// back; Stall and Unstall hold every byte to and from it. nil where the
 	// database has no server (SQLite).
 	Cut, Restore, Stall, Unstall func()
+	// Crash kills the database server with SIGKILL and starts it again on
+	// its files, returning once it answers; nil where the server is shared
+	// with other tests (or there is none).
+	Crash func()
 	// Direct, when set, is Location reached without the proxy behind Cut
 	// and Stall: every other relay process uses it, so an outage is a
 	// partition — some relays lose the database while the others go on
@@ -83,7 +87,7 @@ type CampaignReport struct {
 	Transactions, Committed, RolledBack        int
 	UnknownCommits, AloneEnqueues              int
 	Attempts, Sends                            int
-	Kills, Freezes, Outages, Stalls            int
+	Kills, Freezes, Outages, Stalls, Crashes   int
 	Acks, Refusals, Retries, Purged            int
 	Delivered, ExemptSends, Violations         int
 	MaxAttemptsOfOneKey                        int
@@ -99,7 +103,8 @@ type CampaignReport struct {
 // their own — send them with the HTTP sender to a receiver that answers at
 // random: success, 503, 409, 422 (the row dies; an operator retries it),
 // processes and drops the connection, or answers after the sender gave up.
-// Meanwhile the database is cut and stalled, relay processes are killed
+// Meanwhile the database is cut, stalled and crashed (where the config
+// says how), relay processes are killed
 // with SIGKILL and frozen with SIGSTOP for up to a lease and more, and an
 // operator acknowledges, refuses, retries and purges rows. Then the faults
 // stop and every committed message must be delivered. The campaign checks:
@@ -200,6 +205,9 @@ func Campaign[TTx any](t *testing.T, cfg CampaignConfig[TTx]) CampaignReport {
 			time.Sleep(time.Duration(100+frng.IntN(400)) * time.Millisecond)
 			cfg.Restore()
 			rep.Outages++
+		case f == 6 && cfg.Crash != nil && frng.IntN(2) == 0:
+			cfg.Crash()
+			rep.Crashes++
 		default:
 			op.act(ctx, frng, &rep)
 		}

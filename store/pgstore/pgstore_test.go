@@ -86,8 +86,10 @@ func BenchmarkStore(b *testing.B) {
 	storetest.Bench(b, newStore)
 }
 
-// TestCampaign runs the fault campaign with every process reaching
-// PostgreSQL through a TCP proxy that the campaign cuts now and then.
+// TestCampaign runs the fault campaign on a PostgreSQL server of the
+// test's own, with every process reaching it through a TCP proxy that the
+// campaign cuts and stalls now and then; now and then the campaign kills
+// the server (SIGKILL) and starts it again.
 func TestCampaign(t *testing.T) { storetest.Campaign(t, campaignConfig(t, "TestCampaign")) }
 
 // TestGuardCampaign runs guarded work (idem.Guard) under the same faults.
@@ -95,20 +97,29 @@ func TestGuardCampaign(t *testing.T) {
 	storetest.GuardCampaign(t, campaignConfig(t, "TestGuardCampaign"))
 }
 
-// campaignConfig: every process reaches PostgreSQL through a TCP proxy that
-// the campaign cuts and stalls now and then.
+// campaignConfig: a PostgreSQL server of the test's own, which every
+// process reaches through a TCP proxy that the campaign cuts and stalls now
+// and then (the Guard campaign's direct workers without it), and which the
+// campaign crashes now and then.
 func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
-	testenv.ProbePostgres(t)
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
 		Open: func(t testing.TB, location string) idem.Store {
 			schema, conn, _ := strings.Cut(location, " ")
 			return testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: conn})
 		}}
 	if !storetest.IsChild() {
-		conn, p := testenv.PostgresProxy(t)
+		srv := testenv.StartPostgres(t)
+		p := testenv.StartProxy(t, srv.Addr())
 		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
+		cfg.Crash = func() { srv.Crash(t) }
+		u, err := url.Parse(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		direct := u.String()
+		u.Host = p.Addr()
 		schema := testenv.RandomName("idemtest_")
-		cfg.Location, cfg.Direct = schema+" "+conn, schema+" "+testenv.PostgresURL
+		cfg.Location, cfg.Direct = schema+" "+u.String(), schema+" "+direct
 	}
 	return cfg
 }

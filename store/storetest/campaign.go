@@ -68,6 +68,11 @@ type CampaignConfig struct {
 	// the Guard campaign excuses no settle lost to a full server. nil where
 	// the server cannot be filled on demand (or is shared with other tests).
 	Fill, Unfill func()
+	// Crash kills the store's server with SIGKILL and starts it again on
+	// its files, returning once it answers: it keeps what it acknowledged
+	// (as its durability promises), and every call in flight at the kill
+	// ends unknown. nil where the server is shared with other tests.
+	Crash func()
 	// Direct, when set, is Location reached without the proxy: the Guard
 	// campaign runs half of its own workers there, so an outage is a
 	// partition — the other processes lose the store while those go on.
@@ -116,6 +121,7 @@ type CampaignReport struct {
 	Operations, Unknown                            int
 	Kills, Outages, ServerStalls, Deletes, Sweeps  int
 	Fills                                          int // periods of a full server (Fill)
+	Crashes                                        int // kills of the server (Crash)
 	Stalls                                         int // owners of this process that slept past their lease
 	Executions, LedgerAccepted                     int
 	HistoriesChecked, HistoriesUnknown, Violations int
@@ -245,7 +251,9 @@ func workerProcesses(t *testing.T, cfg CampaignConfig, mode, dir string, deadlin
 // injectFaults injects faults at random until the deadline, every 150 to
 // 600 ms: of ten draws, three kill a worker process (when there are any),
 // two cut the store's server for 100–400 ms or (one time in three) stall it
-// for 100–700 ms (where cfg says how), the rest are other's (the draw given).
+// for 100–700 ms (where cfg says how), one in twenty fills it (cfg.Fill) and
+// one in twenty crashes it (cfg.Crash); the rest are other's (the draw
+// given).
 func injectFaults(cfg CampaignConfig, procs *fleet.Fleet, seed uint64, deadline time.Time, rep *CampaignReport, other func(frng *rand.Rand, f int)) {
 	frng := rand.New(rand.NewPCG(seed, 0))
 	for time.Now().Add(300 * time.Millisecond).Before(deadline) {
@@ -269,6 +277,9 @@ func injectFaults(cfg CampaignConfig, procs *fleet.Fleet, seed uint64, deadline 
 			time.Sleep(time.Duration(100+frng.IntN(600)) * time.Millisecond)
 			cfg.Unfill()
 			rep.Fills++
+		case f == 6 && cfg.Crash != nil && frng.IntN(2) == 0:
+			cfg.Crash()
+			rep.Crashes++
 		default:
 			other(frng, f)
 		}
