@@ -7,3 +7,4 @@ func ArmIdleSignal(r *Relay) *testsignal.Signal[struct{}] {
 	r.signals.Idle.Init()
 	return &r.signals.Idle
 }
+

@@ -17,15 +17,17 @@ func (s *Store) Close() error {
 }
 
 // listenEarly subscribes to the outbox's notifications before the relay
-// first looks for due rows, so a row committed between that look and the
-// first wait still wakes it. Drivers that cannot listen: nothing to do.
+// looks for due rows, so a row committed between that look and the next
+// wait still wakes it — at the start, and after a wait or an error that
+// may have lost the listening connection (no round trip while it
+// listens). Drivers that cannot listen: nothing to do.
 func (s *Store) listenEarly(ctx context.Context) {
 	if s.listen != nil {
 		_ = s.listen.Listen(ctx, notifyChannel) // on failure, Wait retries and polls meanwhile
 	}
 }
 
-// wait blocks until a row may be due (a notification, true) or d passes.
+// wait blocks until a row may be due (a notification) or d passes.
 func (s *Store) wait(ctx context.Context, d time.Duration) {
 	if s.listen != nil {
 		s.listen.Wait(ctx, notifyChannel, d)

@@ -147,6 +147,80 @@ func TestListenNotifyWakesTheRelay(t *testing.T) {
 	}
 }
 
+// TestRelayAfterAServerCrash: a relay woken by LISTEN/NOTIFY, with a 30 s
+// poll interval, whose PostgreSQL server is killed (SIGKILL) and started
+// again once the relay has met the outage, sends what is enqueued after
+// the restart within seconds: it does not wait out its poll interval after
+// the errors.
+func TestRelayAfterAServerCrash(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s := backend(t, pgxv5.New(pool), "idem").Outbox.Store
+	sent := make(chan string, 16)
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s, PollInterval: 30 * time.Second,
+		Sender: outbox.SenderFunc(func(ctx context.Context, m *outbox.Message) outbox.Result {
+			sent <- m.Key
+			return outbox.Result{Status: outbox.Sent}
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle := outbox.ArmIdleSignal(r)
+	failed := make(chan struct{}, 1)
+	if err := r.Start(ctx, func(err error) {
+		t.Logf("relay: %v", err)
+		select {
+		case failed <- struct{}{}:
+		default:
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	idle.WaitOrTimeout(t)
+	sentWithin := func(key string, d time.Duration) {
+		t.Helper()
+		start := time.Now()
+		for {
+			err := s.Enqueue(ctx, outbox.Message{Key: key, Destination: "test://x"})
+			if err == nil {
+				break
+			}
+			if time.Since(start) > 10*time.Second {
+				t.Fatalf("enqueue %s: %v", key, err)
+			}
+		}
+		select {
+		case k := <-sent:
+			if k != key {
+				t.Fatalf("sent %s, want %s", k, key)
+			}
+			t.Logf("%s sent %v after its enqueue began", key, time.Since(start).Round(time.Millisecond))
+		case <-time.After(d):
+			t.Fatalf("%s not sent within %v of its enqueue", key, d)
+		}
+	}
+	sentWithin("before", 5*time.Second)
+	idle.WaitOrTimeout(t) // its outcome recorded, the relay waits
+	srv.Kill()
+	select {
+	case <-failed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay heard nothing of the outage")
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		sentWithin(fmt.Sprint("after-", i), 5*time.Second)
+	}
+}
+
 // TestRecordingAcrossABlip: the database is out of reach for a moment just
 // as a send succeeds. The relay records the outcome again, with backoff,
 // while its claim lasts: the row ends sent, and the message is not sent a

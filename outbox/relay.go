@@ -308,27 +308,44 @@ func (r *Relay) send(ctx context.Context, m *Message) (res Result) {
 
 // Start runs the relay until Stop or ctx ends: it claims batches while rows
 // are due and waits for new ones (LISTEN/NOTIFY on PostgreSQL, polling
-// elsewhere). Errors are retried after PollInterval; onError hears them.
+// elsewhere). Errors (the database unreachable, restarting) are retried
+// after a pause of 50 ms doubling up to PollInterval, back to 50 ms once a
+// look succeeds, so a relay goes on within moments of the database's
+// return however long its poll interval; onError hears them.
 func (r *Relay) Start(ctx context.Context, onError func(error)) error {
 	return r.w.Start(ctx, func(ctx context.Context) {
-		r.cfg.Store.listenEarly(ctx)
+		var pause time.Duration
+		listen := true // before the next look
 		for ctx.Err() == nil {
+			if listen {
+				// A row committed after this notifies the next wait. No
+				// round trip while the connection listens; one to listen
+				// again once a wait or an error lost it.
+				r.cfg.Store.listenEarly(ctx)
+			}
 			n, err := r.RunOnce(ctx)
 			if err != nil && onError != nil && ctx.Err() == nil {
 				onError(err)
 			}
-			if n == r.cfg.Batch && err == nil {
+			if err != nil {
+				pause = min(max(2*pause, errorPauseMin), r.cfg.PollInterval)
+				_ = ctxsleep.Sleep(ctx, pause)
+				listen = true
+				continue
+			}
+			pause, listen = 0, false
+			if n == r.cfg.Batch {
 				continue // more may be due
 			}
-			if err == nil {
-				r.signals.Idle.Signal(struct{}{})
-				r.cfg.Store.wait(ctx, r.cfg.PollInterval)
-			} else {
-				_ = ctxsleep.Sleep(ctx, r.cfg.PollInterval)
-			}
+			r.signals.Idle.Signal(struct{}{})
+			r.cfg.Store.wait(ctx, r.cfg.PollInterval)
+			listen = true
 		}
 	})
 }
+
+// errorPauseMin is the first pause of a relay after an error.
+const errorPauseMin = 50 * time.Millisecond
 
 // Stop ends the relay after the batch in flight is sent and recorded, or
 // when ctx ends.

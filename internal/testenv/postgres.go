@@ -146,7 +146,7 @@ func (p *Postgres) start() error {
 		return c.Ping(ctx)
 	})
 	if err != nil {
-		killGroup(proc)
+		kill(proc)
 		return err
 	}
 	p.proc = proc
@@ -155,9 +155,28 @@ func (p *Postgres) start() error {
 
 func (p *Postgres) stop() {
 	if p.proc != nil {
-		killGroup(p.proc)
+		kill(p.proc)
 		p.proc = nil
 	}
+}
+
+// kill kills the postmaster and every process it started, with SIGKILL,
+// and waits until they are gone. Each backend and auxiliary process puts
+// itself in a session of its own (setsid), so a kill of the postmaster's
+// group would leave them running until they notice its death — and a
+// restart would find them holding the old server's shared memory. The
+// postmaster is stopped first, so it starts no process between the
+// listing and the kill.
+func kill(pm *server) {
+	pid := pm.cmd.Process.Pid
+	_ = syscall.Kill(pid, syscall.SIGSTOP)
+	children := liveProcesses(func(_, ppid, _ int) bool { return ppid == pid })
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for _, c := range children {
+		_ = syscall.Kill(c, syscall.SIGKILL)
+	}
+	<-pm.exited
+	waitGone(func(pid, _, _ int) bool { return slices.Contains(children, pid) })
 }
 
 // Crash kills the server — the postmaster and every backend — with
@@ -175,7 +194,16 @@ func (p *Postgres) Crash(t testing.TB) {
 // Restart is Crash for any goroutine: it returns why the server did not
 // come back.
 func (p *Postgres) Restart() error {
-	p.stop()
+	p.Kill()
+	return p.Start()
+}
+
+// Kill kills the server as Crash does, and leaves it down until Start.
+func (p *Postgres) Kill() { p.stop() }
+
+// Start starts a killed server again on its port and data, waiting until
+// it takes queries.
+func (p *Postgres) Start() error {
 	if err := p.start(); err != nil {
 		return fmt.Errorf("postgres on %s, after the kill: %w", p.addr, err)
 	}

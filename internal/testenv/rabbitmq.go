@@ -132,25 +132,30 @@ func (r *RabbitMQ) start() error {
 }
 
 // killGroup kills a server's whole process group with SIGKILL — the
-// Erlang VM with its script, the postmaster with its backends — and waits
-// for the leader and for every other member to be gone: a restart must not
-// meet the dead server's last processes (PostgreSQL refuses to start while
-// a backend of the old one still holds its shared memory).
+// Erlang VM with its script — and waits for the leader and for every other
+// member to be gone: a restart must not meet the dead server's last
+// processes.
 func killGroup(p *server) {
 	pgid := p.cmd.Process.Pid
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	<-p.exited
-	for deadline := time.Now().Add(10 * time.Second); groupAlive(pgid) && time.Now().Before(deadline); {
+	waitGone(func(_, _, pgrp int) bool { return pgrp == pgid })
+}
+
+// waitGone waits, up to 10 s, until no running process matches.
+func waitGone(match func(pid, ppid, pgrp int) bool) {
+	for deadline := time.Now().Add(10 * time.Second); len(liveProcesses(match)) > 0 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
 
-// groupAlive reports whether a process of group pgid is still running
-// (not a zombie: the members' parent is gone, and whoever adopted them
-// reaps them when it will).
-func groupAlive(pgid int) bool {
-	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, f := range procs {
+// liveProcesses returns the running processes (not zombies: a member whose
+// parent is gone is reaped by whoever adopted it, when it will) whose id,
+// parent and process group match.
+func liveProcesses(match func(pid, ppid, pgrp int) bool) []int {
+	var pids []int
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue // gone meanwhile
@@ -161,11 +166,17 @@ func groupAlive(pgid int) bool {
 			continue
 		}
 		fields := strings.Fields(string(b[i+1:]))
-		if len(fields) >= 3 && fields[0] != "Z" && fields[2] == strconv.Itoa(pgid) {
-			return true
+		if len(fields) < 3 || fields[0] == "Z" {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		ppid, _ := strconv.Atoi(fields[1])
+		pgrp, _ := strconv.Atoi(fields[2])
+		if match(pid, ppid, pgrp) {
+			pids = append(pids, pid)
 		}
 	}
-	return false
+	return pids
 }
 
 func (r *RabbitMQ) stop() {
