@@ -150,8 +150,9 @@ func schemaDDL(schema string) string {
 // ack deadline); PostgreSQL is cut (now and then for longer than a lease)
 // and stalled for the odd relays and consumers, which reach it through a
 // proxy — the even ones directly: a partition; the broker is cut and
-// stalled for the odd relays; and a broker the test runs itself (JetStream)
-// is killed with SIGKILL and started again on its port and store. Then the faults stop and every committed
+// stalled for the odd relays; and the broker and PostgreSQL, both servers
+// of the test's own, are killed with SIGKILL and started again on their
+// ports and files. Then the faults stop and every committed
 // transfer must be booked within campaignDrain. It checks, on the business
 // rows at both ends:
 //   - never lost: every debit has its credit, and no outbox row is dead;
@@ -176,7 +177,8 @@ func campaign(t *testing.T, testName string, tr transport) {
 	}
 	t.Logf("end-to-end campaign seed %d (replay: -e2e.campaign.seed=%d), duration %v", seed, seed, *campaignDuration)
 	ctx := context.Background()
-	pool, schema := testenv.PostgresSchema(t, schemaDDL)
+	db := testenv.StartPostgres(t)
+	pool, schema := testenv.PostgresSchemaOn(t, db.URL, schemaDDL)
 	ob, err := outbox.New(pgxv5.New(pool), outbox.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
@@ -196,17 +198,18 @@ func campaign(t *testing.T, testName string, tr transport) {
 		t.Fatal(err)
 	}
 	dest := tr.destination(rawBrokerURL, topic)
-	proxiedDB, dbProxy := testenv.PostgresProxy(t)
+	dbProxy := testenv.StartProxy(t, db.Addr())
+	proxiedDB := strings.Replace(db.URL, db.Addr(), dbProxy.Addr(), 1)
 	brokerProxy := testenv.StartProxy(t, brokerURL.Host)
 	dbOutages, brokerOutages := testenv.NewOutages(dbProxy), testenv.NewOutages(brokerProxy)
 	dir := t.TempDir()
 	helpers := func(role string) *fleet.Fleet {
 		return fleet.New(t, testName, readyLine, []string{"-e2e.campaign.duration=" + campaignDuration.String()}, func(n int) []string {
-			db, brokerAddr := testenv.PostgresURL, brokerURL.Host
+			conn, brokerAddr := db.URL, brokerURL.Host
 			if n%2 == 1 {
-				db, brokerAddr = proxiedDB, brokerProxy.Addr()
+				conn, brokerAddr = proxiedDB, brokerProxy.Addr()
 			}
-			return []string{envRole + "=" + role, envProc + "=" + strconv.Itoa(n), envDB + "=" + db, envSchema + "=" + schema,
+			return []string{envRole + "=" + role, envProc + "=" + strconv.Itoa(n), envDB + "=" + conn, envSchema + "=" + schema,
 				envTopic + "=" + topic, envBrokerURL + "=" + rawBrokerURL, envBroker + "=" + brokerAddr, envDir + "=" + dir}
 		})
 	}
@@ -216,7 +219,11 @@ func campaign(t *testing.T, testName string, tr transport) {
 	}
 
 	deadline := time.Now().Add(*campaignDuration)
-	var committed, rolledBack atomic.Int64
+	var committed, rolledBack, failedInCrash atomic.Int64
+	// dbCrashes counts the starts and ends of PostgreSQL's crashes: odd
+	// while one is under way; dbCrashEnded is when the last one ended (unix
+	// ns): a pooled connection that died in it fails its next use.
+	var dbCrashes, dbCrashEnded atomic.Int64
 	// The consumers start — and declare the stream or queue — once the
 	// first transfers are committed, so the relays' first sends find no
 	// stream or queue to take them: they must stay pending until one does
@@ -230,10 +237,16 @@ func campaign(t *testing.T, testName string, tr transport) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(seed, uint64(g+1)))
 			for time.Now().Before(deadline) {
+				before := dbCrashes.Load()
 				switch err := commitTransfer(ctx, pool, ob, schema, rng, dest); {
 				case errors.Is(err, errRolledBack):
 					rolledBack.Add(1)
-				case err != nil: // the producers reach PostgreSQL directly: no fault of the campaign's
+				case err != nil && (before%2 == 1 || dbCrashes.Load() != before ||
+					time.Since(time.Unix(0, dbCrashEnded.Load())) < 2*time.Second):
+					// PostgreSQL was killed meanwhile: committed or not,
+					// the books at the end say which.
+					failedInCrash.Add(1)
+				case err != nil: // the producers reach PostgreSQL directly: no other fault of the campaign's
 					t.Errorf("a producer's transaction failed: %v", err)
 				default:
 					if committed.Add(1) == 50 {
@@ -252,7 +265,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 		consumers.Spawn()
 	}
 	var kills, freezes, cuts, stalls, brokerCuts, brokerStalls, brokerCrashes int
-	var crashing atomic.Bool
+	var crashing, dbCrashing atomic.Bool
 	var crashes sync.WaitGroup
 	frng := rand.New(rand.NewPCG(seed, 0))
 	for time.Now().Before(deadline) {
@@ -261,7 +274,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 		if frng.IntN(2) == 0 {
 			victims = consumers
 		}
-		switch f := frng.IntN(9); {
+		switch f := frng.IntN(10); {
 		case f < 2:
 			victims.KillOne(frng)
 			kills++
@@ -295,6 +308,21 @@ func campaign(t *testing.T, testName string, tr transport) {
 					t.Error(err)
 				}
 			})
+		case f == 9 && !dbCrashing.Load() && frng.IntN(2) == 0:
+			// PostgreSQL killed (SIGKILL) and started again on its files,
+			// in the background too: it keeps what it acknowledged, and
+			// every transaction open at the kill is rolled back.
+			dbCrashing.Store(true)
+			crashes.Go(func() {
+				defer dbCrashing.Store(false)
+				dbCrashes.Add(1)
+				err := db.Restart()
+				dbCrashEnded.Store(time.Now().UnixNano())
+				dbCrashes.Add(1)
+				if err != nil {
+					t.Error(err)
+				}
+			})
 		}
 	}
 	crashes.Wait()
@@ -303,8 +331,8 @@ func campaign(t *testing.T, testName string, tr transport) {
 	brokerOutages.Wait()
 	relays.ThawAll()
 	consumers.ThawAll()
-	t.Logf("%d transfers committed, %d rolled back; %d kills, %d freezes, %d cuts and %d stalls of PostgreSQL, %d cuts and %d stalls of the broker, %d crashes of the broker",
-		committed.Load(), rolledBack.Load(), kills, freezes, cuts, stalls, brokerCuts, brokerStalls, brokerCrashes)
+	t.Logf("%d transfers committed, %d rolled back, %d failed in a crash of PostgreSQL; %d kills, %d freezes, %d cuts, %d stalls and %d crashes of PostgreSQL, %d cuts and %d stalls of the broker, %d crashes of the broker",
+		committed.Load(), rolledBack.Load(), failedInCrash.Load(), kills, freezes, cuts, stalls, dbCrashes.Load()/2, brokerCuts, brokerStalls, brokerCrashes)
 
 	// The faults are over: every committed transfer must be booked.
 	drainEnd := time.Now().Add(campaignDrain)

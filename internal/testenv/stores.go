@@ -196,8 +196,15 @@ func PostgresInbox(t testing.TB, ddl func(schema string) string) (*pgxpool.Pool,
 func PostgresSchema(t testing.TB, ddl func(schema string) string) (*pgxpool.Pool, string) {
 	t.Helper()
 	ProbePostgres(t)
+	return PostgresSchemaOn(t, PostgresURL, ddl)
+}
+
+// PostgresSchemaOn is PostgresSchema on the server at connString (a
+// server of the test's own: StartPostgres).
+func PostgresSchemaOn(t testing.TB, connString string, ddl func(schema string) string) (*pgxpool.Pool, string) {
+	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, PostgresURL)
+	pool, err := pgxpool.New(ctx, connString)
 	if err != nil {
 		t.Fatal(err)
 	}
