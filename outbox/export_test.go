@@ -7,4 +7,3 @@ func ArmIdleSignal(r *Relay) *testsignal.Signal[struct{}] {
 	r.signals.Idle.Init()
 	return &r.signals.Idle
 }
-
