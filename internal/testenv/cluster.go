@@ -323,7 +323,21 @@ func (r *RedisServer) signal(t testing.TB, sig syscall.Signal) {
 // because filling the shared one would fail the tests running beside.
 func StartFillableRedis(t testing.TB) (srv *RedisServer, fill, unfill func()) {
 	t.Helper()
-	srv = StartRedisServer(t, "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction")
+	return startFillableRedis(t, "--appendonly", "no")
+}
+
+// StartDurableFillableRedis is StartFillableRedis with the append-only file
+// written and fsynced before each answer (appendfsync always): killed with
+// SIGKILL (Kill) and started again (Start), it has every write it
+// acknowledged.
+func StartDurableFillableRedis(t testing.TB) (srv *RedisServer, fill, unfill func()) {
+	t.Helper()
+	return startFillableRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+}
+
+func startFillableRedis(t testing.TB, persistence ...string) (srv *RedisServer, fill, unfill func()) {
+	t.Helper()
+	srv = StartRedisServer(t, append([]string{"--save", "", "--maxmemory-policy", "noeviction"}, persistence...)...)
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { admin.Close() })
 	maxmemory := func(v string) func() {
