@@ -297,6 +297,10 @@ func (i *Inbox[TTx]) Find(ctx context.Context, correlationID string) ([]Row, err
 // Process runs fn and records ev in one transaction begun by the driver.
 // fn runs only for a new key; a Duplicate or Stale event commits nothing of
 // fn's. If fn fails, everything rolls back and the redelivery runs it again.
+// What it reports processed is committed durably before it returns (pgxv5:
+// the transaction commits synchronously even where the session's
+// synchronous_commit is off), so acknowledging it to the broker loses
+// nothing when the database crashes.
 func (i *Inbox[TTx]) Process(ctx context.Context, ev Event, fn func(ctx context.Context, tx TTx) error) (Outcome, error) {
 	tx, out, err := i.beginClaimed(ctx, ev)
 	if err != nil || out == Duplicate {
