@@ -18,6 +18,10 @@ import (
 //	idem_pgbouncer=1     no named prepared statements (PgBouncer transaction mode)
 //	idem_coalesce=0      every call its own statement (default 1: calls that
 //	                     wait for the store together share one; pgstore.Config.NoCoalesce)
+//
+// Any other parameter is pgx's: a server setting such as synchronous_commit
+// is sent as the sessions' own (the store commits synchronously unless the
+// URL sets synchronous_commit; pgstore.Config.ConnString).
 func init() {
 	openers[Postgres] = func(ctx context.Context, spec Spec, o Options) (idem.Store, error) {
 		u, err := url.Parse(spec.Raw)
