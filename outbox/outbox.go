@@ -183,7 +183,7 @@ CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
 }
 
 type queries struct {
-	insert, existing, counter, claim, extend, sent, unclaim, failed, ack, retry, list, get, getExternal, refuse, purge string
+	insert, insertAlone, existing, counter, claim, extend, sent, unclaim, failed, ack, retry, list, get, getExternal, refuse, purge string
 }
 
 func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store {
@@ -193,9 +193,13 @@ func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store 
 	}
 	tbl := s.t("idem_outbox")
 	cols := `id, key, destination, payload, headers, coalesce(external_id, ''), status, tries, last_error, next_attempt_at, created_at, sent_at, acked_at`
+	with, from := d.Durably()
 	s.q = queries{
-		insert:   `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id) VALUES ($1, $2, $3, $4, NULLIF($5, '')) ON CONFLICT (key) DO NOTHING`,
-		existing: `SELECT destination, payload FROM ` + tbl + ` WHERE key = $1`,
+		insert: `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id) VALUES ($1, $2, $3, $4, NULLIF($5, '')) ON CONFLICT (key) DO NOTHING`,
+		// Enqueue alone: committed durably before it returns, whatever the
+		// session's synchronous_commit (EnqueueTx's commit is the caller's).
+		insertAlone: with + `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id) SELECT $1, $2, $3, $4, NULLIF($5, '')` + from + ` ON CONFLICT (key) DO NOTHING`,
+		existing:    `SELECT destination, payload FROM ` + tbl + ` WHERE key = $1`,
 		counter: `INSERT INTO ` + s.t("idem_outbox_counters") + ` AS c (name, value) VALUES ($1, 1)
 ON CONFLICT (name) DO UPDATE SET value = c.value + 1 RETURNING value`,
 		// $1 claim token, $2 lease ms, $3 batch size
@@ -258,13 +262,18 @@ func (s *Store) Migrate(ctx context.Context) error {
 // tx commits. Enqueueing an existing key again with the same destination
 // and payload is a no-op; with another, ErrKeyReused.
 func (o *Outbox[TTx]) EnqueueTx(ctx context.Context, tx TTx, m Message) error {
-	return o.enqueue(ctx, o.driver.UnwrapExecutor(tx), m)
+	return o.enqueue(ctx, o.driver.UnwrapExecutor(tx), o.q.insert, m)
 }
 
-// Enqueue records m on its own (no business change with it).
-func (s *Store) Enqueue(ctx context.Context, m Message) error { return s.enqueue(ctx, s.db, m) }
+// Enqueue records m on its own (no business change with it), committed
+// durably before it returns: on PostgreSQL even where the session's
+// synchronous_commit is off, under which a crash loses the last commits
+// acknowledged (TestEnqueueSurvivesAServerCrash).
+func (s *Store) Enqueue(ctx context.Context, m Message) error {
+	return s.enqueue(ctx, s.db, s.q.insertAlone, m)
+}
 
-func (s *Store) enqueue(ctx context.Context, tx sqldriver.Executor, m Message) error {
+func (s *Store) enqueue(ctx context.Context, tx sqldriver.Executor, insert string, m Message) error {
 	if err := m.validate(); err != nil {
 		return err
 	}
@@ -280,7 +289,7 @@ func (s *Store) enqueue(ctx context.Context, tx sqldriver.Executor, m Message) e
 	if payload == nil {
 		payload = []byte{}
 	}
-	n, err := tx.Exec(ctx, s.q.insert, m.Key, m.Destination, payload, headers, m.ExternalID)
+	n, err := tx.Exec(ctx, insert, m.Key, m.Destination, payload, headers, m.ExternalID)
 	if err != nil {
 		return fmt.Errorf("idem/outbox: enqueue %s: %w", m.Key, err)
 	}

@@ -48,6 +48,11 @@ CREATE TRIGGER ` + table + `_notify AFTER INSERT OR UPDATE OF status ON ` + dott
 	FOR EACH STATEMENT EXECUTE FUNCTION ` + fn + `();`
 }
 
+func (postgres) Durably() (with, from string) {
+	return `WITH durable AS MATERIALIZED (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)) `,
+		` FROM durable`
+}
+
 type sqlite struct{}
 
 func (sqlite) Now() string        { return "CAST(unixepoch('subsec') * 1000 AS INTEGER)" }
@@ -81,6 +86,8 @@ func (sqlite) CreateIndex(schema, name, table, definition string) string {
 }
 
 func (sqlite) NotifyTrigger(string, string, string) string { return "" }
+
+func (sqlite) Durably() (with, from string) { return "", " WHERE true" }
 
 // dotted is schema.name, or name alone.
 func dotted(schema, name string) string {

@@ -140,6 +140,14 @@ type Dialect interface {
 	// of table are inserted or their status changes ("" where the
 	// database cannot signal; the readers then poll).
 	NotifyTrigger(schema, table, channel string) string
+	// Durably is what makes an INSERT … SELECT run alone (its own implicit
+	// transaction) commit durably where the session would acknowledge it
+	// before it is on disk: with goes before INSERT, from after the
+	// SELECT's values (before ON CONFLICT). PostgreSQL: a one-row relation
+	// whose reading raises synchronous_commit from off to on for the
+	// statement's transaction. SQLite: nothing to raise ("", and the
+	// WHERE its ON CONFLICT needs after a SELECT).
+	Durably() (with, from string)
 }
 
 // Qualify returns schema.name with both parts quoted, or the quoted name
