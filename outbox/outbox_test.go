@@ -147,20 +147,26 @@ func TestListenNotifyWakesTheRelay(t *testing.T) {
 	}
 }
 
+// ownServer starts a PostgreSQL server of the test's own with settings
+// and migrates an outbox on it, in schema idem.
+func ownServer(t *testing.T, settings ...string) (*testenv.Postgres, *pgxpool.Pool, *outbox.Store) {
+	srv := testenv.StartPostgres(t, settings...)
+	pool, err := pgxpool.New(context.Background(), srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return srv, pool, backend(t, pgxv5.New(pool), "idem").Outbox.Store
+}
+
 // TestRelayAfterAServerCrash: a relay woken by LISTEN/NOTIFY, with a 30 s
 // poll interval, whose PostgreSQL server is killed (SIGKILL) and started
 // again once the relay has met the outage, sends what is enqueued after
 // the restart within seconds: it does not wait out its poll interval after
 // the errors.
 func TestRelayAfterAServerCrash(t *testing.T) {
-	srv := testenv.StartPostgres(t)
+	srv, _, s := ownServer(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	s := backend(t, pgxv5.New(pool), "idem").Outbox.Store
 	sent := make(chan string, 16)
 	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s, PollInterval: 30 * time.Second,
 		Sender: outbox.SenderFunc(func(ctx context.Context, m *outbox.Message) outbox.Result {
@@ -229,14 +235,8 @@ func TestRelayAfterAServerCrash(t *testing.T) {
 // them). EnqueueTx keeps the caller's setting: the message shares its
 // business change's fate.
 func TestEnqueueSurvivesAServerCrash(t *testing.T) {
-	srv := testenv.StartPostgres(t, "synchronous_commit=off")
+	srv, pool, s := ownServer(t, "synchronous_commit=off")
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	s := backend(t, pgxv5.New(pool), "idem").Outbox.Store
 	const n = 600
 	for i := range n {
 		if err := s.Enqueue(ctx, outbox.Message{Key: fmt.Sprint("m", i), Destination: "test://x", Payload: []byte("p")}); err != nil {
