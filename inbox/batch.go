@@ -201,7 +201,8 @@ func batchKey(consumer, id string) string { return consumer + "\x00" + id }
 // then consumer, correlation id and type per row.
 func (i *Inbox[TTx]) claimAllSQL(n int) string {
 	var b strings.Builder
-	b.WriteString(i.sql.claimMany)
+	k := i.durably()
+	b.WriteString(i.sql.claimMany[k])
 	for r := range n {
 		if r > 0 {
 			b.WriteString(", ")
@@ -209,6 +210,6 @@ func (i *Inbox[TTx]) claimAllSQL(n int) string {
 		p := 2 + 3*r
 		b.WriteString("($" + strconv.Itoa(p) + ", $" + strconv.Itoa(p+1) + ", $" + strconv.Itoa(p+2) + ", " + i.driver.Dialect().Now() + ", $1)")
 	}
-	b.WriteString(" ON CONFLICT (consumer, correlation_id) DO NOTHING RETURNING consumer, correlation_id")
+	b.WriteString(i.sql.claimManyEnd[k])
 	return b.String()
 }

@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -11,78 +12,169 @@ import (
 
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
-// TestServerCrash: what Process and ProcessBatch report processed — after
-// which a consumer acknowledges the message to its broker, which then
-// forgets it — survives a SIGKILL of the PostgreSQL server right after,
-// even where the server's default synchronous_commit is off (under which
-// PostgreSQL acknowledges a commit before its WAL is written, and a crash
-// loses the last fraction of a second of them: messages gone from the
-// broker and from the database alike). The transactions the inbox begins
-// itself commit synchronously; the user's own (ClaimTx, ApplyVersionTx) keep
-// the user's setting.
+// TestServerCrash: what the inbox reports processed — after which a
+// consumer acknowledges the message to its broker, which then forgets it —
+// survives a SIGKILL of the PostgreSQL server right after, even where the
+// server's default synchronous_commit is off (under which PostgreSQL
+// acknowledges a commit before its WAL is written, and a crash loses the
+// last fraction of a second of them: messages gone from the broker and
+// from the database alike). Through pgx: Process, ProcessBatch, and
+// ClaimTx in a transaction of the user's; through database/sql: Process.
 func TestServerCrash(t *testing.T) {
-	for _, batches := range []bool{false, true} {
-		t.Run(fmt.Sprintf("batches=%v", batches), func(t *testing.T) {
-			srv := testenv.StartPostgres(t, "synchronous_commit=off")
-			ctx := context.Background()
-			pool, err := pgxpool.New(ctx, srv.URL)
-			if err != nil {
-				t.Fatal(err)
+	const n = 600
+	ev := func(i int) inbox.Event { return inbox.Event{Consumer: "c", CorrelationID: fmt.Sprintf("m%04d", i)} }
+	creditPgx := func(ctx context.Context, tx pgx.Tx, ref string) error {
+		_, err := tx.Exec(ctx, `INSERT INTO credits (ref) VALUES ($1)`, ref)
+		return err
+	}
+	pgxWays := map[string]func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, ib *inbox.Inbox[pgx.Tx]){
+		"Process": func(t *testing.T, ctx context.Context, _ *pgxpool.Pool, ib *inbox.Inbox[pgx.Tx]) {
+			for i := range n {
+				out, err := ib.Process(ctx, ev(i), func(ctx context.Context, tx pgx.Tx) error { return creditPgx(ctx, tx, ev(i).CorrelationID) })
+				if err != nil || out != inbox.Processed {
+					t.Fatalf("%d: %v, %v", i, out, err)
+				}
 			}
-			defer pool.Close()
-			if _, err := pool.Exec(ctx, `CREATE TABLE credits (id bigserial PRIMARY KEY, ref text NOT NULL)`); err != nil {
-				t.Fatal(err)
+		},
+		"ProcessBatch": func(t *testing.T, ctx context.Context, _ *pgxpool.Pool, ib *inbox.Inbox[pgx.Tx]) {
+			for i := 0; i < n; i += 4 {
+				items := make([]inbox.BatchItem[pgx.Tx], 4)
+				for j := range items {
+					e := ev(i + j)
+					items[j] = inbox.BatchItem[pgx.Tx]{Event: e, Fn: func(ctx context.Context, tx pgx.Tx) error { return creditPgx(ctx, tx, e.CorrelationID) }}
+				}
+				res, err := ib.ProcessBatch(ctx, items)
+				allProcessed(t, i, res, err)
 			}
+		},
+		"ClaimTx": func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, ib *inbox.Inbox[pgx.Tx]) {
+			for i := range n {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					out, err := ib.ClaimTx(ctx, tx, ev(i))
+					if err == nil && out != inbox.Processed {
+						err = fmt.Errorf("%v", out)
+					}
+					if err == nil {
+						err = creditPgx(ctx, tx, ev(i).CorrelationID)
+					}
+					return err
+				})
+				if err != nil {
+					t.Fatalf("%d: %v", i, err)
+				}
+			}
+		},
+	}
+	for name, process := range pgxWays {
+		t.Run(name, func(t *testing.T) {
+			srv, pool := crashServer(t)
 			ib, err := inbox.New(pgxv5.New(pool), inbox.Config{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := ib.Migrate(ctx); err != nil {
+			if err := ib.Migrate(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			credit := func(ctx context.Context, tx pgx.Tx, ref string) error {
-				_, err := tx.Exec(ctx, `INSERT INTO credits (ref) VALUES ($1)`, ref)
-				return err
-			}
-			const n = 600
-			ev := func(i int) inbox.Event { return inbox.Event{Consumer: "c", CorrelationID: fmt.Sprintf("m%04d", i)} }
-			for i := 0; i < n; {
-				if !batches {
-					out, err := ib.Process(ctx, ev(i), func(ctx context.Context, tx pgx.Tx) error { return credit(ctx, tx, ev(i).CorrelationID) })
-					if err != nil || out != inbox.Processed {
-						t.Fatalf("%d: %v, %v", i, out, err)
-					}
-					i++
-					continue
-				}
-				items := make([]inbox.BatchItem[pgx.Tx], 4)
-				for j := range items {
-					e := ev(i + j)
-					items[j] = inbox.BatchItem[pgx.Tx]{Event: e, Fn: func(ctx context.Context, tx pgx.Tx) error { return credit(ctx, tx, e.CorrelationID) }}
-				}
-				res, err := ib.ProcessBatch(ctx, items)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for j, r := range res {
-					if r.Err != nil || r.Outcome != inbox.Processed {
-						t.Fatalf("%d: %v, %v", i+j, r.Outcome, r.Err)
-					}
-				}
-				i += len(items)
-			}
-			srv.Crash(t)
-
-			var credits, keys int
-			testenv.Eventually(t, 30*time.Second, "the server answers after the restart", func() error {
-				return pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM credits), (SELECT count(*) FROM processed_events)`).Scan(&credits, &keys)
-			})
-			if credits != n || keys != n {
-				t.Fatalf("after the crash %d of %d credits and %d of %d keys remain: messages reported processed (and acknowledged to their broker) were lost", credits, n, keys, n)
-			}
+			process(t, context.Background(), pool, ib)
+			crashAndCount(t, srv, pool, n)
 		})
+	}
+	t.Run("DatabaseSQLBatch", func(t *testing.T) {
+		srv, pool := crashServer(t)
+		ib := sqlInbox(t, srv)
+		ctx := context.Background()
+		for i := 0; i < n; i += 4 {
+			items := make([]inbox.BatchItem[*sql.Tx], 4)
+			for j := range items {
+				e := ev(i + j)
+				items[j] = inbox.BatchItem[*sql.Tx]{Event: e, Fn: func(ctx context.Context, tx *sql.Tx) error {
+					_, err := tx.ExecContext(ctx, `INSERT INTO credits (ref) VALUES ($1)`, e.CorrelationID)
+					return err
+				}}
+			}
+			res, err := ib.ProcessBatch(ctx, items)
+			allProcessed(t, i, res, err)
+		}
+		crashAndCount(t, srv, pool, n)
+	})
+	t.Run("DatabaseSQL", func(t *testing.T) {
+		srv, pool := crashServer(t)
+		ib := sqlInbox(t, srv)
+		ctx := context.Background()
+		for i := range n {
+			out, err := ib.Process(ctx, ev(i), func(ctx context.Context, tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, `INSERT INTO credits (ref) VALUES ($1)`, ev(i).CorrelationID)
+				return err
+			})
+			if err != nil || out != inbox.Processed {
+				t.Fatalf("%d: %v, %v", i, out, err)
+			}
+		}
+		crashAndCount(t, srv, pool, n)
+	})
+}
+
+// allProcessed wants every item of the batch starting at message from
+// processed.
+func allProcessed(t *testing.T, from int, res []inbox.BatchResult, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for j, r := range res {
+		if r.Err != nil || r.Outcome != inbox.Processed {
+			t.Fatalf("%d: %v, %v", from+j, r.Outcome, r.Err)
+		}
+	}
+}
+
+// sqlInbox migrates an inbox on srv through database/sql.
+func sqlInbox(t *testing.T, srv *testenv.Postgres) *inbox.Inbox[*sql.Tx] {
+	db, err := sql.Open("pgx", srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ib, err := inbox.New(databasesql.New(db, sqldriver.Postgres), inbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ib.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return ib
+}
+
+// crashServer starts a server of the test's own whose default
+// synchronous_commit is off, with a table of credits.
+func crashServer(t *testing.T) (*testenv.Postgres, *pgxpool.Pool) {
+	srv := testenv.StartPostgres(t, "synchronous_commit=off")
+	pool, err := pgxpool.New(context.Background(), srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE credits (id bigserial PRIMARY KEY, ref text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return srv, pool
+}
+
+// crashAndCount kills the server right after n messages were reported
+// processed, starts it again, and wants n credits and n keys.
+func crashAndCount(t *testing.T, srv *testenv.Postgres, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	srv.Crash(t)
+	var credits, keys int
+	testenv.Eventually(t, 30*time.Second, "the server answers after the restart", func() error {
+		return pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM credits), (SELECT count(*) FROM processed_events)`).Scan(&credits, &keys)
+	})
+	if credits != n || keys != n {
+		t.Fatalf("after the crash %d of %d credits and %d of %d keys remain: messages reported processed (and acknowledged to their broker) were lost", credits, n, keys, n)
 	}
 }

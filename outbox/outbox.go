@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -123,6 +124,9 @@ type Store struct {
 	listen sqldriver.Listener // nil: the relay polls
 	// migrations runs Migrate's transaction under the migration lock.
 	migrations sqlmigrate.Conn
+	// syncCommits: Migrate found that the sessions commit synchronously;
+	// Enqueue then leaves out the condition that makes its commit durable.
+	syncCommits atomic.Bool
 }
 
 // Outbox is the Store written in the application's transactions, of type
@@ -193,12 +197,12 @@ func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store 
 	}
 	tbl := s.t("idem_outbox")
 	cols := `id, key, destination, payload, headers, coalesce(external_id, ''), status, tries, last_error, next_attempt_at, created_at, sent_at, acked_at`
-	with, from := d.Durably()
+	durably := d.Durably()
 	s.q = queries{
 		insert: `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id) VALUES ($1, $2, $3, $4, NULLIF($5, '')) ON CONFLICT (key) DO NOTHING`,
 		// Enqueue alone: committed durably before it returns, whatever the
 		// session's synchronous_commit (EnqueueTx's commit is the caller's).
-		insertAlone: with + `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id) SELECT $1, $2, $3, $4, NULLIF($5, '')` + from + ` ON CONFLICT (key) DO NOTHING`,
+		insertAlone: `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id) SELECT $1, $2, $3, $4, NULLIF($5, '') WHERE ` + durably + ` ON CONFLICT (key) DO NOTHING`,
 		existing:    `SELECT destination, payload FROM ` + tbl + ` WHERE key = $1`,
 		counter: `INSERT INTO ` + s.t("idem_outbox_counters") + ` AS c (name, value) VALUES ($1, 1)
 ON CONFLICT (name) DO UPDATE SET value = c.value + 1 RETURNING value`,
@@ -255,6 +259,13 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := sqlmigrate.Apply(ctx, s.migrations, strings.TrimSuffix(s.schema, "."), "outbox", s.Migrations()); err != nil {
 		return fmt.Errorf("idem/outbox: migrate: %w", err)
 	}
+	async := false
+	if q := s.d.CommitsAsync(); q != "" {
+		if err := s.db.QueryRow(ctx, q).Scan(&async); err != nil {
+			return fmt.Errorf("idem/outbox: read synchronous_commit: %w", err)
+		}
+	}
+	s.syncCommits.Store(!async)
 	return nil
 }
 
@@ -268,8 +279,13 @@ func (o *Outbox[TTx]) EnqueueTx(ctx context.Context, tx TTx, m Message) error {
 // Enqueue records m on its own (no business change with it), committed
 // durably before it returns: on PostgreSQL even where the session's
 // synchronous_commit is off, under which a crash loses the last commits
-// acknowledged (TestEnqueueSurvivesAServerCrash).
+// acknowledged (TestEnqueueSurvivesAServerCrash). (Until Migrate has found
+// that the sessions commit synchronously, its statement carries the
+// condition that raises the setting for its transaction.)
 func (s *Store) Enqueue(ctx context.Context, m Message) error {
+	if s.syncCommits.Load() {
+		return s.enqueue(ctx, s.db, s.q.insert, m)
+	}
 	return s.enqueue(ctx, s.db, s.q.insertAlone, m)
 }
 

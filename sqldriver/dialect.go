@@ -48,9 +48,12 @@ CREATE TRIGGER ` + table + `_notify AFTER INSERT OR UPDATE OF status ON ` + dott
 	FOR EACH STATEMENT EXECUTE FUNCTION ` + fn + `();`
 }
 
-func (postgres) Durably() (with, from string) {
-	return `WITH durable AS MATERIALIZED (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)) `,
-		` FROM durable`
+func (postgres) Durably() string {
+	return `set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) IS NOT NULL`
+}
+
+func (postgres) CommitsAsync() string {
+	return `SELECT current_setting('synchronous_commit') = 'off'`
 }
 
 type sqlite struct{}
@@ -87,7 +90,9 @@ func (sqlite) CreateIndex(schema, name, table, definition string) string {
 
 func (sqlite) NotifyTrigger(string, string, string) string { return "" }
 
-func (sqlite) Durably() (with, from string) { return "", " WHERE true" }
+func (sqlite) Durably() string { return "true" }
+
+func (sqlite) CommitsAsync() string { return "" }
 
 // dotted is schema.name, or name alone.
 func dotted(schema, name string) string {

@@ -140,14 +140,18 @@ type Dialect interface {
 	// of table are inserted or their status changes ("" where the
 	// database cannot signal; the readers then poll).
 	NotifyTrigger(schema, table, channel string) string
-	// Durably is what makes an INSERT … SELECT run alone (its own implicit
-	// transaction) commit durably where the session would acknowledge it
-	// before it is on disk: with goes before INSERT, from after the
-	// SELECT's values (before ON CONFLICT). PostgreSQL: a one-row relation
-	// whose reading raises synchronous_commit from off to on for the
-	// statement's transaction. SQLite: nothing to raise ("", and the
-	// WHERE its ON CONFLICT needs after a SELECT).
-	Durably() (with, from string)
+	// Durably is the condition of an INSERT … SELECT … WHERE that makes
+	// the statement's transaction — its own implicit one, or the one it runs
+	// in — commit durably where the session would acknowledge the commit
+	// before it is on disk. PostgreSQL: synchronous_commit raised from off
+	// to on for the transaction (any other value stays), by a function
+	// call; SQLite: nothing to raise ("true", which its ON CONFLICT needs
+	// after a SELECT anyway).
+	Durably() string
+	// CommitsAsync is a query answering whether a session acknowledges its
+	// commits before they are on disk (one boolean: PostgreSQL's
+	// synchronous_commit is off), or "" where no session does (SQLite).
+	CommitsAsync() string
 }
 
 // Qualify returns schema.name with both parts quoted, or the quoted name

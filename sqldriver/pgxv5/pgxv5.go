@@ -67,22 +67,8 @@ func (d *Driver) Executor() sqldriver.Executor { return executor{d.pool} }
 // UnwrapExecutor runs in tx.
 func (*Driver) UnwrapExecutor(tx pgx.Tx) sqldriver.Executor { return executor{tx} }
 
-// Begin starts a transaction on the pool, durable (see beginDurably).
-func (d *Driver) Begin(ctx context.Context) (pgx.Tx, error) {
-	return d.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginDurably})
-}
-
-// beginDurably begins the transactions a component runs itself (the
-// inbox's Process and ProcessBatch, which report their commit as the
-// message's processing — a consumer then acknowledges it to its broker,
-// which forgets it): where the session's synchronous_commit is off (the
-// server's, role's or database's default), PostgreSQL acknowledges a
-// commit before its WAL is written and a crash loses the last fraction of
-// a second of them — messages gone from the broker and from the database
-// alike. The transaction raises it to on for itself, in the same round
-// trip as BEGIN; any other value stays. The user's own transactions
-// (ClaimTx, EnqueueTx) keep the user's setting.
-const beginDurably = "BEGIN; SELECT set_config('synchronous_commit', 'on', true) WHERE current_setting('synchronous_commit') = 'off'"
+// Begin starts a transaction on the pool.
+func (d *Driver) Begin(ctx context.Context) (pgx.Tx, error) { return d.pool.Begin(ctx) }
 
 // Commit commits tx.
 func (*Driver) Commit(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }
@@ -95,8 +81,7 @@ func (*Driver) Rollback(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// BeginClaim implements sqldriver.ClaimBeginner: BEGIN (durable, as
-// Begin's) and the insert, its
+// BeginClaim implements sqldriver.ClaimBeginner: BEGIN and the insert, its
 // arguments as literals escaped for the connection (pgconn.EscapeString:
 // standard_conforming_strings must be on, the default), in one simple-query
 // round trip. A unique violation rolls back (a round trip more, for
@@ -111,7 +96,7 @@ func (d *Driver) BeginClaim(ctx context.Context, insert string, args ...string) 
 		c.Release()
 		return nil, err
 	}
-	tx, err := c.Conn().BeginTx(ctx, pgx.TxOptions{BeginQuery: beginDurably + "; " + q})
+	tx, err := c.Conn().BeginTx(ctx, pgx.TxOptions{BeginQuery: "BEGIN; " + q})
 	if err != nil {
 		if c.Conn().PgConn().TxStatus() != 'I' {
 			_, _ = c.Conn().Exec(context.WithoutCancel(ctx), "ROLLBACK")
