@@ -158,11 +158,35 @@ func newSQLite(t *testing.T) backend {
 	return sqlBackend(t, db, sqldriver.SQLite, "")
 }
 
+// newPgxAsync and newSQLPostgresAsync: the inbox on a server of the test's
+// own whose sessions commit asynchronously (synchronous_commit off):
+// Migrate finds it, and every claim carries the condition that makes its
+// transaction commit durably (TestServerCrash) — the same outcomes.
+func newPgxAsync(t *testing.T) backend {
+	_, pool := crashServer(t)
+	return newBackend(t, pgxv5.New(pool), "", func(ctx context.Context, tx pgx.Tx, ref string) error {
+		_, err := tx.Exec(ctx, `INSERT INTO credits (ref) VALUES ($1)`, ref)
+		return err
+	})
+}
+
+func newSQLPostgresAsync(t *testing.T) backend {
+	srv, _ := crashServer(t)
+	db, err := sql.Open("pgx", srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return sqlBackend(t, db, sqldriver.Postgres, "")
+}
+
 var backends = map[string]func(t *testing.T) backend{
-	"pgx":             newPgx,
-	"pgx-pgbouncer":   newPgxBouncer,
-	"database-sql-pg": newSQLPostgres,
-	"sqlite":          newSQLite,
+	"pgx":                   newPgx,
+	"pgx-async":             newPgxAsync,
+	"pgx-pgbouncer":         newPgxBouncer,
+	"database-sql-pg":       newSQLPostgres,
+	"database-sql-pg-async": newSQLPostgresAsync,
+	"sqlite":                newSQLite,
 }
 
 func TestInbox(t *testing.T) {

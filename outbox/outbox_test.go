@@ -67,6 +67,22 @@ func TestPgx(t *testing.T) {
 	})
 }
 
+// TestPgxAsync runs the suite on a server of the test's own whose sessions
+// commit asynchronously (synchronous_commit off): Migrate finds it, and
+// Enqueue's statement carries the condition that makes it commit durably
+// (TestEnqueueSurvivesAServerCrash) — the same outcomes.
+func TestPgxAsync(t *testing.T) {
+	srv := testenv.StartPostgres(t, "synchronous_commit=off")
+	pool, err := pgxpool.New(context.Background(), srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend[pgx.Tx] {
+		return backend(t, pgxv5.New(pool), testenv.RandomName("idemtest_"))
+	})
+}
+
 // TestThroughPgBouncer runs the suite through a real PgBouncer in
 // transaction pooling mode: exec mode (no prepared statements) and no
 // LISTEN (the relay polls).
