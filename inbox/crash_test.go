@@ -28,14 +28,11 @@ import (
 func TestServerCrash(t *testing.T) {
 	const n = 600
 	ev := func(i int) inbox.Event { return inbox.Event{Consumer: "c", CorrelationID: fmt.Sprintf("m%04d", i)} }
-	creditPgx := func(ctx context.Context, tx pgx.Tx, ref string) error {
-		_, err := tx.Exec(ctx, `INSERT INTO credits (ref) VALUES ($1)`, ref)
-		return err
-	}
+	credit := creditPgx("")
 	pgxWays := map[string]func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, ib *inbox.Inbox[pgx.Tx]){
 		"Process": func(t *testing.T, ctx context.Context, _ *pgxpool.Pool, ib *inbox.Inbox[pgx.Tx]) {
 			for i := range n {
-				out, err := ib.Process(ctx, ev(i), func(ctx context.Context, tx pgx.Tx) error { return creditPgx(ctx, tx, ev(i).CorrelationID) })
+				out, err := ib.Process(ctx, ev(i), func(ctx context.Context, tx pgx.Tx) error { return credit(ctx, tx, ev(i).CorrelationID) })
 				if err != nil || out != inbox.Processed {
 					t.Fatalf("%d: %v, %v", i, out, err)
 				}
@@ -46,7 +43,7 @@ func TestServerCrash(t *testing.T) {
 				items := make([]inbox.BatchItem[pgx.Tx], 4)
 				for j := range items {
 					e := ev(i + j)
-					items[j] = inbox.BatchItem[pgx.Tx]{Event: e, Fn: func(ctx context.Context, tx pgx.Tx) error { return creditPgx(ctx, tx, e.CorrelationID) }}
+					items[j] = inbox.BatchItem[pgx.Tx]{Event: e, Fn: func(ctx context.Context, tx pgx.Tx) error { return credit(ctx, tx, e.CorrelationID) }}
 				}
 				res, err := ib.ProcessBatch(ctx, items)
 				allProcessed(t, i, res, err)
@@ -60,7 +57,7 @@ func TestServerCrash(t *testing.T) {
 						err = fmt.Errorf("%v", out)
 					}
 					if err == nil {
-						err = creditPgx(ctx, tx, ev(i).CorrelationID)
+						err = credit(ctx, tx, ev(i).CorrelationID)
 					}
 					return err
 				})
@@ -72,7 +69,7 @@ func TestServerCrash(t *testing.T) {
 	}
 	for name, process := range pgxWays {
 		t.Run(name, func(t *testing.T) {
-			srv, pool := crashServer(t)
+			srv, pool := asyncServer(t)
 			ib, err := inbox.New(pgxv5.New(pool), inbox.Config{})
 			if err != nil {
 				t.Fatal(err)
@@ -85,7 +82,7 @@ func TestServerCrash(t *testing.T) {
 		})
 	}
 	t.Run("DatabaseSQLBatch", func(t *testing.T) {
-		srv, pool := crashServer(t)
+		srv, pool := asyncServer(t)
 		ib := sqlInbox(t, srv)
 		ctx := context.Background()
 		for i := 0; i < n; i += 4 {
@@ -103,7 +100,7 @@ func TestServerCrash(t *testing.T) {
 		crashAndCount(t, srv, pool, n)
 	})
 	t.Run("DatabaseSQL", func(t *testing.T) {
-		srv, pool := crashServer(t)
+		srv, pool := asyncServer(t)
 		ib := sqlInbox(t, srv)
 		ctx := context.Background()
 		for i := range n {
@@ -150,9 +147,9 @@ func sqlInbox(t *testing.T, srv *testenv.Postgres) *inbox.Inbox[*sql.Tx] {
 	return ib
 }
 
-// crashServer starts a server of the test's own whose default
+// asyncServer starts a server of the test's own whose default
 // synchronous_commit is off, with a table of credits.
-func crashServer(t *testing.T) (*testenv.Postgres, *pgxpool.Pool) {
+func asyncServer(t *testing.T) (*testenv.Postgres, *pgxpool.Pool) {
 	srv := testenv.StartPostgres(t, "synchronous_commit=off")
 	pool, err := pgxpool.New(context.Background(), srv.URL)
 	if err != nil {

@@ -99,12 +99,18 @@ func pgSchema(t *testing.T) (*pgxpool.Pool, string) {
 	return pool, schema
 }
 
+// creditPgx adds one row to the business table credits of prefix
+// ("schema." or "").
+func creditPgx(prefix string) func(ctx context.Context, tx pgx.Tx, ref string) error {
+	return func(ctx context.Context, tx pgx.Tx, ref string) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+prefix+`credits (ref) VALUES ($1)`, ref)
+		return err
+	}
+}
+
 func newPgx(t *testing.T) backend {
 	pool, schema := pgSchema(t)
-	return newBackend(t, pgxv5.New(pool), schema+".", func(ctx context.Context, tx pgx.Tx, ref string) error {
-		_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.credits (ref) VALUES ($1)`, ref)
-		return err
-	})
+	return newBackend(t, pgxv5.New(pool), schema+".", creditPgx(schema+"."))
 }
 
 // newPgxBouncer: the inbox through a real PgBouncer in transaction pooling
@@ -122,10 +128,7 @@ func newPgxBouncer(t *testing.T) backend {
 		t.Fatal(err)
 	}
 	t.Cleanup(bounced.Close)
-	return newBackend(t, pgxv5.New(bounced, pgxv5.WithoutListen()), schema+".", func(ctx context.Context, tx pgx.Tx, ref string) error {
-		_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.credits (ref) VALUES ($1)`, ref)
-		return err
-	})
+	return newBackend(t, pgxv5.New(bounced, pgxv5.WithoutListen()), schema+".", creditPgx(schema+"."))
 }
 
 func sqlBackend(t *testing.T, db *sql.DB, d sqldriver.Dialect, prefix string) backend {
@@ -163,15 +166,12 @@ func newSQLite(t *testing.T) backend {
 // Migrate finds it, and every claim carries the condition that makes its
 // transaction commit durably (TestServerCrash) — the same outcomes.
 func newPgxAsync(t *testing.T) backend {
-	_, pool := crashServer(t)
-	return newBackend(t, pgxv5.New(pool), "", func(ctx context.Context, tx pgx.Tx, ref string) error {
-		_, err := tx.Exec(ctx, `INSERT INTO credits (ref) VALUES ($1)`, ref)
-		return err
-	})
+	_, pool := asyncServer(t)
+	return newBackend(t, pgxv5.New(pool), "", creditPgx(""))
 }
 
 func newSQLPostgresAsync(t *testing.T) backend {
-	srv, _ := crashServer(t)
+	srv, _ := asyncServer(t)
 	db, err := sql.Open("pgx", srv.URL)
 	if err != nil {
 		t.Fatal(err)
