@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,27 @@ import (
 func StartPgBouncer(t testing.TB) string {
 	t.Helper()
 	ProbePostgres(t)
+	return startPgBouncerFor(t, "127.0.0.1", 5432, "test")
+}
+
+// PgBouncer starts a PgBouncer process in transaction pooling mode in
+// front of the server, as StartPgBouncer does in front of the shared one,
+// and returns its connection string (database postgres). It tries the
+// server again a second after a failed login (server_login_retry), so it
+// serves again soon after the server is back from a crash.
+func (p *Postgres) PgBouncer(t testing.TB) string {
+	t.Helper()
+	host, port, err := net.SplitHostPort(p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(port)
+	return startPgBouncerFor(t, host, n, "postgres")
+}
+
+// startPgBouncerFor starts PgBouncer in front of database db at host:port.
+func startPgBouncerFor(t testing.TB, host string, port int, db string) string {
+	t.Helper()
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
 		Need(t, "pgbouncer (the Debian package, installed by .ci/run)", "PATH", err)
@@ -30,31 +52,40 @@ func StartPgBouncer(t testing.TB) string {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	var addr string
 	startOnFreePorts(t, "pgbouncer", func(int) (err error) {
-		addr, err = startPgBouncer(t, bin, dir, freePort(t))
+		addr, err = startPgBouncer(t, bin, dir, freePort(t), target{host, port, db})
 		return err
 	})
-	return "postgres://postgres@" + addr + "/test?sslmode=disable"
+	return "postgres://postgres@" + addr + "/" + db + "?sslmode=disable"
+}
+
+// target is the database a PgBouncer serves: its server and name.
+type target struct {
+	host string
+	port int
+	db   string
 }
 
 // startPgBouncer writes the configuration for port into dir and starts
-// PgBouncer, stopped when the test ends; it returns the address once
-// PgBouncer listens.
-func startPgBouncer(t testing.TB, bin, dir string, port int) (string, error) {
+// PgBouncer in front of to, stopped when the test ends; it returns the
+// address once PgBouncer listens.
+func startPgBouncer(t testing.TB, bin, dir string, port int, to target) (string, error) {
 	ini := fmt.Sprintf(`[databases]
-test = host=127.0.0.1 port=5432 dbname=test user=postgres
+%[5]s = host=%[6]s port=%[7]d dbname=%[5]s user=postgres
 
 [pgbouncer]
 listen_addr = 127.0.0.1
-listen_port = %d
+listen_port = %[1]d
 unix_socket_dir =
 auth_type = trust
-auth_file = %s
+auth_file = %[2]s
 pool_mode = transaction
 max_client_conn = 500
 default_pool_size = 20
-logfile = %s
-pidfile = %s
-`, port, filepath.Join(dir, "users.txt"), filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
+logfile = %[3]s
+pidfile = %[4]s
+server_login_retry = 1
+`, port, filepath.Join(dir, "users.txt"), filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"),
+		to.db, to.host, to.port)
 	for name, body := range map[string]string{"pgbouncer.ini": ini, "users.txt": `"postgres" ""` + "\n"} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 			return "", err

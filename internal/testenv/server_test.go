@@ -81,12 +81,12 @@ func TestPgBouncerStartsAgainOnATakenPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	_, err = startPgBouncer(t, bin, dir, taken)
+	_, err = startPgBouncer(t, bin, dir, taken, target{"127.0.0.1", 5432, "test"})
 	var exit *earlyExitError
 	if !errors.As(err, &exit) {
 		t.Fatalf("pgbouncer on a taken port: %v, want an early exit", err)
 	}
-	addr, err := startPgBouncer(t, bin, dir, freePort(t))
+	addr, err := startPgBouncer(t, bin, dir, freePort(t), target{"127.0.0.1", 5432, "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,4 +32,8 @@ func CompleteBatch(ctx context.Context, s *Store, keys []string, fences []uint64
 
 // DeleteStatement is the statement Delete runs ($1 the key), for a test that
 // holds a delete's transaction open.
-func (s *Store) DeleteStatement() string { return s.sql.del }
+func (s *Store) DeleteStatement() string { return s.stmts().del }
+
+// WritesDurably reports whether the store's writes raise a
+// synchronous_commit of off for their own transactions.
+func (s *Store) WritesDurably() bool { return s.durably.Load() }

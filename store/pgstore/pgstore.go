@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,6 +18,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/coalesce"
 	"github.com/idemgo/idem/internal/sqlmigrate"
+	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
@@ -40,7 +42,7 @@ type Config struct {
 	// connects a pool of its own (Close closes it). Its sessions commit
 	// synchronously where the server's default synchronous_commit is off
 	// (a crash would lose acknowledged claims); a synchronous_commit in
-	// the string is kept as it is.
+	// the string is kept as it is (and ServerWarnings warns of off).
 	ConnString string
 	// MaxConns sizes the pool Open connects when ConnString does not set
 	// pool_max_conns. Defaults to DefaultMaxConns: pgx's own default
@@ -53,8 +55,13 @@ type Config struct {
 	Schema string
 	// PgBouncer makes every statement work behind PgBouncer in transaction
 	// mode: no named prepared statements (pgx QueryExecModeExec), no
-	// session settings (the server's synchronous_commit must not be off).
-	// Costs a little speed. Defaults to false.
+	// session settings — where the server's synchronous_commit is off (as
+	// Migrate reads it), each write raises it to on for its own
+	// transaction instead. Costs a little speed. Defaults to false.
+	//
+	// A session SET that another client of the bouncer leaves on a server
+	// connection outlives its transaction: PgBouncer's documentation warns
+	// against it, and the store cannot see it.
 	PgBouncer bool
 	// SkipMigrate leaves the schema alone at Open (run Migrate yourself).
 	SkipMigrate bool
@@ -114,7 +121,13 @@ type Store struct {
 	table  string
 	schema string
 	limits idem.Limits
-	sql    statements
+	// sql holds the statements, [1] those that commit durably
+	// (buildSQL); durably says which to use.
+	sql     [2]statements
+	durably atomic.Bool
+	// readCommits makes Migrate read whether the sessions commit
+	// synchronously, and set durably (a pool of the user's).
+	readCommits bool
 
 	acquires *coalesce.Group[acquireCall, idem.Acquisition] // nil: NoCoalesce
 	settles  *coalesce.Group[settleCall, struct{}]
@@ -154,6 +167,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	} else if _, set := pc.ConnConfig.RuntimeParams["synchronous_commit"]; !set {
 		pc.AfterConnect = commitSynchronously
 	}
+	// Behind a transaction-pooling PgBouncer a session setting cannot be
+	// made: as with a pool of the user's, Migrate reads the sessions'
+	// setting and, until it has or where it is off, each write raises it
+	// for its own transaction.
+	durably := cfg.PgBouncer
 	if !strings.Contains(cfg.ConnString, "pool_max_conns") {
 		pc.MaxConns = cfg.MaxConns
 		if pc.MaxConns <= 0 {
@@ -164,8 +182,8 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idem/pgstore: %w", err)
 	}
-	s := newStore(pool, cfg.Schema, cfg.Limits, !cfg.NoCoalesce)
-	s.owned = true
+	s := newStore(pool, cfg.Schema, cfg.Limits, !cfg.NoCoalesce, durably)
+	s.owned, s.readCommits = true, durably
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
 			pool.Close()
@@ -190,23 +208,30 @@ func commitSynchronously(ctx context.Context, c *pgx.Conn) error {
 
 // ServerWarnings reads the settings idem's promises depend on, as the
 // store's sessions see them, and says what is off: a synchronous_commit of
-// off, under which a crash of the server loses the last acknowledged
-// claims and completions (Open raises it for its own sessions unless the
-// connection string sets it; a pool of yours (Config.Pool) and PgBouncer
-// sessions keep what the server, role or pool gives them).
+// off that the store's writes keep, under which a crash of the server
+// loses the last acknowledged claims and completions. That is only where
+// the connection string Open was given sets it: Open raises it for its
+// own sessions, and the writes made through a pool of yours (Config.Pool,
+// read by Migrate) or through PgBouncer raise it for their own
+// transactions.
 func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 	var v string
 	if err := s.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit')`).Scan(&v); err != nil {
 		return nil, fmt.Errorf("idem/pgstore: read settings: %w", err)
 	}
-	if v == "off" {
+	if v == "off" && !s.durably.Load() {
 		return []string{"synchronous_commit is off for the store's sessions: a crash of the server loses the last acknowledged claims (a second owner then runs a key beside the first) and completions (their work runs again); set it to on (or local) for the store's role or database, or leave it out of the connection string"}, nil
 	}
 	return nil, nil
 }
 
 // New returns a store on cfg.Pool, without any I/O; Close leaves the pool
-// open. Run Migrate (or Open) once before use.
+// open. Run Migrate (or Open) once before use: it also reads whether the
+// pool's sessions acknowledge commits before they are on disk
+// (synchronous_commit off). Until it has, and where they do, each write
+// raises the setting for its own transaction (a condition in the
+// statement: no round trip more), so that a crash of the server loses
+// nothing acknowledged.
 func New(cfg Config) (*Store, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("idem/pgstore: Config.Pool is required (Open connects from Config.ConnString)")
@@ -214,16 +239,19 @@ func New(cfg Config) (*Store, error) {
 	if cfg.ConnString != "" || cfg.PgBouncer {
 		return nil, errors.New("idem/pgstore: Config.ConnString and Config.PgBouncer are Open's: configure the pool itself")
 	}
-	return newStore(cfg.Pool, cfg.Schema, cfg.Limits, !cfg.NoCoalesce), nil
+	s := newStore(cfg.Pool, cfg.Schema, cfg.Limits, !cfg.NoCoalesce, true)
+	s.readCommits = true
+	return s, nil
 }
 
-func newStore(pool *pgxpool.Pool, schema string, limits idem.Limits, coalesced bool) *Store {
+func newStore(pool *pgxpool.Pool, schema string, limits idem.Limits, coalesced, durably bool) *Store {
 	table := pgx.Identifier{"idem_records"}
 	if schema != "" {
 		table = pgx.Identifier{schema, "idem_records"}
 	}
 	s := &Store{pool: pool, table: table.Sanitize(), schema: schema, limits: limits.WithDefaults()}
-	s.sql = buildSQL(s.table)
+	s.sql = [2]statements{buildSQL(s.table, false), buildSQL(s.table, true)}
+	s.durably.Store(durably)
 	if coalesced {
 		s.acquires = coalesce.New(coalesce.Config[acquireCall]{MaxBatch: maxBatch,
 			Key: func(c acquireCall) string { return c.key }}, s.acquireOne, s.acquireMany)
@@ -267,7 +295,16 @@ func statementsOf(schema string) statements {
 	if schema != "" {
 		table = pgx.Identifier{schema, "idem_records"}
 	}
-	return buildSQL(table.Sanitize())
+	return buildSQL(table.Sanitize(), false)
+}
+
+// stmts returns the statements to use: those that commit durably unless
+// the store's sessions commit synchronously (see Store.durably).
+func (s *Store) stmts() *statements {
+	if s.durably.Load() {
+		return &s.sql[1]
+	}
+	return &s.sql[0]
 }
 
 // expiryAfter is the SQL of the expiry ms milliseconds (an SQL expression)
@@ -285,7 +322,17 @@ func expiryAfter(ms string) string {
 
 const recordCols = `k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at`
 
-func buildSQL(table string) statements {
+// buildSQL returns the statements on table. With durably, every statement
+// that writes a record also makes its transaction commit durably where the
+// session would acknowledge the commit before its WAL is on disk
+// (synchronous_commit off: sqldriver.Postgres.Durably, a condition that
+// raises it for the transaction, evaluated before any row is written).
+func buildSQL(table string, durably bool) statements {
+	// and is the condition the writing statements add to their WHERE.
+	and := ""
+	if durably {
+		and = ` AND ` + sqldriver.Postgres.Durably()
+	}
 	// The key's advisory lock (a 64-bit hash of the key, seeded by the
 	// table's name), held until the transaction ends. Taken exclusively by
 	// what removes a row or archives one (Delete, DeleteUpTo, a sweep — which
@@ -344,12 +391,13 @@ RETURNING outcome, ` + recordCols
 		// $1 key, $2 fingerprint, $3 lease ms, $4 unsettled retention ms, $5 max attempts
 		// The fence floor is read after the key's lock is taken.
 		acquire: insert + `
-VALUES ($1, 1, ` + lockedFloor(keyLock) + `, $2, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1)` + onConflict,
+SELECT $1::text, 1, ` + lockedFloor(keyLock) + `, $2::text, 1, NULL::bytea, ` + leaseEnd + `, ` + keepEnd + `, now(), 1
+WHERE true` + and + onConflict,
 		// $1 keys, $2 fingerprints, $3-$5 as acquire's. Every key's lock is
 		// taken (the rows are sorted whole) before the first row is written.
 		acquireMany: insert + `
 SELECT i.k, 1, ` + lockedFloor(lockOf(`i.k`)) + `, i.fp, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1
-FROM unnest($1::text[], $2::text[]) AS i(k, fp) ORDER BY i.k` + onConflict,
+FROM unnest($1::text[], $2::text[]) AS i(k, fp) WHERE true` + and + ` ORDER BY i.k` + onConflict,
 		// $1 keys, $2 fences, $3 retentions ms, $4 states, $5 results.
 		// Written as an upsert so that every row is found through the
 		// primary key, whatever the planner knows of the table (a prepared
@@ -362,7 +410,7 @@ FROM unnest($1::text[], $2::text[]) AS i(k, fp) ORDER BY i.k` + onConflict,
 		// key order (see acquireMany).
 		settleMany: insert + `
 SELECT i.k, i.st, i.fence, '', 0, i.res, ` + expiryAfter(`i.keep`) + `, 'epoch'::timestamptz, now(), 0
-FROM unnest($1::text[], $2::int8[], $3::float8[], $4::int2[], $5::bytea[]) AS i(k, fence, keep, st, res) ORDER BY i.k
+FROM unnest($1::text[], $2::int8[], $3::float8[], $4::int2[], $5::bytea[]) AS i(k, fence, keep, st, res) WHERE true` + and + ` ORDER BY i.k
 ON CONFLICT (k) DO UPDATE SET state = EXCLUDED.state, result = EXCLUDED.result, lease_until = now(),
 	expires_at = EXCLUDED.lease_until, updated_at = now()
 WHERE r.fence = EXCLUDED.fence AND r.state = 1 AND r.expires_at > now()
@@ -370,22 +418,22 @@ RETURNING r.k, r.expires_at > now()`,
 		// $1 key, $2 fence, $3 lease ms
 		heartbeat: `UPDATE ` + table + ` SET lease_until = now() + $3::float8 * interval '1 millisecond',
 	expires_at = greatest(expires_at, ` + expiryAfter(`$3::float8`) + `), updated_at = now()
-WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
+WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()` + and,
 		// $1 key, $2 fence, $3 retention ms, $4 state, $5 result
 		settle: `UPDATE ` + table + ` SET state = $4, result = $5, lease_until = now(),
 	expires_at = ` + expiryAfter(`$3::float8`) + `, updated_at = now()
-WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
+WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()` + and,
 		release: `UPDATE ` + table + ` SET state = 5, lease_until = now(), updated_at = now()
-WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
+WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()` + and,
 		unclaim: `UPDATE ` + table + ` SET state = 5, lease_until = now(), updated_at = now(), attempts = greatest(attempts - 1, 0)
-WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()`,
+WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()` + and,
 		get: `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k = $1 AND expires_at > now()`,
 		// The deletes take the key's lock before they touch its row (l is a
 		// one-time filter, evaluated first).
 		del: `WITH ` + locked + `
-DELETE FROM ` + table + ` WHERE k = $1 AND EXISTS (SELECT FROM l)`,
+DELETE FROM ` + table + ` WHERE k = $1 AND EXISTS (SELECT FROM l)` + and,
 		delUpTo: `WITH ` + locked + `
-DELETE FROM ` + table + ` WHERE k = $1 AND fence <= $2 AND EXISTS (SELECT FROM l)`,
+DELETE FROM ` + table + ` WHERE k = $1 AND fence <= $2 AND EXISTS (SELECT FROM l)` + and,
 		// A sweep locks the rows it chose, then deletes those whose key's
 		// lock it has at once: the others are left to the next sweep.
 		sweep: `WITH c AS MATERIALIZED (SELECT k FROM ` + table + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
@@ -400,7 +448,7 @@ DELETE FROM ` + table + ` WHERE k IN (SELECT c.k FROM c WHERE pg_try_advisory_xa
 t AS MATERIALIZED (SELECT $8::timestamptz IS NULL OR clock_timestamp() < $8::timestamptz AS in_time FROM l),
 a AS (INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
 SELECT $1::text, $2::smallint, $3::bigint, $4::text, $5::integer, $6::bytea, now(), ` + expiryAfter(`$7::float8`) + `, now(), 4
-FROM t WHERE t.in_time
+FROM t WHERE t.in_time` + and + `
 ON CONFLICT (k) DO UPDATE SET state = EXCLUDED.state, fence = greatest(r.fence, EXCLUDED.fence), fp = EXCLUDED.fp,
 	attempts = EXCLUDED.attempts, result = EXCLUDED.result, lease_until = now(),
 	expires_at = EXCLUDED.expires_at, updated_at = now()
@@ -447,10 +495,21 @@ func (s *Store) Migrations() []sqlmigrate.Step {
 // Migrate creates or upgrades the schema: the missing numbered migrations,
 // in one transaction under an advisory lock (every idem migration takes the
 // same one), recorded in idem_migrations. Any number of processes may run
-// it at once; it is idempotent.
+// it at once; it is idempotent. On a pool of yours (New) it also reads the
+// sessions' synchronous_commit (see New); a setting changed later is read
+// by the next Migrate.
 func (s *Store) Migrate(ctx context.Context) error {
-	_, err := sqlmigrate.Apply(ctx, pgxv5.New(s.pool), s.schema, "records", s.Migrations())
-	return wrap("migrate", err)
+	if _, err := sqlmigrate.Apply(ctx, pgxv5.New(s.pool), s.schema, "records", s.Migrations()); err != nil {
+		return wrap("migrate", err)
+	}
+	if s.readCommits {
+		var async bool
+		if err := s.pool.QueryRow(ctx, sqldriver.Postgres.CommitsAsync()).Scan(&async); err != nil {
+			return wrap("read synchronous_commit", err)
+		}
+		s.durably.Store(async)
+	}
+	return nil
 }
 
 // wrap maps pgx errors to idem's, keeping pgx's error in the chain
@@ -520,7 +579,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 
 func (s *Store) acquireOne(ctx context.Context, c acquireCall) (idem.Acquisition, error) {
 	var outcome int16
-	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.acquire, c.key, c.fp, c.lease, c.keep, c.maxAttempts), &outcome)
+	rec, err := scanRecord(s.pool.QueryRow(ctx, s.stmts().acquire, c.key, c.fp, c.lease, c.keep, c.maxAttempts), &outcome)
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
 	}
@@ -551,7 +610,7 @@ func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease t
 	if err := s.limits.CheckHeartbeat(key, lease); err != nil {
 		return err
 	}
-	return s.exec(ctx, "heartbeat", s.sql.heartbeat, key, int64(fence), lease.Milliseconds())
+	return s.exec(ctx, "heartbeat", s.stmts().heartbeat, key, int64(fence), lease.Milliseconds())
 }
 
 // Complete implements idem.Store.
@@ -585,7 +644,7 @@ func (s *Store) settleOne(ctx context.Context, c settleCall) (struct{}, error) {
 	if c.state == int16(idem.StateFailed) {
 		op = "fail"
 	}
-	return struct{}{}, s.exec(ctx, op, s.sql.settle, c.key, c.fence, c.keep, c.state, c.result)
+	return struct{}{}, s.exec(ctx, op, s.stmts().settle, c.key, c.fence, c.keep, c.state, c.result)
 }
 
 // Release implements idem.Store.
@@ -593,7 +652,7 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	return s.exec(ctx, "release", s.sql.release, key, int64(fence))
+	return s.exec(ctx, "release", s.stmts().release, key, int64(fence))
 }
 
 // Unclaim implements idem.Unclaimer with one statement.
@@ -601,7 +660,7 @@ func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	return s.exec(ctx, "unclaim", s.sql.unclaim, key, int64(fence))
+	return s.exec(ctx, "unclaim", s.stmts().unclaim, key, int64(fence))
 }
 
 // Get implements idem.Store.
@@ -609,7 +668,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return idem.Record{}, err
 	}
-	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.get, key))
+	rec, err := scanRecord(s.pool.QueryRow(ctx, s.stmts().get, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
@@ -632,8 +691,8 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 	// One implicit transaction: the lock is released at its end, and the
 	// read, a statement of its own, takes its snapshot after the lock.
 	b := &pgx.Batch{}
-	b.Queue(s.sql.awaitArchives, key)
-	b.Queue(s.sql.get, key)
+	b.Queue(s.stmts().awaitArchives, key)
+	b.Queue(s.stmts().get, key)
 	br := s.pool.SendBatch(ctx, b)
 	_, err := br.Exec()
 	var rec idem.Record
@@ -653,13 +712,13 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	_, err := s.pool.Exec(ctx, s.sql.del, key)
+	_, err := s.pool.Exec(ctx, s.stmts().del, key)
 	return wrap("delete", err)
 }
 
 // DeleteUpTo implements idem.FencedDeleter.
 func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
-	_, err := s.pool.Exec(ctx, s.sql.delUpTo, key, int64(fence))
+	_, err := s.pool.Exec(ctx, s.stmts().delUpTo, key, int64(fence))
 	return wrap("delete", err)
 }
 
@@ -678,7 +737,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	swept := 0
 	for swept < limit {
 		n := min(sweepChunk, limit-swept)
-		tag, err := s.pool.Exec(ctx, s.sql.sweep, n)
+		tag, err := s.pool.Exec(ctx, s.stmts().sweep, n)
 		if err != nil {
 			return swept, wrap("sweep", err)
 		}
@@ -699,7 +758,7 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	if limit <= 0 {
 		limit = 1000
 	}
-	rows, err := s.pool.Query(ctx, s.sql.list, after, limit)
+	rows, err := s.pool.Query(ctx, s.stmts().list, after, limit)
 	if err != nil {
 		return nil, wrap("list", err)
 	}
@@ -742,7 +801,7 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 	}
 	var inTime bool
 	var stored int64
-	err := s.pool.QueryRow(ctx, s.sql.archive, rec.Key, int16(rec.State), int64(rec.Fence), rec.Fingerprint, int32(rec.Attempts), result,
+	err := s.pool.QueryRow(ctx, s.stmts().archive, rec.Key, int16(rec.State), int64(rec.Fence), rec.Fingerprint, int32(rec.Attempts), result,
 		retention.Milliseconds(), deadline).Scan(&inTime, &stored)
 	if err == nil && !inTime {
 		return false, ErrArchiveLate

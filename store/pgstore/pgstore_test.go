@@ -40,6 +40,30 @@ func TestConformanceThroughPgBouncer(t *testing.T) {
 	})
 }
 
+// TestConformanceWhereCommitsAreAsync runs the suite on a server whose
+// default synchronous_commit is off, through pools of the user's: every
+// write then carries the condition that raises it for its transaction
+// (TestServerCrash shows what it is for); the outcomes must be the same.
+func TestConformanceWhereCommitsAreAsync(t *testing.T) {
+	srv := testenv.StartPostgres(t, "synchronous_commit=off")
+	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) idem.Store {
+		ctx := context.Background()
+		pool, err := pgxpool.New(ctx, srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		s, err := pgstore.Open(ctx, pgstore.Config{Pool: pool, Schema: testenv.RandomName("idemtest_")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.WritesDurably() {
+			t.Fatal("the store's writes do not raise synchronous_commit on a server whose default is off")
+		}
+		return s
+	})
+}
+
 func TestExistingPool(t *testing.T) {
 	testenv.ProbePostgres(t)
 	ctx := context.Background()
