@@ -677,3 +677,32 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 func (s *Store) Close() error {
 	return errors.Join(s.hot.Close(), s.cold.Close())
 }
+
+// ServerWarnings gives what the tiers' stores say is off in their servers'
+// settings (redisstore.Store.ServerWarnings, pgstore.Store.ServerWarnings),
+// each prefixed with its tier; a tier whose store has no such method says
+// nothing. A tier that cannot read its settings yields its error, joined,
+// beside the other tier's warnings.
+func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
+	var warnings []string
+	var errs []error
+	for _, tier := range []struct {
+		name  string
+		store idem.Store
+	}{{"hot tier", s.hot}, {"cold tier", s.cold}} {
+		w, ok := tier.store.(interface {
+			ServerWarnings(context.Context) ([]string, error)
+		})
+		if !ok {
+			continue
+		}
+		found, err := w.ServerWarnings(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", tier.name, err))
+		}
+		for _, f := range found {
+			warnings = append(warnings, tier.name+": "+f)
+		}
+	}
+	return warnings, errors.Join(errs...)
+}

@@ -169,3 +169,34 @@ func campaignConfig(t *testing.T, name string, buckets int) storetest.CampaignCo
 	}
 	return cfg
 }
+
+// TestServerWarnings: the tiered store gives the warnings of both tiers'
+// servers (a Redis that may evict records, a PostgreSQL whose store
+// commits asynchronously), each named by its tier, and none where a tier
+// has nothing to say or cannot say (memory, SQLite).
+func TestServerWarnings(t *testing.T) {
+	ctx := context.Background()
+	redisSrv := testenv.StartRedisServer(t, "--maxmemory-policy", "allkeys-lru")
+	hot := testenv.OpenRedisAt(t, redisSrv.Addr, "tiered:")
+	pg := testenv.StartPostgres(t)
+	cold, err := pgstore.Open(ctx, pgstore.Config{ConnString: pg.URL + "&synchronous_commit=off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cold.Close()
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ServerWarnings(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !strings.HasPrefix(got[0], "hot tier: ") || !strings.Contains(got[0], "maxmemory-policy is allkeys-lru") ||
+		!strings.HasPrefix(got[1], "cold tier: ") || !strings.Contains(got[1], "synchronous_commit is off") {
+		t.Fatalf("warnings %q, want the hot tier's eviction policy and the cold tier's synchronous_commit", got)
+	}
+	if got, err := newTiered(t, 0).ServerWarnings(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("memory over SQLite: warnings %q, %v; want none", got, err)
+	}
+}
