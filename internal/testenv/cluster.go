@@ -237,7 +237,7 @@ func (r *RedisServer) Start(t testing.TB) {
 // start starts the process and waits until it answers INFO (not LOADING)
 // as itself, or exits, or 30 s pass.
 func (r *RedisServer) start() error {
-	proc, err := startServer(exec.Command("redis-server", r.args...), r.log)
+	proc, err := startServer(exec.Command("redis-server", r.args...), r.log, filepath.Dir(r.log))
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ func (c *NATSCluster) start(t testing.TB, pick func(testing.TB) int, bin, dir st
 			"-sd", filepath.Join(dir, fmt.Sprintf("n%d", i)), "-n", fmt.Sprintf("idem-n%d", i),
 			"--cluster_name", "idem", "--cluster", routes[i], "--routes", strings.Join(routes, ","),
 			"-l", log)
-		p, err := startServer(cmd, log)
+		p, err := startServer(cmd, log, dir)
 		if err != nil {
 			return err
 		}
@@ -165,7 +165,7 @@ func StartNATSServer(t testing.TB, extra ...string) *NATSServer {
 func (s *NATSServer) start() error {
 	s.starts++
 	log := filepath.Join(s.dir, fmt.Sprintf("nats-%d.log", s.starts))
-	p, err := startServer(exec.Command(s.bin, append(slices.Clone(s.args), "-l", log)...), log)
+	p, err := startServer(exec.Command(s.bin, append(slices.Clone(s.args), "-l", log)...), log, s.dir)
 	if err != nil {
 		return err
 	}

@@ -103,7 +103,7 @@ server_login_retry = 1
 	_ = os.Remove(filepath.Join(dir, "pgbouncer.pid")) // an earlier attempt's
 	cmd := exec.Command(bin, args...)
 	cmd.Stderr = os.Stderr
-	proc, err := startServer(cmd, filepath.Join(dir, "pgbouncer.log"))
+	proc, err := startServer(cmd, filepath.Join(dir, "pgbouncer.log"), dir)
 	if err != nil {
 		return "", err
 	}

@@ -128,7 +128,7 @@ func (p *Postgres) start() error {
 	cmd := exec.Command(filepath.Join(p.bin, "postgres"), args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: p.cred}
-	proc, err := startServer(cmd, log)
+	proc, err := startServer(cmd, log, p.dir)
 	if err != nil {
 		return err
 	}

@@ -113,7 +113,7 @@ func (r *RabbitMQ) start() error {
 	cmd := exec.Command(r.bin)
 	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = r.env, r.dir, out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	p, err := startServer(cmd, log)
+	p, err := startServer(cmd, log, r.dir)
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -19,14 +21,71 @@ type server struct {
 	log    string        // its log file, quoted when it exits early
 }
 
-// startServer starts cmd; log names its log file ("" for none).
-func startServer(cmd *exec.Cmd, log string) (*server, error) {
+// startServer starts cmd; log names its log file ("" for none), dir the
+// directory of the server's own files ("" for none). If this process dies
+// while the server runs — a test binary killed at its timeout, or with
+// SIGKILL, runs no cleanup — a watchdog kills the server (its process
+// group, if it leads one) and removes dir.
+func startServer(cmd *exec.Cmd, log, dir string) (*server, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
+	target := strconv.Itoa(cmd.Process.Pid)
+	if cmd.SysProcAttr != nil && cmd.SysProcAttr.Setpgid {
+		target = "-" + target
+	}
+	dog, err := startWatchdog(target, dir)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("watchdog: %w", err)
+	}
 	s := &server{cmd: cmd, exited: make(chan struct{}), log: log}
-	go func() { s.err = cmd.Wait(); close(s.exited) }()
+	go func() { s.err = cmd.Wait(); dog.dismiss(); close(s.exited) }()
 	return s, nil
+}
+
+// watchdog is a shell that waits on a pipe whose writing end only this
+// process holds (Go opens pipes close-on-exec, so no server inherits it):
+// told "done", it exits; at the end of the pipe — this process is gone,
+// and the kernel closed its end — it kills what it watches and removes its
+// directory. It runs in a process group of its own, so a signal to this
+// process's group (an interrupt at the terminal) does not take it too.
+type watchdog struct {
+	w   *os.File
+	cmd *exec.Cmd
+}
+
+// watchdogScript: $1 the process (or, negative, the process group) to
+// kill, $2 the directory to remove ("" for none). Processes a killed
+// PostgreSQL leaves (each in a session of its own) exit by themselves once
+// they see the postmaster gone; the pause lets them before the removal.
+const watchdogScript = `if read -r line && [ "$line" = done ]; then exit 0; fi
+kill -s KILL -- "$1" 2>/dev/null
+if [ -n "$2" ]; then sleep 1; rm -rf -- "$2"; fi`
+
+func startWatchdog(target, dir string) (*watchdog, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	cmd := exec.Command("/bin/sh", "-c", watchdogScript, "idem-testenv-watchdog", target, dir)
+	cmd.Stdin = r
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, err
+	}
+	return &watchdog{w: w, cmd: cmd}, nil
+}
+
+// dismiss tells the watchdog that the server has exited (and been reaped:
+// its process id may be another process's from now on) and waits for it.
+func (d *watchdog) dismiss() {
+	_, _ = d.w.WriteString("done\n")
+	_ = d.w.Close()
+	_ = d.cmd.Wait()
 }
 
 // earlyExitError: a server exited before it answered — most often because

@@ -3,12 +3,16 @@ package testenv
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -165,4 +169,42 @@ func TestNATSServerCrash(t *testing.T) {
 	publish("crash.1")
 	s.Crash(t)
 	publish("crash.2")
+}
+
+// TestServersOutliveNoKilledTest: a test binary killed with SIGKILL (as at
+// a CI timeout) runs no cleanup; the servers it started — a Redis, and a
+// PostgreSQL whose backends each run in a session of their own — must not
+// outlive it, nor their directories.
+func TestServersOutliveNoKilledTest(t *testing.T) {
+	if os.Getenv("IDEM_TESTENV_KILLED_CHILD") == "1" {
+		r := StartRedisServer(t)
+		p := StartPostgres(t)
+		fmt.Printf("SERVERS %d %s %d %s\n", r.proc.cmd.Process.Pid, filepath.Dir(r.log), p.proc.cmd.Process.Pid, p.dir)
+		select {} // until killed
+	}
+	child := StartChild(t, "TestServersOutliveNoKilledTest", "IDEM_TESTENV_KILLED_CHILD=1")
+	var redisPid, pgPid int
+	var redisDir, pgDir string
+	line := child.WaitFor(t, "SERVERS ")
+	if _, err := fmt.Sscanf(line, "SERVERS %d %s %d %s", &redisPid, &redisDir, &pgPid, &pgDir); err != nil {
+		t.Fatalf("%q: %v", line, err)
+	}
+	pgBackends := liveProcesses(func(_, ppid, _ int) bool { return ppid == pgPid })
+	if len(pgBackends) == 0 {
+		t.Fatal("the PostgreSQL server has no processes besides the postmaster")
+	}
+	child.Kill(t)
+	watched := append([]int{redisPid, pgPid}, pgBackends...)
+	waitGone(func(pid, _, _ int) bool { return slices.Contains(watched, pid) })
+	if left := liveProcesses(func(pid, _, _ int) bool { return slices.Contains(watched, pid) }); len(left) > 0 {
+		t.Fatalf("processes %v of the killed test's servers still run 10 s after it", left)
+	}
+	for _, dir := range []string{redisDir, pgDir} {
+		Eventually(t, 10*time.Second, "the killed test's server directory removed", func() error {
+			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("%s is still there (%v)", dir, err)
+			}
+			return nil
+		})
+	}
 }

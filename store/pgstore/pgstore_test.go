@@ -204,7 +204,9 @@ func TestSchemaErrorsKeepTheirCause(t *testing.T) {
 
 // TestCampaignThroughPgBouncer runs the fault campaign through a real
 // PgBouncer in transaction pooling mode, the connection to it cut now and
-// then through a proxy.
+// then through a proxy, in front of a PostgreSQL server of the test's own
+// whose default synchronous_commit is off (so every write raises it for
+// its own transaction) and which the campaign crashes now and then.
 func TestCampaignThroughPgBouncer(t *testing.T) {
 	cfg := storetest.CampaignConfig{TestName: "TestCampaignThroughPgBouncer", Processes: 2,
 		Open: func(t testing.TB, location string) idem.Store {
@@ -212,13 +214,15 @@ func TestCampaignThroughPgBouncer(t *testing.T) {
 			return testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: conn, PgBouncer: true})
 		}}
 	if !storetest.IsChild() {
-		bouncer := testenv.StartPgBouncer(t)
+		srv := testenv.StartPostgres(t, "synchronous_commit=off")
+		bouncer := srv.PgBouncer(t)
 		u, err := url.Parse(bouncer)
 		if err != nil {
 			t.Fatal(err)
 		}
 		p := testenv.StartProxy(t, u.Host)
 		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
+		cfg.Crash = func() { srv.Crash(t) }
 		cfg.Location = testenv.RandomName("idemtest_") + " " + strings.Replace(bouncer, u.Host, p.Addr(), 1)
 	}
 	storetest.Campaign(t, cfg)
