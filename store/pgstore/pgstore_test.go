@@ -127,10 +127,7 @@ func TestGuardCampaign(t *testing.T) {
 // campaign crashes now and then.
 func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
-		Open: func(t testing.TB, location string) idem.Store {
-			schema, conn, _ := strings.Cut(location, " ")
-			return testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: conn})
-		}}
+		Open: func(t testing.TB, location string) idem.Store { return openThroughFaults(t, location, pgstore.Config{}) }}
 	if !storetest.IsChild() {
 		srv := testenv.StartPostgres(t)
 		p := testenv.StartProxy(t, srv.Addr())
@@ -146,6 +143,25 @@ func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
 		cfg.Location, cfg.Direct = schema+" "+u.String(), schema+" "+direct
 	}
 	return cfg
+}
+
+// openThroughFaults opens a campaign's store at location ("schema
+// connstring"), on a server of the campaign's own: a worker started while
+// the campaign cuts the server, or while PgBouncer refuses logins for a
+// while after a crash (server_login_retry), finds its Open failing closed
+// (ErrStoreUnavailable) and tries again, for up to 10 s.
+func openThroughFaults(t testing.TB, location string, cfg pgstore.Config) idem.Store {
+	cfg.Schema, cfg.ConnString, _ = strings.Cut(location, " ")
+	var s *pgstore.Store
+	testenv.Eventually(t, 10*time.Second, "open the store", func() (err error) {
+		s, err = pgstore.Open(context.Background(), cfg)
+		if err != nil && !errors.Is(err, idem.ErrStoreUnavailable) {
+			t.Fatal(err)
+		}
+		return err
+	})
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
 // TestUpgradeFromFirstRelease: a schema made by the first release (no
@@ -210,8 +226,7 @@ func TestSchemaErrorsKeepTheirCause(t *testing.T) {
 func TestCampaignThroughPgBouncer(t *testing.T) {
 	cfg := storetest.CampaignConfig{TestName: "TestCampaignThroughPgBouncer", Processes: 2,
 		Open: func(t testing.TB, location string) idem.Store {
-			schema, conn, _ := strings.Cut(location, " ")
-			return testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: conn, PgBouncer: true})
+			return openThroughFaults(t, location, pgstore.Config{PgBouncer: true})
 		}}
 	if !storetest.IsChild() {
 		srv := testenv.StartPostgres(t, "synchronous_commit=off")
