@@ -127,7 +127,9 @@ func TestGuardCampaign(t *testing.T) {
 // campaign crashes now and then.
 func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
-		Open: func(t testing.TB, location string) idem.Store { return openThroughFaults(t, location, pgstore.Config{}) }}
+		Open: func(t testing.TB, location string) idem.Store {
+			return openThroughFaults(t, location, pgstore.Config{})
+		}}
 	if !storetest.IsChild() {
 		srv := testenv.StartPostgres(t)
 		p := testenv.StartProxy(t, srv.Addr())
