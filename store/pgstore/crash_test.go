@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,16 +18,19 @@ import (
 )
 
 // TestServerCrash kills a PostgreSQL server of the test's own — the
-// postmaster and every backend, SIGKILL — right after 2,200 acknowledged
-// completions (made by many goroutines: coalesced statements too) and 200
-// acknowledged claims, and starts it again on the same files. Nothing
-// acknowledged may be lost: a lost completion runs its work again, a lost
-// claim lets a second owner run the key beside the first. That holds
-// whatever the server's default synchronous_commit: with "off" PostgreSQL
-// acknowledges a commit before its WAL is written and loses the last
-// fraction of a second of them to a crash — through the store's own pool,
-// a pool of the user's and PgBouncer alike. The same Store, not reopened,
-// must serve again once the server is back.
+// postmaster and every backend, SIGKILL — right after acknowledged writes
+// of each kind, and starts it again on the same files: 2,000 completions
+// (made by many goroutines: coalesced statements too), then, each followed
+// by a crash of its own (a commit that reaches the disk takes every
+// earlier one with it, so each kind must be the last before a crash), 200
+// claims, 200 completions, 200 heartbeats and 200 archives. Nothing
+// acknowledged may be lost: a lost completion or archive runs its work
+// again, a lost claim or heartbeat lets a second owner run the key beside
+// the first. That holds whatever the server's default synchronous_commit:
+// with "off" PostgreSQL acknowledges a commit before its WAL is written
+// and loses the last fraction of a second of them to a crash — through
+// the store's own pool, a pool of the user's and PgBouncer alike. The same
+// Store, not reopened, must serve again after each crash.
 func TestServerCrash(t *testing.T) {
 	ctx := context.Background()
 	own := func(t *testing.T, srv *testenv.Postgres) pgstore.Config {
@@ -61,85 +65,132 @@ func TestServerCrash(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
+			crashCheck(t, s, srv, c.name)
+		})
+	}
+}
 
-			// The last writes before the crash: 200 claims, then the
-			// completions of 200 other keys claimed before them (by 8
-			// goroutines: coalesced statements too).
-			const completions, claims = 2000, 200
-			key := func(i int) string { return fmt.Sprintf("k%05d", i) }
-			testenv.CompleteMany(t, s, completions, key)
-			fences := make([]uint64, 2*claims)
-			for j := range fences {
-				k := key(completions + (j+claims)%(2*claims)) // the keys to complete first
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Hour, Retention: time.Hour})
-				if err == nil && a.Outcome != idem.Acquired {
-					err = fmt.Errorf("%s: %v", k, a.Outcome)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				fences[(j+claims)%(2*claims)] = a.Fence
+// crashCheck makes the writes TestServerCrash describes on s, crashing srv
+// after each kind, and fails t if any acknowledged write is lost.
+func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name string) {
+	ctx := context.Background()
+	key := func(i int) string { return fmt.Sprintf("k%05d", i) }
+	// want says what each key written so far must be: completed, or
+	// claimed with a lease lasting at least until the time given.
+	want := map[string]time.Time{} // the zero time: completed
+	claim := func(k string, lease time.Duration) uint64 {
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: lease, Retention: time.Hour})
+		if err == nil && a.Outcome != idem.Acquired {
+			err = fmt.Errorf("%s: %v", k, a.Outcome)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.Fence
+	}
+	const n = 200
+	next := 2000
+	testenv.CompleteMany(t, s, next, key)
+	for i := range next {
+		want[key(i)] = time.Time{}
+	}
+	for _, phase := range []struct {
+		kind  string
+		write func(keys []string)
+	}{
+		{"claims", func(keys []string) {
+			for _, k := range keys {
+				claim(k, time.Hour)
+				want[k] = time.Now().Add(30 * time.Minute)
+			}
+		}},
+		{"completions", func(keys []string) {
+			fences := make([]uint64, len(keys))
+			for j, k := range keys {
+				fences[j] = claim(k, time.Hour)
 			}
 			var wg sync.WaitGroup
-			errs := make(chan error, claims)
-			for g := range 8 {
+			errs := make([]error, len(keys))
+			for g := range 8 { // coalesced statements too
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					for j := claims + g; j < 2*claims; j += 8 {
-						errs <- s.Complete(ctx, key(completions+j), fences[j], []byte("done"), time.Hour)
+					for j := g; j < len(keys); j += 8 {
+						errs[j] = s.Complete(ctx, keys[j], fences[j], []byte("done"), time.Hour)
 					}
 				}()
 			}
 			wg.Wait()
-			close(errs)
-			for err := range errs {
-				if err != nil {
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range keys {
+				want[k] = time.Time{}
+			}
+		}},
+		{"heartbeats", func(keys []string) {
+			fences := make([]uint64, len(keys))
+			for j, k := range keys {
+				fences[j] = claim(k, time.Minute)
+			}
+			for j, k := range keys {
+				if err := s.Heartbeat(ctx, k, fences[j], time.Hour); err != nil {
 					t.Fatal(err)
 				}
+				want[k] = time.Now().Add(30 * time.Minute)
 			}
-			srv.Crash(t)
+		}},
+		{"archives", func(keys []string) {
+			for _, k := range keys {
+				rec := idem.Record{Key: k, State: idem.StateCompleted, Fence: 1, Attempts: 1, Result: []byte("archived")}
+				if stored, err := s.ArchiveStored(ctx, rec, time.Hour); err != nil || !stored {
+					t.Fatalf("archive %s: stored %v, %v", k, stored, err)
+				}
+				want[k] = time.Time{}
+			}
+		}},
+	} {
+		keys := make([]string, n)
+		for j := range keys {
+			keys[j] = key(next + j)
+		}
+		next += n
+		phase.write(keys)
+		srv.Crash(t)
 
-			// The pool's connections died with the server: calls fail closed
-			// until it has new ones, then the same Store answers.
-			var failed int
-			deadline := time.Now().Add(30 * time.Second)
-			for {
-				_, err := s.Get(ctx, "k00000")
-				if err == nil {
-					break
-				}
-				if !errors.Is(err, idem.ErrStoreUnavailable) {
-					t.Fatalf("a call after the restart: %v, want ErrStoreUnavailable until the store reconnects", err)
-				}
-				if failed++; time.Now().After(deadline) {
-					t.Fatalf("the store did not answer within 30 s of the restart: %v", err)
-				}
+		// The pool's connections died with the server: calls fail closed
+		// until it has new ones, then the same Store answers.
+		failed := 0
+		testenv.Eventually(t, 30*time.Second, "the store answers after the restart", func() error {
+			_, err := s.Get(ctx, key(0))
+			if err != nil && !errors.Is(err, idem.ErrStoreUnavailable) {
+				t.Fatalf("a call after the restart: %v, want ErrStoreUnavailable until the store reconnects", err)
 			}
-			lostDone, lostClaims := 0, 0
-			for i := range completions + 2*claims {
-				completed := i < completions || i >= completions+claims
-				r, err := s.Get(ctx, key(i))
-				switch {
-				case errors.Is(err, idem.ErrNotFound):
-					if completed {
-						lostDone++
-					} else {
-						lostClaims++
-					}
-				case err != nil:
-					t.Fatal(err)
-				case completed && r.State != idem.StateCompleted:
-					lostDone++
-				}
+			if err != nil {
+				failed++
 			}
-			t.Logf("%s: %d calls failed closed after the restart; lost %d of %d completions, %d of %d claims",
-				c.name, failed, lostDone, completions+claims, lostClaims, claims)
-			if lostDone > 0 || lostClaims > 0 {
-				t.Fatalf("lost %d of %d acknowledged completions and %d of %d acknowledged claims to a SIGKILL of the server",
-					lostDone, completions+claims, lostClaims, claims)
-			}
+			return err
 		})
+		var lost []string
+		for k, leaseFloor := range want {
+			r, err := s.Get(ctx, k)
+			switch {
+			case errors.Is(err, idem.ErrNotFound):
+				lost = append(lost, k)
+			case err != nil:
+				t.Fatal(err)
+			case leaseFloor.IsZero() && r.State != idem.StateCompleted,
+				!leaseFloor.IsZero() && (r.State != idem.StateInFlight || r.LeaseUntil.Before(leaseFloor)):
+				lost = append(lost, k)
+			}
+		}
+		t.Logf("%s: crash after %d %s: %d calls failed closed after the restart; %d of %d acknowledged writes lost",
+			name, n, phase.kind, failed, len(lost), len(want))
+		if len(lost) > 0 {
+			slices.Sort(lost)
+			t.Fatalf("crash after %d %s: lost %d acknowledged writes to a SIGKILL of the server (keys %s … %s)",
+				n, phase.kind, len(lost), lost[0], lost[len(lost)-1])
+		}
 	}
 }
 
