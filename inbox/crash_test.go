@@ -81,6 +81,28 @@ func TestServerCrash(t *testing.T) {
 			crashAndCount(t, srv, pool, n)
 		})
 	}
+	t.Run("ProcessThroughPgBouncer", func(t *testing.T) {
+		srv, pool := asyncServer(t)
+		cfg, err := pgxpool.ParseConfig(srv.PgBouncer(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		bounced, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bounced.Close()
+		ib, err := inbox.New(pgxv5.New(bounced), inbox.Config{})
+		if err == nil {
+			err = ib.Migrate(context.Background())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		pgxWays["Process"](t, context.Background(), bounced, ib)
+		crashAndCount(t, srv, pool, n)
+	})
 	t.Run("DatabaseSQLBatch", func(t *testing.T) {
 		srv, pool := asyncServer(t)
 		ib := sqlInbox(t, srv)
