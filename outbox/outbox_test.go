@@ -324,7 +324,9 @@ func TestCampaign(t *testing.T) {
 
 // TestCampaignThroughPgBouncer runs it through a real PgBouncer in
 // transaction pooling mode (no LISTEN: the relays poll), the proxy in front
-// of PgBouncer.
+// of PgBouncer, on a server of the test's own whose default
+// synchronous_commit is off (Enqueue's statement raises it), killed now
+// and then too.
 func TestCampaignThroughPgBouncer(t *testing.T) {
 	outboxtest.Campaign(t, campaignOnPostgres(t, "TestCampaignThroughPgBouncer", true))
 }
@@ -335,14 +337,15 @@ func campaignOnPostgres(t *testing.T, name string, bouncer bool) outboxtest.Camp
 		cfg.Location = loc
 		return cfg
 	}
-	var direct, schema, mode string
+	var settings []string
 	if bouncer {
-		_, schema = pgPool(t)
-		direct, mode = testenv.StartPgBouncer(t), "pgbouncer"
-	} else {
-		srv := testenv.StartPostgres(t)
-		direct, schema = srv.URL, "idem"
-		cfg.Crash = func() { srv.Crash(t) }
+		settings = append(settings, "synchronous_commit=off")
+	}
+	srv := testenv.StartPostgres(t, settings...)
+	direct, schema, mode := srv.URL, "idem", ""
+	cfg.Crash = func() { srv.Crash(t) }
+	if bouncer {
+		direct, mode = srv.PgBouncer(t), "pgbouncer"
 	}
 	u, err := url.Parse(direct)
 	if err != nil {
@@ -374,7 +377,19 @@ func openCampaignPostgres(t testing.TB, location string) outboxtest.Backend[pgx.
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return backend(t, pgxv5.New(pool, opts...), lines[1])
+	driver := pgxv5.New(pool, opts...)
+	// A process started while the campaign cuts the server, or while
+	// PgBouncer refuses logins after a crash (server_login_retry), waits
+	// until the schema can be read.
+	testenv.Eventually(t, 10*time.Second, "the outbox's schema migrated", func() error {
+		ob, err := outbox.New(driver, outbox.Config{Schema: lines[1]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ob.Close()
+		return ob.Migrate(context.Background())
+	})
+	return backend(t, driver, lines[1])
 }
 
 // TestCampaignSQLite runs the outbox's fault campaign on one SQLite file
