@@ -271,3 +271,22 @@ func TestSynchronousCommit(t *testing.T) {
 		check(t, s, "on", false, false)
 	})
 }
+
+// TestFsyncWarning: a server run with fsync off (a setting some choose for
+// speed) loses or corrupts committed records when the machine crashes or
+// loses power, whatever the store does: ServerWarnings names it.
+func TestFsyncWarning(t *testing.T) {
+	srv := testenv.StartPostgres(t, "fsync=off")
+	s, err := pgstore.Open(context.Background(), pgstore.Config{ConnString: srv.URL, Schema: "idem"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	w, err := s.ServerWarnings(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w) != 1 || !strings.Contains(w[0], "fsync is off") {
+		t.Fatalf("warnings %q, want one saying fsync is off", w)
+	}
+}

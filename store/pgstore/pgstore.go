@@ -214,15 +214,23 @@ func commitSynchronously(ctx context.Context, c *pgx.Conn) error {
 // own sessions, and the writes made through a pool of yours (Config.Pool,
 // read by Migrate) or through PgBouncer raise it for their own
 // transactions.
+//
+// It also names a server whose fsync is off: a crash of the machine or a
+// power loss then loses or corrupts committed records, whatever the store
+// does.
 func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
-	var v string
-	if err := s.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit')`).Scan(&v); err != nil {
+	var v, fsync string
+	if err := s.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), current_setting('fsync')`).Scan(&v, &fsync); err != nil {
 		return nil, fmt.Errorf("idem/pgstore: read settings: %w", err)
 	}
-	if v == "off" && !s.durably.Load() {
-		return []string{"synchronous_commit is off for the store's sessions: a crash of the server loses the last acknowledged claims (a second owner then runs a key beside the first) and completions (their work runs again); set it to on (or local) for the store's role or database, or leave it out of the connection string"}, nil
+	var warnings []string
+	if fsync == "off" {
+		warnings = append(warnings, "fsync is off on the server: a crash of the machine or a power loss loses or corrupts committed records (claims, whose keys a second owner then runs beside the first, and completions, whose work then runs again); set fsync to on")
 	}
-	return nil, nil
+	if v == "off" && !s.durably.Load() {
+		warnings = append(warnings, "synchronous_commit is off for the store's sessions: a crash of the server loses the last acknowledged claims (a second owner then runs a key beside the first) and completions (their work runs again); set it to on (or local) for the store's role or database, or leave it out of the connection string")
+	}
+	return warnings, nil
 }
 
 // New returns a store on cfg.Pool, without any I/O; Close leaves the pool

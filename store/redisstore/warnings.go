@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -12,21 +13,34 @@ import (
 
 // ServerWarnings reads the server settings idem's promises or figures
 // depend on (on every master of a Cluster or shard of a Ring) and says what
-// is off: an eviction policy other than noeviction, under which Redis may
-// drop a record before its expiry when memory runs short (a duplicate then
-// runs as new); and, with Config.Buckets, a hash-max-listpack-value under
-// 128, which turns buckets into hash tables (162 bytes per record instead
-// of 99). A server that refuses CONFIG GET (a managed Redis may) yields
-// its error and no warnings.
+// is off: no append-only file, so that a restart of the server forgets its
+// records (every one, or those written since the last snapshot) and their
+// keys then run again as new; an append-only file that Redis leaves the
+// operating system to write when it likes (appendfsync no), so that a
+// crash of the machine loses the last of them; an eviction policy other
+// than noeviction, under which Redis may drop a record before its expiry
+// when memory runs short (a duplicate then runs as new); and, with
+// Config.Buckets, a hash-max-listpack-value under 128, which turns buckets
+// into hash tables (162 bytes per record instead of 99). A server that
+// refuses CONFIG GET (a managed Redis may) yields its error and no
+// warnings.
 func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 	var mu sync.Mutex
 	var warnings []string
 	err := s.forEachNode(ctx, func(ctx context.Context, c *redis.Client) error {
-		cfg, err := c.ConfigGet(ctx, "*max*").Result()
+		cfg, err := c.ConfigGet(ctx, "*").Result()
 		if err != nil {
 			return err
 		}
 		var found []string
+		switch addr := c.Options().Addr; {
+		case cfg["appendonly"] == "no" && strings.TrimSpace(cfg["save"]) == "":
+			found = append(found, fmt.Sprintf("%s: no persistence (appendonly no, no snapshots): a restart of the server forgets every record, and their keys then run again as new; set appendonly yes (appendfsync always loses nothing acknowledged)", addr))
+		case cfg["appendonly"] == "no":
+			found = append(found, fmt.Sprintf("%s: appendonly is no: a restart of the server forgets every record written since its last snapshot (save %s), and their keys then run again as new; set appendonly yes (appendfsync always loses nothing acknowledged)", addr, cfg["save"]))
+		case cfg["appendfsync"] == "no":
+			found = append(found, fmt.Sprintf("%s: appendfsync is no: Redis leaves the append-only file to the operating system, and a crash of the machine loses the records it had not written; set appendfsync always (or everysec)", addr))
+		}
 		if p := cfg["maxmemory-policy"]; p != "" && p != "noeviction" {
 			found = append(found, fmt.Sprintf("%s: maxmemory-policy is %s: when memory runs short Redis may evict an idempotency record before its expiry, and its key then runs again as new; set noeviction", c.Options().Addr, p))
 		}

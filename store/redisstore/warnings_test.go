@@ -5,25 +5,22 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/redisstore"
 )
 
 // TestServerWarnings: an eviction policy that may drop records is named,
 // and with buckets a hash-max-listpack-value under 128; a server set as
-// idem recommends gives none. (The settings are restored afterwards.)
+// idem recommends (its append-only file fsynced always) gives none.
 func TestServerWarnings(t *testing.T) {
-	c := testenv.RedisClient(t)
+	srv := testenv.StartRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer c.Close()
 	ctx := context.Background()
-	was, err := c.ConfigGet(ctx, "*max*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.ConfigSet(ctx, "maxmemory-policy", was["maxmemory-policy"])
-	defer c.ConfigSet(ctx, "hash-max-listpack-value", was["hash-max-listpack-value"])
-	plain := testenv.OpenRedis(t, testenv.RandomName("idemtest:")+":")
-	bucketed := openBuckets(t, testenv.RandomName("idemtest:")+":")
+	plain := testenv.OpenRedisAt(t, srv.Addr, "idemtest:")
+	bucketed := testenv.OpenRedisConfig(t, srv.Addr, redisstore.Config{Prefix: "idemtest:", Buckets: 1})
 	for _, tc := range []struct {
 		policy, value string
 		s             *redisstore.Store
@@ -55,5 +52,39 @@ func TestServerWarnings(t *testing.T) {
 		if len(tc.want) == 0 && len(warnings) > 0 {
 			t.Errorf("%s, listpack value %s, buckets %v: warnings %q, want none", tc.policy, tc.value, tc.s == bucketed, warnings)
 		}
+	}
+}
+
+// TestPersistenceWarnings: a Redis without an append-only file forgets its
+// records when it restarts — all of them, or those since its last
+// snapshot — and their keys then run again; one whose append-only file
+// the operating system writes when it likes (appendfsync no) loses the
+// last of them to a crash of the machine. Both are named; appendfsync
+// always or everysec gives no warning.
+func TestPersistenceWarnings(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--appendonly", "no", "--save", ""}, "no persistence (appendonly no, no snapshots)"},
+		{[]string{"--appendonly", "no", "--save", "3600 1"}, "appendonly is no"},
+		{[]string{"--appendonly", "yes", "--appendfsync", "no"}, "appendfsync is no"},
+		{[]string{"--appendonly", "yes", "--appendfsync", "everysec"}, ""},
+		{[]string{"--appendonly", "yes", "--appendfsync", "always"}, ""},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			srv := testenv.StartRedisServer(t, c.args...)
+			warnings, err := testenv.OpenRedisAt(t, srv.Addr, "idemtest:").ServerWarnings(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case c.want == "" && len(warnings) > 0:
+				t.Fatalf("warnings %q, want none", warnings)
+			case c.want != "" && (len(warnings) != 1 || !strings.Contains(warnings[0], c.want)):
+				t.Fatalf("warnings %q, want one saying %q", warnings, c.want)
+			}
+		})
 	}
 }

@@ -176,7 +176,7 @@ func campaignConfig(t *testing.T, name string, buckets int) storetest.CampaignCo
 // has nothing to say or cannot say (memory, SQLite).
 func TestServerWarnings(t *testing.T) {
 	ctx := context.Background()
-	redisSrv := testenv.StartRedisServer(t, "--maxmemory-policy", "allkeys-lru")
+	redisSrv := testenv.StartRedisServer(t, "--maxmemory-policy", "allkeys-lru", "--appendonly", "yes", "--appendfsync", "always")
 	hot := testenv.OpenRedisAt(t, redisSrv.Addr, "tiered:")
 	pg := testenv.StartPostgres(t)
 	cold, err := pgstore.Open(ctx, pgstore.Config{ConnString: pg.URL + "&synchronous_commit=off"})
