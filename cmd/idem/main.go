@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log"
 	"os"
 	"os/signal"
 	"strings"
@@ -75,6 +76,12 @@ process without buckets does not see bucketed records, so there is no way back, 
 change afterwards (like the prefix, it says where a record is). Set the server's
 hash-max-listpack-value to 128 for the compact layout.`
 
+// migrateLogger writes idem migrate's warnings to the command's standard
+// error.
+func migrateLogger(cmd *cobra.Command) *log.Logger {
+	return log.New(cmd.ErrOrStderr(), "idem migrate: ", 0)
+}
+
 func newMigrateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate [--status]",
@@ -85,7 +92,11 @@ SQLite), and prints the versions recorded in idem_migrations. Any number of proc
 at once. Every other command that opens a SQL store migrates it the same way at start, so
 containers that start together all succeed; --status only prints.
 
-Redis has no schema. ` + redisEncodingNote,
+Redis has no schema. ` + redisEncodingNote + `
+
+It also reads the server's settings and warns, on standard error, of those under which a crash
+loses acknowledged records (the store's ServerWarnings: a Redis without an append-only file,
+a PostgreSQL with fsync off, …).`,
 		Args: cobra.NoArgs,
 	}
 	store := storeFlag(cmd)
@@ -116,6 +127,12 @@ Redis has no schema. ` + redisEncodingNote,
 			conn, schema = pgxv5.New(pg.Pool()), pg.Schema()
 		case storeurl.Redis:
 			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate. %s\n", *store, redisEncodingNote)
+			s, err := openStore(ctx, *store)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			logServerWarnings(ctx, s, migrateLogger(cmd))
 			return nil
 		default:
 			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate\n", *store)
@@ -127,6 +144,7 @@ Redis has no schema. ` + redisEncodingNote,
 				return err
 			}
 			defer s.Close()
+			logServerWarnings(ctx, s, migrateLogger(cmd))
 			ob, closeFn, err := openOutbox(ctx, *store)
 			if err != nil {
 				return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -120,5 +121,36 @@ func TestMigrateSaysWhatChangesOnRedis(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Fatalf("idem migrate on Redis says %q, without %q", out, want)
 		}
+	}
+}
+
+// TestMigrateWarnsOfUnsafeSettings: idem migrate, run at deployment, says
+// on standard error what the store's server is set to lose — a Redis
+// without an append-only file, a PostgreSQL with fsync off — and nothing
+// for a server set as idem recommends.
+func TestMigrateWarnsOfUnsafeSettings(t *testing.T) {
+	migrate := func(t *testing.T, store string) string {
+		t.Helper()
+		cmd := newRootCmd()
+		var out, errOut bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&errOut)
+		cmd.SetArgs([]string{"migrate", "--store", store})
+		if err := cmd.ExecuteContext(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return errOut.String()
+	}
+	bare := testenv.StartRedisServer(t, "--appendonly", "no", "--save", "")
+	if got := migrate(t, "redis://"+bare.Addr+"/0"); !strings.Contains(got, "idem migrate: warning: ") || !strings.Contains(got, "no persistence") {
+		t.Errorf("on a Redis without persistence idem migrate warns %q", got)
+	}
+	durable := testenv.StartRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	if got := migrate(t, "redis://"+durable.Addr+"/0"); got != "" {
+		t.Errorf("on a Redis with an append-only file fsynced always idem migrate warns %q", got)
+	}
+	unsynced := testenv.StartPostgres(t, "fsync=off")
+	if got := migrate(t, unsynced.URL); !strings.Contains(got, "fsync is off") {
+		t.Errorf("on a PostgreSQL with fsync off idem migrate warns %q", got)
 	}
 }
