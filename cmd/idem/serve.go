@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -113,6 +114,29 @@ func newGatewayMetrics() *gatewayMetrics {
 	return m
 }
 
+// exportServerWarnings adds idem_store_server_warnings, the number of the
+// store server's unsafe settings, read at each scrape (a setting changed
+// while the gateway runs shows at the next one): NaN when they cannot be
+// read. Nothing for a store without server settings.
+func (m *gatewayMetrics) exportServerWarnings(store idem.Store) {
+	w, ok := store.(serverWarner)
+	if !ok {
+		return
+	}
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idem_store_server_warnings",
+		Help: "Settings of the store's server under which it may lose or evict acknowledged records (the warnings idem serve logs at start), read at each scrape; NaN when they cannot be read.",
+	}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		warnings, err := w.ServerWarnings(ctx)
+		if err != nil {
+			return math.NaN()
+		}
+		return float64(len(warnings))
+	}))
+}
+
 func (m *gatewayMetrics) request(e httpidem.Event) {
 	m.requests.WithLabelValues(e.Outcome).Inc()
 	m.history.Add(e.Outcome)
@@ -209,6 +233,7 @@ func runServe(ctx context.Context, o serveOpts) error {
 	logger := log.New(os.Stderr, "idem serve: ", log.LstdFlags)
 	logServerWarnings(ctx, store, logger)
 	metrics := newGatewayMetrics()
+	metrics.exportServerWarnings(store)
 	principal, err := httpidem.ParsePrincipal(o.principal)
 	if err != nil {
 		return fmt.Errorf("--principal: %w", err)
@@ -298,13 +323,17 @@ func runServe(ctx context.Context, o serveOpts) error {
 	return err
 }
 
+// serverWarner is a store that reads its server's settings and says which
+// are unsafe (redisstore, pgstore, tieredstore).
+type serverWarner interface {
+	ServerWarnings(context.Context) ([]string, error)
+}
+
 // logServerWarnings logs what the store says is off in its server's
 // settings (redisstore.Store.ServerWarnings, pgstore.Store.ServerWarnings);
 // a server that does not let it read them is logged as such.
 func logServerWarnings(ctx context.Context, store idem.Store, logger *log.Logger) {
-	w, ok := store.(interface {
-		ServerWarnings(context.Context) ([]string, error)
-	})
+	w, ok := store.(serverWarner)
 	if !ok {
 		return
 	}

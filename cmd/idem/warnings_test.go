@@ -5,10 +5,15 @@ import (
 	"context"
 	"errors"
 	"log"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -53,5 +58,28 @@ func TestServeLogsServerWarnings(t *testing.T) {
 				t.Fatalf("logged %q, want %q", lines, tc.want)
 			}
 		}
+	}
+}
+
+// TestServeExportsServerWarnings: idem serve's /metrics says how many of
+// the store server's settings are unsafe, read at each scrape
+// (idem_store_server_warnings): a setting changed while the gateway runs —
+// Redis's append-only file turned off — shows at the next scrape, where
+// the log at start no longer can.
+func TestServeExportsServerWarnings(t *testing.T) {
+	srv := testenv.StartRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	defer up.Close()
+	g := startGateway(t, "--upstream", up.URL, "--store", "redis://"+srv.Addr+"/0")
+	if m := g.metrics(t); !strings.Contains(m, "\nidem_store_server_warnings 0\n") {
+		t.Fatalf("metrics on a Redis set as idem recommends lack idem_store_server_warnings 0:\n%s", m)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	if err := c.ConfigSet(context.Background(), "appendonly", "no").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if m := g.metrics(t); !strings.Contains(m, "\nidem_store_server_warnings 1\n") {
+		t.Fatalf("metrics after appendonly no lack idem_store_server_warnings 1:\n%s", m)
 	}
 }
