@@ -16,8 +16,9 @@ import (
 // is off: no append-only file, so that a restart of the server forgets its
 // records (every one, or those written since the last snapshot) and their
 // keys then run again as new; an append-only file that Redis leaves the
-// operating system to write when it likes (appendfsync no), so that a
-// crash of the machine loses the last of them; an eviction policy other
+// operating system to write when it likes (appendfsync no) or fsyncs
+// every second (everysec), so that a crash loses the last of them; an
+// eviction policy other
 // than noeviction, under which Redis may drop a record before its expiry
 // when memory runs short (a duplicate then runs as new); and, with
 // Config.Buckets, a hash-max-listpack-value under 128, which turns buckets
@@ -39,7 +40,9 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 		case cfg["appendonly"] == "no":
 			found = append(found, fmt.Sprintf("%s: appendonly is no: a restart of the server forgets every record written since its last snapshot (save %s), and their keys then run again as new; set appendonly yes (appendfsync always loses nothing acknowledged)", addr, cfg["save"]))
 		case cfg["appendfsync"] == "no":
-			found = append(found, fmt.Sprintf("%s: appendfsync is no: Redis leaves the append-only file to the operating system, and a crash of the machine loses the records it had not written; set appendfsync always (or everysec)", addr))
+			found = append(found, fmt.Sprintf("%s: appendfsync is no: Redis leaves the append-only file to the operating system, and a crash of the machine loses the records it had not written; set appendfsync always", addr))
+		case cfg["appendfsync"] == "everysec":
+			found = append(found, fmt.Sprintf("%s: appendfsync is everysec: a crash of the machine, or of the server while its disk lags (Redis then answers before it writes the file), loses up to two seconds of acknowledged records, and their keys then run again as new; appendfsync always loses none", addr))
 		}
 		if p := cfg["maxmemory-policy"]; p != "" && p != "noeviction" {
 			found = append(found, fmt.Sprintf("%s: maxmemory-policy is %s: when memory runs short Redis may evict an idempotency record before its expiry, and its key then runs again as new; set noeviction", c.Options().Addr, p))
