@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem"
@@ -289,4 +290,42 @@ func TestFsyncWarning(t *testing.T) {
 	if len(w) != 1 || !strings.Contains(w[0], "fsync is off") {
 		t.Fatalf("warnings %q, want one saying fsync is off", w)
 	}
+}
+
+// TestPgBouncerSeesALaterSetting: behind PgBouncer, a server whose default
+// synchronous_commit is turned off while the store runs (ALTER SYSTEM and
+// a reload) is seen on the store's next new connection, which makes its
+// writes raise the setting themselves from then on — not only at the next
+// Migrate.
+func TestPgBouncerSeesALaterSetting(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	s, err := pgstore.Open(ctx, pgstore.Config{ConnString: srv.PgBouncer(t), PgBouncer: true, Schema: "idem"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.WritesDurably() {
+		t.Fatal("on a server that commits synchronously, the writes carry the condition")
+	}
+	admin, err := pgx.Connect(ctx, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for _, q := range []string{`ALTER SYSTEM SET synchronous_commit = off`, `SELECT pg_reload_conf()`} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "the store's new connections see synchronous_commit off", func() error {
+		s.Pool().Reset() // as connections are replaced in time (pool_max_conn_lifetime)
+		if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+			return fmt.Errorf("a call: %v", err)
+		}
+		if !s.WritesDurably() {
+			return errors.New("the store's writes do not raise synchronous_commit")
+		}
+		return nil
+	})
 }

@@ -56,7 +56,9 @@ type Config struct {
 	// PgBouncer makes every statement work behind PgBouncer in transaction
 	// mode: no named prepared statements (pgx QueryExecModeExec), no
 	// session settings — where the server's synchronous_commit is off (as
-	// Migrate reads it), each write raises it to on for its own
+	// Migrate reads it, and each new connection after it: a server turned
+	// to off later is seen as the pool replaces its connections, within
+	// pool_max_conn_lifetime), each write raises it to on for its own
 	// transaction instead. Costs a little speed. Defaults to false.
 	//
 	// A session SET that another client of the bouncer leaves on a server
@@ -162,15 +164,24 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idem/pgstore: Config.ConnString: %w", err)
 	}
-	if cfg.PgBouncer {
-		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-	} else if _, set := pc.ConnConfig.RuntimeParams["synchronous_commit"]; !set {
-		pc.AfterConnect = commitSynchronously
-	}
 	// Behind a transaction-pooling PgBouncer a session setting cannot be
 	// made: as with a pool of the user's, Migrate reads the sessions'
 	// setting and, until it has or where it is off, each write raises it
-	// for its own transaction.
+	// for its own transaction. Each new connection reads it again, so
+	// that a server turned to off later is seen as connections are
+	// replaced.
+	var made atomic.Pointer[Store]
+	if cfg.PgBouncer {
+		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+			if s := made.Load(); s != nil { // else Migrate reads it first
+				return s.noteAsyncCommits(ctx, c)
+			}
+			return nil
+		}
+	} else if _, set := pc.ConnConfig.RuntimeParams["synchronous_commit"]; !set {
+		pc.AfterConnect = commitSynchronously
+	}
 	durably := cfg.PgBouncer
 	if !strings.Contains(cfg.ConnString, "pool_max_conns") {
 		pc.MaxConns = cfg.MaxConns
@@ -184,6 +195,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s := newStore(pool, cfg.Schema, cfg.Limits, !cfg.NoCoalesce, durably)
 	s.owned, s.readCommits = true, durably
+	made.Store(s)
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
 			pool.Close()
@@ -204,6 +216,20 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 func commitSynchronously(ctx context.Context, c *pgx.Conn) error {
 	_, err := c.Exec(ctx, `SELECT set_config('synchronous_commit', 'on', false) WHERE current_setting('synchronous_commit') = 'off'`)
 	return err
+}
+
+// noteAsyncCommits makes the store's writes raise synchronous_commit
+// themselves if c's session has it off (never the reverse: only Migrate
+// lowers them).
+func (s *Store) noteAsyncCommits(ctx context.Context, c *pgx.Conn) error {
+	var async bool
+	if err := c.QueryRow(ctx, sqldriver.Postgres.CommitsAsync()).Scan(&async); err != nil {
+		return err
+	}
+	if async {
+		s.durably.Store(true)
+	}
+	return nil
 }
 
 // ServerWarnings reads the settings idem's promises depend on, as the
