@@ -83,16 +83,7 @@ func TestServerCrash(t *testing.T) {
 	}
 	t.Run("ProcessThroughPgBouncer", func(t *testing.T) {
 		srv, pool := asyncServer(t)
-		cfg, err := pgxpool.ParseConfig(srv.PgBouncer(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-		bounced, err := pgxpool.NewWithConfig(context.Background(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer bounced.Close()
+		bounced := testenv.PgBouncerPool(t, srv.PgBouncer(t))
 		ib, err := inbox.New(pgxv5.New(bounced), inbox.Config{})
 		if err == nil {
 			err = ib.Migrate(context.Background())

@@ -118,16 +118,7 @@ func newPgx(t *testing.T) backend {
 func newPgxBouncer(t *testing.T) backend {
 	pool, schema := pgSchema(t)
 	_ = pool // the schema and its business table, made directly
-	cfg, err := pgxpool.ParseConfig(testenv.StartPgBouncer(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-	bounced, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(bounced.Close)
+	bounced := testenv.PgBouncerPool(t, testenv.StartPgBouncer(t))
 	return newBackend(t, pgxv5.New(bounced, pgxv5.WithoutListen()), schema+".", creditPgx(schema+"."))
 }
 

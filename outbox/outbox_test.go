@@ -90,17 +90,7 @@ func TestThroughPgBouncer(t *testing.T) {
 	bouncer := testenv.StartPgBouncer(t)
 	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend[pgx.Tx] {
 		_, schema := pgPool(t) // creates and drops the schema, directly
-		cfg, err := pgxpool.ParseConfig(bouncer)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		return backend(t, pgxv5.New(pool, pgxv5.WithoutListen()), schema)
+		return backend(t, pgxv5.New(testenv.PgBouncerPool(t, bouncer), pgxv5.WithoutListen()), schema)
 	})
 }
 

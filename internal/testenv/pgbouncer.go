@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -9,6 +10,9 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // StartPgBouncer starts a PgBouncer process in transaction pooling mode in
@@ -21,6 +25,24 @@ func StartPgBouncer(t testing.TB) string {
 	t.Helper()
 	ProbePostgres(t)
 	return startPgBouncerFor(t, "127.0.0.1", 5432, "test")
+}
+
+// PgBouncerPool connects a pgx pool to the PgBouncer at url as transaction
+// pooling needs it (exec mode: no prepared statements), closed when the
+// test ends.
+func PgBouncerPool(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // PgBouncer starts a PgBouncer process in transaction pooling mode in
