@@ -145,12 +145,7 @@ func allProcessed(t *testing.T, from int, res []inbox.BatchResult, err error) {
 
 // sqlInbox migrates an inbox on srv through database/sql.
 func sqlInbox(t *testing.T, srv *testenv.Postgres) *inbox.Inbox[*sql.Tx] {
-	db, err := sql.Open("pgx", srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	ib, err := inbox.New(databasesql.New(db, sqldriver.Postgres), inbox.Config{})
+	ib, err := inbox.New(databasesql.New(sqlPostgres(t, srv.URL), sqldriver.Postgres), inbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

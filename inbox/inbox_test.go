@@ -131,12 +131,18 @@ func sqlBackend(t *testing.T, db *sql.DB, d sqldriver.Dialect, prefix string) ba
 
 func newSQLPostgres(t *testing.T) backend {
 	_, schema := pgSchema(t)
-	db, err := sql.Open("pgx", testenv.PostgresURL)
+	return sqlBackend(t, sqlPostgres(t, testenv.PostgresURL), sqldriver.Postgres, schema+".")
+}
+
+// sqlPostgres opens database/sql on pgx's driver at url, closed when the
+// test ends.
+func sqlPostgres(t *testing.T, url string) *sql.DB {
+	db, err := sql.Open("pgx", url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	return sqlBackend(t, db, sqldriver.Postgres, schema+".")
+	return db
 }
 
 func newSQLite(t *testing.T) backend {
@@ -163,12 +169,7 @@ func newPgxAsync(t *testing.T) backend {
 
 func newSQLPostgresAsync(t *testing.T) backend {
 	srv, _ := asyncServer(t)
-	db, err := sql.Open("pgx", srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return sqlBackend(t, db, sqldriver.Postgres, "")
+	return sqlBackend(t, sqlPostgres(t, srv.URL), sqldriver.Postgres, "")
 }
 
 var backends = map[string]func(t *testing.T) backend{
