@@ -197,11 +197,9 @@ func (i *Inbox[TTx]) Migrate(ctx context.Context) error {
 	if _, err := sqlmigrate.Apply(ctx, i.driver, i.schema, i.component(), i.Migrations()); err != nil {
 		return fmt.Errorf("idem/inbox: migrate: %w", err)
 	}
-	async := false
-	if q := i.driver.Dialect().CommitsAsync(); q != "" {
-		if err := i.driver.Executor().QueryRow(ctx, q).Scan(&async); err != nil {
-			return fmt.Errorf("idem/inbox: read synchronous_commit: %w", err)
-		}
+	async, err := sqldriver.SessionsCommitAsync(ctx, i.driver.Dialect(), i.driver.Executor())
+	if err != nil {
+		return fmt.Errorf("idem/inbox: read synchronous_commit: %w", err)
 	}
 	i.syncCommits.Store(!async)
 	return nil

@@ -259,11 +259,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := sqlmigrate.Apply(ctx, s.migrations, strings.TrimSuffix(s.schema, "."), "outbox", s.Migrations()); err != nil {
 		return fmt.Errorf("idem/outbox: migrate: %w", err)
 	}
-	async := false
-	if q := s.d.CommitsAsync(); q != "" {
-		if err := s.db.QueryRow(ctx, q).Scan(&async); err != nil {
-			return fmt.Errorf("idem/outbox: read synchronous_commit: %w", err)
-		}
+	async, err := sqldriver.SessionsCommitAsync(ctx, s.d, s.db)
+	if err != nil {
+		return fmt.Errorf("idem/outbox: read synchronous_commit: %w", err)
 	}
 	s.syncCommits.Store(!async)
 	return nil

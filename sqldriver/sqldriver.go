@@ -186,3 +186,18 @@ func (v timeScanner) Scan(src any) error {
 	}
 	return nil
 }
+
+// SessionsCommitAsync reports whether ex's sessions acknowledge their
+// commits before they are on disk (d.CommitsAsync: PostgreSQL's
+// synchronous_commit off); false, without a query, where no session does.
+// The inbox, the outbox and pgstore read it at Migrate to choose between
+// their plain statements and those that commit durably (d.Durably).
+func SessionsCommitAsync(ctx context.Context, d Dialect, ex Executor) (bool, error) {
+	q := d.CommitsAsync()
+	if q == "" {
+		return false, nil
+	}
+	var async bool
+	err := ex.QueryRow(ctx, q).Scan(&async)
+	return async, err
+}

@@ -533,12 +533,13 @@ func (s *Store) Migrations() []sqlmigrate.Step {
 // sessions' synchronous_commit (see New); a setting changed later is read
 // by the next Migrate.
 func (s *Store) Migrate(ctx context.Context) error {
-	if _, err := sqlmigrate.Apply(ctx, pgxv5.New(s.pool), s.schema, "records", s.Migrations()); err != nil {
+	driver := pgxv5.New(s.pool)
+	if _, err := sqlmigrate.Apply(ctx, driver, s.schema, "records", s.Migrations()); err != nil {
 		return wrap("migrate", err)
 	}
 	if s.readCommits {
-		var async bool
-		if err := s.pool.QueryRow(ctx, sqldriver.Postgres.CommitsAsync()).Scan(&async); err != nil {
+		async, err := sqldriver.SessionsCommitAsync(ctx, sqldriver.Postgres, driver.Executor())
+		if err != nil {
 			return wrap("read synchronous_commit", err)
 		}
 		s.durably.Store(async)
