@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/internal/ctxsleep"
+	"github.com/idemgo/idem/internal/mono"
 	"github.com/idemgo/idem/internal/ticks"
 )
 
@@ -250,7 +251,7 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	}
 
 	start := g.startTiming()
-	sent := time.Now() // the lease starts no earlier (see HeartbeatInterval)
+	sent := mono.Now() // the lease starts no earlier (see HeartbeatInterval)
 	acq, err := g.cfg.Store.Acquire(ctx, AcquireRequest{
 		Key:         skey,
 		Fingerprint: fp,
@@ -276,13 +277,14 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 		return res, nil
 	}
 
-	if late := time.Since(sent); late >= g.cfg.Lease-g.leaseMargin() {
+	answered := mono.Now()
+	if late := answered.Sub(sent); late >= g.cfg.Lease-g.leaseMargin() {
 		// The answer came after the lease would have ended (by this
 		// process's count): another owner may hold the key by now. The work
 		// does not run; the claim ends with its lease.
 		return Result{}, fmt.Errorf("idem: acquire %s: the store answered after %v, past the %v lease: %w", key, late.Round(time.Millisecond), g.cfg.Lease, ErrLeaseExpired)
 	}
-	value, workErr, leaseEnd, lost := g.runOwned(ctx, skey, acq.Fence, sent, progress, work)
+	value, workErr, leaseEnd, lost := g.runOwned(ctx, skey, acq.Fence, sent, answered, progress, work)
 	disp := classify(g.cfg.Classify, workErr)
 	res.Disposition = disp
 	res.Value = value
@@ -299,20 +301,20 @@ func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	return res, settleErr
 }
 
-// runOwned runs work under heartbeats (its lease taken at sent) and says
-// when its lease ends by this process's count (see
+// runOwned runs work under heartbeats (its lease taken at sent, answered
+// at now) and says when its lease ends by this process's count (see
 // Config.HeartbeatInterval) and, if the Guard cancelled the work's context
 // because the lease was lost or ran out, why (ErrStaleFence,
 // ErrLeaseExpired); a panic holds the record and continues.
-func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent time.Time, progress func(), work Work) (value []byte, err error, leaseEnd time.Time, lost error) {
+func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent, now mono.Time, progress func(), work Work) (value []byte, err error, leaseEnd mono.Time, lost error) {
 	r := &ownedRun{g: g, parent: ctx, key: skey, fence: fence, progress: progress, base: sent}
 	if g.beats != nil {
-		if r.leaseLeft() <= g.cfg.HeartbeatInterval {
+		if r.leaseEnd().Sub(now) <= g.cfg.HeartbeatInterval {
 			r.arm() // a slow acquisition: the lease ends before the first heartbeat
 		}
 		// The heartbeats outlive the caller: if the caller gives up while the
 		// work keeps running, the lease must live as long as the work does.
-		g.beats.Start(&r.tick, r)
+		g.beats.StartAt(&r.tick, r, now)
 	}
 	defer func() {
 		if g.beats != nil {
@@ -324,11 +326,11 @@ func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent ti
 			}
 		}
 		r.end()
-		leaseEnd = time.Now().Add(r.leaseLeft())
+		leaseEnd = r.leaseEnd()
 	}()
 	defer g.holdOnPanic(skey, fence)
 	value, err = work(r, fence)
-	return value, err, time.Time{}, nil
+	return value, err, 0, nil
 }
 
 // ownedRun is one run in flight: its lease is extended by the Guard's
@@ -362,15 +364,19 @@ type ownedRun struct {
 
 	// The lease was last taken or extended by a call sent at base+extended
 	// (monotonic); watch fires at its end less the margin.
-	base     time.Time
+	base     mono.Time
 	extended atomic.Int64
 	watch    atomic.Pointer[time.Timer]
 }
 
 // leaseLeft is how long the run's lease lasts by this process's clock, less
 // the margin (see Config.HeartbeatInterval); not positive once it ran out.
-func (r *ownedRun) leaseLeft() time.Duration {
-	return time.Duration(r.extended.Load()) + r.g.cfg.Lease - r.g.leaseMargin() - time.Since(r.base)
+func (r *ownedRun) leaseLeft() time.Duration { return mono.Until(r.leaseEnd()) }
+
+// leaseEnd is when the run's lease ends by this process's clock, less the
+// margin (read from no clock).
+func (r *ownedRun) leaseEnd() mono.Time {
+	return r.base.Add(time.Duration(r.extended.Load()) + r.g.cfg.Lease - r.g.leaseMargin())
 }
 
 // leaseMargin is how long before a lease's end by this process's clock the
@@ -444,7 +450,7 @@ func (r *ownedRun) Deadline() (time.Time, bool) {
 	if r.g.beats != nil {
 		return d, ok
 	}
-	if end := r.base.Add(r.g.cfg.Lease - r.g.leaseMargin()); !ok || end.Before(d) {
+	if end := r.base.Add(r.g.cfg.Lease - r.g.leaseMargin()).Wall(); !ok || end.Before(d) {
 		return end, true
 	}
 	return d, true
@@ -483,7 +489,7 @@ func (r *ownedRun) Tick() bool {
 	if r.watch.Load() == nil {
 		r.arm() // the first beat: from now on no hung or failing store keeps the work running past its lease
 	}
-	sent := time.Since(r.base)
+	sent := mono.Now().Sub(r.base)
 	// One beat may take at most the time left before the lease would end
 	// had this beat been skipped; a hung store call must not delay the next.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.parent), g.cfg.Lease-g.cfg.HeartbeatInterval)
@@ -529,7 +535,7 @@ func (g *Guard) holdOnPanic(skey string, fence uint64) {
 // tier is out of reach or slow) keeps the claim until the settle lands. A
 // try that finds the fence stale after an earlier one whose fate is unknown
 // asks the store whether that one landed.
-func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disposition, value []byte, workErr error, res *Result, leaseEnd time.Time) error {
+func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disposition, value []byte, workErr error, res *Result, leaseEnd mono.Time) error {
 	sctx := ctx
 	if ctx.Done() != nil {
 		sctx = context.WithoutCancel(ctx)
@@ -554,7 +560,7 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 	if g.beats != nil {
 		longest = min(longest, g.cfg.HeartbeatInterval) // a heartbeat between tries keeps the lease
 	}
-	ctxsleep.RetryPausing(sctx, func() time.Time { return leaseEnd }, longest, func() bool {
+	ctxsleep.RetryPausing(sctx, func() time.Time { return leaseEnd.Wall() }, longest, func() bool {
 		start := g.startTiming()
 		switch disp {
 		case Complete:
@@ -575,7 +581,7 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 		g.observe(Event{Phase: "settle", Key: skey, Disposition: disp, Fence: fence, Duration: g.since(start), Err: err})
 		// Only a completion or failure whose fate is unknown goes again.
 		again := settled != 0 && (errors.Is(err, ErrStoreUnavailable) || errors.Is(err, context.DeadlineExceeded))
-		if again && g.beats != nil && ctx.Err() == nil && time.Until(leaseEnd) <= g.cfg.Lease-g.leaseMargin()-g.cfg.HeartbeatInterval {
+		if again && g.beats != nil && ctx.Err() == nil && mono.Until(leaseEnd) <= g.cfg.Lease-g.leaseMargin()-g.cfg.HeartbeatInterval {
 			leaseEnd = g.extendWhileSettling(sctx, skey, fence, leaseEnd)
 		}
 		return again
@@ -602,9 +608,9 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 // returns the lease's end by this process's count: moved on if the
 // heartbeat landed, leaseEnd otherwise. A stale fence is not the end of the
 // settle: an earlier try may have landed, and the next try asks.
-func (g *Guard) extendWhileSettling(ctx context.Context, skey string, fence uint64, leaseEnd time.Time) time.Time {
+func (g *Guard) extendWhileSettling(ctx context.Context, skey string, fence uint64, leaseEnd mono.Time) mono.Time {
 	start := g.startTiming()
-	sent := time.Now()
+	sent := mono.Now()
 	hctx, cancel := context.WithTimeout(ctx, g.cfg.Lease-g.cfg.HeartbeatInterval)
 	err := g.cfg.Store.Heartbeat(hctx, skey, fence, g.cfg.Lease)
 	cancel()

@@ -117,9 +117,31 @@ func TestConcurrentStartStop(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.head != nil || s.tail != nil {
-		t.Fatal("ticks left queued after every one was stopped")
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		if sh.head != nil || sh.tail != nil {
+			t.Fatalf("ticks left queued on shard %d after every one was stopped", i)
+		}
+		sh.mu.Unlock()
 	}
+}
+
+// BenchmarkStartStop starts and stops a tick per op from every P at once,
+// as a Guard does around each run: the cost a run pays the scheduler when
+// many runs start and end together.
+func BenchmarkStartStop(b *testing.B) {
+	s := New(time.Hour)
+	h := Func(func() bool { return true })
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		ts := make([]Tick, 64) // a few runs in flight per goroutine, as with a real store
+		i := 0
+		for pb.Next() {
+			t := &ts[i%len(ts)]
+			s.Start(t, h)
+			s.Stop(t)
+			i++
+		}
+	})
 }
