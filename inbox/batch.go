@@ -201,8 +201,7 @@ func batchKey(consumer, id string) string { return consumer + "\x00" + id }
 // then consumer, correlation id and type per row.
 func (i *Inbox[TTx]) claimAllSQL(n int) string {
 	var b strings.Builder
-	k := i.durably()
-	b.WriteString(i.sql.claimMany[k])
+	b.WriteString(i.sql.claimMany)
 	for r := range n {
 		if r > 0 {
 			b.WriteString(", ")
@@ -210,6 +209,6 @@ func (i *Inbox[TTx]) claimAllSQL(n int) string {
 		p := 2 + 3*r
 		b.WriteString("($" + strconv.Itoa(p) + ", $" + strconv.Itoa(p+1) + ", $" + strconv.Itoa(p+2) + ", " + i.driver.Dialect().Now() + ", $1)")
 	}
-	b.WriteString(i.sql.claimManyEnd[k])
+	b.WriteString(i.sql.claimManyEnd)
 	return b.String()
 }

@@ -81,6 +81,22 @@ func TestServerCrash(t *testing.T) {
 			crashAndCount(t, srv, pool, n)
 		})
 	}
+	t.Run("ProcessAfterTheSettingChanged", func(t *testing.T) {
+		// The server commits synchronously when Migrate runs and is
+		// turned to off (ALTER SYSTEM, a reload) while the program runs.
+		srv := testenv.StartPostgres(t)
+		pool := creditsPool(t, srv)
+		ib, err := inbox.New(pgxv5.New(pool), inbox.Config{})
+		if err == nil {
+			err = ib.Migrate(context.Background())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Reconfigure(t, "synchronous_commit", "off")
+		pgxWays["Process"](t, context.Background(), pool, ib)
+		crashAndCount(t, srv, pool, n)
+	})
 	t.Run("ProcessThroughPgBouncer", func(t *testing.T) {
 		srv, pool := asyncServer(t)
 		bounced := testenv.PgBouncerPool(t, srv.PgBouncer(t))
@@ -159,6 +175,11 @@ func sqlInbox(t *testing.T, srv *testenv.Postgres) *inbox.Inbox[*sql.Tx] {
 // synchronous_commit is off, with a table of credits.
 func asyncServer(t *testing.T) (*testenv.Postgres, *pgxpool.Pool) {
 	srv := testenv.StartPostgres(t, "synchronous_commit=off")
+	return srv, creditsPool(t, srv)
+}
+
+// creditsPool connects a pool to srv and creates the table of credits.
+func creditsPool(t *testing.T, srv *testenv.Postgres) *pgxpool.Pool {
 	pool, err := pgxpool.New(context.Background(), srv.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +188,7 @@ func asyncServer(t *testing.T) (*testenv.Postgres, *pgxpool.Pool) {
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE credits (id bigserial PRIMARY KEY, ref text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	return srv, pool
+	return pool
 }
 
 // crashAndCount kills the server right after n messages were reported

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem/internal/sqlmigrate"
@@ -92,14 +91,9 @@ type Inbox[TTx any] struct {
 	driver sqldriver.Driver[TTx]
 	schema string // of Table, "" for none
 	sql    struct {
-		claim, claimStrict, claimMany, claimManyEnd [2]string // [0] plain, [1] durably (Dialect.Durably)
+		claim, claimStrict, claimMany, claimManyEnd string
 		unclaim, version, sweep, list, find         string
 	}
-	// syncCommits: Migrate found that the driver's sessions commit
-	// synchronously, so the claims can leave out the durability condition
-	// (a function call, and in BeginClaim's simple query parsed anew on
-	// every call: ~20% of a claim's time measured).
-	syncCommits atomic.Bool
 }
 
 var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
@@ -123,18 +117,19 @@ func New[TTx any](driver sqldriver.Driver[TTx], cfg Config) (*Inbox[TTx], error)
 		i.schema = schema
 	}
 	d := driver.Dialect()
-	// [0] the plain claims; [1] the same with the condition that makes the
-	// transaction recording the key commit durably (Dialect.Durably),
-	// whoever began it: a consumer acknowledges the message once it
+	// The claims carry the condition that makes the transaction recording
+	// the key commit durably (Dialect.Durably), whoever began it and
+	// whatever the session's setting is when it runs (it may be turned off
+	// while the program runs): a consumer acknowledges the message once it
 	// commits, and its broker forgets it.
 	durably := d.Durably()
 	insert := `INSERT INTO ` + cfg.Table + ` (consumer, correlation_id, event_type, processed_at, consumer_version) `
 	row := `$1, $2, $3, ` + d.Now() + `, $4`
 	const onConflict = ` ON CONFLICT (consumer, correlation_id) DO NOTHING`
-	i.sql.claim = [2]string{insert + `VALUES (` + row + `)` + onConflict, insert + `SELECT ` + row + ` WHERE ` + durably + onConflict}
-	i.sql.claimStrict = [2]string{insert + `VALUES (` + row + `)`, insert + `SELECT ` + row + ` WHERE ` + durably}
-	i.sql.claimMany = [2]string{insert + `VALUES `, insert + `SELECT v.* FROM (VALUES `}
-	i.sql.claimManyEnd = [2]string{onConflict + ` RETURNING consumer, correlation_id`, `) AS v WHERE ` + durably + onConflict + ` RETURNING consumer, correlation_id`}
+	i.sql.claim = insert + `SELECT ` + row + ` WHERE ` + durably + onConflict
+	i.sql.claimStrict = insert + `SELECT ` + row + ` WHERE ` + durably
+	i.sql.claimMany = insert + `SELECT v.* FROM (VALUES `
+	i.sql.claimManyEnd = `) AS v WHERE ` + durably + onConflict + ` RETURNING consumer, correlation_id`
 	i.sql.unclaim = `DELETE FROM ` + cfg.Table + ` WHERE consumer = $1 AND correlation_id = $2`
 	i.sql.version = `INSERT INTO ` + cfg.VersionTable + ` AS v (entity, version, updated_at) VALUES ($1, $2, ` + d.Now() + `)
 ON CONFLICT (entity) DO UPDATE SET version = EXCLUDED.version, updated_at = EXCLUDED.updated_at
@@ -189,30 +184,11 @@ func (i *Inbox[TTx]) component() string { return "inbox:" + i.cfg.Table }
 // migrations, in one transaction under the migration lock, recorded in
 // idem_migrations (in the table's schema). Any number of processes may run
 // it at once.
-//
-// It also reads whether the driver's sessions commit synchronously; until
-// it has, every claim carries the condition that makes its transaction
-// commit durably where they do not (Dialect.Durably).
 func (i *Inbox[TTx]) Migrate(ctx context.Context) error {
 	if _, err := sqlmigrate.Apply(ctx, i.driver, i.schema, i.component(), i.Migrations()); err != nil {
 		return fmt.Errorf("idem/inbox: migrate: %w", err)
 	}
-	async, err := sqldriver.SessionsCommitAsync(ctx, i.driver.Dialect(), i.driver.Executor())
-	if err != nil {
-		return fmt.Errorf("idem/inbox: read synchronous_commit: %w", err)
-	}
-	i.syncCommits.Store(!async)
 	return nil
-}
-
-// durably is the index of the claim statements to use: 1, with the
-// condition that makes the transaction commit durably, until Migrate has
-// found that the driver's sessions commit synchronously.
-func (i *Inbox[TTx]) durably() int {
-	if i.syncCommits.Load() {
-		return 0
-	}
-	return 1
 }
 
 // ClaimTx inserts ev's key in tx. It returns Processed when the key is new
@@ -229,7 +205,7 @@ func (i *Inbox[TTx]) claim(ctx context.Context, tx sqldriver.Executor, ev Event)
 	if err := ev.validate(); err != nil {
 		return 0, err
 	}
-	n, err := tx.Exec(ctx, i.sql.claim[i.durably()], ev.Consumer, ev.CorrelationID, ev.Type, i.cfg.ConsumerVersion)
+	n, err := tx.Exec(ctx, i.sql.claim, ev.Consumer, ev.CorrelationID, ev.Type, i.cfg.ConsumerVersion)
 	if err != nil {
 		return 0, fmt.Errorf("idem/inbox: claim %s/%s: %w", ev.Consumer, ev.CorrelationID, err)
 	}
@@ -362,7 +338,7 @@ func (i *Inbox[TTx]) beginClaimed(ctx context.Context, ev Event) (tx TTx, out Ou
 		if err := ev.validate(); err != nil {
 			return tx, 0, err
 		}
-		tx, err := cb.BeginClaim(ctx, i.sql.claimStrict[i.durably()], ev.Consumer, ev.CorrelationID, ev.Type, i.cfg.ConsumerVersion)
+		tx, err := cb.BeginClaim(ctx, i.sql.claimStrict, ev.Consumer, ev.CorrelationID, ev.Type, i.cfg.ConsumerVersion)
 		if errors.Is(err, sqldriver.ErrRowExists) {
 			return tx, Duplicate, nil
 		}

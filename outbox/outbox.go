@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -124,9 +123,6 @@ type Store struct {
 	listen sqldriver.Listener // nil: the relay polls
 	// migrations runs Migrate's transaction under the migration lock.
 	migrations sqlmigrate.Conn
-	// syncCommits: Migrate found that the sessions commit synchronously;
-	// Enqueue then leaves out the condition that makes its commit durable.
-	syncCommits atomic.Bool
 }
 
 // Outbox is the Store written in the application's transactions, of type
@@ -259,11 +255,6 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := sqlmigrate.Apply(ctx, s.migrations, strings.TrimSuffix(s.schema, "."), "outbox", s.Migrations()); err != nil {
 		return fmt.Errorf("idem/outbox: migrate: %w", err)
 	}
-	async, err := sqldriver.SessionsCommitAsync(ctx, s.d, s.db)
-	if err != nil {
-		return fmt.Errorf("idem/outbox: read synchronous_commit: %w", err)
-	}
-	s.syncCommits.Store(!async)
 	return nil
 }
 
@@ -277,13 +268,10 @@ func (o *Outbox[TTx]) EnqueueTx(ctx context.Context, tx TTx, m Message) error {
 // Enqueue records m on its own (no business change with it), committed
 // durably before it returns: on PostgreSQL even where the session's
 // synchronous_commit is off, under which a crash loses the last commits
-// acknowledged (TestEnqueueSurvivesAServerCrash). (Until Migrate has found
-// that the sessions commit synchronously, its statement carries the
-// condition that raises the setting for its transaction.)
+// acknowledged, or turned off while the program runs
+// (TestEnqueueSurvivesAServerCrash…): its statement carries the condition
+// that raises the setting for its own transaction (Dialect.Durably).
 func (s *Store) Enqueue(ctx context.Context, m Message) error {
-	if s.syncCommits.Load() {
-		return s.enqueue(ctx, s.db, s.q.insert, m)
-	}
 	return s.enqueue(ctx, s.db, s.q.insertAlone, m)
 }
 

@@ -242,6 +242,22 @@ func TestRelayAfterAServerCrash(t *testing.T) {
 // business change's fate.
 func TestEnqueueSurvivesAServerCrash(t *testing.T) {
 	srv, pool, s := ownServer(t, "synchronous_commit=off")
+	enqueueAndCrash(t, srv, pool, s)
+}
+
+// TestEnqueueSurvivesAServerCrashAfterTheSettingChanged: the same where
+// the server's synchronous_commit is turned off while the program runs,
+// after Migrate saw it on.
+func TestEnqueueSurvivesAServerCrashAfterTheSettingChanged(t *testing.T) {
+	srv, pool, s := ownServer(t) // the default: on
+	srv.Reconfigure(t, "synchronous_commit", "off")
+	enqueueAndCrash(t, srv, pool, s)
+}
+
+// enqueueAndCrash enqueues 600 messages alone, crashes srv and wants them
+// all there after the restart.
+func enqueueAndCrash(t *testing.T, srv *testenv.Postgres, pool *pgxpool.Pool, s *outbox.Store) {
+	t.Helper()
 	ctx := context.Background()
 	const n = 600
 	for i := range n {

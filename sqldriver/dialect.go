@@ -49,11 +49,7 @@ CREATE TRIGGER ` + table + `_notify AFTER INSERT OR UPDATE OF status ON ` + dott
 }
 
 func (postgres) Durably() string {
-	return `set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) IS NOT NULL`
-}
-
-func (postgres) CommitsAsync() string {
-	return `SELECT current_setting('synchronous_commit') = 'off'`
+	return `(current_setting('synchronous_commit') <> 'off' OR set_config('synchronous_commit', 'on', true) IS NOT NULL)`
 }
 
 type sqlite struct{}
@@ -91,8 +87,6 @@ func (sqlite) CreateIndex(schema, name, table, definition string) string {
 func (sqlite) NotifyTrigger(string, string, string) string { return "" }
 
 func (sqlite) Durably() string { return "true" }
-
-func (sqlite) CommitsAsync() string { return "" }
 
 // dotted is schema.name, or name alone.
 func dotted(schema, name string) string {

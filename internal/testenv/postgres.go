@@ -209,3 +209,35 @@ func (p *Postgres) Start() error {
 	}
 	return nil
 }
+
+// Reconfigure changes a setting of the running server as an operator does
+// (ALTER SYSTEM, then a reload) and waits until a new session sees it:
+// sessions already open take it at their next statement. A setting given to
+// StartPostgres outranks it.
+func (p *Postgres) Reconfigure(t testing.TB, name, value string) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, p.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, `ALTER SYSTEM SET `+pgx.Identifier{name}.Sanitize()+` = `+pgx.Identifier{value}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 10*time.Second, "new sessions see "+name+" = "+value, func() error {
+		s, err := pgx.Connect(ctx, p.URL)
+		if err != nil {
+			return err
+		}
+		defer s.Close(ctx)
+		var v string
+		if err := s.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err != nil || v != value {
+			return fmt.Errorf("%s is %q (%v)", name, v, err)
+		}
+		return nil
+	})
+}

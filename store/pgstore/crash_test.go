@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem"
@@ -30,35 +29,47 @@ import (
 // the first. That holds whatever the server's default synchronous_commit:
 // with "off" PostgreSQL acknowledges a commit before its WAL is written
 // and loses the last fraction of a second of them to a crash — through
-// the store's own pool, a pool of the user's and PgBouncer alike. The same
-// Store, not reopened, must serve again after each crash.
+// the store's own pool, a pool of the user's and PgBouncer alike, and
+// where the setting is turned off while the store runs. The same Store,
+// not reopened, must serve again after each crash.
 func TestServerCrash(t *testing.T) {
 	ctx := context.Background()
 	own := func(t *testing.T, srv *testenv.Postgres) pgstore.Config {
 		return pgstore.Config{ConnString: srv.URL}
 	}
+	usersPool := func(t *testing.T, srv *testenv.Postgres) pgstore.Config {
+		pool, err := pgxpool.New(ctx, srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return pgstore.Config{Pool: pool}
+	}
+	bouncer := func(t *testing.T, srv *testenv.Postgres) pgstore.Config {
+		return pgstore.Config{ConnString: srv.PgBouncer(t), PgBouncer: true}
+	}
 	for _, c := range []struct {
 		name, setting string
-		config        func(*testing.T, *testenv.Postgres) pgstore.Config
+		// turnedOff: the server's default (on) is turned off while the
+		// store runs (ALTER SYSTEM and a reload, after Migrate, on the
+		// connections the store already has, as in a service that runs
+		// for days).
+		turnedOff bool
+		config    func(*testing.T, *testenv.Postgres) pgstore.Config
 	}{
-		{"synchronous_commit on", "synchronous_commit=on", own},
-		{"server default synchronous_commit off", "synchronous_commit=off", own},
-		{"server default synchronous_commit off, a pool of the user's", "synchronous_commit=off",
-			func(t *testing.T, srv *testenv.Postgres) pgstore.Config {
-				pool, err := pgxpool.New(ctx, srv.URL)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(pool.Close)
-				return pgstore.Config{Pool: pool}
-			}},
-		{"server default synchronous_commit off, through PgBouncer", "synchronous_commit=off",
-			func(t *testing.T, srv *testenv.Postgres) pgstore.Config {
-				return pgstore.Config{ConnString: srv.PgBouncer(t), PgBouncer: true}
-			}},
+		{"synchronous_commit on", "synchronous_commit=on", false, own},
+		{"server default synchronous_commit off", "synchronous_commit=off", false, own},
+		{"server default synchronous_commit off, a pool of the user's", "synchronous_commit=off", false, usersPool},
+		{"server default synchronous_commit off, through PgBouncer", "synchronous_commit=off", false, bouncer},
+		{"synchronous_commit turned off while it runs, a pool of the user's", "", true, usersPool},
+		{"synchronous_commit turned off while it runs, through PgBouncer", "", true, bouncer},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			srv := testenv.StartPostgres(t, c.setting)
+			var settings []string // a setting given here would outrank ALTER SYSTEM
+			if c.setting != "" {
+				settings = append(settings, c.setting)
+			}
+			srv := testenv.StartPostgres(t, settings...)
 			cfg := c.config(t, srv)
 			cfg.Schema = "idem"
 			s, err := pgstore.Open(ctx, cfg)
@@ -66,6 +77,10 @@ func TestServerCrash(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
+			if c.turnedOff {
+				testenv.CompleteMany(t, s, 100, func(i int) string { return fmt.Sprintf("warm%03d", i) })
+				srv.Reconfigure(t, "synchronous_commit", "off")
+			}
 			crashCheck(t, s, srv, c.name)
 		})
 	}
@@ -201,8 +216,9 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 // ServerWarnings says so where it is off; a pool of the user's and
 // PgBouncer keep the server's setting and the store's writes raise it for
 // their own transactions (TestServerCrash shows they lose nothing), so
-// nothing is to be warned of. Where the sessions commit synchronously,
-// the statements do not carry that condition, once Migrate has seen it.
+// nothing is to be warned of — also where the sessions commit
+// synchronously now, for the setting may be turned off while the store
+// runs (TestServerCrash).
 func TestSynchronousCommit(t *testing.T) {
 	srv := testenv.StartPostgres(t, "synchronous_commit=off")
 	ctx := context.Background()
@@ -256,20 +272,10 @@ func TestSynchronousCommit(t *testing.T) {
 	})
 	t.Run("PgBouncerCommittingSynchronously", func(t *testing.T) { // the shared server: on
 		s := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: testenv.StartPgBouncer(t), PgBouncer: true})
-		check(t, s, "on", false, false)
+		check(t, s, "on", true, false)
 	})
 	t.Run("PoolOfTheUsersCommittingSynchronously", func(t *testing.T) {
-		s, err := pgstore.New(pgstore.Config{Pool: pool(t, srv.URL+"&synchronous_commit=on"), Schema: "idem"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !s.WritesDurably() {
-			t.Fatal("before Migrate has read the sessions' setting, the writes must raise it themselves")
-		}
-		if err := s.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		check(t, s, "on", false, false)
+		check(t, open(t, pgstore.Config{Pool: pool(t, srv.URL+"&synchronous_commit=on")}), "on", true, false)
 	})
 }
 
@@ -290,42 +296,4 @@ func TestFsyncWarning(t *testing.T) {
 	if len(w) != 1 || !strings.Contains(w[0], "fsync is off") {
 		t.Fatalf("warnings %q, want one saying fsync is off", w)
 	}
-}
-
-// TestPgBouncerSeesALaterSetting: behind PgBouncer, a server whose default
-// synchronous_commit is turned off while the store runs (ALTER SYSTEM and
-// a reload) is seen on the store's next new connection, which makes its
-// writes raise the setting themselves from then on — not only at the next
-// Migrate.
-func TestPgBouncerSeesALaterSetting(t *testing.T) {
-	srv := testenv.StartPostgres(t)
-	ctx := context.Background()
-	s, err := pgstore.Open(ctx, pgstore.Config{ConnString: srv.PgBouncer(t), PgBouncer: true, Schema: "idem"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if s.WritesDurably() {
-		t.Fatal("on a server that commits synchronously, the writes carry the condition")
-	}
-	admin, err := pgx.Connect(ctx, srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	for _, q := range []string{`ALTER SYSTEM SET synchronous_commit = off`, `SELECT pg_reload_conf()`} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	testenv.Eventually(t, 10*time.Second, "the store's new connections see synchronous_commit off", func() error {
-		s.Pool().Reset() // as connections are replaced in time (pool_max_conn_lifetime)
-		if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
-			return fmt.Errorf("a call: %v", err)
-		}
-		if !s.WritesDurably() {
-			return errors.New("the store's writes do not raise synchronous_commit")
-		}
-		return nil
-	})
 }

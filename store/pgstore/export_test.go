@@ -36,4 +36,4 @@ func (s *Store) DeleteStatement() string { return s.stmts().del }
 
 // WritesDurably reports whether the store's writes raise a
 // synchronous_commit of off for their own transactions.
-func (s *Store) WritesDurably() bool { return s.durably.Load() }
+func (s *Store) WritesDurably() bool { return s.durably }

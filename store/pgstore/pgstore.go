@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -55,15 +54,12 @@ type Config struct {
 	Schema string
 	// PgBouncer makes every statement work behind PgBouncer in transaction
 	// mode: no named prepared statements (pgx QueryExecModeExec), no
-	// session settings — where the server's synchronous_commit is off (as
-	// Migrate reads it, and each new connection after it: a server turned
-	// to off later is seen as the pool replaces its connections, within
-	// pool_max_conn_lifetime), each write raises it to on for its own
-	// transaction instead. Costs a little speed. Defaults to false.
-	//
-	// A session SET that another client of the bouncer leaves on a server
-	// connection outlives its transaction: PgBouncer's documentation warns
-	// against it, and the store cannot see it.
+	// session settings — where synchronous_commit is off when a write runs
+	// (the server's default, turned off while the program runs, or a
+	// session SET another client of the bouncer left on the server
+	// connection), the write raises it to on for its own transaction
+	// instead. Costs a little speed (statements parsed on every call).
+	// Defaults to false.
 	PgBouncer bool
 	// SkipMigrate leaves the schema alone at Open (run Migrate yourself).
 	SkipMigrate bool
@@ -123,13 +119,11 @@ type Store struct {
 	table  string
 	schema string
 	limits idem.Limits
-	// sql holds the statements, [1] those that commit durably
-	// (buildSQL); durably says which to use.
-	sql     [2]statements
-	durably atomic.Bool
-	// readCommits makes Migrate read whether the sessions commit
-	// synchronously, and set durably (a pool of the user's).
-	readCommits bool
+	// sql holds the statements: those that commit durably (buildSQL),
+	// unless the store's own pool set its sessions' synchronous_commit at
+	// connect (Open); durably says which.
+	sql     statements
+	durably bool
 
 	acquires *coalesce.Group[acquireCall, idem.Acquisition] // nil: NoCoalesce
 	settles  *coalesce.Group[settleCall, struct{}]
@@ -165,20 +159,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("idem/pgstore: Config.ConnString: %w", err)
 	}
 	// Behind a transaction-pooling PgBouncer a session setting cannot be
-	// made: as with a pool of the user's, Migrate reads the sessions'
-	// setting and, until it has or where it is off, each write raises it
-	// for its own transaction. Each new connection reads it again, so
-	// that a server turned to off later is seen as connections are
-	// replaced.
-	var made atomic.Pointer[Store]
+	// made: as through a pool of the user's, each write raises it for its
+	// own transaction where it is off (see New).
 	if cfg.PgBouncer {
 		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-		pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-			if s := made.Load(); s != nil { // else Migrate reads it first
-				return s.noteAsyncCommits(ctx, c)
-			}
-			return nil
-		}
 	} else if _, set := pc.ConnConfig.RuntimeParams["synchronous_commit"]; !set {
 		pc.AfterConnect = commitSynchronously
 	}
@@ -194,8 +178,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("idem/pgstore: %w", err)
 	}
 	s := newStore(pool, cfg.Schema, cfg.Limits, !cfg.NoCoalesce, durably)
-	s.owned, s.readCommits = true, durably
-	made.Store(s)
+	s.owned = true
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
 			pool.Close()
@@ -218,28 +201,13 @@ func commitSynchronously(ctx context.Context, c *pgx.Conn) error {
 	return err
 }
 
-// noteAsyncCommits makes the store's writes raise synchronous_commit
-// themselves if c's session has it off (never the reverse: only Migrate
-// lowers them).
-func (s *Store) noteAsyncCommits(ctx context.Context, c *pgx.Conn) error {
-	var async bool
-	if err := c.QueryRow(ctx, sqldriver.Postgres.CommitsAsync()).Scan(&async); err != nil {
-		return err
-	}
-	if async {
-		s.durably.Store(true)
-	}
-	return nil
-}
-
 // ServerWarnings reads the settings idem's promises depend on, as the
 // store's sessions see them, and says what is off: a synchronous_commit of
 // off that the store's writes keep, under which a crash of the server
 // loses the last acknowledged claims and completions. That is only where
 // the connection string Open was given sets it: Open raises it for its
-// own sessions, and the writes made through a pool of yours (Config.Pool,
-// read by Migrate) or through PgBouncer raise it for their own
-// transactions.
+// own sessions, and the writes made through a pool of yours (Config.Pool)
+// or through PgBouncer raise it for their own transactions.
 //
 // It also names a server whose fsync is off: a crash of the machine or a
 // power loss then loses or corrupts committed records, whatever the store
@@ -253,19 +221,20 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 	if fsync == "off" {
 		warnings = append(warnings, "fsync is off on the server: a crash of the machine or a power loss loses or corrupts committed records (claims, whose keys a second owner then runs beside the first, and completions, whose work then runs again); set fsync to on")
 	}
-	if v == "off" && !s.durably.Load() {
+	if v == "off" && !s.durably {
 		warnings = append(warnings, "synchronous_commit is off for the store's sessions: a crash of the server loses the last acknowledged claims (a second owner then runs a key beside the first) and completions (their work runs again); set it to on (or local) for the store's role or database, or leave it out of the connection string")
 	}
 	return warnings, nil
 }
 
 // New returns a store on cfg.Pool, without any I/O; Close leaves the pool
-// open. Run Migrate (or Open) once before use: it also reads whether the
-// pool's sessions acknowledge commits before they are on disk
-// (synchronous_commit off). Until it has, and where they do, each write
-// raises the setting for its own transaction (a condition in the
-// statement: no round trip more), so that a crash of the server loses
-// nothing acknowledged.
+// open. Run Migrate (or Open) once before use. The pool's sessions take
+// the server's (or role's, or database's) synchronous_commit, which may be
+// off — PostgreSQL then acknowledges a commit before it is on disk — or be
+// turned off while the program runs: each write raises it for its own
+// transaction where it is off when the statement runs (a condition in the
+// statement: no round trip more, one read of the setting where it is not
+// off), so that a crash of the server loses nothing acknowledged.
 func New(cfg Config) (*Store, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("idem/pgstore: Config.Pool is required (Open connects from Config.ConnString)")
@@ -273,9 +242,7 @@ func New(cfg Config) (*Store, error) {
 	if cfg.ConnString != "" || cfg.PgBouncer {
 		return nil, errors.New("idem/pgstore: Config.ConnString and Config.PgBouncer are Open's: configure the pool itself")
 	}
-	s := newStore(cfg.Pool, cfg.Schema, cfg.Limits, !cfg.NoCoalesce, true)
-	s.readCommits = true
-	return s, nil
+	return newStore(cfg.Pool, cfg.Schema, cfg.Limits, !cfg.NoCoalesce, true), nil
 }
 
 func newStore(pool *pgxpool.Pool, schema string, limits idem.Limits, coalesced, durably bool) *Store {
@@ -284,8 +251,7 @@ func newStore(pool *pgxpool.Pool, schema string, limits idem.Limits, coalesced, 
 		table = pgx.Identifier{schema, "idem_records"}
 	}
 	s := &Store{pool: pool, table: table.Sanitize(), schema: schema, limits: limits.WithDefaults()}
-	s.sql = [2]statements{buildSQL(s.table, false), buildSQL(s.table, true)}
-	s.durably.Store(durably)
+	s.sql, s.durably = buildSQL(s.table, durably), durably
 	if coalesced {
 		s.acquires = coalesce.New(coalesce.Config[acquireCall]{MaxBatch: maxBatch,
 			Key: func(c acquireCall) string { return c.key }}, s.acquireOne, s.acquireMany)
@@ -332,14 +298,8 @@ func statementsOf(schema string) statements {
 	return buildSQL(table.Sanitize(), false)
 }
 
-// stmts returns the statements to use: those that commit durably unless
-// the store's sessions commit synchronously (see Store.durably).
-func (s *Store) stmts() *statements {
-	if s.durably.Load() {
-		return &s.sql[1]
-	}
-	return &s.sql[0]
-}
+// stmts returns the store's statements (see Store.sql).
+func (s *Store) stmts() *statements { return &s.sql }
 
 // expiryAfter is the SQL of the expiry ms milliseconds (an SQL expression)
 // from now: for a retention of a minute or more, rounded up to the next
@@ -529,20 +489,10 @@ func (s *Store) Migrations() []sqlmigrate.Step {
 // Migrate creates or upgrades the schema: the missing numbered migrations,
 // in one transaction under an advisory lock (every idem migration takes the
 // same one), recorded in idem_migrations. Any number of processes may run
-// it at once; it is idempotent. On a pool of yours (New) it also reads the
-// sessions' synchronous_commit (see New); a setting changed later is read
-// by the next Migrate.
+// it at once; it is idempotent.
 func (s *Store) Migrate(ctx context.Context) error {
-	driver := pgxv5.New(s.pool)
-	if _, err := sqlmigrate.Apply(ctx, driver, s.schema, "records", s.Migrations()); err != nil {
+	if _, err := sqlmigrate.Apply(ctx, pgxv5.New(s.pool), s.schema, "records", s.Migrations()); err != nil {
 		return wrap("migrate", err)
-	}
-	if s.readCommits {
-		async, err := sqldriver.SessionsCommitAsync(ctx, sqldriver.Postgres, driver.Executor())
-		if err != nil {
-			return wrap("read synchronous_commit", err)
-		}
-		s.durably.Store(async)
 	}
 	return nil
 }
