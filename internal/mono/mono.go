@@ -28,6 +28,8 @@ func (t Time) Add(d time.Duration) Time { return t + Time(d) }
 func Until(t Time) time.Duration { return t.Sub(Now()) }
 
 // Wall returns t as a time.Time (carrying the monotonic reading, so
-// time.Until and Sub of it count on the monotonic clock), for an API that
-// takes one.
+// time.Until, Before and Sub of it count on the monotonic clock), for an
+// API that takes one. Its wall-clock reading is the epoch's plus t: it
+// differs from time.Now's by whatever step the wall clock took since the
+// process started.
 func (t Time) Wall() time.Time { return epoch.Add(time.Duration(t)) }
