@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem"
@@ -48,6 +49,14 @@ func TestServerCrash(t *testing.T) {
 	bouncer := func(t *testing.T, srv *testenv.Postgres) pgstore.Config {
 		return pgstore.Config{ConnString: srv.PgBouncer(t), PgBouncer: true}
 	}
+	// Another client of the same bouncer leaves a session SET on every
+	// server connection (it outlives its transaction in transaction
+	// pooling), which the store's statements then run on.
+	taintedBouncer := func(t *testing.T, srv *testenv.Postgres) pgstore.Config {
+		url := srv.PgBouncer(t)
+		leaveSessionsAsync(t, url)
+		return pgstore.Config{ConnString: url, PgBouncer: true}
+	}
 	for _, c := range []struct {
 		name, setting string
 		// turnedOff: the server's default (on) is turned off while the
@@ -63,6 +72,7 @@ func TestServerCrash(t *testing.T) {
 		{"server default synchronous_commit off, through PgBouncer", "synchronous_commit=off", false, bouncer},
 		{"synchronous_commit turned off while it runs, a pool of the user's", "", true, usersPool},
 		{"synchronous_commit turned off while it runs, through PgBouncer", "", true, bouncer},
+		{"synchronous_commit off left on PgBouncer's server connections by another client", "", false, taintedBouncer},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var settings []string // a setting given here would outrank ALTER SYSTEM
@@ -83,6 +93,42 @@ func TestServerCrash(t *testing.T) {
 			}
 			crashCheck(t, s, srv, c.name)
 		})
+	}
+}
+
+// leaveSessionsAsync sets synchronous_commit off, at session level, on
+// every server connection of the PgBouncer at url (its default_pool_size:
+// 20), as a careless client of the same bouncer would: each of 20 clients
+// holds a transaction at once, so each has a server connection of its own.
+func leaveSessionsAsync(t *testing.T, url string) {
+	ctx := context.Background()
+	const serverConns = 20
+	conns := make([]*pgx.Conn, serverConns)
+	for i := range conns {
+		cfg, err := pgx.ParseConfig(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+		if conns[i], err = pgx.ConnectConfig(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		defer conns[i].Close(ctx)
+		if _, err := conns[i].Exec(ctx, `BEGIN`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conns[i].Exec(ctx, `SET synchronous_commit = off`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range conns {
+		if _, err := c.Exec(ctx, `COMMIT`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var v string
+	if err := conns[0].QueryRow(ctx, `SHOW synchronous_commit`).Scan(&v); err != nil || v != "off" {
+		t.Fatalf("after the SETs a server connection has synchronous_commit %q (%v), want off", v, err)
 	}
 }
 
