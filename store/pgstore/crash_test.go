@@ -24,7 +24,8 @@ import (
 // (made by many goroutines: coalesced statements too), then, each followed
 // by a crash of its own (a commit that reaches the disk takes every
 // earlier one with it, so each kind must be the last before a crash), 200
-// claims, 200 completions, 200 heartbeats and 200 archives. Nothing
+// claims one by one, 200 by eight goroutines (coalesced statements), 200
+// completions, 200 heartbeats and 200 archives. Nothing
 // acknowledged may be lost: a lost completion or archive runs its work
 // again, a lost claim or heartbeat lets a second owner run the key beside
 // the first. That holds whatever the server's default synchronous_commit:
@@ -163,6 +164,30 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 		{"claims", func(keys []string) {
 			for _, k := range keys {
 				claim(k, time.Hour)
+				want[k] = time.Now().Add(30 * time.Minute)
+			}
+		}},
+		{"claims by many goroutines", func(keys []string) { // coalesced acquisitions
+			var wg sync.WaitGroup
+			errs := make([]error, len(keys))
+			for g := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for j := g; j < len(keys); j += 8 {
+						a, err := s.Acquire(ctx, idem.AcquireRequest{Key: keys[j], Lease: time.Hour, Retention: time.Hour})
+						if err == nil && a.Outcome != idem.Acquired {
+							err = fmt.Errorf("%s: %v", keys[j], a.Outcome)
+						}
+						errs[j] = err
+					}
+				}()
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range keys {
 				want[k] = time.Now().Add(30 * time.Minute)
 			}
 		}},
