@@ -25,7 +25,8 @@ import (
 // by a crash of its own (a commit that reaches the disk takes every
 // earlier one with it, so each kind must be the last before a crash), 200
 // claims one by one, 200 by eight goroutines (coalesced statements), 200
-// completions, 200 heartbeats and 200 archives. Nothing
+// completions, 200 heartbeats, 200 archives, 200 releases and 200
+// deletes. Nothing
 // acknowledged may be lost: a lost completion or archive runs its work
 // again, a lost claim or heartbeat lets a second owner run the key beside
 // the first. That holds whatever the server's default synchronous_commit:
@@ -138,9 +139,17 @@ func leaveSessionsAsync(t *testing.T, url string) {
 func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name string) {
 	ctx := context.Background()
 	key := func(i int) string { return fmt.Sprintf("k%05d", i) }
-	// want says what each key written so far must be: completed, or
-	// claimed with a lease lasting at least until the time given.
-	want := map[string]time.Time{} // the zero time: completed
+	// want says what each key written so far must be.
+	type expect struct {
+		state      idem.State // completed, released, or in flight with a lease
+		leaseFloor time.Time  // lasting at least until then
+		absent     bool       // deleted
+	}
+	completed := expect{state: idem.StateCompleted}
+	claimed := func() expect {
+		return expect{state: idem.StateInFlight, leaseFloor: time.Now().Add(30 * time.Minute)}
+	}
+	want := map[string]expect{}
 	claim := func(k string, lease time.Duration) uint64 {
 		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: lease, Retention: time.Hour})
 		if err == nil && a.Outcome != idem.Acquired {
@@ -155,7 +164,7 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 	next := 2000
 	testenv.CompleteMany(t, s, next, key)
 	for i := range next {
-		want[key(i)] = time.Time{}
+		want[key(i)] = completed
 	}
 	for _, phase := range []struct {
 		kind  string
@@ -164,7 +173,7 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 		{"claims", func(keys []string) {
 			for _, k := range keys {
 				claim(k, time.Hour)
-				want[k] = time.Now().Add(30 * time.Minute)
+				want[k] = claimed()
 			}
 		}},
 		{"claims by many goroutines", func(keys []string) { // coalesced acquisitions
@@ -188,7 +197,7 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 				t.Fatal(err)
 			}
 			for _, k := range keys {
-				want[k] = time.Now().Add(30 * time.Minute)
+				want[k] = claimed()
 			}
 		}},
 		{"completions", func(keys []string) {
@@ -212,7 +221,7 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 				t.Fatal(err)
 			}
 			for _, k := range keys {
-				want[k] = time.Time{}
+				want[k] = completed
 			}
 		}},
 		{"heartbeats", func(keys []string) {
@@ -224,7 +233,7 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 				if err := s.Heartbeat(ctx, k, fences[j], time.Hour); err != nil {
 					t.Fatal(err)
 				}
-				want[k] = time.Now().Add(30 * time.Minute)
+				want[k] = claimed()
 			}
 		}},
 		{"archives", func(keys []string) {
@@ -233,7 +242,31 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 				if stored, err := s.ArchiveStored(ctx, rec, time.Hour); err != nil || !stored {
 					t.Fatalf("archive %s: stored %v, %v", k, stored, err)
 				}
-				want[k] = time.Time{}
+				want[k] = completed
+			}
+		}},
+		// A lost release keeps the key in flight until its lease ends (the
+		// retry waits); a lost delete brings the record back (a duplicate
+		// is answered from it instead of running anew).
+		{"releases", func(keys []string) {
+			fences := make([]uint64, len(keys))
+			for j, k := range keys {
+				fences[j] = claim(k, time.Hour)
+			}
+			for j, k := range keys {
+				if err := s.Release(ctx, k, fences[j]); err != nil {
+					t.Fatal(err)
+				}
+				want[k] = expect{state: idem.StateReleased}
+			}
+		}},
+		{"deletes", func(keys []string) {
+			testenv.CompleteMany(t, s, len(keys), func(j int) string { return keys[j] })
+			for _, k := range keys {
+				if err := s.Delete(ctx, k); err != nil {
+					t.Fatal(err)
+				}
+				want[k] = expect{absent: true}
 			}
 		}},
 	} {
@@ -259,15 +292,16 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 			return err
 		})
 		var lost []string
-		for k, leaseFloor := range want {
+		for k, w := range want {
 			r, err := s.Get(ctx, k)
 			switch {
 			case errors.Is(err, idem.ErrNotFound):
-				lost = append(lost, k)
+				if !w.absent {
+					lost = append(lost, k)
+				}
 			case err != nil:
 				t.Fatal(err)
-			case leaseFloor.IsZero() && r.State != idem.StateCompleted,
-				!leaseFloor.IsZero() && (r.State != idem.StateInFlight || r.LeaseUntil.Before(leaseFloor)):
+			case w.absent, r.State != w.state, r.LeaseUntil.Before(w.leaseFloor):
 				lost = append(lost, k)
 			}
 		}
