@@ -78,7 +78,7 @@ func (s *Store) acquireGroup(ctx context.Context, calls []acquireCall, idx []int
 	}
 	first := &calls[idx[0]]
 	err := func() error {
-		rows, err := s.pool.Query(ctx, s.stmts().acquireMany, keys, fps, first.lease, first.keep, first.maxAttempts)
+		rows, err := s.pool.Query(ctx, s.sql.acquireMany, keys, fps, first.lease, first.keep, first.maxAttempts)
 		if err != nil {
 			return err
 		}
@@ -140,7 +140,7 @@ func (s *Store) settleMany(ctx context.Context, calls []settleCall, _ []struct{}
 	}
 	settled := make([]bool, len(calls))
 	err := func() error {
-		rows, err := s.pool.Query(ctx, s.stmts().settleMany, keys, fences, keeps, states, results)
+		rows, err := s.pool.Query(ctx, s.sql.settleMany, keys, fences, keeps, states, results)
 		if err != nil {
 			return err
 		}

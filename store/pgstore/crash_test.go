@@ -150,15 +150,20 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 		return expect{state: idem.StateInFlight, leaseFloor: time.Now().Add(30 * time.Minute)}
 	}
 	want := map[string]expect{}
-	claim := func(k string, lease time.Duration) uint64 {
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: lease, Retention: time.Hour})
-		if err == nil && a.Outcome != idem.Acquired {
-			err = fmt.Errorf("%s: %v", k, a.Outcome)
+	// claimAll claims keys one by one and returns their fences.
+	claimAll := func(keys []string, lease time.Duration) []uint64 {
+		fences := make([]uint64, len(keys))
+		for j, k := range keys {
+			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: lease, Retention: time.Hour})
+			if err == nil && a.Outcome != idem.Acquired {
+				err = fmt.Errorf("%s: %v", k, a.Outcome)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			fences[j] = a.Fence
 		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return a.Fence
+		return fences
 	}
 	const n = 200
 	next := 2000
@@ -171,8 +176,8 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 		write func(keys []string)
 	}{
 		{"claims", func(keys []string) {
+			claimAll(keys, time.Hour)
 			for _, k := range keys {
-				claim(k, time.Hour)
 				want[k] = claimed()
 			}
 		}},
@@ -201,10 +206,7 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 			}
 		}},
 		{"completions", func(keys []string) {
-			fences := make([]uint64, len(keys))
-			for j, k := range keys {
-				fences[j] = claim(k, time.Hour)
-			}
+			fences := claimAll(keys, time.Hour)
 			var wg sync.WaitGroup
 			errs := make([]error, len(keys))
 			for g := range 8 { // coalesced statements too
@@ -225,10 +227,7 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 			}
 		}},
 		{"heartbeats", func(keys []string) {
-			fences := make([]uint64, len(keys))
-			for j, k := range keys {
-				fences[j] = claim(k, time.Minute)
-			}
+			fences := claimAll(keys, time.Minute)
 			for j, k := range keys {
 				if err := s.Heartbeat(ctx, k, fences[j], time.Hour); err != nil {
 					t.Fatal(err)
@@ -249,10 +248,7 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 		// retry waits); a lost delete brings the record back (a duplicate
 		// is answered from it instead of running anew).
 		{"releases", func(keys []string) {
-			fences := make([]uint64, len(keys))
-			for j, k := range keys {
-				fences[j] = claim(k, time.Hour)
-			}
+			fences := claimAll(keys, time.Hour)
 			for j, k := range keys {
 				if err := s.Release(ctx, k, fences[j]); err != nil {
 					t.Fatal(err)

@@ -32,7 +32,7 @@ func CompleteBatch(ctx context.Context, s *Store, keys []string, fences []uint64
 
 // DeleteStatement is the statement Delete runs ($1 the key), for a test that
 // holds a delete's transaction open.
-func (s *Store) DeleteStatement() string { return s.stmts().del }
+func (s *Store) DeleteStatement() string { return s.sql.del }
 
 // WritesDurably reports whether the store's writes raise a
 // synchronous_commit of off for their own transactions.

@@ -298,9 +298,6 @@ func statementsOf(schema string) statements {
 	return buildSQL(table.Sanitize(), false)
 }
 
-// stmts returns the store's statements (see Store.sql).
-func (s *Store) stmts() *statements { return &s.sql }
-
 // expiryAfter is the SQL of the expiry ms milliseconds (an SQL expression)
 // from now: for a retention of a minute or more, rounded up to the next
 // whole second, so that a settle a moment after its acquire (the same
@@ -564,7 +561,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 
 func (s *Store) acquireOne(ctx context.Context, c acquireCall) (idem.Acquisition, error) {
 	var outcome int16
-	rec, err := scanRecord(s.pool.QueryRow(ctx, s.stmts().acquire, c.key, c.fp, c.lease, c.keep, c.maxAttempts), &outcome)
+	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.acquire, c.key, c.fp, c.lease, c.keep, c.maxAttempts), &outcome)
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
 	}
@@ -595,7 +592,7 @@ func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease t
 	if err := s.limits.CheckHeartbeat(key, lease); err != nil {
 		return err
 	}
-	return s.exec(ctx, "heartbeat", s.stmts().heartbeat, key, int64(fence), lease.Milliseconds())
+	return s.exec(ctx, "heartbeat", s.sql.heartbeat, key, int64(fence), lease.Milliseconds())
 }
 
 // Complete implements idem.Store.
@@ -629,7 +626,7 @@ func (s *Store) settleOne(ctx context.Context, c settleCall) (struct{}, error) {
 	if c.state == int16(idem.StateFailed) {
 		op = "fail"
 	}
-	return struct{}{}, s.exec(ctx, op, s.stmts().settle, c.key, c.fence, c.keep, c.state, c.result)
+	return struct{}{}, s.exec(ctx, op, s.sql.settle, c.key, c.fence, c.keep, c.state, c.result)
 }
 
 // Release implements idem.Store.
@@ -637,7 +634,7 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	return s.exec(ctx, "release", s.stmts().release, key, int64(fence))
+	return s.exec(ctx, "release", s.sql.release, key, int64(fence))
 }
 
 // Unclaim implements idem.Unclaimer with one statement.
@@ -645,7 +642,7 @@ func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	return s.exec(ctx, "unclaim", s.stmts().unclaim, key, int64(fence))
+	return s.exec(ctx, "unclaim", s.sql.unclaim, key, int64(fence))
 }
 
 // Get implements idem.Store.
@@ -653,7 +650,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return idem.Record{}, err
 	}
-	rec, err := scanRecord(s.pool.QueryRow(ctx, s.stmts().get, key))
+	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.get, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
@@ -676,8 +673,8 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 	// One implicit transaction: the lock is released at its end, and the
 	// read, a statement of its own, takes its snapshot after the lock.
 	b := &pgx.Batch{}
-	b.Queue(s.stmts().awaitArchives, key)
-	b.Queue(s.stmts().get, key)
+	b.Queue(s.sql.awaitArchives, key)
+	b.Queue(s.sql.get, key)
 	br := s.pool.SendBatch(ctx, b)
 	_, err := br.Exec()
 	var rec idem.Record
@@ -697,13 +694,13 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	_, err := s.pool.Exec(ctx, s.stmts().del, key)
+	_, err := s.pool.Exec(ctx, s.sql.del, key)
 	return wrap("delete", err)
 }
 
 // DeleteUpTo implements idem.FencedDeleter.
 func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
-	_, err := s.pool.Exec(ctx, s.stmts().delUpTo, key, int64(fence))
+	_, err := s.pool.Exec(ctx, s.sql.delUpTo, key, int64(fence))
 	return wrap("delete", err)
 }
 
@@ -722,7 +719,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	swept := 0
 	for swept < limit {
 		n := min(sweepChunk, limit-swept)
-		tag, err := s.pool.Exec(ctx, s.stmts().sweep, n)
+		tag, err := s.pool.Exec(ctx, s.sql.sweep, n)
 		if err != nil {
 			return swept, wrap("sweep", err)
 		}
@@ -743,7 +740,7 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	if limit <= 0 {
 		limit = 1000
 	}
-	rows, err := s.pool.Query(ctx, s.stmts().list, after, limit)
+	rows, err := s.pool.Query(ctx, s.sql.list, after, limit)
 	if err != nil {
 		return nil, wrap("list", err)
 	}
@@ -786,7 +783,7 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 	}
 	var inTime bool
 	var stored int64
-	err := s.pool.QueryRow(ctx, s.stmts().archive, rec.Key, int16(rec.State), int64(rec.Fence), rec.Fingerprint, int32(rec.Attempts), result,
+	err := s.pool.QueryRow(ctx, s.sql.archive, rec.Key, int16(rec.State), int64(rec.Fence), rec.Fingerprint, int32(rec.Attempts), result,
 		retention.Milliseconds(), deadline).Scan(&inTime, &stored)
 	if err == nil && !inTime {
 		return false, ErrArchiveLate
