@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -19,6 +20,7 @@ type Proxy struct {
 
 	mu      sync.Mutex
 	ln      net.Listener
+	hold    *portHold // while cut: the address, kept for Restore
 	conns   map[net.Conn]struct{}
 	stalled chan struct{} // non-nil while stalled: closed by Unstall
 	delay   time.Duration // each direction, for connections opened after SetDelay
@@ -28,13 +30,13 @@ type Proxy struct {
 func StartProxy(t testing.TB, target string) *Proxy {
 	t.Helper()
 	p := &Proxy{t: t, target: target, conns: map[net.Conn]struct{}{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenHoldable("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.addr = ln.Addr().String()
 	p.serve(ln)
-	t.Cleanup(p.Cut)
+	t.Cleanup(p.close)
 	return p
 }
 
@@ -197,13 +199,32 @@ func (p *Proxy) Unstall() {
 	}
 }
 
-// Cut closes every proxied connection and stops accepting new ones.
-func (p *Proxy) Cut() {
+// Cut closes every proxied connection and refuses new ones until Restore.
+// The address stays the proxy's meanwhile (on Linux): no other socket — a
+// connection given the port as its ephemeral port, another server — can
+// take it and make Restore fail.
+func (p *Proxy) Cut() { p.cut(true) }
+
+// close cuts the proxy for good when its test ends.
+func (p *Proxy) close() { p.cut(false) }
+
+func (p *Proxy) cut(keepAddr bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ln != nil {
+		if keepAddr {
+			hold, err := holdPort(p.addr)
+			if err != nil && !errors.Is(err, errors.ErrUnsupported) {
+				p.t.Errorf("proxy: %v", err)
+			}
+			p.hold = hold // bound before the listener goes: never free
+		}
 		p.ln.Close()
 		p.ln = nil
+	}
+	if !keepAddr && p.hold != nil {
+		p.hold.release()
+		p.hold = nil
 	}
 	for c := range p.conns {
 		c.Close()
@@ -215,12 +236,23 @@ func (p *Proxy) Cut() {
 	}
 }
 
-// Restore accepts connections again on the same address.
+// Restore accepts connections again on the same address. It may be called
+// from any goroutine; a failure fails the test.
 func (p *Proxy) Restore() {
-	p.t.Helper()
-	ln, err := net.Listen("tcp", p.addr)
+	p.mu.Lock()
+	hold := p.hold
+	p.hold = nil
+	p.mu.Unlock()
+	var ln net.Listener
+	var err error
+	if hold != nil {
+		ln, err = hold.listen()
+	} else {
+		ln, err = listenHoldable(p.addr)
+	}
 	if err != nil {
-		p.t.Fatalf("proxy: listen again on %s: %v", p.addr, err)
+		p.t.Errorf("proxy: listen again on %s: %v", p.addr, err)
+		return
 	}
 	p.serve(ln)
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -95,4 +96,48 @@ func serveLoopback(t *testing.T, handle func(net.Conn)) string {
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// TestCutHoldsTheAddress: while a proxy is cut, no other socket can take
+// its address — here a client's connection bound to the proxy's port, as a
+// connection given that port as its ephemeral port would be (which made
+// Restore fail: "address already in use") — connections to it are refused,
+// and Restore then forwards on it again. Cut and Restore twice.
+func TestCutHoldsTheAddress(t *testing.T) {
+	p := StartProxy(t, serveLoopback(t, func(c net.Conn) { io.Copy(c, c); c.Close() }))
+	elsewhere := serveLoopback(t, func(c net.Conn) { io.Copy(io.Discard, c) })
+	port := p.Addr()[strings.LastIndexByte(p.Addr(), ':')+1:]
+	local, err := net.ResolveTCPAddr("tcp", net.JoinHostPort("127.0.0.1", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		p.Cut()
+		if c, err := (&net.Dialer{LocalAddr: local}).Dial("tcp", elsewhere); err == nil {
+			defer c.Close()
+			t.Fatalf("round %d: a connection took the cut proxy's address %s", round, c.LocalAddr())
+		}
+		if c, err := net.Dial("tcp", p.Addr()); err == nil {
+			c.Close()
+			t.Fatalf("round %d: the cut proxy accepted a connection", round)
+		}
+		p.Restore()
+		echo(t, p.Addr())
+	}
+}
+
+// echo sends a line to the echo server at addr and fails t unless it comes back.
+func echo(t *testing.T, addr string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("ping\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "ping\n" {
+		t.Fatalf("echo: %q, %v", line, err)
+	}
 }
