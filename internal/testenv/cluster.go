@@ -180,7 +180,8 @@ type RedisServer struct {
 	Addr string
 	args []string
 	log  string
-	proc *server // nil when not running
+	proc *server   // nil when not running
+	held heldPorts // while killed: its ports, for Start
 }
 
 // StartRedisServer starts redis-server with extra arguments (persistence,
@@ -211,7 +212,7 @@ func startRedisServer(t testing.TB, pick func(testing.TB) int, extra ...string) 
 	cluster := slices.Contains(extra, "--cluster-enabled")
 	dir := t.TempDir()
 	r := &RedisServer{log: filepath.Join(dir, "redis.log")}
-	t.Cleanup(func() { r.stop() })
+	t.Cleanup(func() { r.stop(); r.held.release() })
 	startOnFreePorts(t, "redis-server", func(int) error {
 		port := pick(t)
 		r.Addr = "127.0.0.1:" + strconv.Itoa(port)
@@ -229,7 +230,10 @@ func startRedisServer(t testing.TB, pick func(testing.TB) int, extra ...string) 
 // its data.
 func (r *RedisServer) Start(t testing.TB) {
 	t.Helper()
-	if err := r.start(); err != nil {
+	err := r.start()
+	r.held.release()
+	r.held = nil
+	if err != nil {
 		t.Fatalf("redis-server on %s: %v", r.Addr, err)
 	}
 }
@@ -265,10 +269,16 @@ func (r *RedisServer) stop() {
 	}
 }
 
-// Kill stops the server with SIGKILL.
+// Kill stops the server with SIGKILL; no other socket takes its ports
+// until Start.
 func (r *RedisServer) Kill(t testing.TB) {
 	t.Helper()
 	r.stop()
+	addrs := []string{r.Addr}
+	if i := slices.Index(r.args, "--cluster-port"); i >= 0 && i+1 < len(r.args) {
+		addrs = append(addrs, "127.0.0.1:"+r.args[i+1])
+	}
+	r.held = holdPorts(addrs...)
 }
 
 // ReplicasOf returns the addresses of the replicas of the master at addr,

@@ -202,7 +202,10 @@ func (s *NATSServer) Crash(t testing.TB) {
 // come back.
 func (s *NATSServer) Restart() error {
 	s.stop()
-	if err := s.start(); err != nil {
+	held := holdPorts(strings.TrimPrefix(s.URL, "nats://"))
+	err := s.start()
+	held.release()
+	if err != nil {
 		return fmt.Errorf("nats-server on %s, after the kill: %w", s.URL, err)
 	}
 	return nil

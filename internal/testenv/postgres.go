@@ -31,6 +31,7 @@ type Postgres struct {
 	cred     *syscall.Credential // the postgres user's, when the test runs as root
 	proc     *server
 	starts   int
+	held     heldPorts // while killed: its address, for Start
 }
 
 // postgresBin is the directory of PostgreSQL's programs:
@@ -77,6 +78,7 @@ func StartPostgres(t testing.TB, settings ...string) *Postgres {
 	p := &Postgres{bin: bin, dir: dir}
 	t.Cleanup(func() {
 		p.stop()
+		p.held.release()
 		os.RemoveAll(dir)
 	})
 	if os.Geteuid() == 0 {
@@ -198,13 +200,20 @@ func (p *Postgres) Restart() error {
 	return p.Start()
 }
 
-// Kill kills the server as Crash does, and leaves it down until Start.
-func (p *Postgres) Kill() { p.stop() }
+// Kill kills the server as Crash does, and leaves it down until Start; no
+// other socket takes its address meanwhile.
+func (p *Postgres) Kill() {
+	p.stop()
+	p.held = holdPorts(p.addr)
+}
 
 // Start starts a killed server again on its port and data, waiting until
 // it takes queries.
 func (p *Postgres) Start() error {
-	if err := p.start(); err != nil {
+	err := p.start()
+	p.held.release()
+	p.held = nil
+	if err != nil {
 		return fmt.Errorf("postgres on %s, after the kill: %w", p.addr, err)
 	}
 	return nil

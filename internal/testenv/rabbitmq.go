@@ -201,7 +201,10 @@ func (r *RabbitMQ) Crash(t testing.TB) {
 // back.
 func (r *RabbitMQ) Restart() error {
 	r.stop()
-	if err := r.start(); err != nil {
+	held := holdPorts(r.addr, strings.TrimPrefix(strings.TrimSuffix(r.TLSURL, "/"), "amqps://guest:guest@"))
+	err := r.start()
+	held.release()
+	if err != nil {
 		return fmt.Errorf("rabbitmq-server on %s, after the kill: %w", r.addr, err)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -207,4 +209,53 @@ func TestServersOutliveNoKilledTest(t *testing.T) {
 			return nil
 		})
 	}
+}
+
+// TestKilledServersKeepTheirPorts: between a Kill and the Start that
+// brings a server back on its port, no other socket can take the port —
+// here a connection bound to it, as one given the port as its ephemeral
+// port would be (the Start then failed: the port was taken) — connections
+// to it are refused, and the server starts again on it.
+func TestKilledServersKeepTheirPorts(t *testing.T) {
+	elsewhere := serveLoopback(t, func(c net.Conn) { io.Copy(io.Discard, c) })
+	takeAndDial := func(t *testing.T, addr string) {
+		t.Helper()
+		local, err := net.ResolveTCPAddr("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, err := (&net.Dialer{LocalAddr: local}).Dial("tcp", elsewhere); err == nil {
+			c.Close()
+			t.Fatalf("a connection took the killed server's address %s", addr)
+		}
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			t.Fatalf("%s accepted a connection while its server was down", addr)
+		}
+	}
+	t.Run("Redis", func(t *testing.T) {
+		r := StartRedisServer(t, "--save", "")
+		r.Kill(t)
+		takeAndDial(t, r.Addr)
+		r.Start(t)
+		rc := redis.NewClient(&redis.Options{Addr: r.Addr})
+		defer rc.Close()
+		if err := rc.Ping(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("Postgres", func(t *testing.T) {
+		ProbePostgres(t)
+		p := StartPostgres(t)
+		p.Kill()
+		takeAndDial(t, p.addr)
+		if err := p.Start(); err != nil {
+			t.Fatal(err)
+		}
+		c, err := pgx.Connect(context.Background(), p.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close(context.Background())
+	})
 }
