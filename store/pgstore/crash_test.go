@@ -25,11 +25,10 @@ import (
 // by a crash of its own (a commit that reaches the disk takes every
 // earlier one with it, so each kind must be the last before a crash), 200
 // claims one by one, 200 by eight goroutines (coalesced statements), 200
-// completions, 200 heartbeats, 200 archives, 200 releases and 200
-// deletes. Nothing
-// acknowledged may be lost: a lost completion or archive runs its work
-// again, a lost claim or heartbeat lets a second owner run the key beside
-// the first. That holds whatever the server's default synchronous_commit:
+// completions, 200 heartbeats, 200 archives, 200 releases, 200 deletes,
+// 200 unclaims and 200 fenced deletes. Nothing acknowledged may be lost: a
+// lost completion or archive runs its work again, a lost claim or
+// heartbeat lets a second owner run the key beside the first. That holds whatever the server's default synchronous_commit:
 // with "off" PostgreSQL acknowledges a commit before its WAL is written
 // and loses the last fraction of a second of them to a crash — through
 // the store's own pool, a pool of the user's and PgBouncer alike, and
@@ -260,6 +259,27 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 			testenv.CompleteMany(t, s, len(keys), func(j int) string { return keys[j] })
 			for _, k := range keys {
 				if err := s.Delete(ctx, k); err != nil {
+					t.Fatal(err)
+				}
+				want[k] = expect{absent: true}
+			}
+		}},
+		// The tiered store's own: an unclaim gives back a claim under
+		// which nothing ran (lost: in flight until the lease ends), a
+		// fenced delete drops a claim (lost: the record comes back).
+		{"unclaims", func(keys []string) {
+			fences := claimAll(keys, time.Hour)
+			for j, k := range keys {
+				if err := s.Unclaim(ctx, k, fences[j]); err != nil {
+					t.Fatal(err)
+				}
+				want[k] = expect{state: idem.StateReleased}
+			}
+		}},
+		{"fenced deletes", func(keys []string) {
+			fences := claimAll(keys, time.Hour)
+			for j, k := range keys {
+				if err := s.DeleteUpTo(ctx, k, fences[j]); err != nil {
 					t.Fatal(err)
 				}
 				want[k] = expect{absent: true}
