@@ -148,6 +148,8 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 	claimed := func() expect {
 		return expect{state: idem.StateInFlight, leaseFloor: time.Now().Add(30 * time.Minute)}
 	}
+	released := func() expect { return expect{state: idem.StateReleased} }
+	deleted := func() expect { return expect{absent: true} }
 	want := map[string]expect{}
 	// claimAll claims keys one by one and returns their fences.
 	claimAll := func(keys []string, lease time.Duration) []uint64 {
@@ -163,6 +165,17 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 			fences[j] = a.Fence
 		}
 		return fences
+	}
+	// claimThen claims keys, calls op on each with its fence, and then
+	// expects what w says of each.
+	claimThen := func(keys []string, lease time.Duration, op func(k string, fence uint64) error, w func() expect) {
+		fences := claimAll(keys, lease)
+		for j, k := range keys {
+			if err := op(k, fences[j]); err != nil {
+				t.Fatal(err)
+			}
+			want[k] = w()
+		}
 	}
 	const n = 200
 	next := 2000
@@ -226,13 +239,9 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 			}
 		}},
 		{"heartbeats", func(keys []string) {
-			fences := claimAll(keys, time.Minute)
-			for j, k := range keys {
-				if err := s.Heartbeat(ctx, k, fences[j], time.Hour); err != nil {
-					t.Fatal(err)
-				}
-				want[k] = claimed()
-			}
+			claimThen(keys, time.Minute, func(k string, fence uint64) error {
+				return s.Heartbeat(ctx, k, fence, time.Hour)
+			}, claimed)
 		}},
 		{"archives", func(keys []string) {
 			for _, k := range keys {
@@ -247,13 +256,7 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 		// retry waits); a lost delete brings the record back (a duplicate
 		// is answered from it instead of running anew).
 		{"releases", func(keys []string) {
-			fences := claimAll(keys, time.Hour)
-			for j, k := range keys {
-				if err := s.Release(ctx, k, fences[j]); err != nil {
-					t.Fatal(err)
-				}
-				want[k] = expect{state: idem.StateReleased}
-			}
+			claimThen(keys, time.Hour, func(k string, fence uint64) error { return s.Release(ctx, k, fence) }, released)
 		}},
 		{"deletes", func(keys []string) {
 			testenv.CompleteMany(t, s, len(keys), func(j int) string { return keys[j] })
@@ -261,29 +264,17 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 				if err := s.Delete(ctx, k); err != nil {
 					t.Fatal(err)
 				}
-				want[k] = expect{absent: true}
+				want[k] = deleted()
 			}
 		}},
 		// The tiered store's own: an unclaim gives back a claim under
 		// which nothing ran (lost: in flight until the lease ends), a
 		// fenced delete drops a claim (lost: the record comes back).
 		{"unclaims", func(keys []string) {
-			fences := claimAll(keys, time.Hour)
-			for j, k := range keys {
-				if err := s.Unclaim(ctx, k, fences[j]); err != nil {
-					t.Fatal(err)
-				}
-				want[k] = expect{state: idem.StateReleased}
-			}
+			claimThen(keys, time.Hour, func(k string, fence uint64) error { return s.Unclaim(ctx, k, fence) }, released)
 		}},
 		{"fenced deletes", func(keys []string) {
-			fences := claimAll(keys, time.Hour)
-			for j, k := range keys {
-				if err := s.DeleteUpTo(ctx, k, fences[j]); err != nil {
-					t.Fatal(err)
-				}
-				want[k] = expect{absent: true}
-			}
+			claimThen(keys, time.Hour, func(k string, fence uint64) error { return s.DeleteUpTo(ctx, k, fence) }, deleted)
 		}},
 	} {
 		keys := make([]string, n)
