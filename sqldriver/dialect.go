@@ -49,7 +49,7 @@ CREATE TRIGGER ` + table + `_notify AFTER INSERT OR UPDATE OF status ON ` + dott
 }
 
 func (postgres) Durably() string {
-	return `(current_setting('synchronous_commit') <> 'off' OR set_config('synchronous_commit', 'on', true) IS NOT NULL)`
+	return `(current_setting('synchronous_commit') NOT IN ('off', 'local') OR set_config('synchronous_commit', 'on', true) IS NOT NULL)`
 }
 
 type sqlite struct{}

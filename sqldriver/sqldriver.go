@@ -143,10 +143,14 @@ type Dialect interface {
 	// Durably is the condition of an INSERT … SELECT … WHERE that makes
 	// the statement's transaction — its own implicit one, or the one it runs
 	// in — commit durably where the session would acknowledge the commit
-	// before it is on disk. PostgreSQL: synchronous_commit raised from off
-	// to on for the transaction (any other value stays), by a function
-	// call made only where it is off — a session that commits synchronously
-	// pays one read of the setting, well under a microsecond (measured on
+	// before it is on disk, or before the synchronous standbys the server
+	// names have it. PostgreSQL: synchronous_commit raised from off (a
+	// crash of the server loses the last acknowledged commits) or local (a
+	// failover to a synchronous standby loses them) to on for the
+	// transaction (remote_write, on and remote_apply stay; without
+	// synchronous standbys on is local), by a function call made only
+	// where it is raised — a session that commits synchronously pays one
+	// read of the setting, well under a microsecond (measured on
 	// PostgreSQL 15: 0.14 µs an evaluation), so the condition can stay in
 	// every statement and a setting changed while the program runs is met
 	// by the next statement; SQLite: nothing to raise ("true", which its ON

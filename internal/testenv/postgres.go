@@ -135,7 +135,7 @@ func (p *Postgres) start() error {
 		return err
 	}
 	err = proc.waitReady(60*time.Second, func() error {
-		if err := proc.logSays("ready to accept connections"); err != nil {
+		if err := proc.logSays("ready to accept"); err != nil { // connections, or read-only ones (a standby)
 			return err
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -219,6 +219,17 @@ func (p *Postgres) Start() error {
 	return nil
 }
 
+// connect opens a connection to the server, closed when t ends.
+func (p *Postgres) connect(t testing.TB) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), p.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
 // Reconfigure changes a setting of the running server as an operator does
 // (ALTER SYSTEM, then a reload) and waits until a new session sees it:
 // sessions already open take it at their next statement. A setting given to
@@ -226,11 +237,7 @@ func (p *Postgres) Start() error {
 func (p *Postgres) Reconfigure(t testing.TB, name, value string) {
 	t.Helper()
 	ctx := context.Background()
-	c, err := pgx.Connect(ctx, p.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(ctx)
+	c := p.connect(t)
 	if _, err := c.Exec(ctx, `ALTER SYSTEM SET `+pgx.Identifier{name}.Sanitize()+` = `+pgx.Identifier{value}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}

@@ -71,6 +71,7 @@ func TestServerCrash(t *testing.T) {
 		{"server default synchronous_commit off", "synchronous_commit=off", false, own},
 		{"server default synchronous_commit off, a pool of the user's", "synchronous_commit=off", false, usersPool},
 		{"server default synchronous_commit off, through PgBouncer", "synchronous_commit=off", false, bouncer},
+		{"synchronous_commit turned off while it runs", "", true, own},
 		{"synchronous_commit turned off while it runs, a pool of the user's", "", true, usersPool},
 		{"synchronous_commit turned off while it runs, through PgBouncer", "", true, bouncer},
 		{"synchronous_commit off left on PgBouncer's server connections by another client", "", false, taintedBouncer},
@@ -323,18 +324,19 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 }
 
 // TestSynchronousCommit: on a server whose default synchronous_commit is
-// off, the store Open connects commits synchronously and has nothing to
-// warn of; a connection string that sets synchronous_commit keeps it, and
-// ServerWarnings says so where it is off; a pool of the user's and
-// PgBouncer keep the server's setting and the store's writes raise it for
-// their own transactions (TestServerCrash shows they lose nothing), so
-// nothing is to be warned of — also where the sessions commit
+// off, the sessions of the store Open connects, of a pool of the user's
+// and of PgBouncer keep the server's setting and the store's writes raise
+// it for their own transactions (TestServerCrash shows they lose nothing),
+// so nothing is to be warned of — also where the sessions commit
 // synchronously now, for the setting may be turned off while the store
-// runs (TestServerCrash).
+// runs (TestServerCrash). A connection string that sets synchronous_commit
+// keeps it, and ServerWarnings says so where it loses records: off, and
+// local on a server with synchronous standbys (TestFailover).
 func TestSynchronousCommit(t *testing.T) {
 	srv := testenv.StartPostgres(t, "synchronous_commit=off")
 	ctx := context.Background()
-	check := func(t *testing.T, s *pgstore.Store, want string, durably, warned bool) {
+	// warned: what the one warning says, "" for none.
+	check := func(t *testing.T, s *pgstore.Store, want string, durably bool, warned string) {
 		t.Helper()
 		var got string
 		if err := s.Pool().QueryRow(ctx, `SHOW synchronous_commit`).Scan(&got); err != nil {
@@ -350,8 +352,8 @@ func TestSynchronousCommit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if warned != (len(w) == 1 && strings.Contains(w[0], "synchronous_commit is off")) || len(w) > 1 {
-			t.Fatalf("warnings %q, want a warning: %v", w, warned)
+		if warned == "" && len(w) > 0 || warned != "" && (len(w) != 1 || !strings.Contains(w[0], warned)) {
+			t.Fatalf("warnings %q, want one saying %q", w, warned)
 		}
 	}
 	open := func(t *testing.T, cfg pgstore.Config) *pgstore.Store {
@@ -371,23 +373,30 @@ func TestSynchronousCommit(t *testing.T) {
 		t.Cleanup(pool.Close)
 		return pool
 	}
-	t.Run("Open", func(t *testing.T) { check(t, open(t, pgstore.Config{ConnString: srv.URL}), "on", false, false) })
+	t.Run("Open", func(t *testing.T) { check(t, open(t, pgstore.Config{ConnString: srv.URL}), "off", true, "") })
 	t.Run("SetInTheConnectionString", func(t *testing.T) {
-		check(t, open(t, pgstore.Config{ConnString: srv.URL + "&synchronous_commit=off"}), "off", false, true)
+		check(t, open(t, pgstore.Config{ConnString: srv.URL + "&synchronous_commit=off"}), "off", false, "synchronous_commit is off")
 	})
 	t.Run("LocalKept", func(t *testing.T) {
-		check(t, open(t, pgstore.Config{ConnString: srv.URL + "&synchronous_commit=local"}), "local", false, false)
+		check(t, open(t, pgstore.Config{ConnString: srv.URL + "&synchronous_commit=local"}), "local", false, "")
 	})
-	t.Run("PoolOfTheUsers", func(t *testing.T) { check(t, open(t, pgstore.Config{Pool: pool(t, srv.URL)}), "off", true, false) })
+	t.Run("LocalWithSynchronousStandbys", func(t *testing.T) {
+		// The commits of local do not wait for the standby (which does not
+		// exist): Migrate runs.
+		withStandbys := testenv.StartPostgres(t, "synchronous_standby_names=s1")
+		check(t, open(t, pgstore.Config{ConnString: withStandbys.URL + "&synchronous_commit=local"}), "local", false,
+			"a failover to one loses the last acknowledged claims")
+	})
+	t.Run("PoolOfTheUsers", func(t *testing.T) { check(t, open(t, pgstore.Config{Pool: pool(t, srv.URL)}), "off", true, "") })
 	t.Run("PgBouncer", func(t *testing.T) {
-		check(t, open(t, pgstore.Config{ConnString: srv.PgBouncer(t), PgBouncer: true}), "off", true, false)
+		check(t, open(t, pgstore.Config{ConnString: srv.PgBouncer(t), PgBouncer: true}), "off", true, "")
 	})
 	t.Run("PgBouncerCommittingSynchronously", func(t *testing.T) { // the shared server: on
 		s := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: testenv.StartPgBouncer(t), PgBouncer: true})
-		check(t, s, "on", true, false)
+		check(t, s, "on", true, "")
 	})
 	t.Run("PoolOfTheUsersCommittingSynchronously", func(t *testing.T) {
-		check(t, open(t, pgstore.Config{Pool: pool(t, srv.URL+"&synchronous_commit=on")}), "on", true, false)
+		check(t, open(t, pgstore.Config{Pool: pool(t, srv.URL+"&synchronous_commit=on")}), "on", true, "")
 	})
 }
 

@@ -38,10 +38,12 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// ConnString is a pgx connection string (postgres://… or key=value),
 	// including pool settings such as pool_max_conns, from which Open
-	// connects a pool of its own (Close closes it). Its sessions commit
-	// synchronously where the server's default synchronous_commit is off
-	// (a crash would lose acknowledged claims); a synchronous_commit in
-	// the string is kept as it is (and ServerWarnings warns of off).
+	// connects a pool of its own (Close closes it). Its writes commit
+	// durably whatever the sessions' synchronous_commit — the server's
+	// default, or its role's or database's, or one changed while the
+	// program runs — as through a pool of yours (see New); a
+	// synchronous_commit in the string is kept as it is (ServerWarnings
+	// warns where that loses records).
 	ConnString string
 	// MaxConns sizes the pool Open connects when ConnString does not set
 	// pool_max_conns. Defaults to DefaultMaxConns: pgx's own default
@@ -120,8 +122,8 @@ type Store struct {
 	schema string
 	limits idem.Limits
 	// sql holds the statements: those that commit durably (buildSQL),
-	// unless the store's own pool set its sessions' synchronous_commit at
-	// connect (Open); durably says which.
+	// unless Open's connection string chose the sessions'
+	// synchronous_commit; durably says which.
 	sql     statements
 	durably bool
 
@@ -158,15 +160,15 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idem/pgstore: Config.ConnString: %w", err)
 	}
-	// Behind a transaction-pooling PgBouncer a session setting cannot be
-	// made: as through a pool of the user's, each write raises it for its
-	// own transaction where it is off (see New).
 	if cfg.PgBouncer {
 		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-	} else if _, set := pc.ConnConfig.RuntimeParams["synchronous_commit"]; !set {
-		pc.AfterConnect = commitSynchronously
 	}
-	durably := cfg.PgBouncer
+	// Each write raises synchronous_commit for its own transaction where it
+	// would lose the write (see New) — unless the connection string chose
+	// the sessions' setting (behind PgBouncer it cannot: the server
+	// connections are shared).
+	_, chosen := pc.ConnConfig.RuntimeParams["synchronous_commit"]
+	durably := cfg.PgBouncer || !chosen
 	if !strings.Contains(cfg.ConnString, "pool_max_conns") {
 		pc.MaxConns = cfg.MaxConns
 		if pc.MaxConns <= 0 {
@@ -188,41 +190,34 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// commitSynchronously makes a session whose synchronous_commit is off
-// (the server's default, or its role's or database's) commit
-// synchronously: with off, PostgreSQL acknowledges a commit before its
-// write-ahead log is written and a crash of the server loses the last
-// fraction of a second of acknowledged commits — claims, whose keys a
-// second owner then runs beside the first, and completions, whose work
-// then runs again (TestServerCrash: 9 of 200 claims). Any other value
-// (local, remote_write, on, remote_apply) is left as it is.
-func commitSynchronously(ctx context.Context, c *pgx.Conn) error {
-	_, err := c.Exec(ctx, `SELECT set_config('synchronous_commit', 'on', false) WHERE current_setting('synchronous_commit') = 'off'`)
-	return err
-}
-
 // ServerWarnings reads the settings idem's promises depend on, as the
-// store's sessions see them, and says what is off: a synchronous_commit of
-// off that the store's writes keep, under which a crash of the server
-// loses the last acknowledged claims and completions. That is only where
-// the connection string Open was given sets it: Open raises it for its
-// own sessions, and the writes made through a pool of yours (Config.Pool)
-// or through PgBouncer raise it for their own transactions.
+// store's sessions see them, and says what loses records. Where the
+// connection string Open was given sets synchronous_commit, the store's
+// writes keep it: off loses the last acknowledged claims and completions
+// to a crash of the server, and local loses them to a failover where the
+// server names synchronous standbys (synchronous_standby_names). Otherwise
+// — Open's sessions, a pool of yours (Config.Pool), PgBouncer — the writes
+// raise either for their own transactions, and there is nothing to warn
+// of.
 //
 // It also names a server whose fsync is off: a crash of the machine or a
 // power loss then loses or corrupts committed records, whatever the store
 // does.
 func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
-	var v, fsync string
-	if err := s.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), current_setting('fsync')`).Scan(&v, &fsync); err != nil {
+	var v, fsync, standbys string
+	if err := s.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), current_setting('fsync'), current_setting('synchronous_standby_names')`).Scan(&v, &fsync, &standbys); err != nil {
 		return nil, fmt.Errorf("idem/pgstore: read settings: %w", err)
 	}
 	var warnings []string
 	if fsync == "off" {
 		warnings = append(warnings, "fsync is off on the server: a crash of the machine or a power loss loses or corrupts committed records (claims, whose keys a second owner then runs beside the first, and completions, whose work then runs again); set fsync to on")
 	}
-	if v == "off" && !s.durably {
-		warnings = append(warnings, "synchronous_commit is off for the store's sessions: a crash of the server loses the last acknowledged claims (a second owner then runs a key beside the first) and completions (their work runs again); set it to on (or local) for the store's role or database, or leave it out of the connection string")
+	switch {
+	case s.durably:
+	case v == "off":
+		warnings = append(warnings, "synchronous_commit is off for the store's sessions: a crash of the server loses the last acknowledged claims (a second owner then runs a key beside the first) and completions (their work runs again); leave it out of the connection string, or set it to on")
+	case v == "local" && standbys != "":
+		warnings = append(warnings, "synchronous_commit is local for the store's sessions on a server with synchronous standbys ("+standbys+"): a failover to one loses the last acknowledged claims (a second owner then runs a key beside the first) and completions (their work runs again); leave it out of the connection string, or set it to on")
 	}
 	return warnings, nil
 }
@@ -230,11 +225,13 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 // New returns a store on cfg.Pool, without any I/O; Close leaves the pool
 // open. Run Migrate (or Open) once before use. The pool's sessions take
 // the server's (or role's, or database's) synchronous_commit, which may be
-// off — PostgreSQL then acknowledges a commit before it is on disk — or be
-// turned off while the program runs: each write raises it for its own
-// transaction where it is off when the statement runs (a condition in the
-// statement: no round trip more, one read of the setting where it is not
-// off), so that a crash of the server loses nothing acknowledged.
+// off — PostgreSQL then acknowledges a commit before it is on disk — or
+// local — before the synchronous standbys have it — or be changed while
+// the program runs: each write raises either to on for its own
+// transaction where the session has it when the statement runs (a
+// condition in the statement: no round trip more, one read of the setting
+// where it is kept), so that neither a crash of the server nor a failover
+// to a synchronous standby loses anything acknowledged.
 func New(cfg Config) (*Store, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("idem/pgstore: Config.Pool is required (Open connects from Config.ConnString)")
@@ -315,9 +312,10 @@ const recordCols = `k, state, fence, fp, attempts, result, lease_until, expires_
 
 // buildSQL returns the statements on table. With durably, every statement
 // that writes a record also makes its transaction commit durably where the
-// session would acknowledge the commit before its WAL is on disk
-// (synchronous_commit off: sqldriver.Postgres.Durably, a condition that
-// raises it for the transaction, evaluated before any row is written).
+// session would acknowledge the commit before its WAL is on disk or on the
+// synchronous standbys (synchronous_commit off or local:
+// sqldriver.Postgres.Durably, a condition that raises it for the
+// transaction, evaluated before any row is written).
 func buildSQL(table string, durably bool) statements {
 	// and is the condition the writing statements add to their WHERE.
 	and := ""
