@@ -331,7 +331,8 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 // synchronously now, for the setting may be turned off while the store
 // runs (TestServerCrash). A connection string that sets synchronous_commit
 // keeps it, and ServerWarnings says so where it loses records: off, and
-// local on a server with synchronous standbys (TestFailover).
+// local on a server with synchronous standbys (TestFailover). A standby
+// that replicates the server asynchronously is warned of too.
 func TestSynchronousCommit(t *testing.T) {
 	srv := testenv.StartPostgres(t, "synchronous_commit=off")
 	ctx := context.Background()
@@ -386,6 +387,11 @@ func TestSynchronousCommit(t *testing.T) {
 		withStandbys := testenv.StartPostgres(t, "synchronous_standby_names=s1")
 		check(t, open(t, pgstore.Config{ConnString: withStandbys.URL + "&synchronous_commit=local"}), "local", false,
 			"a failover to one loses the last acknowledged claims")
+	})
+	t.Run("AsynchronousStandby", func(t *testing.T) {
+		replicated := testenv.StartPostgres(t)
+		replicated.StartStandby(t, "s1")
+		check(t, open(t, pgstore.Config{ConnString: replicated.URL}), "on", true, "replicate the server asynchronously")
 	})
 	t.Run("PoolOfTheUsers", func(t *testing.T) { check(t, open(t, pgstore.Config{Pool: pool(t, srv.URL)}), "off", true, "") })
 	t.Run("PgBouncer", func(t *testing.T) {

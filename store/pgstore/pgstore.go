@@ -200,17 +200,25 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 // raise either for their own transactions, and there is nothing to warn
 // of.
 //
-// It also names a server whose fsync is off: a crash of the machine or a
-// power loss then loses or corrupts committed records, whatever the store
-// does.
+// It also names what loses records whatever the store does: a server
+// whose fsync is off (a crash of the machine or a power loss loses or
+// corrupts committed records), and standbys that replicate it
+// asynchronously (pg_stat_replication, which only a superuser or a member
+// of pg_read_all_stats sees in full): a failover to one loses the last
+// acknowledged commits.
 func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 	var v, fsync, standbys string
-	if err := s.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), current_setting('fsync'), current_setting('synchronous_standby_names')`).Scan(&v, &fsync, &standbys); err != nil {
+	var async int
+	if err := s.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), current_setting('fsync'), current_setting('synchronous_standby_names'),
+	(SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'async')`).Scan(&v, &fsync, &standbys, &async); err != nil {
 		return nil, fmt.Errorf("idem/pgstore: read settings: %w", err)
 	}
 	var warnings []string
 	if fsync == "off" {
 		warnings = append(warnings, "fsync is off on the server: a crash of the machine or a power loss loses or corrupts committed records (claims, whose keys a second owner then runs beside the first, and completions, whose work then runs again); set fsync to on")
+	}
+	if async > 0 {
+		warnings = append(warnings, fmt.Sprintf("%d standby(s) replicate the server asynchronously: a failover to one loses the last acknowledged claims (a second owner then runs a key beside the first) and completions (their work runs again); name the standbys a failover may promote in synchronous_standby_names", async))
 	}
 	switch {
 	case s.durably:
