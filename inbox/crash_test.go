@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,10 +209,10 @@ func crashAndCount(t *testing.T, srv *testenv.Postgres, pool *pgxpool.Pool, n in
 // the synchronous standby (named in synchronous_standby_names) even where
 // the sessions' synchronous_commit is local, under which PostgreSQL
 // acknowledges a commit before the standby has it. The standby is parted
-// from the primary (its replication connection cut) while eight
-// goroutines process new messages, the primary is killed (SIGKILL) and
-// the standby promoted: every message reported processed must have its
-// credit and its key there. (pgstore's TestFailover does the same for
+// from the primary while eight goroutines process new messages, the
+// primary is killed (SIGKILL) and the standby promoted (testenv.FailOver):
+// every message reported processed must have its credit and its key
+// there. (pgstore's TestFailover does the same for
 // claims.)
 func TestFailover(t *testing.T) {
 	ctx := context.Background()
@@ -229,46 +227,15 @@ func TestFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	credit := creditPgx("")
-	var mu sync.Mutex
-	var processed []string
-	process := func(ctx context.Context, id string) {
+	processed, parted := testenv.FailOver(t, primary, standby, link, func(ctx context.Context, id string) bool {
 		out, err := ib.Process(ctx, inbox.Event{Consumer: "c", CorrelationID: id}, func(ctx context.Context, tx pgx.Tx) error {
 			return credit(ctx, tx, id)
 		})
 		if err == nil && out != inbox.Processed {
 			t.Errorf("%s: %v", id, out)
 		}
-		if err == nil {
-			mu.Lock()
-			processed = append(processed, id)
-			mu.Unlock()
-		}
-	}
-	for i := range 100 {
-		process(ctx, fmt.Sprintf("before%03d", i))
-	}
-	if len(processed) != 100 {
-		t.Fatalf("%d of 100 messages processed with the standby streaming", len(processed))
-	}
-
-	link.Cut() // the standby parted from its primary
-	processing, stop := context.WithCancel(ctx)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for processing.Err() == nil {
-				process(processing, fmt.Sprintf("parted%05d", next.Add(1)))
-			}
-		}()
-	}
-	time.Sleep(300 * time.Millisecond) // the window of messages processed while they are parted
-	stop()
-	wg.Wait()
-	primary.Kill()
-	standby.Promote(t)
+		return err == nil
+	})
 
 	after, err := pgx.Connect(ctx, standby.URL)
 	if err != nil {
@@ -281,7 +248,7 @@ func TestFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d messages reported processed (%d while the standby was parted); after the failover %d credits and %d keys",
-		len(processed), len(processed)-100, credits, keys)
+		len(processed), parted, credits, keys)
 	if credits != len(processed) || keys != len(processed) {
 		t.Fatalf("after the failover %d of %d credits and %d of %d keys remain: messages reported processed (and acknowledged to their broker) were lost",
 			credits, len(processed), keys, len(processed))

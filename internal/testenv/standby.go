@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -80,4 +82,54 @@ func (p *Postgres) Promote(t testing.TB) {
 	if err := p.connect(t).QueryRow(context.Background(), `SELECT pg_promote(true, 60)`).Scan(&done); err != nil || !done {
 		t.Fatalf("promote the standby on %s: %v, %v", p.addr, done, err)
 	}
+}
+
+// FailOver fails primary over to standby (StartStandby's, streaming through
+// link) under writes, as a failover manager does when the primary dies,
+// and returns the ids whose write was acknowledged and how many of them
+// were written while the two were parted. write(ctx, id) writes id and
+// reports whether the write was acknowledged. First 100 writes one by one
+// with the standby streaming (each must be acknowledged); then the
+// standby is parted from the primary (link cut: a standby stopped with
+// SIGSTOP would not do, the kernel would still take what the primary
+// sends it) while eight goroutines write new ids for 300 ms — a write that
+// waits for the standby is never acknowledged, one that does not is
+// acknowledged and then lost — then the primary is killed (SIGKILL) and
+// the standby promoted.
+func FailOver(t testing.TB, primary, standby *Postgres, link *Proxy, write func(ctx context.Context, id string) bool) (acked []string, whileParted int) {
+	t.Helper()
+	var mu sync.Mutex
+	note := func(ctx context.Context, id string) {
+		if write(ctx, id) {
+			mu.Lock()
+			acked = append(acked, id)
+			mu.Unlock()
+		}
+	}
+	ctx := context.Background()
+	for i := range 100 {
+		note(ctx, fmt.Sprintf("before%03d", i))
+	}
+	if len(acked) != 100 {
+		t.Fatalf("%d of 100 writes acknowledged with the standby streaming", len(acked))
+	}
+	link.Cut()
+	writing, stop := context.WithCancel(ctx)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for writing.Err() == nil {
+				note(writing, fmt.Sprintf("parted%05d", next.Add(1)))
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // the window of writes while they are parted
+	stop()
+	wg.Wait()
+	primary.Kill()
+	standby.Promote(t)
+	return acked, len(acked) - 100
 }

@@ -3,9 +3,6 @@ package pgstore_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,10 +20,8 @@ import (
 // owner run the key beside the first — whatever the sessions'
 // synchronous_commit: "local" and "off" commit without waiting for the
 // standby. To make the loss certain rather than a race with the standby's
-// streaming, the standby is parted from the primary (the connection it
-// streams over cut) while eight goroutines claim new keys: a claim that
-// waits for the standby is never acknowledged, one that does not wait is
-// acknowledged and then lost.
+// streaming, the standby is parted from the primary while eight goroutines
+// claim new keys (testenv.FailOver).
 func TestFailover(t *testing.T) {
 	ctx := context.Background()
 	testenv.ProbePostgres(t)
@@ -57,44 +52,13 @@ func TestFailover(t *testing.T) {
 			}
 			defer s.Close()
 
-			var mu sync.Mutex
-			var acked []string
-			claim := func(ctx context.Context, k string) {
+			acked, parted := testenv.FailOver(t, primary, standby, link, func(ctx context.Context, k string) bool {
 				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Hour, Retention: time.Hour})
 				if err == nil && a.Outcome != idem.Acquired {
 					t.Errorf("%s: %v", k, a.Outcome)
 				}
-				if err == nil {
-					mu.Lock()
-					acked = append(acked, k)
-					mu.Unlock()
-				}
-			}
-			for i := range 100 {
-				claim(ctx, fmt.Sprintf("before%03d", i))
-			}
-			if len(acked) != 100 {
-				t.Fatalf("%d of 100 claims acknowledged with the standby streaming", len(acked))
-			}
-
-			link.Cut() // the standby parted from its primary
-			writing, stop := context.WithCancel(ctx)
-			var next atomic.Int64
-			var wg sync.WaitGroup
-			for range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for writing.Err() == nil {
-						claim(writing, fmt.Sprintf("parted%05d", next.Add(1)))
-					}
-				}()
-			}
-			time.Sleep(300 * time.Millisecond) // the window of claims made while they are parted
-			stop()
-			wg.Wait()
-			primary.Kill()
-			standby.Promote(t)
+				return err == nil
+			})
 
 			after, err := pgstore.Open(ctx, pgstore.Config{ConnString: standby.URL, Schema: "idem"})
 			if err != nil {
@@ -111,7 +75,7 @@ func TestFailover(t *testing.T) {
 				}
 			}
 			t.Logf("%s: %d claims acknowledged (%d while the standby was parted), %d lost to the failover",
-				c.name, len(acked), len(acked)-100, len(lost))
+				c.name, len(acked), parted, len(lost))
 			if len(lost) > 0 {
 				t.Fatalf("lost %d of %d acknowledged claims to a failover to the synchronous standby (first %s)", len(lost), len(acked), lost[0])
 			}
