@@ -254,6 +254,34 @@ func TestEnqueueSurvivesAServerCrashAfterTheSettingChanged(t *testing.T) {
 	enqueueAndCrash(t, srv, pool, s)
 }
 
+// TestEnqueueSurvivesAFailover: an enqueue acknowledged is on the
+// synchronous standby (named in synchronous_standby_names) when the
+// primary dies and the standby is promoted, even where the sessions'
+// synchronous_commit is local, under which PostgreSQL acknowledges a commit
+// before the standby has it: a lost enqueue is a message never sent
+// (testenv.FailOver parts the standby while eight goroutines enqueue).
+func TestEnqueueSurvivesAFailover(t *testing.T) {
+	primary, _, s := ownServer(t, "synchronous_commit=local", "synchronous_standby_names=s1")
+	standby, link := primary.StartStandby(t, "s1")
+	acked, parted := testenv.FailOver(t, primary, standby, link, func(ctx context.Context, key string) bool {
+		return s.Enqueue(ctx, outbox.Message{Key: key, Destination: "test://x", Payload: []byte("p")}) == nil
+	})
+	ctx := context.Background()
+	after, err := pgx.Connect(ctx, standby.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer after.Close(ctx)
+	var rows int
+	if err := after.QueryRow(ctx, `SELECT count(*) FROM idem.idem_outbox WHERE key = ANY($1)`, acked).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d enqueues acknowledged (%d while the standby was parted), %d there after the failover", len(acked), parted, rows)
+	if rows != len(acked) {
+		t.Fatalf("after the failover %d of %d acknowledged enqueues remain", rows, len(acked))
+	}
+}
+
 // enqueueAndCrash enqueues 600 messages alone, crashes srv and wants them
 // all there after the restart.
 func enqueueAndCrash(t *testing.T, srv *testenv.Postgres, pool *pgxpool.Pool, s *outbox.Store) {
