@@ -202,15 +202,19 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Each master's settings are read (the test cluster keeps Redis's
-		// default hash-max-listpack-value, 64, and no persistence).
+		// default hash-max-listpack-value, 64, and no persistence, and
+		// gives each master a replica, which the store does not WAIT for).
 		w, err := s.ServerWarnings(context.Background())
-		listpack := 0
+		listpack, replica := 0, 0
 		for _, x := range w {
 			if strings.Contains(x, "hash-max-listpack-value is 64") {
 				listpack++
 			}
+			if strings.Contains(x, "1 replica(s) and Config.WaitReplicas 0") {
+				replica++
+			}
 		}
-		if err != nil || listpack != 3 || len(w) != 6 {
+		if err != nil || listpack != 3 || replica != 3 || len(w) != 9 {
 			t.Fatalf("ServerWarnings on 3 masters: %q, %v", w, err)
 		}
 		const n, long = 20_000, 200

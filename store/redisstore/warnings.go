@@ -22,14 +22,20 @@ import (
 // than noeviction, under which Redis may drop a record before its expiry
 // when memory runs short (a duplicate then runs as new); and, with
 // Config.Buckets, a hash-max-listpack-value under 128, which turns buckets
-// into hash tables (162 bytes per record instead of 99). A server that
-// refuses CONFIG GET (a managed Redis may) yields its error and no
-// warnings.
+// into hash tables (162 bytes per record instead of 99). It also names a
+// master with replicas where Config.WaitReplicas is 0: Redis replicates
+// after it answers, and a failover to a replica (Sentinel, Cluster) loses
+// the last acknowledged records. A server that refuses CONFIG GET or INFO
+// (a managed Redis may) yields its error and no warnings.
 func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 	var mu sync.Mutex
 	var warnings []string
 	err := s.forEachNode(ctx, func(ctx context.Context, c *redis.Client) error {
 		cfg, err := c.ConfigGet(ctx, "*").Result()
+		if err != nil {
+			return err
+		}
+		replication, err := c.Info(ctx, "replication").Result()
 		if err != nil {
 			return err
 		}
@@ -50,6 +56,9 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 		if v, _ := strconv.Atoi(cfg["hash-max-listpack-value"]); s.bucketsPerSlot > 0 && v < 128 {
 			found = append(found, fmt.Sprintf("%s: hash-max-listpack-value is %d: a bucket holding a record over %d bytes becomes a hash table (162 bytes per record instead of 99); set it to 128", c.Options().Addr, v, v))
 		}
+		if n := infoField(replication, "connected_slaves"); n != "" && n != "0" && s.waitReplicas == 0 {
+			found = append(found, fmt.Sprintf("%s: %s replica(s) and Config.WaitReplicas 0: Redis replicates a write after it answers, so a failover to a replica loses the last acknowledged records, and their keys then run again as new (claims: beside their first owner); set WaitReplicas", c.Options().Addr, n))
+		}
 		mu.Lock()
 		warnings = append(warnings, found...)
 		mu.Unlock()
@@ -60,4 +69,14 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(warnings)
 	return warnings, nil
+}
+
+// infoField is the value of name in an INFO reply ("" where absent).
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
 }

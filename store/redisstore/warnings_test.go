@@ -2,8 +2,11 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -88,5 +91,38 @@ func TestPersistenceWarnings(t *testing.T) {
 				t.Fatalf("warnings %q, want one saying %q", warnings, c.want)
 			}
 		})
+	}
+}
+
+// TestReplicaWarning: a master with a replica, written to without WAIT
+// (Config.WaitReplicas 0), loses its last acknowledged records to a
+// failover: ServerWarnings says so, and not where the store waits for the
+// replica.
+func TestReplicaWarning(t *testing.T) {
+	ctx := context.Background()
+	persistent := []string{"--appendonly", "yes", "--appendfsync", "always"}
+	master := testenv.StartRedisServer(t, persistent...)
+	host, port, _ := net.SplitHostPort(master.Addr)
+	testenv.StartRedisServer(t, append(persistent, "--replicaof", host, port)...)
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr})
+	defer mc.Close()
+	testenv.Eventually(t, 30*time.Second, "the replica connects", func() error {
+		info, err := mc.Info(ctx, "replication").Result()
+		if err == nil && !strings.Contains(info, "connected_slaves:1") {
+			err = errors.New("no replica connected yet")
+		}
+		return err
+	})
+	for _, c := range []struct {
+		wait int
+		want string
+	}{{0, "1 replica(s) and Config.WaitReplicas 0"}, {1, ""}} {
+		warnings, err := testenv.OpenRedisConfig(t, master.Addr, redisstore.Config{Prefix: "idemtest:", WaitReplicas: c.wait}).ServerWarnings(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.want == "" && len(warnings) > 0 || c.want != "" && (len(warnings) != 1 || !strings.Contains(warnings[0], c.want)) {
+			t.Fatalf("WaitReplicas %d: warnings %q, want one saying %q", c.wait, warnings, c.want)
+		}
 	}
 }
