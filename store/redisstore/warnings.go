@@ -57,7 +57,7 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 			found = append(found, fmt.Sprintf("%s: hash-max-listpack-value is %d: a bucket holding a record over %d bytes becomes a hash table (162 bytes per record instead of 99); set it to 128", c.Options().Addr, v, v))
 		}
 		if n := infoField(replication, "connected_slaves"); n != "" && n != "0" && s.waitReplicas == 0 {
-			found = append(found, fmt.Sprintf("%s: %s replica(s) and Config.WaitReplicas 0: Redis replicates a write after it answers, so a failover to a replica loses the last acknowledged records, and their keys then run again as new (claims: beside their first owner); set WaitReplicas", c.Options().Addr, n))
+			found = append(found, fmt.Sprintf("%s: %s replica(s) and Config.WaitReplicas 0: Redis replicates a write after it answers, so a failover to a replica loses the last acknowledged records, and their keys then run again as new (claims: beside their first owner); set WaitReplicas (idem_wait_replicas=1 in a store URL)", c.Options().Addr, n))
 		}
 		mu.Lock()
 		warnings = append(warnings, found...)
