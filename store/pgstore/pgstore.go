@@ -251,11 +251,7 @@ func New(cfg Config) (*Store, error) {
 }
 
 func newStore(pool *pgxpool.Pool, schema string, limits idem.Limits, coalesced, durably bool) *Store {
-	table := pgx.Identifier{"idem_records"}
-	if schema != "" {
-		table = pgx.Identifier{schema, "idem_records"}
-	}
-	s := &Store{pool: pool, table: table.Sanitize(), schema: schema, limits: limits.WithDefaults()}
+	s := &Store{pool: pool, table: tableOf(schema), schema: schema, limits: limits.WithDefaults()}
 	s.sql, s.durably = buildSQL(s.table, durably), durably
 	if coalesced {
 		s.acquires = coalesce.New(coalesce.Config[acquireCall]{MaxBatch: maxBatch,
@@ -276,8 +272,9 @@ func (s *Store) Schema() string { return s.schema }
 func (s *Store) Table() string { return s.table }
 
 // Statements returns the acquire and settle statements for the records table
-// of schema ("" for the search_path), for review and for benchmarking them with
-// the server's own tools. Acquire takes $1 key, $2 fingerprint, $3 lease ms,
+// of schema ("" for the search_path), as the store runs them by default
+// (their durability condition included: see New), for review and for
+// benchmarking them with the server's own tools. Acquire takes $1 key, $2 fingerprint, $3 lease ms,
 // $4 retention ms, $5 max attempts; settle takes $1 key, $2 fence, $3
 // retention ms, $4 state, $5 result.
 func Statements(schema string) (acquire, settle string) {
@@ -295,12 +292,14 @@ func BatchStatements(schema string) (acquire, settle string) {
 	return st.acquireMany, st.settleMany
 }
 
-func statementsOf(schema string) statements {
-	table := pgx.Identifier{"idem_records"}
-	if schema != "" {
-		table = pgx.Identifier{schema, "idem_records"}
+func statementsOf(schema string) statements { return buildSQL(tableOf(schema), true) }
+
+// tableOf is the quoted name of the records table of schema.
+func tableOf(schema string) string {
+	if schema == "" {
+		return pgx.Identifier{"idem_records"}.Sanitize()
 	}
-	return buildSQL(table.Sanitize(), false)
+	return pgx.Identifier{schema, "idem_records"}.Sanitize()
 }
 
 // expiryAfter is the SQL of the expiry ms milliseconds (an SQL expression)

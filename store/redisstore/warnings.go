@@ -31,14 +31,15 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 	var mu sync.Mutex
 	var warnings []string
 	err := s.forEachNode(ctx, func(ctx context.Context, c *redis.Client) error {
-		cfg, err := c.ConfigGet(ctx, "*").Result()
-		if err != nil {
+		var cfgCmd *redis.MapStringStringCmd
+		var infoCmd *redis.StringCmd
+		if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error { // one round trip
+			cfgCmd, infoCmd = p.ConfigGet(ctx, "*"), p.Info(ctx, "replication")
+			return nil
+		}); err != nil {
 			return err
 		}
-		replication, err := c.Info(ctx, "replication").Result()
-		if err != nil {
-			return err
-		}
+		cfg, replication := cfgCmd.Val(), infoCmd.Val()
 		var found []string
 		switch addr := c.Options().Addr; {
 		case cfg["appendonly"] == "no" && strings.TrimSpace(cfg["save"]) == "":
