@@ -4,6 +4,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -280,7 +283,8 @@ func fill(t *testing.T, s *redisstore.Store, n int) {
 
 // TestClusterCampaign runs the fault campaign on a Redis Cluster of 3
 // masters and 3 replicas: worker processes killed with SIGKILL, deletes,
-// sweeps, stalled owners, keys on every master.
+// sweeps, stalled owners, keys on every master, and the slots of the
+// campaign's keys moved from master to master while it runs.
 func TestClusterCampaign(t *testing.T) {
 	cfg := storetest.CampaignConfig{TestName: "TestClusterCampaign", Processes: 2,
 		Open: func(t testing.TB, location string) idem.Store {
@@ -296,6 +300,17 @@ func TestClusterCampaign(t *testing.T) {
 	if !storetest.IsChild() {
 		cluster := testenv.StartRedisCluster(t, 3, 1)
 		cfg.Location = testenv.RandomName("idemtest:") + ": " + strings.Join(cluster.Addrs, ",")
+		masters := cluster.Masters(t)
+		rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
+		cfg.Move = func() {
+			// The slot of one of the campaign's keys (c0, c1, …: the slot
+			// is their name's, whatever the prefix) to another master, a
+			// pause at each step.
+			slot := redisstore.KeySlot("{c" + strconv.Itoa(rng.IntN(6)) + "}")
+			owner := slices.Index(masters, cluster.SlotOwner(t, slot))
+			to := masters[(owner+1+rng.IntN(len(masters)-1))%len(masters)]
+			cluster.MoveSlot(t, slot, to, func() { time.Sleep(20 * time.Millisecond) })
+		}
 	}
 	storetest.Campaign(t, cfg)
 }

@@ -278,16 +278,38 @@ func (e callError) Error() string { return string(e) }
 // RedisError makes it a redis.Error (isReply).
 func (callError) RedisError() {}
 
+// pipelined is what a pipeline sends for call i: its script, keys and
+// ARGV.
+type pipelined func(i int) (script *redis.Script, keys []string, args []any)
+
+// callsOf sends calls[i].
+func callsOf(calls []scriptCall) pipelined {
+	return func(i int) (*redis.Script, []string, []any) { return calls[i].one, calls[i].keys, calls[i].args() }
+}
+
 // runPipeline sends the calls at idx through node (see runMany).
 func (s *Store) runPipeline(ctx context.Context, node redis.Cmdable, calls []scriptCall, idx []int, out []*redis.Cmd) {
+	s.sendPipeline(ctx, node, callsOf(calls), idx, out, false, 0)
+}
+
+// sendPipeline sends the calls at idx through node in one pipeline, each
+// after ASKING when asking, followed by WAIT with Config.WaitReplicas; a
+// script node does not know yet is sent again with its source, and on a
+// Cluster, calls answered with a redirection are sent where it says
+// (followRedirects; redirects is how many were followed to get here).
+func (s *Store) sendPipeline(ctx context.Context, node redis.Cmdable, send pipelined, idx []int, out []*redis.Cmd, asking bool, redirects int) {
 	pending := idx
 	for try := 0; ; try++ {
 		pipe := node.Pipeline()
 		for _, i := range pending {
+			script, keys, args := send(i)
+			if asking {
+				pipe.Do(ctx, "ASKING")
+			}
 			if try == 0 {
-				out[i] = calls[i].one.EvalSha(ctx, pipe, calls[i].keys, calls[i].args()...)
+				out[i] = script.EvalSha(ctx, pipe, keys, args...)
 			} else {
-				out[i] = calls[i].one.Eval(ctx, pipe, calls[i].keys, calls[i].args()...) // with its source
+				out[i] = script.Eval(ctx, pipe, keys, args...) // with its source
 			}
 		}
 		var wait *redis.Cmd
@@ -305,10 +327,11 @@ func (s *Store) runPipeline(ctx context.Context, node redis.Cmdable, calls []scr
 			s.checkWait(wait, out, pending, again)
 		}
 		if len(again) == 0 {
-			return
+			break
 		}
 		pending = again
 	}
+	s.followRedirects(ctx, node, send, idx, out, asking, redirects)
 }
 
 // indexes returns 0, 1, …, n-1.

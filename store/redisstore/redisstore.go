@@ -659,27 +659,9 @@ func (s *Store) runOnce(ctx context.Context, script *redis.Script, keys []string
 		}
 		node = m
 	}
-	for try := 0; ; try++ {
-		pipe := node.Pipeline()
-		cmd := script.EvalSha(ctx, pipe, keys, args...)
-		wait := pipe.Do(ctx, "WAIT", s.waitReplicas, s.waitTimeout.Milliseconds())
-		_, _ = pipe.Exec(ctx)
-		if err := cmd.Err(); err != nil && try == 0 && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			if err := script.Load(ctx, node).Err(); err != nil {
-				cmd.SetErr(err)
-				return cmd
-			}
-			continue // the script did not run: safe to send again
-		}
-		if cmd.Err() == nil {
-			if n, err := wait.Int64(); err != nil {
-				cmd.SetErr(err)
-			} else if int(n) < s.waitReplicas {
-				cmd.SetErr(fmt.Errorf("%w (%d of %d within %v)", ErrReplicationShortfall, n, s.waitReplicas, s.waitTimeout))
-			}
-		}
-		return cmd
-	}
+	out := []*redis.Cmd{nil}
+	s.sendPipeline(ctx, node, func(int) (*redis.Script, []string, []any) { return script, keys, args }, []int{0}, out, false, 0)
+	return out[0]
 }
 
 // locate returns the keys of key's record as a script takes them: its own

@@ -73,6 +73,11 @@ type CampaignConfig struct {
 	// (as its durability promises), and every call in flight at the kill
 	// ends unknown. nil where the server is shared with other tests.
 	Crash func()
+	// Move moves the store's data from server to server while it serves
+	// (a Redis Cluster's slots resharded from master to master): calls meet
+	// records on their way and are redirected. nil where the data cannot
+	// move.
+	Move func()
 	// Direct, when set, is Location reached without the proxy: the Guard
 	// campaign runs half of its own workers there, so an outage is a
 	// partition — the other processes lose the store while those go on.
@@ -122,6 +127,7 @@ type CampaignReport struct {
 	Kills, Outages, ServerStalls, Deletes, Sweeps  int
 	Fills                                          int // periods of a full server (Fill)
 	Crashes                                        int // kills of the server (Crash)
+	Moves                                          int // moves of the data (Move)
 	Stalls                                         int // owners of this process that slept past their lease
 	Executions, LedgerAccepted                     int
 	HistoriesChecked, HistoriesUnknown, Violations int
@@ -251,9 +257,9 @@ func workerProcesses(t *testing.T, cfg CampaignConfig, mode, dir string, deadlin
 // injectFaults injects faults at random until the deadline, every 150 to
 // 600 ms: of ten draws, three kill a worker process (when there are any),
 // two cut the store's server for 100–400 ms or (one time in three) stall it
-// for 100–700 ms (where cfg says how), one in twenty fills it (cfg.Fill) and
-// one in twenty crashes it (cfg.Crash); the rest are other's (the draw
-// given).
+// for 100–700 ms (where cfg says how), one in twenty fills it (cfg.Fill),
+// one in twenty crashes it (cfg.Crash) and one in twenty moves its data
+// (cfg.Move); the rest are other's (the draw given).
 func injectFaults(cfg CampaignConfig, procs *fleet.Fleet, seed uint64, deadline time.Time, rep *CampaignReport, other func(frng *rand.Rand, f int)) {
 	frng := rand.New(rand.NewPCG(seed, 0))
 	for time.Now().Add(300 * time.Millisecond).Before(deadline) {
@@ -280,6 +286,9 @@ func injectFaults(cfg CampaignConfig, procs *fleet.Fleet, seed uint64, deadline 
 		case f == 6 && cfg.Crash != nil && frng.IntN(2) == 0:
 			cfg.Crash()
 			rep.Crashes++
+		case f == 7 && cfg.Move != nil && frng.IntN(2) == 0:
+			cfg.Move()
+			rep.Moves++
 		default:
 			other(frng, f)
 		}

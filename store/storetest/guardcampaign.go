@@ -135,8 +135,8 @@ func GuardCampaign(t *testing.T, cfg CampaignConfig) {
 			did[r.did+" unsettled"]++
 		}
 	}
-	t.Logf("guard campaign: %d keys; runs that %v; %d kills, %d outages (%d longer than a lease), %d stalls, %d full-server periods, %d server crashes, %d sweeps",
-		len(keysOf(runs)), did, rep.Kills, rep.Outages+len(long), len(long), rep.ServerStalls, rep.Fills, rep.Crashes, rep.Sweeps)
+	t.Logf("guard campaign: %d keys; runs that %v; %d kills, %d outages (%d longer than a lease), %d stalls, %d full-server periods, %d server crashes, %d moves, %d sweeps",
+		len(keysOf(runs)), did, rep.Kills, rep.Outages+len(long), len(long), rep.ServerStalls, rep.Fills, rep.Crashes, rep.Moves, rep.Sweeps)
 }
 
 // guardKey is the i-th key of a campaign: the window of keys moves on every

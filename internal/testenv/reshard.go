@@ -1,0 +1,134 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// MoveSlot moves a slot of the cluster to the master at to, the way
+// `redis-cli --cluster reshard` moves it — the slot IMPORTING on the
+// target and MIGRATING on its owner, its keys moved with MIGRATE, then the
+// slot given to the target on every master — but one key at a time,
+// calling between once the slot is migrating and after each key, so that
+// a test's calls meet the slot half moved: keys already on the target (the
+// owner answers ASK), keys split between both (TRYAGAIN). It returns how many keys it moved (0 and
+// nothing done when the slot is already the target's).
+func (c *RedisCluster) MoveSlot(t testing.TB, slot int, to string, between func()) int {
+	t.Helper()
+	ctx := context.Background()
+	from := c.SlotOwner(t, slot)
+	if from == to {
+		return 0
+	}
+	src, dst := redis.NewClient(&redis.Options{Addr: from}), redis.NewClient(&redis.Options{Addr: to})
+	defer src.Close()
+	defer dst.Close()
+	srcID, dstID := nodeID(t, src), nodeID(t, dst)
+	must := func(cmd redis.Cmder) {
+		t.Helper()
+		if err := cmd.Err(); err != nil {
+			t.Fatalf("moving slot %d from %s to %s: %v: %v", slot, from, to, cmd.Args(), err)
+		}
+	}
+	must(dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID))
+	must(src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID))
+	host, port, _ := net.SplitHostPort(to)
+	between()
+	moved := 0
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 1).Result()
+		if err != nil {
+			t.Fatalf("CLUSTER GETKEYSINSLOT %d on %s: %v", slot, from, err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		// NOKEY (the key expired meanwhile) is an answer, not an error.
+		must(src.Do(ctx, "MIGRATE", host, port, "", 0, 5000, "KEYS", keys[0]))
+		moved++
+		between()
+	}
+	// The target first, then the source (as redis-cli does), then the
+	// other masters, which would learn it by gossip.
+	must(dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID))
+	must(src.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID))
+	for _, m := range c.Masters(t) {
+		if m != from && m != to {
+			rc := redis.NewClient(&redis.Options{Addr: m})
+			must(rc.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID))
+			rc.Close()
+		}
+	}
+	Eventually(t, 10*time.Second, fmt.Sprintf("every node serving slot %d from %s", slot, to), func() error {
+		for _, addr := range c.Addrs {
+			if owner := slotOwner(addr, slot); owner != to {
+				return fmt.Errorf("%s says %q", addr, owner)
+			}
+		}
+		return nil
+	})
+	return moved
+}
+
+// SlotOwner returns the address of the master serving slot, as the
+// cluster's first node reports it.
+func (c *RedisCluster) SlotOwner(t testing.TB, slot int) string {
+	t.Helper()
+	owner := slotOwner(c.Addrs[0], slot)
+	if owner == "" {
+		t.Fatalf("no node serves slot %d", slot)
+	}
+	return owner
+}
+
+// Masters returns the addresses of the cluster's masters (CLUSTER NODES).
+func (c *RedisCluster) Masters(t testing.TB) []string {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: c.Addrs[0]})
+	defer rc.Close()
+	nodes, err := rc.ClusterNodes(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(nodes, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 2 && strings.Contains(f[2], "master") && !strings.Contains(f[2], "fail") {
+			addr, _, _ := strings.Cut(f[1], "@")
+			out = append(out, addr)
+		}
+	}
+	return out
+}
+
+// slotOwner is the master serving slot as the node at addr sees it ("" if
+// none or the node does not answer).
+func slotOwner(addr string, slot int) string {
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	ranges, err := rc.ClusterSlots(context.Background()).Result()
+	if err != nil {
+		return ""
+	}
+	for _, r := range ranges {
+		if r.Start <= slot && slot <= r.End && len(r.Nodes) > 0 {
+			return r.Nodes[0].Addr
+		}
+	}
+	return ""
+}
+
+func nodeID(t testing.TB, rc *redis.Client) string {
+	t.Helper()
+	id, err := rc.Do(context.Background(), "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatalf("CLUSTER MYID on %s: %v", rc.Options().Addr, err)
+	}
+	return id
+}

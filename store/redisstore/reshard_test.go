@@ -1,0 +1,223 @@
+package redisstore_test
+
+import (
+	"bytes"
+	"context"
+	"slices"
+
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store/redisstore"
+)
+
+// TestClusterResharding: slots move from master to master (a key at a
+// time, as `redis-cli --cluster reshard` moves them) while 16 goroutines
+// on two clients — two processes' views of the cluster — claim, complete
+// and replay keys of those slots. Nothing may run twice, no acknowledged
+// completion may be lost, and once the slots have moved every call must
+// get through again at once (a store that keeps sending to the old owner
+// fails closed until its client reloads the cluster's map, a minute
+// later by default). With a key per record and with buckets, coalesced
+// and not, with and without WAIT for a replica.
+func TestClusterResharding(t *testing.T) {
+	cluster := testenv.StartRedisCluster(t, 3, 1)
+	for _, tc := range []struct {
+		name                  string
+		buckets, waitReplicas int
+		noCoalesce            bool
+	}{
+		{name: "KeyPerRecord"},
+		{name: "KeyPerRecordAlone", noCoalesce: true},
+		{name: "Buckets", buckets: 1},
+		{name: "WaitReplicas", waitReplicas: 1},
+		{name: "WaitReplicasAlone", waitReplicas: 1, noCoalesce: true},
+		{name: "BucketsWaitReplicas", buckets: 1, waitReplicas: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			open := func() *redisstore.Store {
+				s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: "idemtest:reshard:" + tc.name + ":",
+					Buckets: tc.buckets, WaitReplicas: tc.waitReplicas, NoCoalesce: tc.noCoalesce})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}
+			reshardWhileRunning(t, cluster, tc.name, tc.buckets == 0, []*redisstore.Store{open(), open()})
+		})
+	}
+}
+
+// reshardWhileRunning: with oneKey (a script touches one key, so the
+// slot's owner runs it or names the target with ASK, never TRYAGAIN) no
+// call may fail even while the slots move.
+func reshardWhileRunning(t *testing.T, cluster *testenv.RedisCluster, name string, oneKey bool, stores []*redisstore.Store) {
+	const slots, perSlot = 4, 150
+	keys := keysInSlots(stores[0], name, slots, perSlot)
+	ctx := context.Background()
+
+	var (
+		mu        sync.Mutex
+		claimed   = map[string]int{}  // claims handed out per key
+		completed = map[string]bool{} // completions acknowledged
+		ops       atomic.Int64
+		failures  atomic.Int64
+		moved     atomic.Bool  // every move done
+		failAfter atomic.Int64 // failures of calls begun after
+		lastErr   atomic.Value
+		progress  = make(chan struct{}, 1)
+		stop      = make(chan struct{})
+		wg        sync.WaitGroup
+	)
+	// One key in four has a result too large for a bucket: with buckets
+	// too, a slot holds keys of records beside its bucket, and a call meets
+	// its keys split between two masters while the slot moves.
+	result := func(key string) []byte {
+		if key[len(key)-1]%4 == 0 {
+			return []byte(key + strings.Repeat(".", 100))
+		}
+		return []byte("r-" + key)
+	}
+	lifecycle := func(s *redisstore.Store, key string) error {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		a, err := s.Acquire(cctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
+		if err != nil {
+			return err
+		}
+		switch a.Outcome {
+		case idem.Acquired:
+			mu.Lock()
+			claimed[key]++
+			mu.Unlock()
+			if err := s.Complete(cctx, key, a.Fence, result(key), time.Hour); err != nil {
+				return err
+			}
+			mu.Lock()
+			completed[key] = true
+			mu.Unlock()
+		case idem.Replayed:
+			if !bytes.Equal(a.Record.Result, result(key)) {
+				t.Errorf("%s replayed %q", key, a.Record.Result)
+			}
+		case idem.InProgress:
+		default:
+			t.Errorf("%s: %v (no lease ran out, nothing was released)", key, a.Outcome)
+		}
+		return nil
+	}
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			s := stores[g%len(stores)]
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				after := moved.Load()
+				if err := lifecycle(s, keys[rng.IntN(len(keys))]); err != nil {
+					failures.Add(1)
+					if after {
+						failAfter.Add(1)
+					}
+					lastErr.Store(err.Error())
+				}
+				ops.Add(1)
+				select {
+				case progress <- struct{}{}:
+				default:
+				}
+			}
+		}()
+	}
+	// Between two keys moved, at least one call: the calls meet every
+	// state of a slot half moved.
+	between := func() {
+		select {
+		case <-progress:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no call ended in 10s")
+		}
+	}
+	masters := cluster.Masters(t)
+	moves, keysMoved := 0, 0
+	for round := range 3 {
+		for i := range slots {
+			slot := redisstore.KeySlot(stores[0].KeyName(keys[i*perSlot]))
+			to := masters[(slices.Index(masters, cluster.SlotOwner(t, slot))+1+round%2)%len(masters)]
+			keysMoved += cluster.MoveSlot(t, slot, to, between)
+			moves++
+		}
+	}
+	opsDuring, failedDuring := ops.Load(), failures.Load()
+	// Once the slots are where they now stay, every call begun then must
+	// get through.
+	moved.Store(true)
+	for range 200 {
+		between()
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d slot moves (%d keys moved one at a time): %d calls, %d failed (closed) while slots moved; the last: %v",
+		moves, keysMoved, opsDuring, failedDuring, lastErr.Load())
+	if oneKey && failedDuring > 0 {
+		t.Errorf("%d calls failed while the slots moved (each touches one key: a redirection to follow)", failedDuring)
+	}
+	if n := failAfter.Load(); n > 0 {
+		t.Errorf("%d calls failed after the last move, the last: %v", n, lastErr.Load())
+	}
+	for key, n := range claimed {
+		if n > 1 {
+			t.Errorf("%s claimed %d times", key, n)
+		}
+	}
+	lost := 0
+	for key := range completed {
+		r, err := stores[1].Get(ctx, key)
+		if err != nil || r.State != idem.StateCompleted || !bytes.Equal(r.Result, result(key)) {
+			lost++
+			t.Logf("%s: %+v %v", key, r, err)
+		}
+	}
+	if lost > 0 {
+		t.Errorf("%d of %d acknowledged completions lost", lost, len(completed))
+	}
+	if len(completed) < len(keys)/2 {
+		t.Errorf("only %d of %d keys completed", len(completed), len(keys))
+	}
+}
+
+// keysInSlots returns perSlot storage keys named name-i in each of n
+// slots, slot by slot (found by trying names: the slot is the hash of the
+// whole name).
+func keysInSlots(s *redisstore.Store, name string, n, perSlot int) []string {
+	bySlot := map[int][]string{}
+	var order []int
+	for i := 0; len(order) < n || len(bySlot[order[n-1]]) < perSlot; i++ {
+		key := name + "-" + strconv.Itoa(i)
+		slot := redisstore.KeySlot(s.KeyName(key))
+		if _, ok := bySlot[slot]; !ok && len(order) < n {
+			order = append(order, slot)
+			bySlot[slot] = nil
+		}
+		if ks, ok := bySlot[slot]; ok && len(ks) < perSlot {
+			bySlot[slot] = append(ks, key)
+		}
+	}
+	var out []string
+	for _, slot := range order {
+		out = append(out, bySlot[slot]...)
+	}
+	return out
+}
