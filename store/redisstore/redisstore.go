@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"sort"
 	"strconv"
@@ -414,7 +415,10 @@ func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, ar
 // cursor, then one
 // pipeline reading the page's records. The cursor names every node and its
 // SCAN cursor; if a cluster's masters change during a walk (a failover),
-// Scan says so and the walk starts again.
+// Scan says so and the walk starts again. So it does if a cluster's slots
+// move during a walk (a reshard: a record moved from a master not walked
+// yet to one walked would be missed), or are moving when a page starts or
+// ends: the cursor keeps the slots each master serves (slotLayout).
 func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Record, string, error) {
 	if limit <= 0 {
 		limit = 1000
@@ -438,13 +442,23 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 		sort.Strings(addrs)
 	}
 	// The cursor: "addr=cursor" per node, ";"-separated; "-" marks a node
-	// whose scan is done.
+	// whose scan is done; on a cluster, "slots=" the layout of its slots.
+	layout, err := s.slotLayout(ctx, nodes)
+	if err != nil {
+		return nil, "", wrap("scan", err)
+	}
 	cursors := map[string]string{}
 	if cursor != "" {
 		for _, part := range strings.Split(cursor, ";") {
 			addr, c, ok := strings.Cut(part, "=")
 			if !ok {
 				return nil, "", fmt.Errorf("idem/redisstore: scan: malformed cursor %q", cursor)
+			}
+			if addr == "slots" {
+				if c != layout {
+					return nil, "", errSlotsMoved
+				}
+				continue
 			}
 			if _, known := nodes[addr]; !known {
 				return nil, "", fmt.Errorf("%w: idem/redisstore: scan: node %s is no longer a master (a failover during the walk): start again", idem.ErrStoreUnavailable, addr)
@@ -488,7 +502,15 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 		}
 		cursors[addr] = c
 	}
-	next := make([]string, 0, len(addrs))
+	// Slots that moved while this page was walked may have taken records
+	// from a master not walked yet to one walked.
+	if after, err := s.slotLayout(ctx, nodes); err != nil || after != layout {
+		if err == nil {
+			err = errSlotsMoved
+		}
+		return nil, "", wrap("scan", err)
+	}
+	next := make([]string, 0, len(addrs)+1)
 	done := true
 	for _, addr := range addrs {
 		c := cursors[addr]
@@ -498,12 +520,80 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 		done = done && c == "-"
 		next = append(next, addr+"="+c)
 	}
+	if layout != "" {
+		next = append(next, "slots="+layout)
+	}
 	recs, err := s.read(ctx, keys)
 	recs = append(recs, buckets...)
 	if err != nil || done {
 		return recs, "", err
 	}
 	return recs, strings.Join(next, ";"), nil
+}
+
+// errSlotsMoved: a cluster's slots moved during a Scan walk.
+var errSlotsMoved = fmt.Errorf("%w: idem/redisstore: scan: the cluster's slots moved between masters during the walk (a reshard): start again", idem.ErrStoreUnavailable)
+
+// slotLayout returns the slots each master of a cluster serves, as one
+// string ("" for one server or a ring), read from each master's own
+// line of CLUSTER NODES (concurrently: one round trip). A slot being
+// moved (a reshard under way: its keys are on their way from one master
+// to the other) is an error: a walk cannot tell where they are.
+func (s *Store) slotLayout(ctx context.Context, nodes map[string]redis.Cmdable) (string, error) {
+	if _, ok := s.c.(*redis.ClusterClient); !ok {
+		return "", nil
+	}
+	var mu sync.Mutex
+	var parts []string
+	var wg sync.WaitGroup
+	var firstErr error
+	for addr, node := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			part, err := ownSlots(ctx, node)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			parts = append(parts, addr+" "+part)
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return "", firstErr
+	}
+	sort.Strings(parts)
+	h := fnv.New64a()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{'\n'})
+	}
+	return strconv.FormatUint(h.Sum64(), 36), nil
+}
+
+// ownSlots returns the slots the node serves, as its CLUSTER NODES line
+// says (ranges, space-separated), or an error if one of them is being
+// moved to or from it ("[slot->-id]", "[slot-<-id]").
+func ownSlots(ctx context.Context, node redis.Cmdable) (string, error) {
+	out, err := node.ClusterNodes(ctx).Result()
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 8 || !strings.Contains(f[2], "myself") {
+			continue
+		}
+		for _, slot := range f[8:] {
+			if strings.HasPrefix(slot, "[") {
+				return "", fmt.Errorf("%w: idem/redisstore: scan: slot %s is moving between masters (a reshard): walk again once it is done", idem.ErrStoreUnavailable, slot)
+			}
+		}
+		return strings.Join(f[8:], " "), nil
+	}
+	return "", errors.New("idem/redisstore: CLUSTER NODES names no node as myself")
 }
 
 // bucketRecords reads the live records of buckets on node: one pipeline

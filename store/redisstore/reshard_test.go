@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"slices"
 
 	"math/rand/v2"
@@ -52,6 +53,98 @@ func TestClusterResharding(t *testing.T) {
 			}
 			reshardWhileRunning(t, cluster, tc.name, tc.buckets == 0, []*redisstore.Store{open(), open()})
 		})
+	}
+	t.Run("ScanWhileSlotsMove", func(t *testing.T) { scanWhileSlotsMove(t, cluster) })
+}
+
+// scanWhileSlotsMove: a Scan walk visits the masters one after another, so
+// a record moved from one it has not walked yet to one it has would be
+// missed — and a Scanner promises every record live for the whole walk.
+// Slots move in the middle of a walk, from the last master to the first
+// (already walked): the walk must visit every record or fail (start
+// again), never end as if complete without them.
+func scanWhileSlotsMove(t *testing.T, cluster *testenv.RedisCluster) {
+	ctx := context.Background()
+	s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 600
+	testenv.CompleteMany(t, s, n, func(i int) string { return "scan-" + strconv.Itoa(i) })
+	masters := cluster.Masters(t)
+	slices.Sort(masters) // the order of the walk
+	first, last := masters[0], masters[len(masters)-1]
+	seen := map[string]bool{}
+	cursor, moved, walkFailed := "", 0, false
+	for page := 0; ; page++ {
+		recs, next, err := s.Scan(ctx, cursor, 50)
+		if err != nil {
+			if moved > 0 && errors.Is(err, idem.ErrStoreUnavailable) {
+				walkFailed = true
+				t.Logf("the walk failed after %d pages, %d records, slots of %d records moved: %v", page, len(seen), moved, err)
+				break // start again: nothing was claimed complete
+			}
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			seen[r.Key] = true
+		}
+		if moved == 0 && strings.Contains(next, first+"=-") {
+			// The first master walked: the slots of the last one's records
+			// (five of them) move there.
+			slots := map[int]bool{}
+			for i := 0; i < n && len(slots) < 5; i++ {
+				slot := redisstore.KeySlot(s.KeyName("scan-" + strconv.Itoa(i)))
+				if cluster.SlotOwner(t, slot) == last && !slots[slot] {
+					slots[slot] = true
+					moved += cluster.MoveSlot(t, slot, first, func() {})
+				}
+			}
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	// While a slot is moving, a walk cannot tell where its keys are: a
+	// page fails.
+	slot := redisstore.KeySlot(s.KeyName("scan-0"))
+	to := first
+	if cluster.SlotOwner(t, slot) == first {
+		to = last
+	}
+	asked := false
+	cluster.MoveSlot(t, slot, to, func() {
+		if !asked {
+			asked = true
+			if _, _, err := s.Scan(ctx, "", 50); !errors.Is(err, idem.ErrStoreUnavailable) || !strings.Contains(err.Error(), "moving") {
+				t.Errorf("Scan while slot %d is moving: %v", slot, err)
+			}
+		}
+	})
+	if moved == 0 {
+		t.Fatal("the walk ended before any slot moved")
+	}
+	if len(seen) != n && !walkFailed {
+		t.Fatalf("the walk ended complete with %d of %d records (the slots of %d moved during it)", len(seen), n, moved)
+	}
+	// Started again once the slots stay where they are: every record.
+	clear(seen)
+	for cursor = ""; ; {
+		recs, next, err := s.Scan(ctx, cursor, 50)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			seen[r.Key] = true
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if len(seen) != n {
+		t.Fatalf("a walk with no slot moving visited %d of %d records", len(seen), n)
 	}
 }
 
