@@ -193,7 +193,10 @@ type Config struct {
 	// Client is the Redis client (redis.NewClient, NewClusterClient,
 	// NewFailoverClient, NewUniversalClient, or NewRing: each key's record
 	// lives on its shard, and WaitReplicas is refused there, WAIT naming no
-	// key). Required. Set its MaxRetries
+	// key; the store keeps a Ring of its own with the same options whose
+	// shards are never taken out, so that a shard that is down fails its
+	// keys' calls closed instead of handing them to another shard — see
+	// steadyRing). Required. Set its MaxRetries
 	// to -1: go-redis resends a command whose connection broke before the
 	// answer came back, so a script may run twice for one call. Each call
 	// carries a nonce, and a rerun that finds its own claim or settle
@@ -267,10 +270,12 @@ var ErrReplicationShortfall = fmt.Errorf("%w: fewer replicas than required ackno
 // and each call carries a nonce by which the second run recognizes the
 // first one's claim or settle.
 type Store struct {
-	c      redis.UniversalClient
-	prefix string
-	limits idem.Limits
-	close  bool
+	c       redis.UniversalClient // given, or for a Ring ownRing
+	given   redis.UniversalClient // Config.Client
+	ownRing *redis.Ring           // see steadyRing
+	prefix  string
+	limits  idem.Limits
+	close   bool
 
 	nonces  atomic.Uint32
 	process [6]byte // random, per Store: nonces of two processes never meet
@@ -325,7 +330,13 @@ func New(cfg Config) (*Store, error) {
 	if cfg.WaitTimeout == 0 {
 		cfg.WaitTimeout = time.Second
 	}
-	s := &Store{c: cfg.Client, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient,
+	client := cfg.Client
+	var own *redis.Ring
+	if ring, ok := cfg.Client.(*redis.Ring); ok {
+		own = steadyRing(ring)
+		client = own
+	}
+	s := &Store{c: client, given: cfg.Client, ownRing: own, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient,
 		waitReplicas: cfg.WaitReplicas, waitTimeout: cfg.WaitTimeout,
 		bucketsPerSlot: (cfg.Buckets + clusterSlots - 1) / clusterSlots}
 	if _, err := rand.Read(s.process[:]); err != nil {
@@ -1090,11 +1101,32 @@ func escapeGlob(s string) string {
 // round trips still in flight have ended (a batch whose callers all gave up
 // runs to its end; closing the client under it would break its connection).
 func (s *Store) Close() error {
-	if !s.close {
+	if !s.close && s.ownRing == nil {
 		return nil
 	}
 	if s.calls != nil {
 		s.calls.Wait()
 	}
-	return s.c.Close()
+	var err error
+	if s.ownRing != nil {
+		err = s.ownRing.Close()
+	}
+	if s.close {
+		err = errors.Join(err, s.given.Close())
+	}
+	return err
+}
+
+// steadyRing returns a Ring of the store's own, made with ring's options
+// but whose shards are never taken out. A go-redis Ring takes a shard that
+// misses three heartbeats (1.5 s by default) out of its hash and sends that
+// shard's keys to the others, where a duplicate would find no record and
+// run again (and, once the shard is back, the records written meanwhile
+// would be hidden again). Through the store's Ring, calls on a shard that
+// is down fail closed, as calls on a Cluster's dead master do, and a Scan
+// walk fails rather than skip it.
+func steadyRing(ring *redis.Ring) *redis.Ring {
+	o := *ring.Options()
+	o.HeartbeatFn = func(context.Context, *redis.Client) bool { return true }
+	return redis.NewRing(&o)
 }

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -116,5 +117,78 @@ func TestRingKeepsEveryKeyOnItsShard(t *testing.T) {
 	}
 	if seen != n {
 		t.Fatalf("a Scan walk over the Ring saw %d records, want %d", seen, n)
+	}
+}
+
+// TestRingShardDownFailsClosed: a go-redis Ring takes a shard that misses
+// three heartbeats (1.5 s by default) out of its hash and sends that
+// shard's keys to the others — where a duplicate finds no record and runs
+// again. The store must not follow: while a shard is down, calls on its
+// keys fail closed; once it is back, its records answer again. Two real
+// Redis servers, one behind a proxy the test cuts.
+func TestRingShardDownFailsClosed(t *testing.T) {
+	a, b := testenv.StartRedisServer(t), testenv.StartRedisServer(t)
+	proxy := testenv.StartProxy(t, a.Addr)
+	shards := map[string]string{"a": proxy.Addr(), "b": b.Addr}
+	ring := redis.NewRing(&redis.RingOptions{Addrs: shards, MaxRetries: -1, DialerRetries: 1})
+	s, err := redisstore.New(redisstore.Config{Client: ring, Prefix: "idemtest:ring:", CloseClient: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	const n = 40
+	key := func(i int) string { return fmt.Sprintf("ring-down-%d", i) }
+	testenv.CompleteMany(t, s, n, key)
+	onA := map[string]bool{}
+	direct := redis.NewClient(&redis.Options{Addr: a.Addr})
+	defer direct.Close()
+	for i := range n {
+		if direct.Exists(ctx, s.KeyName(key(i))).Val() == 1 {
+			onA[key(i)] = true
+		}
+	}
+	if len(onA) == 0 || len(onA) == n {
+		t.Fatalf("%d of %d keys on shard a: want both shards used", len(onA), n)
+	}
+
+	proxy.Cut()
+	// The Ring given to the store has taken shard a out by now.
+	testenv.Eventually(t, 10*time.Second, "the Ring taking shard a out", func() error {
+		if l := ring.Len(); l != 1 {
+			return fmt.Errorf("%d shards up", l)
+		}
+		return nil
+	})
+	ran := 0
+	for i := range n {
+		k := key(i)
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+		switch {
+		case err == nil && a.Outcome.Owns():
+			ran++
+			t.Errorf("%s (completed on shard %v) claimed again while shard a is down: its work would run twice", k, map[bool]string{true: "a", false: "b"}[onA[k]])
+		case onA[k] && !errors.Is(err, idem.ErrStoreUnavailable):
+			t.Errorf("%s, on the shard that is down: %v, %v; want ErrStoreUnavailable", k, a.Outcome, err)
+		case !onA[k] && (err != nil || a.Outcome != idem.Replayed):
+			t.Errorf("%s, on the shard that is up: %v, %v; want Replayed", k, a.Outcome, err)
+		}
+	}
+	if _, _, err := s.Scan(ctx, "", 1000); !errors.Is(err, idem.ErrStoreUnavailable) {
+		t.Errorf("a Scan walk while shard a is down: %v; want ErrStoreUnavailable (it would miss its records)", err)
+	}
+
+	proxy.Restore()
+	testenv.Eventually(t, 10*time.Second, "shard a answering again", func() error {
+		for k := range onA {
+			_, err := s.Get(ctx, k)
+			return err
+		}
+		return nil
+	})
+	for i := range n {
+		if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key(i), Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Replayed {
+			t.Errorf("%s once shard a is back: %v, %v; want Replayed", key(i), a.Outcome, err)
+		}
 	}
 }
