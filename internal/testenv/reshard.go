@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -131,4 +132,59 @@ func nodeID(t testing.TB, rc *redis.Client) string {
 		t.Fatalf("CLUSTER MYID on %s: %v", rc.Options().Addr, err)
 	}
 	return id
+}
+
+// ManualFailover makes the replica at addr take its master's place with
+// CLUSTER FAILOVER (coordinated: the master stops taking writes until the
+// replica has them all), and returns once the replica serves as master and
+// the old master replicates from it, in sync.
+func (c *RedisCluster) ManualFailover(t testing.TB, replica string) {
+	t.Helper()
+	ctx := context.Background()
+	rc := redis.NewClient(&redis.Options{Addr: replica})
+	defer rc.Close()
+	var old string
+	if info, err := rc.Info(ctx, "replication").Result(); err == nil {
+		old = infoField(info, "master_host") + ":" + infoField(info, "master_port")
+	}
+	// The master ignores a manual failover asked by a node it does not yet
+	// know as its replica (just after roles changed, say).
+	Eventually(t, 30*time.Second, old+" knowing "+replica+" as its replica", func() error {
+		if !slices.Contains(c.ReplicasOf(t, old), replica) {
+			return fmt.Errorf("its replicas: %v", c.ReplicasOf(t, old))
+		}
+		return nil
+	})
+	if err := rc.Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+		t.Fatalf("CLUSTER FAILOVER on %s: %v", replica, err)
+	}
+	oc := redis.NewClient(&redis.Options{Addr: old})
+	defer oc.Close()
+	Eventually(t, 30*time.Second, replica+" serving as master, "+old+" replicating from it", func() error {
+		info, err := rc.Info(ctx, "replication").Result()
+		if err != nil {
+			return err
+		}
+		if infoField(info, "role") != "master" {
+			return fmt.Errorf("%s is still a %s", replica, infoField(info, "role"))
+		}
+		info, err = oc.Info(ctx, "replication").Result()
+		if err != nil {
+			return err
+		}
+		if infoField(info, "master_link_status") != "up" {
+			return fmt.Errorf("%s: link to its new master %q", old, infoField(info, "master_link_status"))
+		}
+		return nil
+	})
+}
+
+// infoField returns a field of an INFO answer ("" if absent).
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
 }

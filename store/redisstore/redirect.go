@@ -90,13 +90,15 @@ func redirection(err error) (addr string, ask, ok bool) {
 	return addr, kind == "ASK", addr != ""
 }
 
-// masterAt returns the cluster client's own client of the master at addr,
+// masterAt returns the cluster client's own client of the node at addr,
 // reloading the client's map of the cluster first (so that the calls
-// after this one go to the slot's new master at once).
+// after this one go to the slot's new master at once). Among every node,
+// not the masters only: the node the map was read from may not know yet
+// that a replica took its master's place (a failover).
 func masterAt(ctx context.Context, cc *redis.ClusterClient, addr string) (*redis.Client, error) {
 	var mu sync.Mutex
 	var found *redis.Client
-	err := cc.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+	err := cc.ForEachShard(ctx, func(_ context.Context, m *redis.Client) error {
 		if m.Options().Addr == addr {
 			mu.Lock()
 			found = m
@@ -108,7 +110,7 @@ func masterAt(ctx context.Context, cc *redis.ClusterClient, addr string) (*redis
 		return nil, err
 	}
 	if found == nil {
-		return nil, fmt.Errorf("idem: the cluster redirected a call to %s, which is not among its masters", addr)
+		return nil, fmt.Errorf("idem: the cluster redirected a call to %s, which is not among its nodes", addr)
 	}
 	return found, nil
 }
