@@ -354,7 +354,9 @@ func New(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// Client returns the store's client.
+// Client returns the client the store calls through: Config.Client, or for
+// a Ring the store's own (see steadyRing), to which hooks (tracing,
+// metrics) are added.
 func (s *Store) Client() redis.UniversalClient { return s.c }
 
 // KeyName returns the Redis key of a storage key: prefix + "{" + key + "}".
