@@ -188,3 +188,49 @@ func infoField(info, name string) string {
 	}
 	return ""
 }
+
+// Failover makes the Sentinels promote a replica (SENTINEL FAILOVER: the
+// master is demoted once the replica has caught up) and returns once every
+// Sentinel names the new master and the old master replicates from it, in
+// sync. It returns the new master's address.
+func (s *RedisSentinel) Failover(t testing.TB) string {
+	t.Helper()
+	ctx := context.Background()
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.SentinelAddrs[0]})
+	defer sc.Close()
+	old, err := sc.GetMasterAddrByName(ctx, s.MasterName).Result()
+	if err != nil {
+		t.Fatalf("SENTINEL GET-MASTER-ADDR-BY-NAME: %v", err)
+	}
+	oldAddr := old[0] + ":" + old[1]
+	if err := sc.Failover(ctx, s.MasterName).Err(); err != nil {
+		t.Fatalf("SENTINEL FAILOVER: %v", err)
+	}
+	var now string
+	Eventually(t, 30*time.Second, "a new master, named by every Sentinel, "+oldAddr+" replicating from it", func() error {
+		for _, addr := range s.SentinelAddrs {
+			c := redis.NewSentinelClient(&redis.Options{Addr: addr})
+			m, err := c.GetMasterAddrByName(ctx, s.MasterName).Result()
+			c.Close()
+			if err != nil {
+				return err
+			}
+			if a := m[0] + ":" + m[1]; a == oldAddr || (now != "" && a != now) {
+				return fmt.Errorf("Sentinel %s names %s", addr, a)
+			} else {
+				now = a
+			}
+		}
+		oc := redis.NewClient(&redis.Options{Addr: oldAddr})
+		defer oc.Close()
+		info, err := oc.Info(ctx, "replication").Result()
+		if err != nil {
+			return err
+		}
+		if infoField(info, "master_link_status") != "up" {
+			return fmt.Errorf("%s: link to its new master %q", oldAddr, infoField(info, "master_link_status"))
+		}
+		return nil
+	})
+	return now
+}

@@ -179,6 +179,13 @@ func reshardWhileRunning(t *testing.T, cluster *testenv.RedisCluster, name strin
 // (and before the next) must succeed, and with noFailures every call begun
 // during one too.
 func underLoad(t *testing.T, stores []*redisstore.Store, keys []string, what string, noFailures bool, disturb ...func(between func())) {
+	underLoadOf(t, stores, keys, what, noFailures, false, disturb...)
+}
+
+// underLoadOf is underLoad; with lossy, the keys claimed twice and the
+// completions lost are counted and reported, not failed on (a setting
+// known to lose them, measured).
+func underLoadOf(t *testing.T, stores []*redisstore.Store, keys []string, what string, noFailures, lossy bool, disturb ...func(between func())) {
 	ctx := context.Background()
 
 	var (
@@ -295,9 +302,15 @@ func underLoad(t *testing.T, stores []*redisstore.Store, keys []string, what str
 	if n := failAfter.Load(); n > 0 {
 		t.Errorf("%d calls failed after, the last: %v", n, lastErr.Load())
 	}
+	judge := t.Errorf
+	if lossy {
+		judge = t.Logf
+	}
+	twice := 0
 	for key, n := range claimed {
 		if n > 1 {
-			t.Errorf("%s claimed %d times", key, n)
+			twice++
+			judge("%s claimed %d times", key, n)
 		}
 	}
 	lost := 0
@@ -308,8 +321,8 @@ func underLoad(t *testing.T, stores []*redisstore.Store, keys []string, what str
 			t.Logf("%s: %+v %v", key, r, err)
 		}
 	}
-	if lost > 0 {
-		t.Errorf("%d of %d acknowledged completions lost", lost, len(completed))
+	if lost > 0 || twice > 0 {
+		judge("%d of %d acknowledged completions lost, %d keys claimed twice", lost, len(completed), twice)
 	}
 	if len(completed) < len(keys)/2 {
 		t.Errorf("only %d of %d keys completed", len(completed), len(keys))
@@ -367,6 +380,40 @@ func TestClusterManualFailover(t *testing.T) {
 			underLoad(t, stores, keys, "masters changed places", false,
 				func(func()) { cluster.ManualFailover(t, replica) }, // over
 				func(func()) { cluster.ManualFailover(t, master) })  // and back
+		})
+	}
+}
+
+// TestSentinelManualFailover: SENTINEL FAILOVER (an operator's
+// maintenance of the master's machine) while 16 goroutines on two
+// Sentinel clients run lifecycles. Sentinel promotes a replica without
+// stopping the master first: until it is told to follow the new one, the
+// old master still takes writes, and the other replica, still following
+// it, acknowledges them — so a WAIT for fewer replicas than the master has
+// is satisfied by a replica whose copy the failover then discards (Wait1:
+// completions lost and keys claimed twice, reported). With WAIT for every
+// replica (Wait2: the promoted one must have had the write) nothing is
+// lost or claimed twice; and once the Sentinels name the new master, every
+// call gets through.
+func TestSentinelManualFailover(t *testing.T) {
+	sentinel := testenv.StartRedisSentinel(t)
+	for _, wait := range []int{1, 2} {
+		name := fmt.Sprintf("Wait%d", wait)
+		t.Run(name, func(t *testing.T) {
+			open := func() *redisstore.Store {
+				s, err := redisstore.New(redisstore.Config{Client: sentinel.Client(t), Prefix: "idemtest:sentinel-failover:" + name + ":", WaitReplicas: wait})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}
+			keys := make([]string, 600)
+			for i := range keys {
+				keys[i] = "failover-" + strconv.Itoa(i)
+			}
+			lossy := wait < len(sentinel.Replicas)
+			underLoadOf(t, []*redisstore.Store{open(), open()}, keys, "the master changed", false, lossy,
+				func(func()) { t.Logf("the new master: %s", sentinel.Failover(t)) })
 		})
 	}
 }

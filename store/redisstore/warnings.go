@@ -25,7 +25,10 @@ import (
 // into hash tables (162 bytes per record instead of 99). It also names a
 // master with replicas where Config.WaitReplicas is 0: Redis replicates
 // after it answers, and a failover to a replica (Sentinel, Cluster) loses
-// the last acknowledged records. A server that refuses CONFIG GET or INFO
+// the last acknowledged records; or fewer than its replicas: a failover
+// while the master still takes writes (SENTINEL FAILOVER) promotes one
+// replica while another acknowledges the old master's writes, then
+// discards them. A server that refuses CONFIG GET or INFO
 // (a managed Redis may) yields its error and no warnings.
 func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 	var mu sync.Mutex
@@ -57,8 +60,11 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 		if v, _ := strconv.Atoi(cfg["hash-max-listpack-value"]); s.bucketsPerSlot > 0 && v < 128 {
 			found = append(found, fmt.Sprintf("%s: hash-max-listpack-value is %d: a bucket holding a record over %d bytes becomes a hash table (162 bytes per record instead of 99); set it to 128", c.Options().Addr, v, v))
 		}
-		if n := infoField(replication, "connected_slaves"); n != "" && n != "0" && s.waitReplicas == 0 {
-			found = append(found, fmt.Sprintf("%s: %s replica(s) and Config.WaitReplicas 0: Redis replicates a write after it answers, so a failover to a replica loses the last acknowledged records, and their keys then run again as new (claims: beside their first owner); set WaitReplicas (idem_wait_replicas=1 in a store URL)", c.Options().Addr, n))
+		switch n, _ := strconv.Atoi(infoField(replication, "connected_slaves")); {
+		case n > 0 && s.waitReplicas == 0:
+			found = append(found, fmt.Sprintf("%s: %d replica(s) and Config.WaitReplicas 0: Redis replicates a write after it answers, so a failover to a replica loses the last acknowledged records, and their keys then run again as new (claims: beside their first owner); set WaitReplicas to the number of replicas (idem_wait_replicas=%d in a store URL)", c.Options().Addr, n, n))
+		case n > s.waitReplicas && s.waitReplicas > 0:
+			found = append(found, fmt.Sprintf("%s: %d replica(s) and Config.WaitReplicas %d: a failover that promotes a replica while this master still takes writes (SENTINEL FAILOVER, CLUSTER FAILOVER FORCE, a partition) discards what only the other replicas acknowledged, and those keys run again as new; set WaitReplicas to %d (a replica down then fails writes closed)", c.Options().Addr, n, s.waitReplicas, n))
 		}
 		mu.Lock()
 		warnings = append(warnings, found...)

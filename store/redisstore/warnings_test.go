@@ -103,20 +103,26 @@ func TestReplicaWarning(t *testing.T) {
 	persistent := []string{"--appendonly", "yes", "--appendfsync", "always"}
 	master := testenv.StartRedisServer(t, persistent...)
 	host, port, _ := net.SplitHostPort(master.Addr)
-	testenv.StartRedisServer(t, append(persistent, "--replicaof", host, port)...)
+	// Two replicas: a WAIT for one of them is satisfied by either, and a
+	// failover that promotes the other while the master still takes writes
+	// (SENTINEL FAILOVER) discards what only the first acknowledged
+	// (TestSentinelManualFailover).
+	for range 2 {
+		testenv.StartRedisServer(t, append(persistent, "--replicaof", host, port)...)
+	}
 	mc := redis.NewClient(&redis.Options{Addr: master.Addr})
 	defer mc.Close()
-	testenv.Eventually(t, 30*time.Second, "the replica connects", func() error {
+	testenv.Eventually(t, 30*time.Second, "the replicas connect", func() error {
 		info, err := mc.Info(ctx, "replication").Result()
-		if err == nil && !strings.Contains(info, "connected_slaves:1") {
-			err = errors.New("no replica connected yet")
+		if err == nil && !strings.Contains(info, "connected_slaves:2") {
+			err = errors.New("not every replica connected yet")
 		}
 		return err
 	})
 	for _, c := range []struct {
 		wait int
 		want string
-	}{{0, "1 replica(s) and Config.WaitReplicas 0"}, {1, ""}} {
+	}{{0, "2 replica(s) and Config.WaitReplicas 0"}, {1, "2 replica(s) and Config.WaitReplicas 1"}, {2, ""}} {
 		warnings, err := testenv.OpenRedisConfig(t, master.Addr, redisstore.Config{Prefix: "idemtest:", WaitReplicas: c.wait}).ServerWarnings(ctx)
 		if err != nil {
 			t.Fatal(err)
