@@ -234,3 +234,44 @@ func (s *RedisSentinel) Failover(t testing.TB) string {
 	})
 	return now
 }
+
+// CrashMaster kills the master at addr with SIGKILL, waits until its
+// replica has taken its place (the cluster's node timeout, then an
+// election), and starts it again: without its data (no persistence), it
+// rejoins as the new master's replica; CrashMaster returns once it is in
+// sync. (Started before the promotion, an empty master would keep its
+// slots and lose every record on them.)
+func (c *RedisCluster) CrashMaster(t testing.TB, addr string) {
+	t.Helper()
+	ctx := context.Background()
+	replicas := c.ReplicasOf(t, addr)
+	if len(replicas) == 0 {
+		t.Fatalf("%s has no replica to take its place", addr)
+	}
+	c.Node(t, addr).Kill(t)
+	Eventually(t, 30*time.Second, "a replica of "+addr+" serving as master", func() error {
+		for _, r := range replicas {
+			rc := redis.NewClient(&redis.Options{Addr: r})
+			info, err := rc.Info(ctx, "replication").Result()
+			state, _ := rc.ClusterInfo(ctx).Result()
+			rc.Close()
+			if err == nil && infoField(info, "role") == "master" && strings.Contains(state, "cluster_state:ok") {
+				return nil
+			}
+		}
+		return fmt.Errorf("none of %v yet", replicas)
+	})
+	c.Node(t, addr).Start(t)
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	Eventually(t, 30*time.Second, addr+" back as a replica, in sync", func() error {
+		info, err := rc.Info(ctx, "replication").Result()
+		if err != nil {
+			return err
+		}
+		if infoField(info, "role") != "slave" || infoField(info, "master_link_status") != "up" {
+			return fmt.Errorf("role %s, link %q", infoField(info, "role"), infoField(info, "master_link_status"))
+		}
+		return nil
+	})
+}

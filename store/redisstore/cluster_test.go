@@ -289,7 +289,8 @@ func TestClusterCampaign(t *testing.T) { clusterCampaign(t, "TestClusterCampaign
 
 // TestClusterCampaignWaitReplicas: the same with WaitReplicas 1, whose
 // calls go to their master's own connection (for the WAIT after them)
-// and follow the cluster's redirections there themselves.
+// and follow the cluster's redirections there themselves — and masters
+// killed with SIGKILL, their replicas promoted.
 func TestClusterCampaignWaitReplicas(t *testing.T) {
 	clusterCampaign(t, "TestClusterCampaignWaitReplicas", 1)
 }
@@ -309,16 +310,25 @@ func clusterCampaign(t *testing.T, name string, waitReplicas int) {
 	if !storetest.IsChild() {
 		cluster := testenv.StartRedisCluster(t, 3, 1)
 		cfg.Location = testenv.RandomName("idemtest:") + ": " + strings.Join(cluster.Addrs, ",")
-		masters := cluster.Masters(t)
 		rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
 		cfg.Move = func() {
 			// The slot of one of the campaign's keys (c0, c1, …: the slot
 			// is their name's, whatever the prefix) to another master, a
 			// pause at each step.
+			masters := cluster.Masters(t)
 			slot := redisstore.KeySlot("{c" + strconv.Itoa(rng.IntN(6)) + "}")
 			owner := slices.Index(masters, cluster.SlotOwner(t, slot))
 			to := masters[(owner+1+rng.IntN(len(masters)-1))%len(masters)]
 			cluster.MoveSlot(t, slot, to, func() { time.Sleep(20 * time.Millisecond) })
+		}
+		if waitReplicas > 0 {
+			// WAIT for each master's one replica: a master killed (its
+			// replica promoted, and it back, empty, as the replica) loses
+			// nothing acknowledged.
+			cfg.Crash = func() {
+				masters := cluster.Masters(t)
+				cluster.CrashMaster(t, masters[rng.IntN(len(masters))])
+			}
 		}
 	}
 	storetest.Campaign(t, cfg)
