@@ -275,3 +275,40 @@ func (c *RedisCluster) CrashMaster(t testing.TB, addr string) {
 		return nil
 	})
 }
+
+// CrashMaster kills the master with SIGKILL, waits until the Sentinels
+// name a replica in its place, and starts it again: without its data (no
+// persistence), it is told by the Sentinels to follow the new master;
+// CrashMaster returns once it does, in sync.
+func (s *RedisSentinel) CrashMaster(t testing.TB) {
+	t.Helper()
+	ctx := context.Background()
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.SentinelAddrs[0]})
+	defer sc.Close()
+	m, err := sc.GetMasterAddrByName(ctx, s.MasterName).Result()
+	if err != nil {
+		t.Fatalf("SENTINEL GET-MASTER-ADDR-BY-NAME: %v", err)
+	}
+	old := m[0] + ":" + m[1]
+	s.Node(t, old).Kill(t)
+	Eventually(t, 30*time.Second, "the Sentinels naming a new master", func() error {
+		m, err := sc.GetMasterAddrByName(ctx, s.MasterName).Result()
+		if err == nil && m[0]+":"+m[1] == old {
+			err = fmt.Errorf("still %s", old)
+		}
+		return err
+	})
+	s.Node(t, old).Start(t)
+	oc := redis.NewClient(&redis.Options{Addr: old})
+	defer oc.Close()
+	Eventually(t, 60*time.Second, old+" back as a replica, in sync", func() error {
+		info, err := oc.Info(ctx, "replication").Result()
+		if err != nil {
+			return err
+		}
+		if infoField(info, "role") != "slave" || infoField(info, "master_link_status") != "up" {
+			return fmt.Errorf("role %s, link %q", infoField(info, "role"), infoField(info, "master_link_status"))
+		}
+		return nil
+	})
+}

@@ -213,12 +213,22 @@ func failover(t *testing.T, client redis.UniversalClient, waitReplicas int,
 
 // TestSentinelCampaign runs the fault campaign through Sentinel
 // (FailoverClient) on a master with two replicas.
-func TestSentinelCampaign(t *testing.T) {
-	cfg := storetest.CampaignConfig{TestName: "TestSentinelCampaign", Processes: 2,
+func TestSentinelCampaign(t *testing.T) { sentinelCampaign(t, "TestSentinelCampaign", 0) }
+
+// TestSentinelCampaignWaitReplicas: the campaign with WAIT for both
+// replicas, and failovers among its faults — SENTINEL FAILOVER while the
+// master still takes writes, and the master killed with SIGKILL — in
+// which nothing acknowledged may be lost (TestSentinelManualFailover).
+func TestSentinelCampaignWaitReplicas(t *testing.T) {
+	sentinelCampaign(t, "TestSentinelCampaignWaitReplicas", 2)
+}
+
+func sentinelCampaign(t *testing.T, name string, waitReplicas int) {
+	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
 		Open: func(t testing.TB, location string) idem.Store {
 			f := strings.Fields(location)
 			c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: f[1], SentinelAddrs: strings.Split(f[2], ","), MaxRetries: -1})
-			s, err := redisstore.New(redisstore.Config{Client: c, Prefix: f[0], CloseClient: true})
+			s, err := redisstore.New(redisstore.Config{Client: c, Prefix: f[0], CloseClient: true, WaitReplicas: waitReplicas})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -228,6 +238,10 @@ func TestSentinelCampaign(t *testing.T) {
 	if !storetest.IsChild() {
 		s := testenv.StartRedisSentinel(t)
 		cfg.Location = testenv.RandomName("idemtest:") + ": " + s.MasterName + " " + strings.Join(s.SentinelAddrs, ",")
+		if waitReplicas == len(s.Replicas) {
+			cfg.Move = func() { s.Failover(t) }
+			cfg.Crash = func() { s.CrashMaster(t) }
+		}
 	}
 	storetest.Campaign(t, cfg)
 }
