@@ -18,8 +18,9 @@ import (
 // slot given to the target on every master — but one key at a time,
 // calling between once the slot is migrating and after each key, so that
 // a test's calls meet the slot half moved: keys already on the target (the
-// owner answers ASK), keys split between both (TRYAGAIN). It returns how many keys it moved (0 and
-// nothing done when the slot is already the target's).
+// owner answers ASK), keys split between both (TRYAGAIN). It returns how
+// many keys it moved (0, and nothing done, when the slot is already the
+// target's).
 func (c *RedisCluster) MoveSlot(t testing.TB, slot int, to string, between func()) int {
 	t.Helper()
 	ctx := context.Background()
