@@ -159,8 +159,6 @@ func (c *RedisCluster) ManualFailover(t testing.TB, replica string) {
 	if err := rc.Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
 		t.Fatalf("CLUSTER FAILOVER on %s: %v", replica, err)
 	}
-	oc := redis.NewClient(&redis.Options{Addr: old})
-	defer oc.Close()
 	Eventually(t, 30*time.Second, replica+" serving as master, "+old+" replicating from it", func() error {
 		info, err := rc.Info(ctx, "replication").Result()
 		if err != nil {
@@ -169,15 +167,23 @@ func (c *RedisCluster) ManualFailover(t testing.TB, replica string) {
 		if infoField(info, "role") != "master" {
 			return fmt.Errorf("%s is still a %s", replica, infoField(info, "role"))
 		}
-		info, err = oc.Info(ctx, "replication").Result()
-		if err != nil {
-			return err
-		}
-		if infoField(info, "master_link_status") != "up" {
-			return fmt.Errorf("%s: link to its new master %q", old, infoField(info, "master_link_status"))
-		}
-		return nil
+		return replicaInSync(ctx, old)
 	})
+}
+
+// replicaInSync says why the server at addr is not a replica in sync with
+// its master (nil once it is).
+func replicaInSync(ctx context.Context, addr string) error {
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	info, err := rc.Info(ctx, "replication").Result()
+	if err != nil {
+		return err
+	}
+	if infoField(info, "role") != "slave" || infoField(info, "master_link_status") != "up" {
+		return fmt.Errorf("%s: role %s, link to its master %q", addr, infoField(info, "role"), infoField(info, "master_link_status"))
+	}
+	return nil
 }
 
 // infoField returns a field of an INFO answer ("" if absent).
@@ -222,16 +228,7 @@ func (s *RedisSentinel) Failover(t testing.TB) string {
 				now = a
 			}
 		}
-		oc := redis.NewClient(&redis.Options{Addr: oldAddr})
-		defer oc.Close()
-		info, err := oc.Info(ctx, "replication").Result()
-		if err != nil {
-			return err
-		}
-		if infoField(info, "master_link_status") != "up" {
-			return fmt.Errorf("%s: link to its new master %q", oldAddr, infoField(info, "master_link_status"))
-		}
-		return nil
+		return replicaInSync(ctx, oldAddr)
 	})
 	return now
 }
@@ -263,18 +260,7 @@ func (c *RedisCluster) CrashMaster(t testing.TB, addr string) {
 		return fmt.Errorf("none of %v yet", replicas)
 	})
 	c.Node(t, addr).Start(t)
-	rc := redis.NewClient(&redis.Options{Addr: addr})
-	defer rc.Close()
-	Eventually(t, 30*time.Second, addr+" back as a replica, in sync", func() error {
-		info, err := rc.Info(ctx, "replication").Result()
-		if err != nil {
-			return err
-		}
-		if infoField(info, "role") != "slave" || infoField(info, "master_link_status") != "up" {
-			return fmt.Errorf("role %s, link %q", infoField(info, "role"), infoField(info, "master_link_status"))
-		}
-		return nil
-	})
+	Eventually(t, 30*time.Second, addr+" back as a replica, in sync", func() error { return replicaInSync(ctx, addr) })
 }
 
 // CrashMaster kills the master with SIGKILL, waits until the Sentinels
@@ -300,16 +286,5 @@ func (s *RedisSentinel) CrashMaster(t testing.TB) {
 		return err
 	})
 	s.Node(t, old).Start(t)
-	oc := redis.NewClient(&redis.Options{Addr: old})
-	defer oc.Close()
-	Eventually(t, 60*time.Second, old+" back as a replica, in sync", func() error {
-		info, err := oc.Info(ctx, "replication").Result()
-		if err != nil {
-			return err
-		}
-		if infoField(info, "role") != "slave" || infoField(info, "master_link_status") != "up" {
-			return fmt.Errorf("role %s, link %q", infoField(info, "role"), infoField(info, "master_link_status"))
-		}
-		return nil
-	})
+	Eventually(t, 60*time.Second, old+" back as a replica, in sync", func() error { return replicaInSync(ctx, old) })
 }
