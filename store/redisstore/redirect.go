@@ -59,7 +59,7 @@ func (s *Store) followRedirects(ctx context.Context, node redis.Cmdable, send pi
 			case <-time.After(8 * time.Millisecond << redirects):
 			}
 		} else {
-			m, err := masterAt(ctx, cc, t.addr)
+			m, err := nodeAt(ctx, cc, t.addr)
 			if err != nil {
 				for _, i := range ids {
 					out[i].SetErr(fmt.Errorf("%w (following %v)", err, out[i].Err()))
@@ -90,12 +90,12 @@ func redirection(err error) (addr string, ask, ok bool) {
 	return addr, kind == "ASK", addr != ""
 }
 
-// masterAt returns the cluster client's own client of the node at addr,
+// nodeAt returns the cluster client's own client of the node at addr,
 // reloading the client's map of the cluster first (so that the calls
 // after this one go to the slot's new master at once). Among every node,
 // not the masters only: the node the map was read from may not know yet
 // that a replica took its master's place (a failover).
-func masterAt(ctx context.Context, cc *redis.ClusterClient, addr string) (*redis.Client, error) {
+func nodeAt(ctx context.Context, cc *redis.ClusterClient, addr string) (*redis.Client, error) {
 	var mu sync.Mutex
 	var found *redis.Client
 	err := cc.ForEachShard(ctx, func(_ context.Context, m *redis.Client) error {
