@@ -367,10 +367,14 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 	}
 	byKey := map[string]int{}
 	byEntity := map[string][]effect{}
-	rs, err := db.driver.Executor().Query(ctx, `SELECT id, key, entity, version FROM `+db.effects+` ORDER BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The pool may still hold a connection the last server crash broke
+	// (unexpected EOF): the first query on it fails, the next dials anew.
+	var rs sqldriver.Rows
+	testenv.Eventually(t, 10*time.Second, "the effects read back", func() error {
+		var err error
+		rs, err = db.driver.Executor().Query(ctx, `SELECT id, key, entity, version FROM `+db.effects+` ORDER BY id`)
+		return err
+	})
 	for rs.Next() {
 		var e effect
 		var entity string
