@@ -2,23 +2,36 @@
 -- is a field of a hash, its bucket, which holds the records of many keys
 -- (Redis stores a small hash as one listpack: no key, value object or
 -- expiry entry per record). A call's location is {s = the record's own key,
--- b = its bucket, f = its field}: s and b are in the same cluster slot, and a
--- record still in s (written before buckets were on, or too large for a
--- bucket) is read there and moved into b by its next transition.
+-- b = its bucket, o = the bucket's name in the previous release, f = its
+-- field}: all three in one cluster slot. A record still in s (written
+-- before buckets were on, or too large for a bucket) or in o (written by
+-- the previous release) is read there and moved into b by its next
+-- transition.
 -- The field is the 16 bytes of a compact key, or 0 and the key (1, the
 -- key and 1 for a key of 15 bytes: no other field is 16 bytes long). The
--- value is packed (format 2), big-endian:
---   B flags: 128 + 64 if the fingerprint is a digest + 32 if a settle wrote
---     the record + 8 if the bucket's TTL was at least the expiry plus the
---     expiry less the last transition (e + (e - u)) when the value was
---     written + the state,
---   I7 fence, B attempts, I6 expires at (ms), I4 expires at less updated
---   at (ms),
+-- value is packed (format 3), big-endian:
+--   B flags: 64 if the fingerprint is a digest + 32 if in flight or if a
+--     settle wrote the record + 16 if the fence is an offset (below) + 8 if
+--     the bucket's TTL was at least the expiry plus the expiry less the
+--     last transition (e + (e - u)) when the value was written + the state,
+--   the fence: I4 d where fence = (u + 1) * 1000 - d (u the last transition
+--     in ms; flag 16: a fence taken in the last 71 minutes, as a claim's
+--     fence is the server's µs clock), else I7,
+--   B attempts, I6 expires at (ms), I4 expires at less updated at (ms),
 --   in flight: I6 lease until, B tag, c10 nonce (as in format 1);
 --   written by a settle: c4, the settle's nonce without the process part
 --     (the fence names the owner, the counter the call);
 --   the fingerprint: its 16 bytes if a digest, else B length and the string;
 --   the result to the end.
+-- A completed record with a compact key, a digest and a 28-byte result is
+-- 64 bytes: the server's default hash-max-listpack-value.
+-- The previous release's buckets (o: "#" where b has "$") hold format 2, the
+-- same but for a flags byte with 128 added and the fence always I7. The
+-- first write into a bucket b moves o's live records into it and leaves o a
+-- string (MARKER) with b's TTL, so that a process of the previous release,
+-- which would not look in b, fails with WRONGTYPE on every key of the
+-- bucket instead of taking a claim beside the record: while b exists, o is
+-- that string (both are set by the same scripts, to the same expiry).
 -- A record with more than 255 attempts, a fence of 2^56 or more, or an
 -- expiry 2^32 ms (49 days) or more after its last transition keeps a key
 -- of its own.
@@ -32,21 +45,23 @@
 -- retention, so the next writes need not move it), so an idle bucket goes
 -- as a whole.
 local BUCKET_VALUE_MAX = 128
-local B_FMT = '>BI7BI6I4'
-local stringLoad, stringSave = load, save
-load = function(k)
-  local v = redis.call('HGET', k.b, k.f)
-  if not v then
-    local r = stringLoad(k.s)
-    k.str = r ~= nil
-    return r
+local MARKER = 'idem format 3: upgrade'
+local HEAD, OFFSET_HEAD = '>BI7BI6I4', '>BI4BI6I4'
+-- unpackValue reads a bucket's value of format 3 or 2; room: what flag 8
+-- says of the bucket's TTL, else nil.
+local function unpackValue(v)
+  local fl, f, a, e, age, pos = struct.unpack(HEAD, v)
+  if fl >= 128 then
+    fl = fl - 128
+  elseif fl % 32 >= 16 then
+    local d
+    fl, d, a, e, age, pos = struct.unpack(OFFSET_HEAD, v)
+    f = (e - age + 1) * 1000 - d
   end
-  k.inb = true
-  local fl, f, a, e, age, pos = struct.unpack(B_FMT, v)
-  local st = fl % 8
+  local st, room = fl % 8, nil
   -- The bucket's TTL only grows while the bucket exists (nothing shortens
   -- it), so what a flagged value says of it still holds.
-  if fl % 16 >= 8 then k.room = e + age end
+  if fl % 16 >= 8 then room = e + age end
   local r = {st = st, f = f, a = a, e = e, u = e - age, l = 0, tag = 0, n = '', raw = v}
   if st == 1 then
     r.l, r.tag, pos = struct.unpack('>I6B', v, pos)
@@ -54,20 +69,47 @@ load = function(k)
   elseif fl % 64 >= 32 then
     r.tag, r.n, pos = 83, string.sub(v, pos, pos + 3), pos + 4
   end
-  if fl >= 192 then
+  if fl >= 64 then
     r.p, pos = '\1' .. string.sub(v, pos, pos + 15), pos + 16
   else
     local n = string.byte(v, pos)
     r.p, pos = '\0' .. string.sub(v, pos + 1, pos + n), pos + 1 + n
   end
   r.r = string.sub(v, pos)
+  return r, room
+end
+-- expiresAt: the expiry of a bucket's value (format 3 or 2).
+local function expiresAt(v)
+  local fl = string.byte(v, 1)
+  if fl < 128 and fl % 32 >= 16 then return (struct.unpack('>I6', v, 7)) end
+  return (struct.unpack('>I6', v, 10))
+end
+local stringLoad, stringSave = load, save
+load = function(k)
+  local v = redis.call('HGET', k.b, k.f)
+  if v then
+    k.inb = true
+    local r, room = unpackValue(v)
+    k.room = room
+    return r
+  end
+  -- o is the previous release's bucket only while b does not exist.
+  if redis.call('EXISTS', k.b) == 0 then
+    local ok, w = pcall(redis.call, 'HGET', k.o, k.f)
+    if ok and w then
+      k.ino = true
+      return (unpackValue(w)) -- its flag 8 speaks of o's TTL: not used
+    end
+  end
+  local r = stringLoad(k.s)
+  k.str = r ~= nil
   return r
 end
 -- bpack returns r packed for a bucket, or nil where it does not fit one;
 -- room: flag 8 (see above).
 local function bpack(r, room)
   if r.a > 255 or r.f >= 2^56 or r.e - r.u >= 2^32 then return nil end
-  local fl, p = 128 + r.st, r.p
+  local fl, p = r.st, r.p
   if room then fl = fl + 8 end
   if #p == 17 and string.byte(p, 1) == 1 then
     fl, p = fl + 64, string.sub(p, 2)
@@ -79,13 +121,39 @@ local function bpack(r, room)
   local mid = ''
   if r.st == 1 then
     if #r.n ~= 10 then return nil end
-    mid = struct.pack('>I6B', r.l, r.tag) .. r.n
+    fl, mid = fl + 32, struct.pack('>I6B', r.l, r.tag) .. r.n
   elseif r.tag == 83 and #r.n >= 4 then
     fl, mid = fl + 32, string.sub(r.n, -4)
   end
-  local v = struct.pack(B_FMT, fl, r.f, r.a, r.e, r.e - r.u) .. mid .. p .. r.r
+  local head
+  local d = (r.u + 1) * 1000 - r.f
+  if d >= 1 and d < 2^32 then
+    head = struct.pack(OFFSET_HEAD, fl + 16, d, r.a, r.e, r.e - r.u)
+  else
+    head = struct.pack(HEAD, fl, r.f, r.a, r.e, r.e - r.u)
+  end
+  local v = head .. mid .. p .. r.r
   if #v > BUCKET_VALUE_MAX then return nil end
   return v
+end
+-- adopt moves the live records of the previous release's bucket k.o, if it
+-- is one, into k.b (each value repacked: never longer, so it fits) but for
+-- k.f's, written already; deletes k.o and returns its expiry time (0 if
+-- none). Once per bucket: O(its records).
+local function adopt(k, now)
+  if redis.call('TYPE', k.o).ok ~= 'hash' then return 0 end
+  local all = redis.call('HGETALL', k.o)
+  for i = 1, #all, 2 do
+    local f, v = all[i], all[i + 1]
+    if f ~= '' and f ~= k.f and expiresAt(v) > now then
+      -- Flag 8 holds: b's TTL is set to at least o's.
+      local r, room = unpackValue(v)
+      redis.call('HSETNX', k.b, f, bpack(r, room ~= nil))
+    end
+  end
+  local t = redis.call('PEXPIRETIME', k.o)
+  redis.call('DEL', k.o)
+  return t
 end
 -- sweepBucket deletes the expired records of bucket b once a minute, a
 -- few hundred fields per call (HSCAN: a small bucket, one listpack, comes
@@ -99,7 +167,7 @@ local function sweepBucket(b, now)
   local page = redis.call('HSCAN', b, cursor, 'COUNT', 256)
   local fields = page[2]
   for i = 1, #fields, 2 do
-    if fields[i] ~= '' and struct.unpack('>I6', fields[i + 1], 10) <= now then
+    if fields[i] ~= '' and expiresAt(fields[i + 1]) <= now then
       redis.call('HDEL', b, fields[i])
     end
   end
@@ -110,14 +178,16 @@ local function sweepBucket(b, now)
   end
 end
 -- save writes r (r.u is now: every transition sets it) where it fits: its
--- bucket, else its own key; and deletes the other copy. The bucket's TTL
+-- bucket, else its own key; and deletes the other copies. The bucket's TTL
 -- must stay past r.e: asked with PEXPIRETIME, unless the value r replaces
 -- said enough of it (flag 8, k.room) — as it does for the settle of a claim
 -- whose retention is no longer than the claim's (the claim's save made the
 -- TTL last the claim's retention twice over), which saves the settle a call.
 -- A value is flagged when the TTL is known to reach r.e + (r.e - r.u);
 -- where the TTL is extended, it is extended to r.e + 2 (r.e - r.u), so that
--- the next writes need not extend it again.
+-- the next writes need not extend it again, and k.o (the previous
+-- release's bucket, its records adopted) is made the marker with the same
+-- expiry. A bucket just made has no TTL: its first write extends it.
 save = function(k, r)
   local span = r.e - r.u
   local ask, room = true, true
@@ -127,6 +197,7 @@ save = function(k, r)
   local v = #k.f <= 64 and bpack(r, room)
   if not v then
     if k.inb then redis.call('HDEL', k.b, k.f); k.inb = nil end
+    if k.ino then redis.call('HDEL', k.o, k.f); k.ino = nil end
     k.str = true
     return stringSave(k.s, r)
   end
@@ -136,13 +207,18 @@ save = function(k, r)
   k.inb = true
   if k.str then redis.call('DEL', k.s); k.str = nil end
   if ask and redis.call('PEXPIRETIME', k.b) < r.e + span then
-    redis.call('PEXPIREAT', k.b, r.e + 2 * span)
+    local t = math.max(r.e + 2 * span, adopt(k, r.u))
+    redis.call('PEXPIREAT', k.b, t)
+    redis.call('SET', k.o, MARKER, 'PXAT', t)
   end
+  k.ino = nil -- o held it only where b did not exist: this write made b and adopted o
   return v
 end
--- remove deletes the record of k from its bucket and its own key.
+-- remove deletes the record of k from its bucket, its own key and the
+-- previous release's bucket (where that is still a hash).
 remove = function(k)
   redis.call('HDEL', k.b, k.f)
+  pcall(redis.call, 'HDEL', k.o, k.f)
   redis.call('DEL', k.s)
 end
 -- sameCall: the nonce of a settle's record is the call's (a bucket keeps

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -363,7 +364,7 @@ func TestBucketsFromTheStoreURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys, field := s.Locate("k")
-	if len(keys) != 2 || !strings.HasSuffix(keys[1], "#0") && !strings.HasSuffix(keys[1], "#1") {
+	if len(keys) != 3 || !strings.HasSuffix(keys[1], "$0") && !strings.HasSuffix(keys[1], "$1") {
 		t.Fatalf("idem_buckets=20000: keys %q, want a bucket of the slot's two", keys)
 	}
 	if in, err := s.Client().HExists(ctx, keys[1], field).Result(); err != nil || !in {
@@ -442,17 +443,18 @@ func TestBucketSweepIsBounded(t *testing.T) {
 	t.Logf("3,000 expired records swept in the course of %d new records", len(live))
 }
 
-// TestLocate: a record's own key, its bucket and its field, cut from one
-// string, are what KeyName, the slot's tag and BucketField say, and the
-// field maps back to the key.
+// TestLocate: a record's own key, its bucket, the previous release's name
+// of its bucket and its field, cut from one string, are what KeyName, the
+// slot's tag and BucketField say, and the field maps back to the key.
 func TestLocate(t *testing.T) {
 	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
 	for _, k := range append([]string{"fifteen-bytes-k", "1~" + strings.Repeat("_", 22)}, bucketSlotKeys...) {
 		keys, field := s.Locate(k)
 		name := s.KeyName(k)
-		want := strings.TrimSuffix(s.KeyName(""), "{}") + "{" + redisstore.SlotTag(redisstore.KeySlot(name)) + "}#0"
-		if keys[0] != name || keys[1] != want || field != redisstore.BucketField(k) || redisstore.FieldKey(field) != k {
-			t.Errorf("%q: keys %q field %q; want [%q %q] and %q", k, keys, field, name, want, redisstore.BucketField(k))
+		bucket := strings.TrimSuffix(s.KeyName(""), "{}") + "{" + redisstore.SlotTag(redisstore.KeySlot(name)) + "}"
+		want := []string{name, bucket + "$0", bucket + "#0"}
+		if !slices.Equal(keys, want) || field != redisstore.BucketField(k) || redisstore.FieldKey(field) != k {
+			t.Errorf("%q: keys %q field %q; want %q and %q", k, keys, field, want, redisstore.BucketField(k))
 		}
 	}
 	// CRC-16/XMODEM's check value, which Redis's cluster spec quotes.
@@ -462,7 +464,7 @@ func TestLocate(t *testing.T) {
 }
 
 // TestLocateAllocations: locating a record in its bucket allocates the
-// keys' slice and one string for the three names.
+// keys' slice and one string for the four names.
 func TestLocateAllocations(t *testing.T) {
 	if raceDetector {
 		t.Skip("the race detector allocates on its own account; .ci/run runs this without it")
@@ -562,6 +564,53 @@ return 1`, []string{keys[1]}, field).Err(); err != nil {
 		}
 		if end := time.UnixMilli(int64(ttl / time.Millisecond)); rec.ExpiresAt.After(end) {
 			t.Errorf("%s expires at %v, after its bucket (%v)", k, rec.ExpiresAt, end)
+		}
+	}
+}
+
+// TestBucketValueFitsTheDefaultListpack: a completed record with a compact
+// key, a digest fingerprint and a 28-byte result (the record
+// Config.Buckets is sized for) keeps its bucket a listpack under the
+// server's default hash-max-listpack-value (64): a longer value turns the
+// whole bucket into a hash table, some 60 bytes more per record.
+func TestBucketValueFitsTheDefaultListpack(t *testing.T) {
+	srv := testenv.StartRedisServer(t)
+	s := testenv.OpenRedisConfig(t, srv.Addr, redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1})
+	ctx := context.Background()
+	c := s.Client()
+	if v, err := c.ConfigGet(ctx, "hash-max-listpack-value").Result(); err != nil || v["hash-max-listpack-value"] != "64" {
+		t.Fatalf("hash-max-listpack-value: %v %v, want the default 64", v, err)
+	}
+	key := idem.CompactKey(idem.Key{Scope: "POST /bookings", ID: "0f8fad5b-d9cb-469f-a165-70867728950e"})
+	result := []byte(`{"status":201,"id":"B-0001"}`)
+	keys, field := s.Locate(key)
+	check := func(when string) {
+		t.Helper()
+		n, err := c.HStrLen(ctx, keys[1], field).Result()
+		if err != nil || n == 0 {
+			t.Fatalf("%s: the record is not in its bucket (%d, %v)", when, n, err)
+		}
+		enc, err := c.ObjectEncoding(ctx, keys[1]).Result()
+		if err != nil || enc != "listpack" {
+			t.Fatalf("%s: a %d-byte value, its bucket encoded as %q (%v), want listpack", when, n, enc, err)
+		}
+	}
+	for i := range 3 { // three generations: a claim, its completion and its replay each time
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: idem.Fingerprint(result), Lease: time.Minute, Retention: time.Hour})
+		if err != nil || a.Outcome != idem.Acquired {
+			t.Fatalf("generation %d: %v %v", i, a.Outcome, err)
+		}
+		check("in flight")
+		if err := s.Complete(ctx, key, a.Fence, result, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		check("completed")
+		r, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: idem.Fingerprint(result), Lease: time.Minute, Retention: time.Hour})
+		if err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != string(result) || r.Record.Fence != a.Fence {
+			t.Fatalf("replay: %v %+v %v", r.Outcome, r.Record, err)
+		}
+		if err := s.Delete(ctx, key); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -2,13 +2,21 @@ package redisstore_test
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store/redisstore"
 )
 
 // TestRecordsOfTheFirstEncoding: records written by the first release's
@@ -144,5 +152,219 @@ func TestRecordsOfTheFirstEncoding(t *testing.T) {
 	}
 	if typeOf("completed") != "hash" {
 		t.Fatal("a replay rewrote the record: reads should not write")
+	}
+}
+
+// TestRecordsOfTheSecondEncoding: records the previous release wrote into
+// its buckets (format 2, by its scripts in testdata/second-encoding) are
+// read and decided on by this release. This release's first write into a
+// bucket moves the old bucket's live records into its own (format 3, fences
+// kept exactly, also those too far from the clock for the short form) and
+// leaves the old bucket a marker string, on which the previous release's
+// scripts fail (WRONGTYPE) for every key of the bucket — a fresh key too —
+// rather than take a claim beside a record they would not see.
+func TestRecordsOfTheSecondEncoding(t *testing.T) {
+	s := openBuckets(t, testenv.RandomName("idemtest:")+":") // one bucket a slot
+	ctx := context.Background()
+	c := s.Client()
+	script := func(name string) string {
+		b, err := os.ReadFile("testdata/second-encoding/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	oldAcquire, oldOwned := script("acquire.lua"), script("owned.lua")
+
+	// Keys of one bucket, named for their role.
+	keys0, _ := s.Locate("completed")
+	bucket, previous := keys0[1], keys0[2]
+	name := map[string]string{}
+	roles := []string{"completed", "failed", "released", "in-flight", "lease-over", "mismatch", "expired",
+		"far-fence", "near-zero-fence", "old-after-read", "new", "late"}
+	for i, n := 0, 0; n < len(roles); i++ {
+		k := fmt.Sprintf("%s-%d", roles[n], i)
+		if keys, _ := s.Locate(k); keys[2] == previous {
+			name[roles[n]] = k
+			n++
+		}
+	}
+	oldCall := func(src, role string, args ...any) *redis.Cmd {
+		keys, field := s.Locate(name[role])
+		return c.Eval(ctx, src, []string{keys[0], keys[2]}, append([]any{field}, args...)...)
+	}
+	fp := idem.Fingerprint([]byte("body"))
+	encodedFP := redisstore.EncodeFingerprint(fp) // as the store sends it to its scripts
+	fences := map[string]uint64{}
+	calls := 0
+	nonce := func() string { calls++; return fmt.Sprintf("old%07d", calls) } // 10 bytes, as the store's
+	claim := func(role string, lease, keep int64) {
+		t.Helper()
+		v, err := oldCall(oldAcquire, role, encodedFP, lease, keep, 0, nonce()).Slice()
+		if err != nil || v[0] != int64(idem.Acquired) {
+			t.Fatalf("old acquire of %s: %v %v", role, v, err)
+		}
+		p := v[1].(string)
+		if p[0]&0x80 == 0 {
+			t.Fatalf("old acquire of %s wrote %x: not format 2", role, p)
+		}
+		fences[role] = uint64(p[1])<<48 | binary.BigEndian.Uint64([]byte("\x00\x00"+p[2:8]))
+	}
+	settle := func(role, op, result string) {
+		t.Helper()
+		n, err := oldCall(oldOwned, role, op, strconv.FormatUint(fences[role], 10), 3600000, result, nonce()).Int()
+		if err != nil || n != 1 {
+			t.Fatalf("old %s of %s: %d %v", op, role, n, err)
+		}
+	}
+	for _, r := range []string{"completed", "failed", "released", "in-flight", "mismatch", "far-fence", "near-zero-fence"} {
+		claim(r, 60000, 3600000)
+	}
+	claim("lease-over", 1, 3600000)
+	claim("expired", 1, 1)
+	settle("completed", "c", `{"status":201,"id":"B-0001"}`)
+	settle("mismatch", "c", "x")
+	settle("failed", "f", "declined")
+	settle("released", "x", "")
+	// Fences the short form cannot hold: far above the clock (as after a
+	// clock step back; below 2^53, which Lua's numbers hold exactly) and far
+	// below it (as of a claim taken more than 71 minutes ago).
+	for role, fence := range map[string]uint64{"far-fence": 1<<52 + 12345, "near-zero-fence": 7} {
+		_, field := s.Locate(name[role])
+		if err := c.Eval(ctx, `local v = redis.call('HGET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[1], string.sub(v, 1, 1) .. struct.pack('>I7', tonumber(ARGV[2])) .. string.sub(v, 9))
+return 1`,
+			[]string{previous}, field, fence).Err(); err != nil {
+			t.Fatal(err)
+		}
+		fences[role] = fence
+	}
+	time.Sleep(5 * time.Millisecond) // the 1 ms lease of "lease-over" and retention of "expired" run out (Redis's own clock)
+
+	typeOf := func(k string) string {
+		tp, err := c.Type(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tp
+	}
+	if typeOf(previous) != "hash" || typeOf(bucket) != "none" {
+		t.Fatalf("before this release wrote: the old bucket is a %s, the new one a %s", typeOf(previous), typeOf(bucket))
+	}
+
+	want := map[string]idem.State{"completed": idem.StateCompleted, "failed": idem.StateFailed, "released": idem.StateReleased,
+		"in-flight": idem.StateInFlight, "lease-over": idem.StateInFlight, "mismatch": idem.StateCompleted,
+		"far-fence": idem.StateInFlight, "near-zero-fence": idem.StateInFlight}
+	reads := func(when string) {
+		t.Helper()
+		for role, st := range want {
+			rec, err := s.Get(ctx, name[role])
+			if err != nil || rec.State != st || rec.Fence != fences[role] || rec.Fingerprint != fp || rec.Attempts != 1 {
+				t.Fatalf("%s: Get(%s) = %+v, %v; want state %v fence %d", when, role, rec, err, st, fences[role])
+			}
+		}
+		if rec, _ := s.Get(ctx, name["completed"]); string(rec.Result) != `{"status":201,"id":"B-0001"}` {
+			t.Fatalf("%s: completed result %q", when, rec.Result)
+		}
+		if _, err := s.Get(ctx, name["expired"]); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("%s: Get of an expired record: %v", when, err)
+		}
+		recs, _, err := s.Scan(ctx, "", 100)
+		if err != nil || len(recs) != len(want) {
+			t.Fatalf("%s: Scan: %d records, %v; want %d", when, len(recs), err, len(want))
+		}
+		listed, err := s.List(ctx, "", 0)
+		if err != nil || len(listed) != len(want) {
+			t.Fatalf("%s: List: %d records, %v; want %d", when, len(listed), err, len(want))
+		}
+	}
+	reads("read from the old bucket")
+	// Reads do not write: the previous release still works beside this one.
+	claim("old-after-read", 60000, 3600000)
+	want["old-after-read"] = idem.StateInFlight
+
+	// This release's first write into the bucket moves it.
+	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: name["new"], Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatalf("a new key: %v %v", a.Outcome, err)
+	}
+	fences["new"], want["new"] = a.Fence, idem.StateInFlight
+	if typeOf(previous) != "string" {
+		t.Fatalf("after this release wrote: the old bucket is a %s, want the marker", typeOf(previous))
+	}
+	values, err := c.HGetAll(ctx, bucket).Result()
+	delete(values, "") // the time of the next sweep, if one looked
+	if err != nil || len(values) != len(want) {
+		t.Fatalf("the new bucket holds %d records (%v), want the %d live ones", len(values), err, len(want))
+	}
+	for role := range want {
+		_, field := s.Locate(name[role])
+		v := values[field]
+		short := role != "far-fence" && role != "near-zero-fence"
+		if v == "" || v[0]&0x80 != 0 || (v[0]&16 != 0) != short {
+			t.Fatalf("%s in the new bucket: %x, want format 3 with the fence's short form %v", role, v, short)
+		}
+	}
+	if old, err := c.PExpireTime(ctx, previous).Result(); err != nil || old != c.PExpireTime(ctx, bucket).Val() {
+		t.Fatalf("the marker expires at %v (%v), the bucket at %v: want the same", old, err, c.PExpireTime(ctx, bucket).Val())
+	}
+	reads("moved to the new bucket")
+
+	// The previous release now fails closed on every key of the bucket.
+	for _, role := range []string{"completed", "late"} {
+		if err := oldCall(oldAcquire, role, encodedFP, 60000, 3600000, 0, nonce()).Err(); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+			t.Fatalf("the previous release acquired %s after the move: %v, want WRONGTYPE", role, err)
+		}
+	}
+	if err := oldCall(oldOwned, "old-after-read", "c", strconv.FormatUint(fences["old-after-read"], 10), 3600000, "r", nonce()).Err(); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("the previous release completed a claim after the move: %v, want WRONGTYPE", err)
+	}
+	if _, err := s.Get(ctx, name["late"]); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("the previous release's failed call left a record: %v", err)
+	}
+
+	// Decisions on the moved records.
+	acquire := func(role, fingerprint string) idem.Acquisition {
+		t.Helper()
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: name[role], Fingerprint: fingerprint, Lease: time.Minute, Retention: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	if a := acquire("completed", fp); a.Outcome != idem.Replayed || a.Record.Fence != fences["completed"] {
+		t.Fatalf("a duplicate of a moved completed record: %v %+v", a.Outcome, a.Record)
+	}
+	if a := acquire("mismatch", idem.Fingerprint([]byte("other body"))); a.Outcome != idem.Mismatch {
+		t.Fatalf("another payload under a moved key: %v", a.Outcome)
+	}
+	if a := acquire("in-flight", fp); a.Outcome != idem.InProgress {
+		t.Fatalf("a moved live claim: %v", a.Outcome)
+	}
+	for _, role := range []string{"in-flight", "old-after-read", "far-fence", "near-zero-fence"} {
+		if err := s.Heartbeat(ctx, name[role], fences[role], time.Minute); err != nil {
+			t.Fatalf("the owner of the moved claim %s heartbeats: %v", role, err)
+		}
+		if err := s.Complete(ctx, name[role], fences[role], []byte("done"), time.Hour); err != nil {
+			t.Fatalf("the owner of the moved claim %s completes: %v", role, err)
+		}
+		if a := acquire(role, fp); a.Outcome != idem.Replayed || string(a.Record.Result) != "done" || a.Record.Fence != fences[role] {
+			t.Fatalf("after the moved claim %s completed: %v %+v", role, a.Outcome, a.Record)
+		}
+	}
+	if a := acquire("lease-over", fp); a.Outcome != idem.TakenOver || a.Fence <= fences["lease-over"] || a.Record.Attempts != 2 {
+		t.Fatalf("a moved claim whose lease ran out: %v fence %d (old %d)", a.Outcome, a.Fence, fences["lease-over"])
+	}
+	if err := s.Complete(ctx, name["lease-over"], fences["lease-over"], []byte("zombie"), time.Hour); err != idem.ErrStaleFence {
+		t.Fatalf("the old owner after the takeover: %v", err)
+	}
+	if a := acquire("released", fp); a.Outcome != idem.Acquired || a.Fence <= fences["released"] {
+		t.Fatalf("a moved released record: %v fence %d", a.Outcome, a.Fence)
+	}
+	if err := s.Delete(ctx, name["completed"]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, name["completed"]); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get after Delete: %v", err)
 	}
 }

@@ -55,7 +55,7 @@ func be48(s string) int64 {
 // decodeRecord reads a packed record of either encoding (its own key's,
 // or a bucket's); ok is false for anything else.
 func decodeRecord(key, v string) (rec idem.Record, ok bool) {
-	if len(v) > 0 && v[0]&0x80 != 0 {
+	if len(v) > 0 && v[0] != recordFormat {
 		return decodeBucketRecord(key, v)
 	}
 	if len(v) < headerLen+2 || v[0] != recordFormat {

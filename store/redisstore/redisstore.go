@@ -49,8 +49,9 @@ var deleteUpToBody string
 // of the batch script, which holds both transitions and calls one per call
 // of the batch, each under pcall so an error answers its own call only
 // (batchTail: as a string, which no call answers otherwise). A call is one
-// key and five arguments, or with buckets (bucket.lua) two keys (the
-// record's own and its bucket's) and six arguments (its field first); a
+// key and five arguments, or with buckets (bucket.lua) three keys (the
+// record's own, its bucket's and the previous release's name of its bucket)
+// and six arguments (its field first); a
 // batch's calls are packed in its one argument (scriptCall.appendPacked).
 // Settles have scripts of their own besides, which may run on a full
 // server (allowOOM).
@@ -65,6 +66,8 @@ var (
 
 	deleteUpToLua       = recordLua + deleteUpToBody + oneTail("deleteUpTo", deleteUpToArgs, plainCall)
 	bucketDeleteUpToLua = recordLua + bucketLua + deleteUpToBody + oneTail("deleteUpTo", deleteUpToArgs, bucketCall)
+	// Delete of a bucketed record: KEYS as a bucket call's, ARGV[1] the field.
+	bucketDeleteLua = recordLua + bucketLua + "local i = 1\nremove(" + bucketCall.loc + ")\nreturn 1\n"
 
 	// The settle scripts: heartbeats, completions, failures and releases
 	// of claims the server already holds, alone and as a batch of them
@@ -111,8 +114,8 @@ type callShape struct{ keys, loc, j, batchLoc string }
 
 var (
 	plainCall  = callShape{keys: "1", loc: "KEYS[i]", j: "(i - 1) * 5", batchLoc: "KEYS[i]"}
-	bucketCall = callShape{keys: "2", loc: "{s = KEYS[2 * i - 1], b = KEYS[2 * i], f = ARGV[(i - 1) * 6 + 1]}", j: "(i - 1) * 6 + 1",
-		batchLoc: "{s = KEYS[2 * i - 1], b = KEYS[2 * i], f = f}"}
+	bucketCall = callShape{keys: "3", loc: "{s = KEYS[3 * i - 2], b = KEYS[3 * i - 1], o = KEYS[3 * i], f = ARGV[(i - 1) * 6 + 1]}", j: "(i - 1) * 6 + 1",
+		batchLoc: "{s = KEYS[3 * i - 2], b = KEYS[3 * i - 1], o = KEYS[3 * i], f = f}"}
 )
 
 func oneTail(fn, args string, c callShape) string {
@@ -165,18 +168,15 @@ var (
 
 	deleteUpToScript       = redis.NewScript(deleteUpToLua)
 	bucketDeleteUpToScript = redis.NewScript(bucketDeleteUpToLua)
-	// peekScript reads a record of a bucketed store: KEYS its own key and
-	// its bucket, ARGV[1] its field. It answers the bucket's value (false
-	// when past its expiry), else what the own key holds: a string, or a
-	// hash's fields (the first encoding), or false.
-	peekScript = redis.NewScript(clockLua + `local v = redis.call('HGET', KEYS[2], ARGV[1])
-if v then
-  if struct.unpack('>I6', v, 10) <= now then return false end
-  return v
-end
-local ok, s = pcall(redis.call, 'GET', KEYS[1])
-if ok then return s end
-return redis.call('HMGET', KEYS[1], 's', 'f', 'p', 'a', 'l', 'e', 'u', 'r')
+	bucketDeleteScript     = redis.NewScript(bucketDeleteLua)
+	// peekScript reads a record of a bucketed store, KEYS and ARGV[1] as a
+	// bucket call's, wherever it is (bucket.lua's load): it answers the
+	// record packed (a bucket's value as stored; a record of the first
+	// encoding in the second), or false if there is none or it is past its
+	// expiry.
+	peekScript = redis.NewScript(recordLua + bucketLua + clockLua + "local i = 1\nlocal r = load(" + bucketCall.loc + `)
+if not r or r.e <= now then return false end
+return packed(r)
 `)
 )
 
@@ -610,7 +610,8 @@ func ownSlots(ctx context.Context, node redis.Cmdable) (string, error) {
 }
 
 // bucketRecords reads the live records of buckets on node: one pipeline
-// of their HGETALLs, with the server's TIME.
+// of their HGETALLs, with the server's TIME. A previous release's bucket
+// that is a marker (bucket.lua) holds none.
 func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, buckets []string) ([]idem.Record, error) {
 	pipe := node.Pipeline()
 	now := pipe.Time(ctx)
@@ -618,11 +619,15 @@ func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, buckets [
 	for i, b := range buckets {
 		all[i] = pipe.HGetAll(ctx, b)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	_, _ = pipe.Exec(ctx)
+	if err := now.Err(); err != nil {
 		return nil, err
 	}
 	var recs []idem.Record
-	for _, cmd := range all {
+	for i, cmd := range all {
+		if err := bucketErr(buckets[i], cmd.Err()); err != nil {
+			return nil, err
+		}
 		for f, v := range cmd.Val() {
 			key := fieldKey(f)
 			if key == "" {
@@ -634,6 +639,15 @@ func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, buckets [
 		}
 	}
 	return recs, nil
+}
+
+// bucketErr is err, the error of a read of bucket, unless that is the
+// WRONGTYPE of a previous release's bucket that is a marker (bucket.lua).
+func bucketErr(bucket string, err error) error {
+	if err != nil && isPreviousBucket(bucket) && strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		return nil
+	}
+	return err
 }
 
 // errFirstEncoding: the key holds a record of the first encoding (a hash).
@@ -768,13 +782,14 @@ func (s *Store) runOnce(ctx context.Context, script *redis.Script, keys []string
 }
 
 // locate returns the keys of key's record as a script takes them: its own
-// key, and with buckets its bucket, then its field (the first argument).
+// key, and with buckets its bucket and the previous release's name of it,
+// then its field (the first argument).
 func (s *Store) locate(key string) (keys []string, field string) {
 	if s.bucketsPerSlot == 0 {
 		return []string{s.KeyName(key)}, ""
 	}
-	name, bucket, field := s.locateInBucket(key)
-	return []string{name, bucket}, field
+	name, bucket, previous, field := s.locateInBucket(key)
+	return []string{name, bucket, previous}, field
 }
 
 // transition runs c (a transition of key's record, its arguments set) on
@@ -960,12 +975,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		return wrap("delete", s.c.Del(ctx, s.KeyName(key)).Err())
 	}
 	keys, field := s.locate(key)
-	_, err := s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HDel(ctx, keys[1], field)
-		p.Del(ctx, keys[0])
-		return nil
-	})
-	return wrap("delete", err)
+	return wrap("delete", s.run(ctx, bucketDeleteScript, keys, field).Err())
 }
 
 // DeleteUpTo implements idem.FencedDeleter: one script reads the record
@@ -995,9 +1005,6 @@ func (s *Store) decodePeek(key string, cmd *redis.Cmd) (rec idem.Record, found b
 			return idem.Record{}, false, fmt.Errorf("%s is not an idem record", s.KeyName(key))
 		}
 		return rec, true, nil
-	case []any: // a hash of the first encoding
-		rec, found = s.parseFields(key, v)
-		return rec, found, nil
 	}
 	return idem.Record{}, false, fmt.Errorf("%s: unexpected answer %v", s.KeyName(key), v)
 }
@@ -1038,10 +1045,11 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 			for i, b := range batch {
 				cmds[i] = pipe.HKeys(ctx, b)
 			}
-			if _, err := pipe.Exec(ctx); err != nil {
-				return nil, err
-			}
-			for _, cmd := range cmds {
+			_, _ = pipe.Exec(ctx) // each command's error: bucketErr
+			for i, cmd := range cmds {
+				if err := bucketErr(batch[i], cmd.Err()); err != nil {
+					return nil, err
+				}
 				for _, f := range cmd.Val() {
 					if k := fieldKey(f); k > after {
 						keys = append(keys, k)
