@@ -5,10 +5,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -367,4 +370,134 @@ return 1`,
 	if _, err := s.Get(ctx, name["completed"]); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("Get after Delete: %v", err)
 	}
+}
+
+// TestRolloutBesideThePreviousRelease: processes of the previous release
+// (its bucket scripts) and of this one claim and complete the same keys at
+// once, in a few buckets (the previous release alone on half of them
+// first), while this release's writes move those buckets:
+// no key is claimed twice — the previous release's calls on a moved bucket
+// fail (WRONGTYPE), closed — and every key ends completed once.
+func TestRolloutBesideThePreviousRelease(t *testing.T) {
+	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
+	ctx := context.Background()
+	c := s.Client()
+	b, err := os.ReadFile("testdata/second-encoding/acquire.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldAcquire := redis.NewScript(string(b))
+	if b, err = os.ReadFile("testdata/second-encoding/owned.lua"); err != nil {
+		t.Fatal(err)
+	}
+	oldOwned := redis.NewScript(string(b))
+
+	// 240 keys in four buckets.
+	var keys []string
+	buckets := map[string]int{}
+	for i := 0; len(keys) < 240; i++ {
+		k := fmt.Sprintf("rollout-%d", i)
+		loc, _ := s.Locate(k)
+		if _, ok := buckets[loc[1]]; !ok && len(buckets) == 4 {
+			continue
+		}
+		buckets[loc[1]]++
+		keys = append(keys, k)
+	}
+	fp := idem.Fingerprint([]byte("body"))
+	var mu sync.Mutex
+	claims := map[string][]string{} // key: who claimed it
+	var oldRefused, oldDone int
+	claimed := func(k, who string) {
+		mu.Lock()
+		claims[k] = append(claims[k], who)
+		mu.Unlock()
+	}
+	var nonces atomic.Int64
+	var worker func(w int, keys []string)
+	// work has workers (this release's where w is even) claim and complete
+	// keys, each in an order of its own.
+	work := func(workers []int, keys []string) {
+		var wg sync.WaitGroup
+		for _, w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				worker(w, keys)
+			}()
+		}
+		wg.Wait()
+	}
+	worker = func(w int, keys []string) {
+		order := slices.Clone(keys)
+		rand.New(rand.NewPCG(uint64(w), uint64(len(keys)))).Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		for _, k := range order {
+			if w%2 == 0 { // this release
+				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if a.Outcome == idem.Acquired || a.Outcome == idem.TakenOver {
+					claimed(k, "new")
+					if err := s.Complete(ctx, k, a.Fence, []byte("done"), time.Hour); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+				continue
+			}
+			loc, field := s.Locate(k)
+			old := []string{loc[0], loc[2]}
+			v, err := oldAcquire.Run(ctx, c, old, field, redisstore.EncodeFingerprint(fp), 60000, 3600000, 0, fmt.Sprintf("o%09d", nonces.Add(1))).Slice()
+			if err != nil {
+				if !strings.Contains(err.Error(), "WRONGTYPE") {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				oldRefused++
+				mu.Unlock()
+				continue
+			}
+			if v[0] != int64(idem.Acquired) && v[0] != int64(idem.TakenOver) {
+				continue
+			}
+			claimed(k, "old")
+			p := v[1].(string)
+			fence := uint64(p[1])<<48 | binary.BigEndian.Uint64([]byte("\x00\x00"+p[2:8]))
+			n, err := oldOwned.Run(ctx, c, old, field, "c", strconv.FormatUint(fence, 10), 3600000, "done", fmt.Sprintf("o%09d", nonces.Add(1))).Int()
+			switch {
+			case err != nil && strings.Contains(err.Error(), "WRONGTYPE"):
+				// Its bucket moved while it held the claim: the claim
+				// stays in flight (moved with the bucket) for its lease.
+			case err != nil || n != 1:
+				t.Errorf("old complete of %s: %d %v", k, n, err)
+				return
+			default:
+				mu.Lock()
+				oldDone++
+				mu.Unlock()
+			}
+		}
+	}
+	// The previous release alone on half the keys, then both on all.
+	work([]int{1, 3, 5, 7, 9, 11, 13, 15}, keys[:120])
+	work([]int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, keys)
+	for _, k := range keys {
+		if len(claims[k]) != 1 {
+			t.Errorf("%s claimed %d times: %v", k, len(claims[k]), claims[k])
+		}
+		rec, err := s.Get(ctx, k)
+		if err != nil || (rec.State != idem.StateCompleted && rec.State != idem.StateInFlight) {
+			t.Errorf("%s: %+v %v", k, rec, err)
+		}
+	}
+	for bucket := range buckets {
+		_, previous, _ := strings.Cut(bucket, "}")
+		if tp := c.Type(ctx, strings.TrimSuffix(bucket, previous)+strings.Replace(previous, "$", "#", 1)).Val(); tp != "string" {
+			t.Errorf("the previous name of %s is a %s, want the marker", bucket, tp)
+		}
+	}
+	t.Logf("240 keys in 4 buckets: %d completed by the previous release, %d of its calls refused (WRONGTYPE)", oldDone, oldRefused)
 }
