@@ -73,8 +73,12 @@ Buckets (idem_buckets=N in the store URL, redisstore.Config.Buckets) keep many r
 once every process of a prefix runs this release, turn them on in all of them at once; records
 written before are read where they are and moved into their bucket by their next transition. A
 process without buckets does not see bucketed records, so there is no way back, and N must not
-change afterwards (like the prefix, it says where a record is). Set the server's
-hash-max-listpack-value to 128 for the compact layout.`
+change afterwards (like the prefix, it says where a record is). Records with results longer than
+28 bytes need the server's hash-max-listpack-value raised to 128 for the compact layout.
+This release names buckets anew and packs their values 3 bytes shorter (format 3): a bucket of the
+previous release is read where it is, and this release's first write into it moves its records
+and leaves under its old name a marker on which a process of the previous release fails closed
+(WRONGTYPE) — upgrade every process that shares a prefix together, as for the packed string.`
 
 // migrateLogger writes idem migrate's warnings to the command's standard
 // error.

@@ -230,16 +230,17 @@ type Config struct {
 	NoCoalesce bool
 	// Buckets > 0 keeps records in hashes, many records per hash (its
 	// bucket), instead of a key per record: a completed record with a
-	// compact key and a 28-byte result then takes 99 bytes of Redis memory
+	// compact key and a 28-byte result then takes 98 bytes of Redis memory
 	// instead of 257 (measured at 1,000,000 records; a key costs ~150 bytes
 	// before its value). There are 16,384 × ceil(Buckets / 16,384) buckets
 	// (one or more per cluster slot); size them to the records kept at once
-	// ÷ 64, and set the server's hash-max-listpack-value to 128 so a bucket
-	// stays one compact listpack: with the default 64 such a record (67
-	// bytes) turns its bucket into a hash table, 162 bytes per record. A
-	// record that does not fit (a key over 63 bytes, a result over 89
-	// bytes, over 255 attempts, a retention over 49 days) keeps a key of its
-	// own.
+	// ÷ 64. A bucket stays one compact listpack while its values are no
+	// longer than the server's hash-max-listpack-value: such a record is 64
+	// bytes, the default; a longer result (up to 92 bytes) needs it raised
+	// to 128, else it turns its bucket into a hash table (162 bytes per
+	// record). A record that does not fit (a key over 63 bytes, a result
+	// over 92 bytes, over 255 attempts, a retention over 49 days) keeps a
+	// key of its own.
 	//
 	// Redis 7.0 cannot expire a field: an expired record is absent to every
 	// call, a bucket deletes its expired records when new records arrive a
@@ -249,11 +250,15 @@ type Config struct {
 	// retentions after its last write).
 	//
 	// Records written before buckets were on are read and moved into their
-	// bucket by their next transition; a process without buckets does not
-	// see bucketed records, so turn buckets on in every process sharing the
-	// prefix at once, and never change the number (like Prefix, it says
-	// where a key's record is). Needs Redis 7.0; not on a Ring, and not with
-	// a "{" or "}" in Prefix.
+	// bucket by their next transition. A bucket of the previous release
+	// (its values in format 2) is read as it is until this release first
+	// writes into it, which moves its records and leaves, under its name, a
+	// marker on which the previous release's calls fail (WRONGTYPE): closed,
+	// but failing — upgrade the processes of a prefix together. A process
+	// without buckets does not see bucketed records, so turn buckets on in
+	// every process sharing the prefix at once, and never change the
+	// number (like Prefix, it says where a key's record is). Needs Redis
+	// 7.0; not on a Ring, and not with a "{" or "}" in Prefix.
 	Buckets int
 }
 

@@ -22,7 +22,8 @@ import (
 // than noeviction, under which Redis may drop a record before its expiry
 // when memory runs short (a duplicate then runs as new); and, with
 // Config.Buckets, a hash-max-listpack-value under 128, which turns buckets
-// into hash tables (162 bytes per record instead of 99). It also names a
+// holding records with a result over 28 bytes (at the default 64) into hash
+// tables (162 bytes per record instead of 98). It also names a
 // master with replicas where Config.WaitReplicas is 0: Redis replicates
 // after it answers, and a failover to a replica (Sentinel, Cluster) loses
 // the last acknowledged records; or fewer than its replicas: a failover
@@ -58,7 +59,7 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 			found = append(found, fmt.Sprintf("%s: maxmemory-policy is %s: when memory runs short Redis may evict an idempotency record before its expiry, and its key then runs again as new; set noeviction", c.Options().Addr, p))
 		}
 		if v, _ := strconv.Atoi(cfg["hash-max-listpack-value"]); s.bucketsPerSlot > 0 && v < 128 {
-			found = append(found, fmt.Sprintf("%s: hash-max-listpack-value is %d: a bucket holding a record over %d bytes becomes a hash table (162 bytes per record instead of 99); set it to 128", c.Options().Addr, v, v))
+			found = append(found, fmt.Sprintf("%s: hash-max-listpack-value is %d: a bucket holding a record over %d bytes becomes a hash table (162 bytes per record instead of 98; at 64 a record of a compact key fits with a result of up to 28 bytes, at 128 up to 92); set it to 128", c.Options().Addr, v, v))
 		}
 		switch n, _ := strconv.Atoi(infoField(replication, "connected_slaves")); {
 		case n > 0 && s.waitReplicas == 0:
