@@ -22,7 +22,7 @@ func BenchmarkLuaLifecycle(b *testing.B) {
 		name, lua, key string
 	}{
 		{"key-per-record", p.Record, "local k = prefix .. '{' .. i .. '}'"},
-		{"buckets", p.Record + p.Bucket, "local k = {s = prefix .. '{' .. i .. '}', b = prefix .. 'b' .. (i % 16384), f = string.format('%016d', i)}"},
+		{"buckets", p.Record + p.Bucket, "local k = {s = prefix .. '{' .. i .. '}', b = prefix .. 'b' .. (i % 16384), o = prefix .. 'o' .. (i % 16384), f = string.format('%016d', i)}"},
 	} {
 		b.Run(layout.name, func(b *testing.B) {
 			s := testenv.OpenRedis(b, testenv.RandomName("idemtest:")+":")
