@@ -50,13 +50,14 @@ local HEAD, OFFSET_HEAD = '>BI7BI6I4', '>BI4BI6I4'
 -- unpackValue reads a bucket's value of format 3 or 2; room: what flag 8
 -- says of the bucket's TTL, else nil.
 local function unpackValue(v)
-  local fl, f, a, e, age, pos = struct.unpack(HEAD, v)
-  if fl >= 128 then
-    fl = fl - 128
-  elseif fl % 32 >= 16 then
+  local fl, f, a, e, age, pos = string.byte(v, 1)
+  if fl < 128 and fl % 32 >= 16 then -- a short value may be shorter than HEAD
     local d
     fl, d, a, e, age, pos = struct.unpack(OFFSET_HEAD, v)
     f = (e - age + 1) * 1000 - d
+  else
+    fl, f, a, e, age, pos = struct.unpack(HEAD, v)
+    if fl >= 128 then fl = fl - 128 end
   end
   local st, room = fl % 8, nil
   -- The bucket's TTL only grows while the bucket exists (nothing shortens

@@ -542,6 +542,17 @@ func testPoison(t *testing.T, s idem.Store) {
 	if p.Fence != 0 {
 		t.Fatalf("a Poisoned answer handed out fence %d", p.Fence)
 	}
+	// The same without a fingerprint: the smallest record a store keeps
+	// (no fingerprint, no result, no settle), read back and decided on.
+	r3 := r2
+	r3.Key, r3.Fingerprint = "bare", ""
+	mustAcquire(t, s, r3, idem.Acquired)
+	pass(s, shortLease+100*time.Millisecond)
+	mustAcquire(t, s, r3, idem.Poisoned)
+	if rec, err := s.Get(ctx, "bare"); err != nil || rec.State != idem.StatePoisoned || rec.Fingerprint != "" || rec.Attempts != 1 {
+		t.Fatalf("a record poisoned by a takeover, without a fingerprint: %+v, %v", rec, err)
+	}
+	mustAcquire(t, s, r3, idem.Poisoned)
 }
 
 func testBounds(t *testing.T, s idem.Store) {
