@@ -139,20 +139,22 @@ local function bpack(r, room)
 end
 -- adopt moves the live records of the previous release's bucket k.o, if it
 -- is one, into k.b (each value repacked: never longer, so it fits) but for
--- k.f's, written already; deletes k.o and returns its expiry time (0 if
--- none). Once per bucket: O(its records).
+-- k.f's, written already; deletes k.o and returns the TTL k.b then needs:
+-- the latest e + (e - u) of those records (flagged so: the caller sets the
+-- TTL to at least that), or o's own expiry if later (0 if no hash). Once per
+-- bucket: O(its records).
 local function adopt(k, now)
   if redis.call('TYPE', k.o).ok ~= 'hash' then return 0 end
+  local t = redis.call('PEXPIRETIME', k.o)
   local all = redis.call('HGETALL', k.o)
   for i = 1, #all, 2 do
     local f, v = all[i], all[i + 1]
     if f ~= '' and f ~= k.f and expiresAt(v) > now then
-      -- Flag 8 holds: b's TTL is set to at least o's.
-      local r, room = unpackValue(v)
-      redis.call('HSETNX', k.b, f, bpack(r, room ~= nil))
+      local r = unpackValue(v)
+      t = math.max(t, r.e + (r.e - r.u))
+      redis.call('HSETNX', k.b, f, bpack(r, true))
     end
   end
-  local t = redis.call('PEXPIRETIME', k.o)
   redis.call('DEL', k.o)
   return t
 end

@@ -286,8 +286,14 @@ return 1`,
 	claim("old-after-read", 60000, 3600000)
 	want["old-after-read"] = idem.StateInFlight
 
-	// This release's first write into the bucket moves it.
-	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: name["new"], Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
+	// This release's first write into the bucket moves it: the new bucket
+	// lasts as long as the records it takes over need, whatever the old
+	// bucket's TTL (here none: an operator's PERSIST) and the writing
+	// record's retention (a minute, where theirs are an hour).
+	if err := c.Persist(ctx, previous).Err(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: name["new"], Fingerprint: fp, Lease: time.Minute, Retention: time.Minute})
 	if err != nil || a.Outcome != idem.Acquired {
 		t.Fatalf("a new key: %v %v", a.Outcome, err)
 	}
@@ -308,8 +314,15 @@ return 1`,
 			t.Fatalf("%s in the new bucket: %x, want format 3 with the fence's short form %v", role, v, short)
 		}
 	}
-	if old, err := c.PExpireTime(ctx, previous).Result(); err != nil || old != c.PExpireTime(ctx, bucket).Val() {
-		t.Fatalf("the marker expires at %v (%v), the bucket at %v: want the same", old, err, c.PExpireTime(ctx, bucket).Val())
+	bucketExpiry := c.PExpireTime(ctx, bucket).Val()
+	if old, err := c.PExpireTime(ctx, previous).Result(); err != nil || old != bucketExpiry {
+		t.Fatalf("the marker expires at %v (%v), the bucket at %v: want the same", old, err, bucketExpiry)
+	}
+	for role := range want {
+		rec, err := s.Get(ctx, name[role])
+		if err != nil || rec.ExpiresAt.After(time.UnixMilli(0).Add(bucketExpiry)) {
+			t.Fatalf("%s expires at %v (%v), after its bucket (%v)", role, rec.ExpiresAt, err, time.UnixMilli(0).Add(bucketExpiry))
+		}
 	}
 	reads("moved to the new bucket")
 
