@@ -94,8 +94,10 @@ load = function(k)
     k.room = room
     return r
   end
-  -- o is the previous release's bucket only while b does not exist.
-  if redis.call('EXISTS', k.b) == 0 then
+  -- o is the previous release's bucket only while b does not exist; b's
+  -- expiry (-2: none), asked here, serves save too (k.ttl).
+  k.ttl = redis.call('PEXPIRETIME', k.b)
+  if k.ttl == -2 then
     local ok, w = pcall(redis.call, 'HGET', k.o, k.f)
     if ok and w then
       k.ino = true
@@ -190,7 +192,10 @@ end
 -- where the TTL is extended, it is extended to r.e + 2 (r.e - r.u), so that
 -- the next writes need not extend it again, and k.o (the previous
 -- release's bucket, its records adopted) is made the marker with the same
--- expiry. A bucket just made has no TTL: its first write extends it.
+-- expiry. A bucket just made has no TTL: its first write extends it. A
+-- load that did not find the record in b asked b's expiry already (k.ttl):
+-- nothing between changes it but this HSET, which can only make b (-2, and
+-- then no TTL: both extend).
 save = function(k, r)
   local span = r.e - r.u
   local ask, room = true, true
@@ -209,7 +214,7 @@ save = function(k, r)
   if redis.call('HSET', k.b, k.f, v) == 1 and r.f % 8 == 0 then sweepBucket(k.b, r.u) end
   k.inb = true
   if k.str then redis.call('DEL', k.s); k.str = nil end
-  if ask and redis.call('PEXPIRETIME', k.b) < r.e + span then
+  if ask and (k.ttl or redis.call('PEXPIRETIME', k.b)) < r.e + span then
     local t = math.max(r.e + 2 * span, adopt(k, r.u))
     redis.call('PEXPIREAT', k.b, t)
     redis.call('SET', k.o, MARKER, 'PXAT', t)
