@@ -22,6 +22,20 @@ import (
 	"github.com/idemgo/idem/store/redisstore"
 )
 
+// releaseScripts reads the acquire and owned scripts of an earlier release
+// kept in testdata/dir.
+func releaseScripts(t *testing.T, dir string) (acquire, owned string) {
+	t.Helper()
+	read := func(name string) string {
+		b, err := os.ReadFile("testdata/" + dir + "/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	return read("acquire.lua"), read("owned.lua")
+}
+
 // TestRecordsOfTheFirstEncoding: records written by the first release's
 // scripts (a hash per record, testdata/first-encoding) are read and decided
 // on as before by this release — Get, Scan, List, a replay, a mismatch, an
@@ -32,14 +46,7 @@ func TestRecordsOfTheFirstEncoding(t *testing.T) {
 	s := testenv.OpenRedis(t, testenv.RandomName("idemtest:")+":")
 	ctx := context.Background()
 	c := s.Client()
-	script := func(name string) string {
-		b, err := os.ReadFile("testdata/first-encoding/" + name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
-	oldAcquire, oldOwned := script("acquire.lua"), script("owned.lua")
+	oldAcquire, oldOwned := releaseScripts(t, "first-encoding")
 	fp := idem.Fingerprint([]byte("body"))
 	// claim takes key with the first release's acquire script and returns
 	// its fence.
@@ -170,14 +177,7 @@ func TestRecordsOfTheSecondEncoding(t *testing.T) {
 	s := openBuckets(t, testenv.RandomName("idemtest:")+":") // one bucket a slot
 	ctx := context.Background()
 	c := s.Client()
-	script := func(name string) string {
-		b, err := os.ReadFile("testdata/second-encoding/" + name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
-	oldAcquire, oldOwned := script("acquire.lua"), script("owned.lua")
+	oldAcquire, oldOwned := releaseScripts(t, "second-encoding")
 
 	// Keys of one bucket, named for their role.
 	keys0, _ := s.Locate("completed")
@@ -395,15 +395,8 @@ func TestRolloutBesideThePreviousRelease(t *testing.T) {
 	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
 	ctx := context.Background()
 	c := s.Client()
-	b, err := os.ReadFile("testdata/second-encoding/acquire.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
-	oldAcquire := redis.NewScript(string(b))
-	if b, err = os.ReadFile("testdata/second-encoding/owned.lua"); err != nil {
-		t.Fatal(err)
-	}
-	oldOwned := redis.NewScript(string(b))
+	acquireSrc, ownedSrc := releaseScripts(t, "second-encoding")
+	oldAcquire, oldOwned := redis.NewScript(acquireSrc), redis.NewScript(ownedSrc)
 
 	// 240 keys in four buckets.
 	var keys []string
