@@ -36,6 +36,26 @@ func releaseScripts(t *testing.T, dir string) (acquire, owned string) {
 	return read("acquire.lua"), read("owned.lua")
 }
 
+// awaitServerClock returns once the server's clock (TIME, which the scripts
+// read) has moved on by d since the call.
+func awaitServerClock(t *testing.T, c redis.UniversalClient, d time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	start, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		now, err := c.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.Sub(start) >= d {
+			return
+		}
+	}
+}
+
 // TestRecordsOfTheFirstEncoding: records written by the first release's
 // scripts (a hash per record, testdata/first-encoding) are read and decided
 // on as before by this release — Get, Scan, List, a replay, a mismatch, an
@@ -75,7 +95,7 @@ func TestRecordsOfTheFirstEncoding(t *testing.T) {
 	settle("mismatch", "c", fences["mismatch"], "x")
 	settle("failed", "f", fences["failed"], "declined")
 	settle("released", "x", fences["released"], "")
-	time.Sleep(5 * time.Millisecond) // the 1 ms lease of "lease-over" runs out (Redis's own clock)
+	awaitServerClock(t, c, 2*time.Millisecond) // the 1 ms lease of "lease-over" runs out
 
 	typeOf := func(key string) string {
 		tp, err := c.Type(ctx, s.KeyName(key)).Result()
@@ -242,7 +262,7 @@ return 1`,
 		}
 		fences[role] = fence
 	}
-	time.Sleep(5 * time.Millisecond) // the 1 ms lease of "lease-over" and retention of "expired" run out (Redis's own clock)
+	awaitServerClock(t, c, 2*time.Millisecond) // the 1 ms lease of "lease-over" and retention of "expired" run out
 
 	typeOf := func(k string) string {
 		tp, err := c.Type(ctx, k).Result()
