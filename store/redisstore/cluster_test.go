@@ -285,22 +285,29 @@ func fill(t *testing.T, s *redisstore.Store, n int) {
 // masters and 3 replicas: worker processes killed with SIGKILL, deletes,
 // sweeps, stalled owners, keys on every master, and the slots of the
 // campaign's keys moved from master to master while it runs.
-func TestClusterCampaign(t *testing.T) { clusterCampaign(t, "TestClusterCampaign", 0) }
+func TestClusterCampaign(t *testing.T) { clusterCampaign(t, "TestClusterCampaign", 0, 0) }
+
+// TestClusterCampaignBuckets: the same with records in buckets, whose
+// scripts take three keys of one slot (own key, bucket, the previous
+// release's bucket name) and meet those keys split by a slot's move.
+func TestClusterCampaignBuckets(t *testing.T) {
+	clusterCampaign(t, "TestClusterCampaignBuckets", 0, 1)
+}
 
 // TestClusterCampaignWaitReplicas: the same with WaitReplicas 1, whose
 // calls go to their master's own connection (for the WAIT after them)
 // and follow the cluster's redirections there themselves — and masters
 // killed with SIGKILL, their replicas promoted.
 func TestClusterCampaignWaitReplicas(t *testing.T) {
-	clusterCampaign(t, "TestClusterCampaignWaitReplicas", 1)
+	clusterCampaign(t, "TestClusterCampaignWaitReplicas", 1, 0)
 }
 
-func clusterCampaign(t *testing.T, name string, waitReplicas int) {
+func clusterCampaign(t *testing.T, name string, waitReplicas, buckets int) {
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
 		Open: func(t testing.TB, location string) idem.Store {
 			prefix, addrs, _ := strings.Cut(location, " ")
 			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ","), MaxRetries: -1})
-			s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, CloseClient: true, WaitReplicas: waitReplicas})
+			s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, CloseClient: true, WaitReplicas: waitReplicas, Buckets: buckets})
 			if err != nil {
 				t.Fatal(err)
 			}
