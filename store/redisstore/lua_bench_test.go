@@ -32,8 +32,10 @@ local fp, result = '\1' .. string.rep('a', 16), string.rep('r', 28)
 local t0 = redis.call('TIME')
 for i = 1, %d do
   %s
-  acquire(k, fp, 60000, 3600000, 0, string.format('nonce%%05d', i %% 100000), now, floor + i)
-  if owned(k, 'c', string.format('%%d', floor + i), 3600000, result, 'settle-non', now) ~= 1 then
+  -- Each key is fresh and takes the clock's µs as its fence, as a claim
+  -- does (so a bucket stores it in its short form).
+  acquire(k, fp, 60000, 3600000, 0, string.format('nonce%%05d', i %% 100000), now, floor)
+  if owned(k, 'c', string.format('%%d', floor), 3600000, result, 'settle-non', now) ~= 1 then
     return redis.error_reply('complete refused')
   end
 end
