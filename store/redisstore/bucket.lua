@@ -47,11 +47,16 @@
 local BUCKET_VALUE_MAX = 128
 local MARKER = 'idem format 3: upgrade'
 local HEAD, OFFSET_HEAD = '>BI7BI6I4', '>BI4BI6I4'
+-- offsetFence: a value with flags fl holds its fence as an offset (format
+-- 3's flag 16; format 2, flag 128, never does).
+local function offsetFence(fl)
+  return fl < 128 and fl % 32 >= 16
+end
 -- unpackValue reads a bucket's value of format 3 or 2; room: what flag 8
 -- says of the bucket's TTL, else nil.
 local function unpackValue(v)
   local fl, f, a, e, age, pos = string.byte(v, 1)
-  if fl < 128 and fl % 32 >= 16 then -- a short value may be shorter than HEAD
+  if offsetFence(fl) then -- a short value may be shorter than HEAD
     local d
     fl, d, a, e, age, pos = struct.unpack(OFFSET_HEAD, v)
     f = (e - age + 1) * 1000 - d
@@ -81,8 +86,7 @@ local function unpackValue(v)
 end
 -- expiresAt: the expiry of a bucket's value (format 3 or 2).
 local function expiresAt(v)
-  local fl = string.byte(v, 1)
-  if fl < 128 and fl % 32 >= 16 then return (struct.unpack('>I6', v, 7)) end
+  if offsetFence(string.byte(v, 1)) then return (struct.unpack('>I6', v, 7)) end
   return (struct.unpack('>I6', v, 10))
 end
 local stringLoad, stringSave = load, save
@@ -219,7 +223,6 @@ save = function(k, r)
     redis.call('PEXPIREAT', k.b, t)
     redis.call('SET', k.o, MARKER, 'PXAT', t)
   end
-  k.ino = nil -- o held it only where b did not exist: this write made b and adopted o
   return v
 end
 -- remove deletes the record of k from its bucket, its own key and the
