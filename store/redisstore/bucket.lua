@@ -220,6 +220,7 @@ save = function(k, r)
   if k.str then redis.call('DEL', k.s); k.str = nil end
   if ask and (k.ttl or redis.call('PEXPIRETIME', k.b)) < r.e + span then
     local t = math.max(r.e + 2 * span, adopt(k, r.u))
+    t = string.format('%d', t) -- see record.lua's save
     redis.call('PEXPIREAT', k.b, t)
     redis.call('SET', k.o, MARKER, 'PXAT', t)
   end

@@ -32,9 +32,12 @@ local function pack(r)
   return struct.pack(FMT, 1, r.st, r.f, r.a, r.l, r.e, r.u, r.tag, #r.n, r.n, #r.p, r.p) .. r.r
 end
 -- save writes r with its expiry as the key's TTL and returns what it wrote.
+-- A number passed to redis.call is formatted with %.17g (a few thousand
+-- instructions of glibc's floating-point printing); an expiry is a whole
+-- number of ms, written with %d instead.
 local function save(k, r)
   local v = pack(r)
-  redis.call('SET', k, v, 'PXAT', r.e)
+  redis.call('SET', k, v, 'PXAT', string.format('%d', r.e))
   return v
 end
 -- remove deletes the record at k.

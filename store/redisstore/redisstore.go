@@ -91,10 +91,12 @@ var (
 const allowOOM = "#!lua flags=allow-oom\n"
 
 // clockLua reads the server's time once per script: now in ms, floor (the
-// lowest new fence) in µs.
+// lowest new fence) in µs. (Each tonumber of a string is a strtod, about
+// a thousand instructions in Redis: two, not four.)
 const clockLua = `local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local sec, us = tonumber(t[1]), tonumber(t[2])
+local now = sec * 1000 + math.floor(us / 1000)
+local floor = sec * 1000000 + us
 `
 
 // The arguments of each function after the key, as read from ARGV (j is
