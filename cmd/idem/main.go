@@ -78,7 +78,12 @@ change afterwards (like the prefix, it says where a record is). Records with res
 This release names buckets anew and packs their values 3 bytes shorter (format 3): a bucket of the
 previous release is read where it is, and this release's first write into it moves its records
 and leaves under its old name a marker on which a process of the previous release fails closed
-(WRONGTYPE) — upgrade every process that shares a prefix together, as for the packed string.`
+(WRONGTYPE). To upgrade from the previous release with buckets one process at a time, do it in
+two steps: first deploy this release with idem_buckets_previous=1 in the store URL
+(redisstore.Config.WritePreviousBuckets) — it then writes into the previous release's buckets as
+that release does, so processes of both work side by side and every claim settles — and, once no
+process of the previous release is left, deploy it without: the next write into each bucket moves
+it.`
 
 // migrateLogger writes idem migrate's warnings to the command's standard
 // error.

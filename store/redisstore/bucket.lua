@@ -44,6 +44,12 @@
 -- it (when a write needs more, by as much again as that record's
 -- retention, so the next writes need not move it), so an idle bucket goes
 -- as a whole.
+-- WRITE_PREVIOUS (Config.WritePreviousBuckets, for a rolling upgrade): a
+-- record whose bucket b does not exist is written into o while o is the
+-- previous release's bucket (a hash), in format 2 as that release writes
+-- it, instead of moving o into b; so processes of the previous release
+-- running meanwhile keep reading and settling what is there.
+local WRITE_PREVIOUS = false
 local BUCKET_VALUE_MAX = 128
 local MARKER = 'idem format 3: upgrade'
 local HEAD, OFFSET_HEAD = '>BI7BI6I4', '>BI4BI6I4'
@@ -113,10 +119,12 @@ load = function(k)
   return r
 end
 -- bpack returns r packed for a bucket, or nil where it does not fit one;
--- room: flag 8 (see above).
-local function bpack(r, room)
+-- room: flag 8 (see above); previous: in format 2 (the flags with 128, no
+-- 32 for a claim, the fence always I7).
+local function bpack(r, room, previous)
   if r.a > 255 or r.f >= 2^56 or r.e - r.u >= 2^32 then return nil end
   local fl, p = r.st, r.p
+  if previous then fl = fl + 128 end
   if room then fl = fl + 8 end
   if #p == 17 and string.byte(p, 1) == 1 then
     fl, p = fl + 64, string.sub(p, 2)
@@ -128,13 +136,14 @@ local function bpack(r, room)
   local mid = ''
   if r.st == 1 then
     if #r.n ~= 10 then return nil end
-    fl, mid = fl + 32, struct.pack('>I6B', r.l, r.tag) .. r.n
+    mid = struct.pack('>I6B', r.l, r.tag) .. r.n
+    if not previous then fl = fl + 32 end
   elseif r.tag == 83 and #r.n >= 4 then
     fl, mid = fl + 32, string.sub(r.n, -4)
   end
   local head
   local d = (r.u + 1) * 1000 - r.f
-  if d >= 1 and d < 2^32 then
+  if not previous and d >= 1 and d < 2^32 then
     head = struct.pack(OFFSET_HEAD, fl + 16, d, r.a, r.e, r.e - r.u)
   else
     head = struct.pack(HEAD, fl, r.f, r.a, r.e, r.e - r.u)
@@ -186,6 +195,24 @@ local function sweepBucket(b, now)
     redis.call('HSET', b, '', struct.pack('>I6', now) .. page[1]) -- the next new field goes on
   end
 end
+-- savePrevious writes r into the previous release's bucket k.o in format
+-- 2 (WRITE_PREVIOUS), as that release's save would (its sweep, its TTL:
+-- asked every time, so the value is flagged), and returns the value; false
+-- where r does not fit a bucket or k.o is not a hash (a marker outliving b
+-- by a moment): then save goes on as usual.
+local function savePrevious(k, r, span)
+  local v = #k.f <= 64 and bpack(r, true, true)
+  if not v then return false end
+  local ok, new = pcall(redis.call, 'HSET', k.o, k.f, v)
+  if not ok then return false end
+  if new == 1 and r.f % 8 == 0 then sweepBucket(k.o, r.u) end
+  k.ino = true
+  if k.str then redis.call('DEL', k.s); k.str = nil end
+  if redis.call('PEXPIRETIME', k.o) < r.e + span then
+    redis.call('PEXPIREAT', k.o, string.format('%d', r.e + 2 * span))
+  end
+  return v
+end
 -- save writes r (r.u is now: every transition sets it) where it fits: its
 -- bucket, else its own key; and deletes the other copies. The bucket's TTL
 -- must stay past r.e: asked with PEXPIRETIME, unless the value r replaces
@@ -202,11 +229,14 @@ end
 -- then no TTL: both extend).
 save = function(k, r)
   local span = r.e - r.u
+  -- k.ttl is -2 where load asked and b does not exist (see load).
+  local v = WRITE_PREVIOUS and k.ttl == -2 and savePrevious(k, r, span)
+  if v then return v end
   local ask, room = true, true
   if k.room and r.e <= k.room then
     ask, room = false, r.e + span <= k.room
   end
-  local v = #k.f <= 64 and bpack(r, room)
+  v = #k.f <= 64 and bpack(r, room)
   if not v then
     if k.inb then redis.call('HDEL', k.b, k.f); k.inb = nil end
     if k.ino then redis.call('HDEL', k.o, k.f); k.ino = nil end

@@ -24,7 +24,9 @@ func openBuckets(t testing.TB, prefix string) *redisstore.Store {
 }
 
 // TestConformanceBuckets runs the suite on records kept in buckets
-// (Config.Buckets), coalesced and not.
+// (Config.Buckets), coalesced and not, and as during a rolling upgrade
+// from the previous release (Config.WritePreviousBuckets: on a new prefix
+// every record then goes into the previous release's buckets).
 func TestConformanceBuckets(t *testing.T) {
 	caps := storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}
 	t.Run("Coalesced", func(t *testing.T) {
@@ -33,6 +35,11 @@ func TestConformanceBuckets(t *testing.T) {
 	t.Run("Uncoalesced", func(t *testing.T) {
 		storetest.Run(t, caps, func(t testing.TB) idem.Store {
 			return testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, NoCoalesce: true})
+		})
+	})
+	t.Run("WritingPrevious", func(t *testing.T) {
+		storetest.Run(t, caps, func(t testing.TB) idem.Store {
+			return testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, WritePreviousBuckets: true})
 		})
 	})
 }
@@ -373,6 +380,27 @@ func TestBucketsFromTheStoreURL(t *testing.T) {
 	for _, bad := range []string{"x", "-1"} {
 		if _, err := storeurl.Open(ctx, testenv.RedisURL+"?idem_buckets="+bad, nil); err == nil || !strings.Contains(err.Error(), "idem_buckets") {
 			t.Errorf("idem_buckets=%s: %v, want it refused", bad, err)
+		}
+	}
+
+	// idem_buckets_previous=1: records go into the previous release's
+	// buckets (Config.WritePreviousBuckets); it needs idem_buckets.
+	prev, err := storeurl.Open(ctx, testenv.RedisURL+"?idem_buckets=1&idem_buckets_previous=1&idem_prefix="+prefix+"p:", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prev.Close()
+	testenv.OpenRedis(t, prefix+"p:")
+	if _, err := prev.Acquire(ctx, idem.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	keys, field = prev.(*redisstore.Store).Locate("k")
+	if in, err := s.Client().HExists(ctx, keys[2], field).Result(); err != nil || !in {
+		t.Fatalf("idem_buckets_previous=1: the record is not in the previous release's bucket %s: %v %v", keys[2], in, err)
+	}
+	for _, bad := range []string{"?idem_buckets=1&idem_buckets_previous=x", "?idem_buckets_previous=1"} {
+		if _, err := storeurl.Open(ctx, testenv.RedisURL+bad, nil); err == nil || !strings.Contains(err.Error(), "Previous") && !strings.Contains(err.Error(), "previous") {
+			t.Errorf("%s: %v, want it refused", bad, err)
 		}
 	}
 }

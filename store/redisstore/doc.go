@@ -21,5 +21,7 @@
 // deletes its own expired records and has a TTL past its last one, so Sweep
 // has nothing to do there either. Buckets of the previous release's
 // encoding are read, and moved by this release's first write into them,
-// which leaves a marker the previous release fails closed on.
+// which leaves a marker the previous release fails closed on; with
+// Config.WritePreviousBuckets (the first step of a rolling upgrade) this
+// release writes into them in that release's encoding instead.
 package redisstore

@@ -405,125 +405,261 @@ return 1`,
 	}
 }
 
+// rollout has workers claim and complete keys at once, each in an order
+// of its own, and records who claimed each key: a worker is a Store of
+// this release, or nil for the previous release (its bucket scripts,
+// testdata/second-encoding, called through c).
+type rollout struct {
+	t                    *testing.T
+	c                    redis.UniversalClient
+	names                *redisstore.Store // names the keys' locations
+	oldAcquire, oldOwned *redis.Script
+	fp                   string
+	nonces               atomic.Int64
+
+	mu     sync.Mutex
+	claims map[string][]string // key: who claimed it ("new", "old")
+	// Calls of the previous release: acquisitions refused (WRONGTYPE, the
+	// bucket moved), claims it could not settle (it moved while it held
+	// them), claims it completed.
+	oldRefused, oldStuck, oldDone int
+}
+
+func newRollout(t *testing.T, s *redisstore.Store) *rollout {
+	acquireSrc, ownedSrc := releaseScripts(t, "second-encoding")
+	return &rollout{t: t, c: s.Client(), names: s, oldAcquire: redis.NewScript(acquireSrc), oldOwned: redis.NewScript(ownedSrc),
+		fp: idem.Fingerprint([]byte("body")), claims: map[string][]string{}}
+}
+
+func mustLocate(s *redisstore.Store, key string) []string {
+	keys, _ := s.Locate(key)
+	return keys
+}
+
+// keysIn returns n keys (named by tag) of four buckets: those in buckets,
+// to which it adds the first buckets it meets while it holds fewer.
+func (r *rollout) keysIn(n int, tag string, buckets map[string]bool) []string {
+	var keys []string
+	for i := 0; len(keys) < n; i++ {
+		k := fmt.Sprintf("rollout-%s-%d", tag, i)
+		loc, _ := r.names.Locate(k)
+		if !buckets[loc[1]] && len(buckets) == 4 {
+			continue
+		}
+		buckets[loc[1]] = true
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+func (r *rollout) run(workers []*redisstore.Store, keys []string) {
+	var wg sync.WaitGroup
+	for w, s := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			order := slices.Clone(keys)
+			rand.New(rand.NewPCG(uint64(w), uint64(len(keys)))).Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+			for _, k := range order {
+				if !r.claim(s, k) {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// claim has s (nil: the previous release) claim k and complete it if it
+// got the claim; false on an unexpected error.
+func (r *rollout) claim(s *redisstore.Store, k string) bool {
+	t, ctx := r.t, context.Background()
+	count := func(n *int) { r.mu.Lock(); *n++; r.mu.Unlock() }
+	claimed := func(who string) { r.mu.Lock(); r.claims[k] = append(r.claims[k], who); r.mu.Unlock() }
+	if s != nil {
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Fingerprint: r.fp, Lease: time.Minute, Retention: time.Hour})
+		if err != nil {
+			t.Error(err)
+			return false
+		}
+		if a.Outcome == idem.Acquired || a.Outcome == idem.TakenOver {
+			claimed("new")
+			if err := s.Complete(ctx, k, a.Fence, []byte("done"), time.Hour); err != nil {
+				t.Error(err)
+				return false
+			}
+		}
+		return true
+	}
+	loc, field := r.names.Locate(k)
+	old := []string{loc[0], loc[2]}
+	v, err := r.oldAcquire.Run(ctx, r.c, old, field, redisstore.EncodeFingerprint(r.fp), 60000, 3600000, 0, fmt.Sprintf("o%09d", r.nonces.Add(1))).Slice()
+	if err != nil {
+		if !strings.Contains(err.Error(), "WRONGTYPE") {
+			t.Error(err)
+			return false
+		}
+		count(&r.oldRefused)
+		return true
+	}
+	if v[0] != int64(idem.Acquired) && v[0] != int64(idem.TakenOver) {
+		return true
+	}
+	claimed("old")
+	p := v[1].(string)
+	fence := uint64(p[1])<<48 | binary.BigEndian.Uint64([]byte("\x00\x00"+p[2:8]))
+	n, err := r.oldOwned.Run(ctx, r.c, old, field, "c", strconv.FormatUint(fence, 10), 3600000, "done", fmt.Sprintf("o%09d", r.nonces.Add(1))).Int()
+	switch {
+	case err != nil && strings.Contains(err.Error(), "WRONGTYPE"):
+		// Its bucket moved while it held the claim: the claim stays in
+		// flight (moved with the bucket) for its lease.
+		count(&r.oldStuck)
+	case err != nil || n != 1:
+		t.Errorf("old complete of %s: %d %v", k, n, err)
+		return false
+	default:
+		count(&r.oldDone)
+	}
+	return true
+}
+
+// check fails the test for a key claimed more or less than once, or not
+// completed (in flight where the previous release could not settle it,
+// when stuck allows it).
+func (r *rollout) check(keys []string, stuck bool) {
+	t, ctx := r.t, context.Background()
+	t.Helper()
+	for _, k := range keys {
+		if len(r.claims[k]) != 1 {
+			t.Errorf("%s claimed %d times: %v", k, len(r.claims[k]), r.claims[k])
+		}
+		rec, err := r.names.Get(ctx, k)
+		if err != nil || (rec.State != idem.StateCompleted && !(stuck && rec.State == idem.StateInFlight)) {
+			t.Errorf("%s: %+v %v", k, rec, err)
+		}
+	}
+}
+
+// bucketTypes returns the types of the buckets of keys: this release's
+// names and the previous release's.
+func (r *rollout) bucketTypes(keys []string) (current, previous map[string]bool) {
+	current, previous = map[string]bool{}, map[string]bool{}
+	for _, k := range keys {
+		loc, _ := r.names.Locate(k)
+		current[r.c.Type(context.Background(), loc[1]).Val()] = true
+		previous[r.c.Type(context.Background(), loc[2]).Val()] = true
+	}
+	return current, previous
+}
+
 // TestRolloutBesideThePreviousRelease: processes of the previous release
 // (its bucket scripts) and of this one claim and complete the same keys at
 // once, in a few buckets (the previous release alone on half of them
 // first), while this release's writes move those buckets:
 // no key is claimed twice — the previous release's calls on a moved bucket
-// fail (WRONGTYPE), closed — and every key ends completed once.
+// fail (WRONGTYPE), closed — and every key ends completed once (or in
+// flight, where the previous release held the claim as its bucket moved).
 func TestRolloutBesideThePreviousRelease(t *testing.T) {
 	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
-	ctx := context.Background()
-	c := s.Client()
-	acquireSrc, ownedSrc := releaseScripts(t, "second-encoding")
-	oldAcquire, oldOwned := redis.NewScript(acquireSrc), redis.NewScript(ownedSrc)
-
-	// 240 keys in four buckets.
-	var keys []string
-	buckets := map[string]int{}
-	for i := 0; len(keys) < 240; i++ {
-		k := fmt.Sprintf("rollout-%d", i)
-		loc, _ := s.Locate(k)
-		if _, ok := buckets[loc[1]]; !ok && len(buckets) == 4 {
-			continue
-		}
-		buckets[loc[1]]++
-		keys = append(keys, k)
-	}
-	fp := idem.Fingerprint([]byte("body"))
-	var mu sync.Mutex
-	claims := map[string][]string{} // key: who claimed it
-	var oldRefused, oldDone int
-	claimed := func(k, who string) {
-		mu.Lock()
-		claims[k] = append(claims[k], who)
-		mu.Unlock()
-	}
-	var nonces atomic.Int64
-	var worker func(w int, keys []string)
-	// work has workers (this release's where w is even) claim and complete
-	// keys, each in an order of its own.
-	work := func(workers []int, keys []string) {
-		var wg sync.WaitGroup
-		for _, w := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				worker(w, keys)
-			}()
-		}
-		wg.Wait()
-	}
-	worker = func(w int, keys []string) {
-		order := slices.Clone(keys)
-		rand.New(rand.NewPCG(uint64(w), uint64(len(keys)))).Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-		for _, k := range order {
-			if w%2 == 0 { // this release
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if a.Outcome == idem.Acquired || a.Outcome == idem.TakenOver {
-					claimed(k, "new")
-					if err := s.Complete(ctx, k, a.Fence, []byte("done"), time.Hour); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-				continue
-			}
-			loc, field := s.Locate(k)
-			old := []string{loc[0], loc[2]}
-			v, err := oldAcquire.Run(ctx, c, old, field, redisstore.EncodeFingerprint(fp), 60000, 3600000, 0, fmt.Sprintf("o%09d", nonces.Add(1))).Slice()
-			if err != nil {
-				if !strings.Contains(err.Error(), "WRONGTYPE") {
-					t.Error(err)
-					return
-				}
-				mu.Lock()
-				oldRefused++
-				mu.Unlock()
-				continue
-			}
-			if v[0] != int64(idem.Acquired) && v[0] != int64(idem.TakenOver) {
-				continue
-			}
-			claimed(k, "old")
-			p := v[1].(string)
-			fence := uint64(p[1])<<48 | binary.BigEndian.Uint64([]byte("\x00\x00"+p[2:8]))
-			n, err := oldOwned.Run(ctx, c, old, field, "c", strconv.FormatUint(fence, 10), 3600000, "done", fmt.Sprintf("o%09d", nonces.Add(1))).Int()
-			switch {
-			case err != nil && strings.Contains(err.Error(), "WRONGTYPE"):
-				// Its bucket moved while it held the claim: the claim
-				// stays in flight (moved with the bucket) for its lease.
-			case err != nil || n != 1:
-				t.Errorf("old complete of %s: %d %v", k, n, err)
-				return
-			default:
-				mu.Lock()
-				oldDone++
-				mu.Unlock()
-			}
-		}
-	}
+	r := newRollout(t, s)
+	keys := r.keysIn(240, "a", map[string]bool{})
 	// The previous release alone on half the keys, then both on all.
-	work([]int{1, 3, 5, 7, 9, 11, 13, 15}, keys[:120])
-	work([]int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, keys)
+	r.run([]*redisstore.Store{nil, nil, nil, nil, nil, nil, nil, nil}, keys[:120])
+	r.run([]*redisstore.Store{s, nil, s, nil, s, nil, s, nil, s, nil, s, nil, s, nil, s, nil}, keys)
+	r.check(keys, true)
+	if _, previous := r.bucketTypes(keys); len(previous) != 1 || !previous["string"] {
+		t.Errorf("the previous names of the buckets are of types %v, want the marker (a string)", previous)
+	}
+	t.Logf("240 keys in 4 buckets: %d completed by the previous release, %d of its calls refused (WRONGTYPE), %d claims it could not settle",
+		r.oldDone, r.oldRefused, r.oldStuck)
+}
+
+// TestRollingUpgradeFromThePreviousRelease: the two steps of a rolling
+// upgrade (Config.WritePreviousBuckets). First, processes of the previous
+// release run beside this release's with the option, on the same keys at
+// once: no key is claimed twice, none of the previous release's calls
+// fails and every claim it takes settles — the buckets stay the previous
+// release's. Then, with the previous release gone, processes of this
+// release with the option and without it (restarting one by one) on those
+// keys and more of the same buckets: the buckets move, no key is claimed
+// twice, every key ends completed.
+func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
+	prefix := testenv.RandomName("idemtest:") + ":"
+	s := openBuckets(t, prefix)
+	during := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: prefix, Buckets: 1, WritePreviousBuckets: true})
+	r := newRollout(t, s)
+	buckets := map[string]bool{}
+	keys := r.keysIn(240, "a", buckets)
+
+	// A key of a bucket of its own, written by this release alone: the
+	// previous release replays it, and its bucket (the previous release's)
+	// outlives it.
+	ctx := context.Background()
+	alone := "rollout-alone"
+	for i := 0; buckets[mustLocate(s, alone)[1]]; i++ {
+		alone = fmt.Sprintf("rollout-alone-%d", i)
+	}
+	a, err := during.Acquire(ctx, idem.AcquireRequest{Key: alone, Fingerprint: r.fp, Lease: time.Minute, Retention: time.Hour})
+	if err != nil || a.Outcome != idem.Acquired {
+		t.Fatalf("acquire: %+v %v", a, err)
+	}
+	if err := during.Complete(ctx, alone, a.Fence, []byte("result"), 2*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	loc, field := s.Locate(alone)
+	v, err := r.oldAcquire.Run(ctx, r.c, []string{loc[0], loc[2]}, field, redisstore.EncodeFingerprint(r.fp), 60000, 3600000, 0, "old0000001").Slice()
+	if err != nil || v[0] != int64(idem.Replayed) {
+		t.Fatalf("the previous release's acquire of a key this release completed: %v %v, want a replay", v, err)
+	}
+	if rec, ok := redisstore.DecodeRecord(v[1].(string)); !ok || string(rec.Result) != "result" || rec.Fence != a.Fence {
+		t.Fatalf("the previous release read %+v", rec)
+	}
+	if ttl := r.c.PExpireTime(ctx, loc[2]).Val(); ttl < time.Duration(time.Now().Add(2*time.Hour).UnixMilli())*time.Millisecond {
+		t.Fatalf("the previous release's bucket expires at %d ms (-1: never), before the record it holds", ttl.Milliseconds())
+	}
+	if tp := r.c.Type(ctx, loc[1]).Val(); tp != "none" {
+		t.Fatalf("this release's bucket is a %s: made while writing into the previous release's", tp)
+	}
+
+	r.run([]*redisstore.Store{during, nil, during, nil, during, nil, during, nil, during, nil, during, nil, during, nil, during, nil}, keys)
+	r.check(keys, false)
+	if r.oldRefused != 0 || r.oldStuck != 0 || r.oldDone == 0 {
+		t.Errorf("beside this release with WritePreviousBuckets, the previous release had %d acquisitions refused and %d claims it could not settle, completed %d",
+			r.oldRefused, r.oldStuck, r.oldDone)
+	}
+	if current, previous := r.bucketTypes(keys); len(current) != 1 || !current["none"] || len(previous) != 1 || !previous["hash"] {
+		t.Errorf("during the upgrade: buckets of types %v, the previous release's %v; want none and hashes", current, previous)
+	}
+	// Each bucket of the previous release outlives its records, whoever
+	// wrote them (its TTL kept as that release keeps it).
 	for _, k := range keys {
-		if len(claims[k]) != 1 {
-			t.Errorf("%s claimed %d times: %v", k, len(claims[k]), claims[k])
+		loc, field := s.Locate(k)
+		v, err := r.c.HGet(context.Background(), loc[2], field).Result()
+		if err != nil {
+			t.Fatalf("%s: not in the previous release's bucket: %v", k, err)
 		}
-		rec, err := s.Get(ctx, k)
-		if err != nil || (rec.State != idem.StateCompleted && rec.State != idem.StateInFlight) {
-			t.Errorf("%s: %+v %v", k, rec, err)
-		}
-	}
-	for bucket := range buckets {
-		_, previous, _ := strings.Cut(bucket, "}")
-		if tp := c.Type(ctx, strings.TrimSuffix(bucket, previous)+strings.Replace(previous, "$", "#", 1)).Val(); tp != "string" {
-			t.Errorf("the previous name of %s is a %s, want the marker", bucket, tp)
+		rec, ok := redisstore.DecodeRecord(v)
+		ttl, _ := r.c.PExpireTime(context.Background(), loc[2]).Result()
+		if !ok || v[0]&0x80 == 0 || time.UnixMilli(int64(ttl/time.Millisecond)).Before(rec.ExpiresAt) {
+			t.Errorf("%s: value %x (format 2: %v) expiring at %v in a bucket expiring at %v", k, v, v[0]&0x80 != 0, rec.ExpiresAt, ttl)
 		}
 	}
-	t.Logf("240 keys in 4 buckets: %d completed by the previous release, %d of its calls refused (WRONGTYPE)", oldDone, oldRefused)
+	t.Logf("step 1: %d keys completed by the previous release, %d by this one", r.oldDone, len(keys)-r.oldDone)
+
+	more := r.keysIn(240, "b", buckets)
+	all := append(slices.Clone(keys), more...)
+	for _, k := range keys {
+		delete(r.claims, k) // claimed again only if a record was lost
+	}
+	r.run([]*redisstore.Store{during, s, during, s, during, s, during, s}, all)
+	for _, k := range keys {
+		if len(r.claims[k]) != 0 {
+			t.Errorf("%s, completed in step 1, claimed again: %v", k, r.claims[k])
+		}
+		r.claims[k] = []string{"step 1"}
+	}
+	r.check(all, false)
+	if current, previous := r.bucketTypes(all); len(current) != 1 || !current["hash"] || len(previous) != 1 || !previous["string"] {
+		t.Errorf("after the upgrade: buckets of types %v, the previous release's %v; want hashes and the marker", current, previous)
+	}
 }

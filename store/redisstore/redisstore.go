@@ -168,6 +168,13 @@ var (
 	bucketSettleScript      = redis.NewScript(bucketSettleLua)
 	bucketSettleBatchScript = redis.NewScript(bucketSettleBatchLua)
 
+	// The same with Config.WritePreviousBuckets.
+	previousBucketAcquireScript     = redis.NewScript(writingPrevious(bucketAcquireLua))
+	previousBucketOwnedScript       = redis.NewScript(writingPrevious(bucketOwnedLua))
+	previousBucketBatchScript       = redis.NewScript(writingPrevious(bucketBatchLua))
+	previousBucketSettleScript      = redis.NewScript(writingPrevious(bucketSettleLua))
+	previousBucketSettleBatchScript = redis.NewScript(writingPrevious(bucketSettleBatchLua))
+
 	deleteUpToScript       = redis.NewScript(deleteUpToLua)
 	bucketDeleteUpToScript = redis.NewScript(bucketDeleteUpToLua)
 	bucketDeleteScript     = redis.NewScript(bucketDeleteLua)
@@ -181,6 +188,16 @@ if not r or r.e <= now then return false end
 return packed(r)
 `)
 )
+
+// writingPrevious returns a bucket script with bucket.lua's WRITE_PREVIOUS
+// on (Config.WritePreviousBuckets).
+func writingPrevious(src string) string {
+	const off, on = "local WRITE_PREVIOUS = false\n", "local WRITE_PREVIOUS = true\n"
+	if strings.Count(src, off) != 1 {
+		panic("idem/redisstore: bucket.lua does not define WRITE_PREVIOUS once")
+	}
+	return strings.Replace(src, off, on, 1)
+}
 
 // AcquireScript and OwnedScript are the Lua sources, for operators and
 // benchmarks (redis-benchmark can run them with EVALSHA).
@@ -256,12 +273,27 @@ type Config struct {
 	// (its values in format 2) is read as it is until this release first
 	// writes into it, which moves its records and leaves, under its name, a
 	// marker on which the previous release's calls fail (WRONGTYPE): closed,
-	// but failing — upgrade the processes of a prefix together. A process
+	// but failing, and a claim the previous release held there cannot be
+	// settled by it (taken over once its lease ends) — so upgrade the
+	// processes of a prefix together, or one by one in the two steps of
+	// WritePreviousBuckets. A process
 	// without buckets does not see bucketed records, so turn buckets on in
 	// every process sharing the prefix at once, and never change the
 	// number (like Prefix, it says where a key's record is). Needs Redis
 	// 7.0; not on a Ring, and not with a "{" or "}" in Prefix.
 	Buckets int
+	// WritePreviousBuckets is for a rolling upgrade from the previous
+	// release with Buckets: a record whose bucket is still the previous
+	// release's is written there, in that release's format, instead of
+	// moving the bucket, so that processes of the previous release running
+	// meanwhile keep working (their claims settle; they read what this one
+	// wrote). First deploy with it on every process, then — once no process
+	// of the previous release is left — without it: the next write into
+	// each bucket then moves it. (A bucket already moved is written as
+	// usual.) Meanwhile a completed record's value is 3 bytes longer (67:
+	// its bucket is a hash table under the default hash-max-listpack-value
+	// of 64).
+	WritePreviousBuckets bool
 }
 
 // ErrReplicationShortfall: fewer replicas than Config.WaitReplicas
@@ -331,6 +363,9 @@ func New(cfg Config) (*Store, error) {
 		// Ring places them by their names' hashes, apart.
 		return nil, errors.New("idem/redisstore: Config.Buckets is not supported on a Ring")
 	}
+	if cfg.WritePreviousBuckets && cfg.Buckets <= 0 {
+		return nil, errors.New("idem/redisstore: Config.WritePreviousBuckets needs Config.Buckets")
+	}
 	if cfg.Buckets > 0 && strings.ContainsAny(cfg.Prefix, "{}") {
 		return nil, errors.New("idem/redisstore: Config.Buckets needs a Prefix without { or } (the hash tag that places a bucket)")
 	}
@@ -351,7 +386,11 @@ func New(cfg Config) (*Store, error) {
 	}
 	s.acquireScript, s.ownedScript, s.batchScript = acquireScript, ownedScript, batchScript
 	s.settleScript, s.settleBatchScript = settleScript, settleBatchScript
-	if s.bucketsPerSlot > 0 {
+	switch {
+	case s.bucketsPerSlot > 0 && cfg.WritePreviousBuckets:
+		s.acquireScript, s.ownedScript, s.batchScript = previousBucketAcquireScript, previousBucketOwnedScript, previousBucketBatchScript
+		s.settleScript, s.settleBatchScript = previousBucketSettleScript, previousBucketSettleBatchScript
+	case s.bucketsPerSlot > 0:
 		s.acquireScript, s.ownedScript, s.batchScript = bucketAcquireScript, bucketOwnedScript, bucketBatchScript
 		s.settleScript, s.settleBatchScript = bucketSettleScript, bucketSettleBatchScript
 	}

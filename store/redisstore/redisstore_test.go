@@ -73,24 +73,37 @@ func BenchmarkStore(b *testing.B) {
 // then; it fills the server (maxmemory) now and then, and kills it with
 // SIGKILL and starts it again (its append-only file fsynced before each
 // answer: it loses nothing it acknowledged).
-func TestCampaign(t *testing.T) { storetest.Campaign(t, campaignConfig(t, "TestCampaign", 0)) }
+func TestCampaign(t *testing.T) {
+	storetest.Campaign(t, campaignConfig(t, "TestCampaign", redisstore.Config{}))
+}
 
 // TestCampaignBuckets is TestCampaign with records in buckets.
 func TestCampaignBuckets(t *testing.T) {
-	storetest.Campaign(t, campaignConfig(t, "TestCampaignBuckets", 1))
+	storetest.Campaign(t, campaignConfig(t, "TestCampaignBuckets", redisstore.Config{Buckets: 1}))
+}
+
+// TestCampaignBucketsWritingPrevious is TestCampaignBuckets as during a
+// rolling upgrade (Config.WritePreviousBuckets): every record goes into
+// the previous release's buckets, in its format.
+func TestCampaignBucketsWritingPrevious(t *testing.T) {
+	storetest.Campaign(t, campaignConfig(t, "TestCampaignBucketsWritingPrevious", redisstore.Config{Buckets: 1, WritePreviousBuckets: true}))
 }
 
 // TestGuardCampaign runs guarded work (idem.Guard) under the same faults.
 func TestGuardCampaign(t *testing.T) {
-	storetest.GuardCampaign(t, campaignConfig(t, "TestGuardCampaign", 0))
+	storetest.GuardCampaign(t, campaignConfig(t, "TestGuardCampaign", redisstore.Config{}))
 }
 
-func campaignConfig(t *testing.T, name string, buckets int) storetest.CampaignConfig {
+// campaignConfig runs the campaign on stores configured as base (its
+// prefix and client set by the campaign).
+func campaignConfig(t *testing.T, name string, base redisstore.Config) storetest.CampaignConfig {
 	testenv.RedisClient(t).Close()
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
 		Open: func(t testing.TB, location string) idem.Store {
 			prefix, addr, _ := strings.Cut(location, " ")
-			return testenv.OpenRedisConfig(t, addr, redisstore.Config{Prefix: prefix, Buckets: buckets})
+			c := base
+			c.Prefix = prefix
+			return testenv.OpenRedisConfig(t, addr, c)
 		}}
 	if !storetest.IsChild() {
 		var srv *testenv.RedisServer

@@ -22,6 +22,8 @@ import (
 //	idem_wait_replicas=N  every transition waits for N replicas (WAIT; redisstore.Config.WaitReplicas)
 //	idem_buckets=N     records in hashes, many per hash (redisstore.Config.Buckets;
 //	                   at least 16,384 hashes: size N to the records kept at once ÷ 64)
+//	idem_buckets_previous=1  for a rolling upgrade from the previous release with
+//	                   buckets: write into its buckets as it does (redisstore.Config.WritePreviousBuckets)
 //	idem_coalesce=0    every call its own round trip (default 1: calls that wait
 //	                   for the store together share a pipeline; redisstore.Config.NoCoalesce)
 //
@@ -48,7 +50,16 @@ func init() {
 				return nil, fmt.Errorf("idem: store URL: idem_buckets is %q, want a number of buckets", b)
 			}
 		}
+		var writePrevious bool
+		switch p := q.Get("idem_buckets_previous"); p {
+		case "", "0", "false":
+		case "1", "true":
+			writePrevious = true
+		default:
+			return nil, fmt.Errorf("idem: store URL: idem_buckets_previous is %q, want 1 or 0", p)
+		}
 		q.Del("idem_buckets")
+		q.Del("idem_buckets_previous")
 		q.Del("idem_prefix")
 		q.Del("idem_cluster")
 		q.Del("idem_wait_replicas")
@@ -87,6 +98,7 @@ func init() {
 			c.Close()
 			return nil, fmt.Errorf("%w: redis at %s: %v", idem.ErrStoreUnavailable, u.Host, err)
 		}
-		return redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait, NoCoalesce: noCoalesce, Buckets: buckets})
+		return redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait, NoCoalesce: noCoalesce,
+			Buckets: buckets, WritePreviousBuckets: writePrevious})
 	}
 }
