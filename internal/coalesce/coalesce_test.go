@@ -381,6 +381,9 @@ func TestManyCallers(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	// A batch answers its members before its goroutine passes the slot on
+	// (next): the last may still be on its way out.
+	g.Wait()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.inFlight != 0 || len(g.queue) != 0 {
