@@ -49,6 +49,17 @@ func TestCluster(t *testing.T) {
 			})
 		}
 	})
+	t.Run("ConformanceBucketsWritingPrevious", func(t *testing.T) {
+		// As during a rolling upgrade (WritePreviousBuckets): every record
+		// in the previous release's bucket, its name in the same slot.
+		storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
+			s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, WritePreviousBuckets: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		})
+	})
 	t.Run("ConformanceWaitingForAReplica", func(t *testing.T) {
 		// Coalesced pipelines on a Cluster with WaitReplicas: one per master,
 		// each ending with its WAIT.
