@@ -26,7 +26,9 @@
 # Usage: scripts/redis-instructions.sh [SECONDS] [PRELOAD] [PORT]
 #        (defaults: 8 20 6398; IDEM_B=path/to/another/idem measures that
 #        build too, alternating with this checkout's, on the same records;
-#        LAYOUTS="key bkt" and MODES="1 0" — coalesced, not — choose runs)
+#        LAYOUTS="key bkt" and MODES="1 0" — coalesced, not — choose runs;
+#        KEEP=dir keeps callgrind's dumps there, for callgrind_annotate: per
+#        function with a redis-server built with symbols first in PATH)
 # Needs valgrind, redis-server, redis-cli and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -96,6 +98,7 @@ for layout in ${LAYOUTS:-key bkt}; do
 			h1=$(hscans)
 			dump=$(ls -t "$tmp"/cg.*.out.* | head -1)
 			total=$(sed -nE 's/^totals: ([0-9]+).*/\1/p' "$dump")
+			[ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && cp "$dump" "$KEEP/$layout-coalesce$coalesce-$run.out" && echo "$ops" >"$KEEP/$layout-coalesce$coalesce-$run.ops"
 			name=$([ "$build" = "$tmp/idem" ] && echo "this checkout" || echo "$build")
 			python3 -c 'import sys
 layout, coalesce, name, ops, total, hs = sys.argv[1:]
