@@ -322,7 +322,8 @@ type Store struct {
 	waitReplicas int
 	waitTimeout  time.Duration
 
-	bucketsPerSlot int // 0: a key per record
+	bucketsPerSlot int  // 0: a key per record
+	writePrevious  bool // Config.WritePreviousBuckets
 
 	acquireScript, ownedScript, batchScript *redis.Script
 	settleScript, settleBatchScript         *redis.Script                           // ownedScript and a batch of it, with allowOOM
@@ -380,7 +381,7 @@ func New(cfg Config) (*Store, error) {
 	}
 	s := &Store{c: client, given: cfg.Client, ownRing: own, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient,
 		waitReplicas: cfg.WaitReplicas, waitTimeout: cfg.WaitTimeout,
-		bucketsPerSlot: (cfg.Buckets + clusterSlots - 1) / clusterSlots}
+		bucketsPerSlot: (cfg.Buckets + clusterSlots - 1) / clusterSlots, writePrevious: cfg.WritePreviousBuckets}
 	if _, err := rand.Read(s.process[:]); err != nil {
 		return nil, fmt.Errorf("idem/redisstore: %w", err)
 	}

@@ -29,8 +29,11 @@ import (
 // the last acknowledged records; or fewer than its replicas: a failover
 // while the master still takes writes (SENTINEL FAILOVER) promotes one
 // replica while another acknowledges the old master's writes, then
-// discards them. A server that refuses CONFIG GET or INFO
-// (a managed Redis may) yields its error and no warnings.
+// discards them. With Config.WritePreviousBuckets, it says that the
+// rolling upgrade's second step is still to come (meanwhile records are
+// written in the previous release's longer format). A server that refuses
+// CONFIG GET or INFO (a managed Redis may) yields its error and no
+// warnings.
 func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 	var mu sync.Mutex
 	var warnings []string
@@ -74,6 +77,9 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 	})
 	if err != nil {
 		return nil, wrap("config get", err)
+	}
+	if s.writePrevious {
+		warnings = append(warnings, "Config.WritePreviousBuckets (idem_buckets_previous=1) is on: records whose bucket has not moved are written in the previous release's format (67 bytes a value: a bucket holding one becomes a hash table under hash-max-listpack-value 128); once no process of the previous release is left, turn it off in every process (the upgrade's second step)")
 	}
 	slices.Sort(warnings)
 	return warnings, nil
