@@ -292,7 +292,7 @@ type Config struct {
 	// each bucket then moves it. (A bucket already moved is written as
 	// usual.) Meanwhile a completed record's value is 3 bytes longer (67:
 	// its bucket is a hash table under the default hash-max-listpack-value
-	// of 64).
+	// of 64), and ServerWarnings says the option is on.
 	WritePreviousBuckets bool
 }
 
