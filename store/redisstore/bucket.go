@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"encoding/base64"
 	"encoding/binary"
 	"strconv"
 	"strings"
@@ -9,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/keypack"
 )
 
 // Buckets (Config.Buckets): the records of many keys share one hash, laid
@@ -24,49 +24,13 @@ import (
 // marker string that fails the previous release's scripts closed.
 const clusterSlots = 16384
 
-// compactKeys decodes compact storage keys ("1~" and 22 base64url digits;
-// Strict, so that each 16 bytes have one spelling only).
-var compactKeys = base64.RawURLEncoding.Strict()
-
-// appendBucketField appends the field of key in its bucket to b: the 16
-// bytes of a compact key; else 0 and the key, but 1, the key and 1 for a
-// key of 15 bytes, so that no other field is 16 bytes long.
-func appendBucketField(b []byte, key string) []byte {
-	if len(key) == 24 && strings.HasPrefix(key, "1~") {
-		var d [16]byte
-		if n, err := compactKeys.Decode(d[:], []byte(key[2:])); err == nil && n == 16 {
-			return append(b, d[:]...)
-		}
-	}
-	if len(key) == 15 {
-		b = append(b, 1)
-		b = append(b, key...)
-		return append(b, 1)
-	}
-	b = append(b, 0)
-	return append(b, key...)
-}
-
-// fieldKey is the storage key of a bucket's field ("" for none).
-func fieldKey(f string) string {
-	switch {
-	case len(f) == 16:
-		return "1~" + compactKeys.EncodeToString([]byte(f))
-	case len(f) == 17 && f[0] == 1:
-		return f[1:16]
-	case len(f) > 1 && f[0] == 0:
-		return f[1:]
-	}
-	return ""
-}
-
 // locateInBucket returns the own key name of key's record, its bucket's
 // name (see above), the previous release's name of that bucket and its
 // field, cut from one string: one allocation for the four (they are made
 // for every transition).
 func (s *Store) locateInBucket(key string) (name, bucket, previous, field string) {
 	var fb [64]byte
-	f := appendBucketField(fb[:0], key)
+	f := keypack.AppendKey(fb[:0], key)
 	n := uint32(0)
 	if s.bucketsPerSlot > 1 {
 		n = fnv32(f) % uint32(s.bucketsPerSlot)
@@ -232,7 +196,7 @@ func decodeBucketRecord(key, v string) (rec idem.Record, ok bool) {
 		if len(v) < pos+16 {
 			return idem.Record{}, false
 		}
-		rec.Fingerprint = decodeFingerprint("\x01" + v[pos:pos+16])
+		rec.Fingerprint = keypack.UnpackFingerprint("\x01" + v[pos:pos+16])
 		pos += 16
 	} else {
 		if len(v) < pos+1 || len(v) < pos+1+int(v[pos]) {

@@ -7,13 +7,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/keypack"
 )
 
 // DecodeRecord reads a record as the scripts answer it, for the tests.
 func DecodeRecord(v string) (idem.Record, bool) { return decodeRecord("", v) }
 
 // EncodeFingerprint is the fingerprint as the scripts compare it.
-func EncodeFingerprint(fp string) string { return encodeFingerprint(fp) }
+func EncodeFingerprint(fp string) string { return keypack.Fingerprint(fp) }
 
 // BatchScript is the script of a coalesced batch (a key per call, the
 // calls packed in its one argument by PackAcquire and PackOwned).
@@ -51,8 +52,8 @@ func KeySlot(name string) int { return int(keySlot(name)) }
 
 // BucketField and FieldKey map a storage key to its field and back.
 var (
-	BucketField = func(key string) string { return string(appendBucketField(nil, key)) }
-	FieldKey    = fieldKey
+	BucketField = func(key string) string { return string(keypack.AppendKey(nil, key)) }
+	FieldKey    = keypack.Key
 )
 
 // LuaParts are the scripts' pieces: the record encoding, the bucket
@@ -68,7 +69,7 @@ func (s *Store) Batch(ctx context.Context, keys []string, fences []uint64, resul
 	for i, key := range keys {
 		c := scriptCall{one: s.ownedScript, op: "c", fence: fences[i], ms: 3600000, result: result}
 		if fences[i] == 0 {
-			c = scriptCall{one: s.acquireScript, acquire: true, fp: encodeFingerprint(""), lease: 60000, keep: 3600000}
+			c = scriptCall{one: s.acquireScript, acquire: true, fp: keypack.Fingerprint(""), lease: 60000, keep: 3600000}
 		}
 		c.keys, c.field = s.locate(key)
 		c.nonce = s.nonce()

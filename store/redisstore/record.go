@@ -2,9 +2,9 @@ package redisstore
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/keypack"
 )
 
 // A record is one Redis string in the packed encoding record.lua writes
@@ -14,39 +14,6 @@ const (
 	recordFormat = 1
 	headerLen    = 33 // format … tag
 )
-
-// encodeFingerprint is the fingerprint as the scripts store and compare it:
-// a 32-digit lowercase hex digest (idem.Fingerprint's) as 1 and its 16
-// bytes, any other string as 0 and the string.
-func encodeFingerprint(fp string) string {
-	if len(fp) == 32 {
-		var b [17]byte
-		b[0] = 1
-		if _, err := hex.Decode(b[1:], []byte(fp)); err == nil && isLowerHex(fp) {
-			return string(b[:])
-		}
-	}
-	return "\x00" + fp
-}
-
-func isLowerHex(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
-
-func decodeFingerprint(p string) string {
-	if len(p) == 17 && p[0] == 1 {
-		return hex.EncodeToString([]byte(p[1:]))
-	}
-	if len(p) > 0 {
-		return p[1:]
-	}
-	return ""
-}
 
 func be48(s string) int64 {
 	return int64(s[0])<<40 | int64(s[1])<<32 | int64(s[2])<<24 | int64(s[3])<<16 | int64(s[4])<<8 | int64(s[5])
@@ -79,7 +46,7 @@ func decodeRecord(key, v string) (rec idem.Record, ok bool) {
 	}
 	fp := v[pos+1 : pos+1+int(v[pos])]
 	pos += 1 + int(v[pos])
-	rec.Fingerprint = decodeFingerprint(fp)
+	rec.Fingerprint = keypack.UnpackFingerprint(fp)
 	if rec.State == idem.StateCompleted || rec.State == idem.StateFailed {
 		rec.Result = []byte(v[pos:])
 	}

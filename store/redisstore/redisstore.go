@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/coalesce"
+	"github.com/idemgo/idem/internal/keypack"
 )
 
 var (
@@ -676,7 +677,7 @@ func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, buckets [
 			return nil, err
 		}
 		for f, v := range cmd.Val() {
-			key := fieldKey(f)
+			key := keypack.Key(f)
 			if key == "" {
 				continue // the time of the next sweep (bucket.lua)
 			}
@@ -883,7 +884,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	if err := ctx.Err(); err != nil {
 		return idem.Acquisition{}, err
 	}
-	v, err := s.transition(ctx, req.Key, scriptCall{one: s.acquireScript, acquire: true, fp: encodeFingerprint(req.Fingerprint),
+	v, err := s.transition(ctx, req.Key, scriptCall{one: s.acquireScript, acquire: true, fp: keypack.Fingerprint(req.Fingerprint),
 		lease: req.Lease.Milliseconds(), keep: max(req.Retention, req.Lease).Milliseconds(), maxAttempts: req.MaxAttempts}).Slice()
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
@@ -1098,7 +1099,7 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 					return nil, err
 				}
 				for _, f := range cmd.Val() {
-					if k := fieldKey(f); k > after {
+					if k := keypack.Key(f); k > after {
 						keys = append(keys, k)
 					}
 				}
