@@ -69,8 +69,11 @@ type Store interface {
 // Lister is implemented by stores that can enumerate their records, in
 // storage-key order, for operators (idem keys ls, purge).
 type Lister interface {
-	// List returns up to limit live records whose storage key is greater
-	// than after.
+	// List returns up to limit live records whose storage key comes after
+	// after ("" for the first) in the store's order of keys: a page goes on
+	// from the last key of the one before. The order is the keys' own,
+	// byte by byte, except on PostgreSQL tables of the packed layout,
+	// which order keys by their packed form.
 	List(ctx context.Context, after string, limit int) ([]Record, error)
 }
 

@@ -90,28 +90,44 @@ redis_clean
 
 # --- PostgreSQL --------------------------------------------------------------
 "$tmp/idem" migrate --store "$pg_url&idem_schema=idem_bench" >/dev/null
+# The table of releases before the packed layout (keys and fingerprints as
+# text), which idem keeps using where it exists: the same runs on it.
+psql "$pg_url" -q -v ON_ERROR_STOP=1 -c "SET client_min_messages = warning; DROP SCHEMA IF EXISTS idem_bench_text CASCADE; CREATE SCHEMA idem_bench_text;
+	CREATE TABLE idem_bench_text.idem_records (k text PRIMARY KEY, state smallint NOT NULL, fence bigint NOT NULL,
+		fp text NOT NULL DEFAULT '', attempts integer NOT NULL, result bytea, lease_until timestamptz NOT NULL,
+		expires_at timestamptz NOT NULL, updated_at timestamptz NOT NULL, outcome smallint NOT NULL) WITH (fillfactor = 90);
+	CREATE INDEX idem_records_expires_at ON idem_bench_text.idem_records (expires_at)"
+"$tmp/idem" migrate --store "$pg_url&idem_schema=idem_bench_text" >/dev/null
 # A table in use, analyzed: a statement prepared on an empty table may keep
 # a plan that scans it whole (for idem and pgbench alike) until the next
 # ANALYZE. No TRUNCATE between the runs, for the same reason.
-psql "$pg_url" -qc "TRUNCATE idem_bench.idem_records;
-	INSERT INTO idem_bench.idem_records SELECT 'fill-' || i, 2, i, 'bench', 1, '\\x00', now(), now() + interval '1 hour', now(), 1
-	FROM generate_series(1, 100000) i; ANALYZE idem_bench.idem_records"
+pg_fill() { # SCHEMA KEY-EXPRESSION (of i)
+	psql "$pg_url" -qc "TRUNCATE $1.idem_records;
+	INSERT INTO $1.idem_records (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
+	SELECT $2, 2, i, '', 1, '\\x00', now(), now() + interval '1 hour', now(), 1
+	FROM generate_series(1, 100000) i; ANALYZE $1.idem_records"
+}
+pg_fill idem_bench "'\\x00'::bytea || convert_to('fill-' || i, 'UTF8')"
+pg_fill idem_bench_text "'fill-' || i"
 idem_pg=$(bench "$pg_url&pool_max_conns=$conc&idem_schema=idem_bench" "$conc" ops_per_sec)
 idem_pg_single=$(bench "$pg_url&pool_max_conns=$conc&idem_schema=idem_bench&idem_coalesce=0" "$conc" ops_per_sec)
+idem_pg_text=$(bench "$pg_url&pool_max_conns=$conc&idem_schema=idem_bench_text" "$conc" ops_per_sec)
+idem_pg_text_single=$(bench "$pg_url&pool_max_conns=$conc&idem_schema=idem_bench_text&idem_coalesce=0" "$conc" ops_per_sec)
 pg_p50=$(bench "$pg_url&idem_schema=idem_bench" 1 p50_us)
 pg_p50_single=$(bench "$pg_url&idem_schema=idem_bench&idem_coalesce=0" 1 p50_us)
 pgb=$(pgbench "$pg_url" -n -M prepared -c "$conc" -j "$ncpu" -T "$secs" -f "$tmp/lifecycle.sql" 2>&1 |
 	awk '/^tps = / {print $3; exit}')
-psql "$pg_url" -qc 'SET client_min_messages = warning; DROP SCHEMA idem_bench CASCADE'
+psql "$pg_url" -qc 'SET client_min_messages = warning; DROP SCHEMA idem_bench CASCADE; DROP SCHEMA idem_bench_text CASCADE'
 
 python3 - "$idem_redis" "$idem_redis_single" "$rb_acq" "$rb_cmp" "$idem_pg" "$idem_pg_single" "$pgb" \
 	"$redis_p50" "$redis_p50_single" "$pg_p50" "$pg_p50_single" "$rb_acq_p" "$rb_cmp_p" \
 	"$idem_redis_buckets" "$idem_redis_buckets_single" \
-	"$redis_client_us" "$redis_server_us" "$redis_client_us_single" "$redis_server_us_single" "$ncpu" <<'PY'
+	"$redis_client_us" "$redis_server_us" "$redis_client_us_single" "$redis_server_us_single" "$ncpu" \
+	"$idem_pg_text" "$idem_pg_text_single" <<'PY'
 import sys
 (idem_redis, idem_redis_single, rb_acq, rb_cmp, idem_pg, idem_pg_single, pgb,
  rp50, rp50s, pp50, pp50s, rb_acq_p, rb_cmp_p, idem_rb, idem_rb_single,
- rc_us, rs_us, rc_us1, rs_us1, ncpu) = map(float, sys.argv[1:])
+ rc_us, rs_us, rc_us1, rs_us1, ncpu, idem_pg_text, idem_pg_text_single) = map(float, sys.argv[1:])
 rb_life_p = 1 / (1 / rb_acq_p + 1 / rb_cmp_p)
 rb_life = 1 / (1 / rb_acq + 1 / rb_cmp)   # one acquire and one complete per lifecycle
 print(f"Redis      idem bench lifecycle {idem_redis:8.0f}/s coalesced, {idem_redis_single:8.0f}/s not ({idem_redis / idem_redis_single:.2f}x, target ≥ 2)"
@@ -126,6 +142,8 @@ print(f"Redis      records in buckets (idem_buckets=16384): {idem_rb:8.0f}/s coa
       f" {idem_rb_single:8.0f}/s not ({idem_rb_single / idem_redis_single:.2f}); target ≥ 0.90")
 print(f"PostgreSQL idem bench lifecycle {idem_pg:8.0f}/s coalesced, {idem_pg_single:8.0f}/s not ({idem_pg / idem_pg_single:.2f}x)"
       f" | pgbench same two statements {pgb:.0f}/s | ratio {idem_pg / pgb:.2f} coalesced (target ≥ 2), {idem_pg_single / pgb:.2f} not")
+print(f"PostgreSQL the text layout of earlier releases' tables: {idem_pg_text:8.0f}/s coalesced, {idem_pg_text_single:8.0f}/s not"
+      f" | the packed layout reaches {idem_pg / idem_pg_text:.2f} of it coalesced, {idem_pg_single / idem_pg_text_single:.2f} not (target ≥ 0.90)")
 print(f"1 worker, p50 of a lifecycle: Redis {rp50:.0f} µs coalesced, {rp50s:.0f} µs not ({rp50 / rp50s:.2f}x, target ≤ 1.10);"
       f" PostgreSQL {pp50:.0f} µs coalesced, {pp50s:.0f} µs not ({pp50 / pp50s:.2f}x)")
 PY

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -85,6 +86,19 @@ that release does, so processes of both work side by side and every claim settle
 process of the previous release is left, deploy it without: the next write into each bucket moves
 it.`
 
+// pgLayoutNote is what the packed layout of the PostgreSQL records table
+// changes.
+const pgLayoutNote = `Since this release a PostgreSQL records table is created with keys and
+fingerprints packed as bytea (a compact key as its 16 bytes, a request digest as 17) and its
+columns ordered without padding: a completed record with a compact key takes 160 bytes of row and
+key index entry instead of 202. A table created by an earlier release keeps the text layout, and
+the store reads which layout a table has and works on either, so an upgrade needs no migration
+and processes of both releases share such a table. To pack such a table, stop the processes of
+earlier releases and run idem migrate --pack-records: it converts the table in place, locked while
+PostgreSQL rewrites it (every call waits); then restart the processes of this release, which read
+the layout once (until then their calls fail closed). A process of an earlier release fails closed
+on a table of the packed layout (its statements are refused).`
+
 // migrateLogger writes idem migrate's warnings to the command's standard
 // error.
 func migrateLogger(cmd *cobra.Command) *log.Logger {
@@ -101,6 +115,8 @@ SQLite), and prints the versions recorded in idem_migrations. Any number of proc
 at once. Every other command that opens a SQL store migrates it the same way at start, so
 containers that start together all succeed; --status only prints.
 
+` + pgLayoutNote + `
+
 Redis has no schema. ` + redisEncodingNote + `
 
 It also reads the server's settings and warns, on standard error, of those under which a crash
@@ -110,6 +126,7 @@ a PostgreSQL with fsync off, …).`,
 	}
 	store := storeFlag(cmd)
 	status := cmd.Flags().Bool("status", false, "print the applied versions without migrating")
+	pack := cmd.Flags().Bool("pack-records", false, "PostgreSQL: convert a records table of the text layout to the packed one in place (locks the table while it is rewritten; stop processes of earlier releases first, restart the others after)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
 		spec, err := storeurl.Parse(*store)
@@ -118,6 +135,7 @@ a PostgreSQL with fsync off, …).`,
 		}
 		var conn sqlmigrate.Conn
 		var schema string
+		var pg *pgstore.Store
 		switch spec.Kind {
 		case storeurl.SQLite:
 			db, err := sqlitestore.OpenDB(ctx, spec.Path, sqlitestore.DBOptions{Synchronous: spec.Query.Get("synchronous"), BusyTimeout: 10 * time.Second})
@@ -132,7 +150,7 @@ a PostgreSQL with fsync off, …).`,
 				return err
 			}
 			defer s.Close()
-			pg := s.(*pgstore.Store)
+			pg = s.(*pgstore.Store)
 			conn, schema = pgxv5.New(pg.Pool()), pg.Schema()
 		case storeurl.Redis:
 			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate. %s\n", *store, redisEncodingNote)
@@ -173,6 +191,29 @@ a PostgreSQL with fsync off, …).`,
 		}
 		for _, a := range applied {
 			fmt.Fprintf(w, "%-8s %3d  %-22s applied %s\n", a.Component, a.Version, a.Name, a.AppliedAt.Format(time.RFC3339))
+		}
+		if *pack && pg == nil {
+			return errors.New("idem migrate: --pack-records is for a PostgreSQL store")
+		}
+		if *pack && !*status {
+			converted, err := pg.PackRecords(ctx)
+			if err != nil {
+				return err
+			}
+			if converted {
+				fmt.Fprintln(w, "records: converted from the text layout to the packed layout")
+			}
+		}
+		if pg != nil && len(applied) > 0 {
+			packed, err := pg.PackedLayout(ctx)
+			if err != nil {
+				return err
+			}
+			if packed {
+				fmt.Fprintln(w, "records: packed layout (keys and fingerprints as bytea)")
+			} else {
+				fmt.Fprintln(w, "records: text layout (keys and fingerprints as text: a table created by a release before the packed layout, kept as it is; --pack-records converts it)")
+			}
 		}
 		return nil
 	}

@@ -155,3 +155,47 @@ func TestMigrateWarnsOfUnsafeSettings(t *testing.T) {
 		t.Errorf("on a PostgreSQL with fsync off idem migrate warns %q", got)
 	}
 }
+
+// TestMigrateSaysThePostgresLayout: idem migrate says which layout the
+// PostgreSQL records table has — packed where it creates the table, text
+// where a table of an earlier release exists.
+func TestMigrateSaysThePostgresLayout(t *testing.T) {
+	testenv.ProbePostgres(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.PostgresURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	fresh, old := testenv.RandomName("idemtest_"), testenv.RandomName("idemtest_")
+	t.Cleanup(func() {
+		for _, schema := range []string{fresh, old} {
+			_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		}
+	})
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{old}.Sanitize()+`;
+		CREATE TABLE `+pgx.Identifier{old, "idem_records"}.Sanitize()+` (k text PRIMARY KEY, state smallint NOT NULL, fence bigint NOT NULL,
+			fp text NOT NULL DEFAULT '', attempts integer NOT NULL, result bytea, lease_until timestamptz NOT NULL,
+			expires_at timestamptz NOT NULL, updated_at timestamptz NOT NULL, outcome smallint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	for schema, want := range map[string]string{fresh: "records: packed layout", old: "records: text layout"} {
+		out, err := run(t, "migrate", "--store", testenv.PostgresURL+"&idem_schema="+schema)
+		if err != nil || !strings.Contains(out, want) {
+			t.Errorf("idem migrate on %s: %q %v, want %q", schema, out, err, want)
+		}
+	}
+	// --pack-records converts the table of the text layout, once.
+	store := testenv.PostgresURL + "&idem_schema=" + old
+	if out, err := run(t, "migrate", "--pack-records", "--store", store); err != nil ||
+		!strings.Contains(out, "converted from the text layout") || !strings.Contains(out, "records: packed layout") {
+		t.Fatalf("idem migrate --pack-records: %q %v", out, err)
+	}
+	if out, err := run(t, "migrate", "--pack-records", "--store", store); err != nil ||
+		strings.Contains(out, "converted") || !strings.Contains(out, "records: packed layout") {
+		t.Fatalf("idem migrate --pack-records again: %q %v", out, err)
+	}
+	if _, err := run(t, "migrate", "--pack-records", "--store", "sqlite:"+filepath.Join(t.TempDir(), "m.db")); err == nil {
+		t.Fatal("--pack-records on SQLite was accepted")
+	}
+}

@@ -51,14 +51,22 @@ func Key(p string) string {
 // Fingerprint packs fp: a 32-digit lowercase hex digest (idem.Fingerprint's
 // form) as 1 and its 16 bytes, any other string as 0 and the string.
 func Fingerprint(fp string) string {
-	if len(fp) == 32 && isLowerHex(fp) {
-		var b [17]byte
-		b[0] = 1
-		if _, err := hex.Decode(b[1:], []byte(fp)); err == nil {
-			return string(b[:])
-		}
+	var b [17]byte
+	if p := AppendFingerprint(b[:0], fp); len(p) == 17 && p[0] == 1 {
+		return string(p)
 	}
 	return "\x00" + fp
+}
+
+// AppendFingerprint appends Fingerprint(fp) to b.
+func AppendFingerprint(b []byte, fp string) []byte {
+	if len(fp) == 32 && isLowerHex(fp) {
+		if p, err := hex.AppendDecode(append(b, 1), []byte(fp)); err == nil {
+			return p
+		}
+	}
+	b = append(b, 0)
+	return append(b, fp...)
 }
 
 // UnpackFingerprint is the fingerprint packed as p by Fingerprint ("" for

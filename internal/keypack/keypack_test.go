@@ -44,8 +44,12 @@ func FuzzFingerprint(f *testing.F) {
 		f.Add(fp)
 	}
 	f.Fuzz(func(t *testing.T, fp string) {
-		if got := keypack.UnpackFingerprint(keypack.Fingerprint(fp)); got != fp {
+		p := keypack.Fingerprint(fp)
+		if got := keypack.UnpackFingerprint(p); got != fp {
 			t.Fatalf("fingerprint %q came back as %q", fp, got)
+		}
+		if a := keypack.AppendFingerprint([]byte("x"), fp); string(a) != "x"+p {
+			t.Fatalf("fingerprint %q appended as %q, packed as %q", fp, a, p)
 		}
 	})
 }

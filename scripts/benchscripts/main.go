@@ -21,7 +21,9 @@ func main() {
 			os.Exit(2)
 		}
 		acquire, settle := pgstore.Statements(os.Args[2])
-		key := `('pgb-' || :n)`
+		// Keys and fingerprints as a table of the packed layout keeps
+		// them (keypack: a key other than a compact one as 0 and its bytes).
+		key := `('\x00'::bytea || convert_to('pgb-' || :n, 'UTF8'))`
 		acquire = strings.NewReplacer("$1", key, "$2", "'bench'", "$3", "60000", "$4", "3600000", "$5", "0").Replace(acquire)
 		settle = strings.NewReplacer("$1", key, "$2", ":fence", "$3", "3600000", "$4", "2", "$5", `convert_to('{"status":"ok"}', 'UTF8')`).Replace(settle)
 		fmt.Printf("\\set n random(1, 1000000000000)\n%s \\gset\n%s;\n", oneLine(acquire), oneLine(settle))
@@ -32,10 +34,10 @@ func main() {
 			os.Exit(2)
 		}
 		acquire, settle := pgstore.BatchStatements(os.Args[2])
-		keys := `ARRAY(SELECT 'pgb-' || (:n::int8 * 100 + g) FROM generate_series(1, 16) g ORDER BY 1)`
-		acquire = strings.NewReplacer("$1::text[]", keys, "$2::text[]", "array_fill('bench'::text, ARRAY[16])",
+		keys := `ARRAY(SELECT '\x00'::bytea || convert_to('pgb-' || (:n::int8 * 100 + g), 'UTF8') FROM generate_series(1, 16) g ORDER BY 1)`
+		acquire = strings.NewReplacer("$1::bytea[]", keys, "$2::bytea[]", "array_fill('bench'::bytea, ARRAY[16])",
 			"$3", "60000", "$4", "3600000", "$5", "0").Replace(acquire)
-		settle = strings.NewReplacer("$1::text[]", keys, "$2::int8[]", ":fences::int8[]",
+		settle = strings.NewReplacer("$1::bytea[]", keys, "$2::int8[]", ":fences::int8[]",
 			"$3::float8[]", "array_fill(3600000::float8, ARRAY[16])", "$4::int2[]", "array_fill(2::int2, ARRAY[16])",
 			"$5::bytea[]", `array_fill(convert_to('{"status":"ok"}', 'UTF8'), ARRAY[16])`).Replace(settle)
 		fmt.Printf("\\set n random(1, 10000000000)\nWITH a AS (%s) SELECT array_agg(fence ORDER BY k)::text AS fences FROM a \\gset\n%s;\n",

@@ -71,14 +71,20 @@ func (s *Store) acquireGroup(ctx context.Context, calls []acquireCall, idx []int
 		out[idx[0]], errs[idx[0]] = s.acquireOne(ctx, calls[idx[0]])
 		return
 	}
-	keys := make([]string, len(idx))
-	fps := make([]string, len(idx))
+	st, err := s.statements(ctx)
+	if err != nil {
+		for _, i := range idx {
+			out[i], errs[i] = idem.Acquisition{}, err
+		}
+		return
+	}
+	keys, fps := make([]string, len(idx)), make([]string, len(idx))
 	for j, i := range idx {
 		keys[j], fps[j] = calls[i].key, calls[i].fp
 	}
 	first := &calls[idx[0]]
-	err := func() error {
-		rows, err := s.pool.Query(ctx, s.sql.acquireMany, keys, fps, first.lease, first.keep, first.maxAttempts)
+	err = func() error {
+		rows, err := s.pool.Query(ctx, st.acquireMany, st.keys(keys), st.fps(fps), first.lease, first.keep, first.maxAttempts)
 		if err != nil {
 			return err
 		}
@@ -86,7 +92,7 @@ func (s *Store) acquireGroup(ctx context.Context, calls []acquireCall, idx []int
 		answered := 0
 		for rows.Next() {
 			var outcome int16
-			rec, err := scanRecord(rows, &outcome)
+			rec, err := st.scanRecord(rows, &outcome)
 			if err != nil {
 				return err
 			}
@@ -129,6 +135,13 @@ func (s *Store) settleMany(ctx context.Context, calls []settleCall, _ []struct{}
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(calls[a].key, calls[b].key) })
+	st, err := s.statements(ctx)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return
+	}
 	keys := make([]string, len(calls))
 	fences := make([]int64, len(calls))
 	keeps := make([]int64, len(calls))
@@ -139,18 +152,19 @@ func (s *Store) settleMany(ctx context.Context, calls []settleCall, _ []struct{}
 		keys[j], fences[j], keeps[j], states[j], results[j] = c.key, c.fence, c.keep, c.state, c.result
 	}
 	settled := make([]bool, len(calls))
-	err := func() error {
-		rows, err := s.pool.Query(ctx, s.sql.settleMany, keys, fences, keeps, states, results)
+	err = func() error {
+		rows, err := s.pool.Query(ctx, st.settleMany, st.keys(keys), fences, keeps, states, results)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var k string
+			var packed []byte
 			var applied bool // false: a placeholder for a key that is gone
-			if err := rows.Scan(&k, &applied); err != nil {
+			if err := rows.Scan(&packed, &applied); err != nil {
 				return err
 			}
+			k := st.keyOf(packed)
 			j, found := slices.BinarySearch(keys, k)
 			if !found {
 				return fmt.Errorf("the statement settled key %q, not asked", k)

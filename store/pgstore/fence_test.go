@@ -48,7 +48,7 @@ func TestFenceGrowsAfterAnAcquireWaitedOnDeletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d1.Rollback(ctx)
-	if _, err := d1.Exec(ctx, other.DeleteStatement(), "k"); err != nil {
+	if _, err := d1.Exec(ctx, other.DeleteStatement(), other.KeyArg("k")); err != nil {
 		t.Fatal(err)
 	}
 	acquired := make(chan acquisition, 1)
@@ -134,7 +134,7 @@ func TestSweepOfManyExpiredRecords(t *testing.T) {
 	ctx := context.Background()
 	const n = 20000
 	if _, err := s.Pool().Exec(ctx, `INSERT INTO `+s.Table()+` (k, state, fence, attempts, lease_until, expires_at, updated_at, outcome)
-		SELECT 'old-' || i, 2, i, 1, now() - interval '2 hours', now() - interval '1 hour', now(), 1 FROM generate_series(1, $1) i`, n); err != nil {
+		SELECT convert_to('old-' || i, 'UTF8'), 2, i, 1, now() - interval '2 hours', now() - interval '1 hour', now(), 1 FROM generate_series(1, $1) i`, n); err != nil {
 		t.Fatal(err)
 	}
 	swept, err := s.Sweep(ctx, n)

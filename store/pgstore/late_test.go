@@ -98,7 +98,7 @@ func testGetAwaitingArchives(t *testing.T, bouncer string) {
 	}
 	defer tx.Rollback(ctx)
 	if _, err := tx.Exec(ctx, `INSERT INTO `+direct.Table()+`
-		(k, state, fence, attempts, lease_until, expires_at, updated_at, outcome) VALUES ('k', 5, 0, 0, now(), now(), now(), 0)`); err != nil {
+		(k, state, fence, attempts, lease_until, expires_at, updated_at, outcome) VALUES ($1, 5, 0, 0, now(), now(), now(), 0)`, direct.KeyArg("k")); err != nil {
 		t.Fatal(err)
 	}
 	archived := make(chan error, 1)

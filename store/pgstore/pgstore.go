@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/coalesce"
+	"github.com/idemgo/idem/internal/keypack"
 	"github.com/idemgo/idem/internal/sqlmigrate"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
@@ -121,11 +123,13 @@ type Store struct {
 	table  string
 	schema string
 	limits idem.Limits
-	// sql holds the statements: those that commit durably (buildSQL),
-	// unless Open's connection string chose the sessions'
-	// synchronous_commit; durably says which.
-	sql     statements
-	durably bool
+	// text and packed hold the statements for each layout of the records
+	// table: those that commit durably (buildSQL), unless Open's
+	// connection string chose the sessions' synchronous_commit; durably
+	// says which. layout points to the table's, once read (see statements).
+	text, packed statements
+	layout       atomic.Pointer[statements]
+	durably      bool
 
 	acquires *coalesce.Group[acquireCall, idem.Acquisition] // nil: NoCoalesce
 	settles  *coalesce.Group[settleCall, struct{}]
@@ -135,6 +139,162 @@ type statements struct {
 	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive string
 	acquireMany, settleMany                                                               string
 	awaitArchives                                                                         string
+	// packed: the table keeps keys and fingerprints packed, as bytea
+	// (keypack); else as text (tables created before the packed layout).
+	packed bool
+}
+
+// statements returns the statements for the records table's layout, read
+// from the catalog on first use: a table created by this release keeps
+// keys and fingerprints packed (bytea), one created by an earlier release
+// keeps them as text, and the store works on either. Where the table does
+// not exist yet, it answers the packed layout's (what Migrate creates),
+// and reads the catalog again next time.
+func (s *Store) statements(ctx context.Context) (*statements, error) {
+	if st := s.layout.Load(); st != nil {
+		return st, nil
+	}
+	var packed bool
+	err := s.pool.QueryRow(ctx, layoutSQL, s.table).Scan(&packed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return &s.packed, nil
+	}
+	if err != nil {
+		return nil, wrap("read the records table's layout", err)
+	}
+	st := &s.text
+	if packed {
+		st = &s.packed
+	}
+	s.layout.Store(st)
+	return st, nil
+}
+
+// layoutSQL answers whether the table named $1 keeps its keys as bytea
+// (no row: there is no such table).
+const layoutSQL = `SELECT atttypid = 'bytea'::regtype FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'k'`
+
+// PackRecords converts a records table of the text layout (created by a
+// release before the packed layout) to the packed layout in place: every
+// key and fingerprint packed as this release packs them (fences, states,
+// results and expiries as they were), in one transaction that holds the
+// table locked (ACCESS EXCLUSIVE: every call of every process waits for it)
+// while PostgreSQL rewrites the table and its indexes — minutes for tens of
+// millions of rows. The columns keep their order, so a converted row keeps
+// 8 bytes of padding a new table's does not. It reports whether it
+// converted the table (false: it was packed already). Run it where no
+// process of an earlier release is left (on a packed table they fail
+// closed), then restart the other processes of this release: they read the
+// layout once, and their calls fail closed until they do.
+func (s *Store) PackRecords(ctx context.Context) (bool, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return false, wrap("pack records", err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+s.table+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		return false, wrap("pack records", err)
+	}
+	var packed bool
+	if err := tx.QueryRow(ctx, layoutSQL, s.table).Scan(&packed); err != nil {
+		return false, wrap("pack records", err)
+	}
+	if !packed {
+		if _, err := tx.Exec(ctx, `ALTER TABLE `+s.table+` ALTER COLUMN k TYPE bytea USING `+packKeySQL(`k`)+`,
+	ALTER COLUMN fp DROP DEFAULT, ALTER COLUMN fp TYPE bytea USING `+packFingerprintSQL(`fp`)+`, ALTER COLUMN fp SET DEFAULT ''::bytea`); err != nil {
+			return false, wrap("pack records", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, wrap("pack records", err)
+	}
+	s.layout.Store(&s.packed)
+	return !packed, nil
+}
+
+// packKeySQL and packFingerprintSQL pack a text key and fingerprint in SQL
+// exactly as keypack.AppendKey and keypack.Fingerprint do: a compact key
+// ("1~" and 22 base64url digits whose last holds no bits past the 16
+// bytes) as its 16 bytes; a key of 15 bytes as 1, the key and 1; any other
+// as 0 and the key; a 32-digit lowercase hex digest as 1 and its 16 bytes,
+// any other fingerprint as 0 and the string.
+func packKeySQL(k string) string {
+	return `(CASE WHEN ` + k + ` ~ '^1~[A-Za-z0-9_-]{21}[AQgw]$' THEN decode(translate(substr(` + k + `, 3), '-_', '+/') || '==', 'base64')
+		WHEN octet_length(` + k + `) = 15 THEN '\x01'::bytea || convert_to(` + k + `, 'UTF8') || '\x01'::bytea
+		ELSE '\x00'::bytea || convert_to(` + k + `, 'UTF8') END)`
+}
+
+func packFingerprintSQL(fp string) string {
+	return `(CASE WHEN ` + fp + ` ~ '^[0-9a-f]{32}$' THEN '\x01'::bytea || decode(` + fp + `, 'hex')
+		ELSE '\x00'::bytea || convert_to(` + fp + `, 'UTF8') END)`
+}
+
+// PackedLayout reports whether the records table keeps keys and
+// fingerprints packed (bytea: the layout Migrate creates since the packed
+// layout) rather than as text (a table created by an earlier release, which
+// keeps its layout; the store works on either).
+func (s *Store) PackedLayout(ctx context.Context) (bool, error) {
+	st, err := s.statements(ctx)
+	if err != nil {
+		return false, err
+	}
+	return st.packed, nil
+}
+
+// key is the statements' argument for a storage key (its packed form in a
+// packed table).
+func (st *statements) key(k string) any {
+	if st.packed {
+		return keypack.AppendKey(nil, k)
+	}
+	return k
+}
+
+// fp is the statements' argument for a fingerprint.
+func (st *statements) fp(fp string) any {
+	if st.packed {
+		return keypack.AppendFingerprint(nil, fp)
+	}
+	return fp
+}
+
+// keys and fps are the batch statements' arrays of keys and fingerprints.
+func (st *statements) keys(keys []string) any { return st.packAll(keys, keypack.AppendKey) }
+
+func (st *statements) fps(fps []string) any { return st.packAll(fps, keypack.AppendFingerprint) }
+
+func (st *statements) packAll(xs []string, pack func([]byte, string) []byte) any {
+	if !st.packed {
+		return xs
+	}
+	out := make([][]byte, len(xs))
+	for i, x := range xs {
+		out[i] = pack(nil, x)
+	}
+	return out
+}
+
+// after is List's cursor: "" (from the first key) or a storage key.
+func (st *statements) after(k string) any {
+	if st.packed && k == "" {
+		return []byte{}
+	}
+	return st.key(k)
+}
+
+// keyOf and fpOf read a key and a fingerprint as the table keeps them.
+func (st *statements) keyOf(b []byte) string {
+	if st.packed {
+		return keypack.Key(string(b))
+	}
+	return string(b)
+}
+
+func (st *statements) fpOf(b []byte) string {
+	if st.packed {
+		return keypack.UnpackFingerprint(string(b))
+	}
+	return string(b)
 }
 
 // Open connects a pool from cfg.ConnString (or uses cfg.Pool) and migrates
@@ -252,7 +412,7 @@ func New(cfg Config) (*Store, error) {
 
 func newStore(pool *pgxpool.Pool, schema string, limits idem.Limits, coalesced, durably bool) *Store {
 	s := &Store{pool: pool, table: tableOf(schema), schema: schema, limits: limits.WithDefaults()}
-	s.sql, s.durably = buildSQL(s.table, durably), durably
+	s.text, s.packed, s.durably = buildSQL(s.table, durably, false), buildSQL(s.table, durably, true), durably
 	if coalesced {
 		s.acquires = coalesce.New(coalesce.Config[acquireCall]{MaxBatch: maxBatch,
 			Key: func(c acquireCall) string { return c.key }}, s.acquireOne, s.acquireMany)
@@ -273,7 +433,8 @@ func (s *Store) Table() string { return s.table }
 
 // Statements returns the acquire and settle statements for the records table
 // of schema ("" for the search_path), as the store runs them by default
-// (their durability condition included: see New), for review and for
+// (their durability condition included: see New) on a table this release
+// creates (keys and fingerprints packed, bytea), for review and for
 // benchmarking them with the server's own tools. Acquire takes $1 key, $2 fingerprint, $3 lease ms,
 // $4 retention ms, $5 max attempts; settle takes $1 key, $2 fence, $3
 // retention ms, $4 state, $5 result.
@@ -283,8 +444,8 @@ func Statements(schema string) (acquire, settle string) {
 }
 
 // BatchStatements returns the coalesced forms of Statements: one statement
-// deciding many keys over arrays. Acquire takes $1 keys (text[], sorted),
-// $2 fingerprints (text[]), $3 lease ms, $4 retention ms, $5 max attempts;
+// deciding many keys over arrays. Acquire takes $1 keys (bytea[]), $2
+// fingerprints (bytea[]), $3 lease ms, $4 retention ms, $5 max attempts;
 // settle takes $1 keys (sorted), $2 fences (int8[]), $3 retentions ms
 // (float8[]), $4 states (int2[]), $5 results (bytea[]).
 func BatchStatements(schema string) (acquire, settle string) {
@@ -292,7 +453,7 @@ func BatchStatements(schema string) (acquire, settle string) {
 	return st.acquireMany, st.settleMany
 }
 
-func statementsOf(schema string) statements { return buildSQL(tableOf(schema), true) }
+func statementsOf(schema string) statements { return buildSQL(tableOf(schema), true, true) }
 
 // tableOf is the quoted name of the records table of schema.
 func tableOf(schema string) string {
@@ -317,17 +478,23 @@ func expiryAfter(ms string) string {
 
 const recordCols = `k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at`
 
-// buildSQL returns the statements on table. With durably, every statement
+// buildSQL returns the statements on table, whose keys and fingerprints
+// are bytea (packed) or text. With durably, every statement
 // that writes a record also makes its transaction commit durably where the
 // session would acknowledge the commit before its WAL is on disk or on the
 // synchronous standbys (synchronous_commit off or local:
 // sqldriver.Postgres.Durably, a condition that raises it for the
 // transaction, evaluated before any row is written).
-func buildSQL(table string, durably bool) statements {
+func buildSQL(table string, durably, packed bool) statements {
 	// and is the condition the writing statements add to their WHERE.
 	and := ""
 	if durably {
 		and = ` AND ` + sqldriver.Postgres.Durably()
+	}
+	// kt is the type of keys and fingerprints.
+	kt := "text"
+	if packed {
+		kt = "bytea"
 	}
 	// The key's advisory lock (a 64-bit hash of the key, seeded by the
 	// table's name), held until the transaction ends. Taken exclusively by
@@ -340,9 +507,12 @@ func buildSQL(table string, durably bool) statements {
 	// meanwhile (TestFenceGrowsAfterAnAcquireWaitedOnDeletes). A
 	// collision with another key's hash only makes one wait for the other.
 	lockOf := func(key string) string {
+		if packed {
+			key = `encode(` + key + `, 'hex')`
+		}
 		return `hashtextextended(` + key + `, ` + strconv.FormatInt(int64(fnv64(table)), 10) + `)`
 	}
-	keyLock := lockOf(`$1::text`)
+	keyLock := lockOf(`$1::` + kt)
 	// locked is a CTE that takes the key's lock exclusively (the deletes'
 	// and the archive's first).
 	locked := `l AS MATERIALIZED (SELECT pg_advisory_xact_lock(` + keyLock + `))`
@@ -384,16 +554,17 @@ ON CONFLICT (k) DO UPDATE SET
 RETURNING outcome, ` + recordCols
 	insert := `INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)`
 	return statements{
+		packed: packed,
 		// $1 key, $2 fingerprint, $3 lease ms, $4 unsettled retention ms, $5 max attempts
 		// The fence floor is read after the key's lock is taken.
 		acquire: insert + `
-SELECT $1::text, 1, ` + lockedFloor(keyLock) + `, $2::text, 1, NULL::bytea, ` + leaseEnd + `, ` + keepEnd + `, now(), 1
+SELECT $1::` + kt + `, 1, ` + lockedFloor(keyLock) + `, $2::` + kt + `, 1, NULL::bytea, ` + leaseEnd + `, ` + keepEnd + `, now(), 1
 WHERE true` + and + onConflict,
 		// $1 keys, $2 fingerprints, $3-$5 as acquire's. Every key's lock is
 		// taken (the rows are sorted whole) before the first row is written.
 		acquireMany: insert + `
 SELECT i.k, 1, ` + lockedFloor(lockOf(`i.k`)) + `, i.fp, 1, NULL, ` + leaseEnd + `, ` + keepEnd + `, now(), 1
-FROM unnest($1::text[], $2::text[]) AS i(k, fp) WHERE true` + and + ` ORDER BY i.k` + onConflict,
+FROM unnest($1::` + kt + `[], $2::` + kt + `[]) AS i(k, fp) WHERE true` + and + ` ORDER BY i.k` + onConflict,
 		// $1 keys, $2 fences, $3 retentions ms, $4 states, $5 results.
 		// Written as an upsert so that every row is found through the
 		// primary key, whatever the planner knows of the table (a prepared
@@ -405,8 +576,8 @@ FROM unnest($1::text[], $2::text[]) AS i(k, fp) WHERE true` + and + ` ORDER BY i
 		// tells a settled row (true) from such a placeholder. Rows go in
 		// key order (see acquireMany).
 		settleMany: insert + `
-SELECT i.k, i.st, i.fence, '', 0, i.res, ` + expiryAfter(`i.keep`) + `, 'epoch'::timestamptz, now(), 0
-FROM unnest($1::text[], $2::int8[], $3::float8[], $4::int2[], $5::bytea[]) AS i(k, fence, keep, st, res) WHERE true` + and + ` ORDER BY i.k
+SELECT i.k, i.st, i.fence, ''::` + kt + `, 0, i.res, ` + expiryAfter(`i.keep`) + `, 'epoch'::timestamptz, now(), 0
+FROM unnest($1::` + kt + `[], $2::int8[], $3::float8[], $4::int2[], $5::bytea[]) AS i(k, fence, keep, st, res) WHERE true` + and + ` ORDER BY i.k
 ON CONFLICT (k) DO UPDATE SET state = EXCLUDED.state, result = EXCLUDED.result, lease_until = now(),
 	expires_at = EXCLUDED.lease_until, updated_at = now()
 WHERE r.fence = EXCLUDED.fence AND r.state = 1 AND r.expires_at > now()
@@ -443,7 +614,7 @@ DELETE FROM ` + table + ` WHERE k IN (SELECT c.k FROM c WHERE pg_try_advisory_xa
 		archive: `WITH ` + locked + `,
 t AS MATERIALIZED (SELECT $8::timestamptz IS NULL OR clock_timestamp() < $8::timestamptz AS in_time FROM l),
 a AS (INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
-SELECT $1::text, $2::smallint, $3::bigint, $4::text, $5::integer, $6::bytea, now(), ` + expiryAfter(`$7::float8`) + `, now(), 4
+SELECT $1::` + kt + `, $2::smallint, $3::bigint, $4::` + kt + `, $5::integer, $6::bytea, now(), ` + expiryAfter(`$7::float8`) + `, now(), 4
 FROM t WHERE t.in_time` + and + `
 ON CONFLICT (k) DO UPDATE SET state = EXCLUDED.state, fence = greatest(r.fence, EXCLUDED.fence), fp = EXCLUDED.fp,
 	attempts = EXCLUDED.attempts, result = EXCLUDED.result, lease_until = now(),
@@ -464,22 +635,26 @@ func fnv64(s string) uint64 {
 	return h.Sum64()
 }
 
-// Migrations returns the numbered migrations of the records table (version
-// 1 is the schema as first released, so a database created before
-// versioning is adopted as it is).
+// Migrations returns the numbered migrations of the records table. Version
+// 1 creates the table where there is none (a table created before
+// versioning is adopted as it is): since the packed layout, with keys and
+// fingerprints packed (internal/keypack) as bytea, and the columns ordered
+// so that a row has no padding — 49 bytes less a completed record than the
+// text layout of earlier releases, which an existing table keeps (the
+// store reads the layout: see statements).
 func (s *Store) Migrations() []sqlmigrate.Step {
 	idx := pgx.Identifier{"idem_records_expires_at"}.Sanitize()
 	return []sqlmigrate.Step{{Version: 1, Name: "idempotency records", SQL: `CREATE TABLE IF NOT EXISTS ` + s.table + ` (
-		k           text        PRIMARY KEY,
-		state       smallint    NOT NULL,
 		fence       bigint      NOT NULL,
-		fp          text        NOT NULL DEFAULT '',
-		attempts    integer     NOT NULL,
-		result      bytea,
 		lease_until timestamptz NOT NULL,
 		expires_at  timestamptz NOT NULL, -- never before lease_until
 		updated_at  timestamptz NOT NULL,
-		outcome     smallint    NOT NULL  -- the outcome of the last acquire
+		attempts    integer     NOT NULL,
+		state       smallint    NOT NULL,
+		outcome     smallint    NOT NULL, -- the outcome of the last acquire
+		k           bytea       PRIMARY KEY,
+		fp          bytea       NOT NULL DEFAULT '',
+		result      bytea
 	);
 	CREATE INDEX IF NOT EXISTS ` + idx + ` ON ` + s.table + ` (expires_at)`},
 		// Room on each page for the settle's new row version, so that it is
@@ -496,7 +671,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := sqlmigrate.Apply(ctx, pgxv5.New(s.pool), s.schema, "records", s.Migrations()); err != nil {
 		return wrap("migrate", err)
 	}
-	return nil
+	_, err := s.statements(ctx)
+	return err
 }
 
 // wrap maps pgx errors to idem's, keeping pgx's error in the chain
@@ -532,16 +708,19 @@ func transient(code string) bool {
 	return code == "25006" || code == "55P03" // read-only transaction; lock not available
 }
 
-func scanRecord(row pgx.Row, extra ...any) (idem.Record, error) {
+// scanRecord reads recordCols (after extra) of row.
+func (st *statements) scanRecord(row pgx.Row, extra ...any) (idem.Record, error) {
 	var r idem.Record
+	var key, fp []byte
 	var state int16
 	var fence int64
 	var attempts int32
 	var lease, exp, upd time.Time
-	dest := append(extra, &r.Key, &state, &fence, &r.Fingerprint, &attempts, &r.Result, &lease, &exp, &upd)
+	dest := append(extra, &key, &state, &fence, &fp, &attempts, &r.Result, &lease, &exp, &upd)
 	if err := row.Scan(dest...); err != nil {
 		return idem.Record{}, err
 	}
+	r.Key, r.Fingerprint = st.keyOf(key), st.fpOf(fp)
 	r.State, r.Fence, r.Attempts = idem.State(state), uint64(fence), int(attempts)
 	if r.State == idem.StateInFlight {
 		r.LeaseUntil = lease
@@ -565,8 +744,12 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 }
 
 func (s *Store) acquireOne(ctx context.Context, c acquireCall) (idem.Acquisition, error) {
+	st, err := s.statements(ctx)
+	if err != nil {
+		return idem.Acquisition{}, err
+	}
 	var outcome int16
-	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.acquire, c.key, c.fp, c.lease, c.keep, c.maxAttempts), &outcome)
+	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.acquire, st.key(c.key), st.fp(c.fp), c.lease, c.keep, c.maxAttempts), &outcome)
 	if err != nil {
 		return idem.Acquisition{}, wrap("acquire", err)
 	}
@@ -581,8 +764,13 @@ func acquisition(outcome int16, rec idem.Record) idem.Acquisition {
 	return a
 }
 
-func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
-	tag, err := s.pool.Exec(ctx, sql, args...)
+// exec runs the statement sql chooses, with the key's argument first.
+func (s *Store) exec(ctx context.Context, op string, sql func(*statements) string, key string, args ...any) error {
+	st, err := s.statements(ctx)
+	if err != nil {
+		return err
+	}
+	tag, err := s.pool.Exec(ctx, sql(st), append([]any{st.key(key)}, args...)...)
 	if err != nil {
 		return wrap(op, err)
 	}
@@ -597,7 +785,7 @@ func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease t
 	if err := s.limits.CheckHeartbeat(key, lease); err != nil {
 		return err
 	}
-	return s.exec(ctx, "heartbeat", s.sql.heartbeat, key, int64(fence), lease.Milliseconds())
+	return s.exec(ctx, "heartbeat", func(st *statements) string { return st.heartbeat }, key, int64(fence), lease.Milliseconds())
 }
 
 // Complete implements idem.Store.
@@ -631,7 +819,7 @@ func (s *Store) settleOne(ctx context.Context, c settleCall) (struct{}, error) {
 	if c.state == int16(idem.StateFailed) {
 		op = "fail"
 	}
-	return struct{}{}, s.exec(ctx, op, s.sql.settle, c.key, c.fence, c.keep, c.state, c.result)
+	return struct{}{}, s.exec(ctx, op, func(st *statements) string { return st.settle }, c.key, c.fence, c.keep, c.state, c.result)
 }
 
 // Release implements idem.Store.
@@ -639,7 +827,7 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	return s.exec(ctx, "release", s.sql.release, key, int64(fence))
+	return s.exec(ctx, "release", func(st *statements) string { return st.release }, key, int64(fence))
 }
 
 // Unclaim implements idem.Unclaimer with one statement.
@@ -647,7 +835,7 @@ func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	return s.exec(ctx, "unclaim", s.sql.unclaim, key, int64(fence))
+	return s.exec(ctx, "unclaim", func(st *statements) string { return st.unclaim }, key, int64(fence))
 }
 
 // Get implements idem.Store.
@@ -655,7 +843,11 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return idem.Record{}, err
 	}
-	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.get, key))
+	st, err := s.statements(ctx)
+	if err != nil {
+		return idem.Record{}, err
+	}
+	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.get, st.key(key)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
@@ -677,14 +869,18 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 	}
 	// One implicit transaction: the lock is released at its end, and the
 	// read, a statement of its own, takes its snapshot after the lock.
+	st, err := s.statements(ctx)
+	if err != nil {
+		return idem.Record{}, err
+	}
 	b := &pgx.Batch{}
-	b.Queue(s.sql.awaitArchives, key)
-	b.Queue(s.sql.get, key)
+	b.Queue(st.awaitArchives, st.key(key))
+	b.Queue(st.get, st.key(key))
 	br := s.pool.SendBatch(ctx, b)
-	_, err := br.Exec()
+	_, err = br.Exec()
 	var rec idem.Record
 	if err == nil {
-		rec, err = scanRecord(br.QueryRow())
+		rec, err = st.scanRecord(br.QueryRow())
 	}
 	// Close reports what failed the batch as a whole (the lock's wait
 	// cancelled, the connection lost); a missing row is the read's own.
@@ -699,13 +895,21 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	_, err := s.pool.Exec(ctx, s.sql.del, key)
+	st, err := s.statements(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = s.pool.Exec(ctx, st.del, st.key(key))
 	return wrap("delete", err)
 }
 
 // DeleteUpTo implements idem.FencedDeleter.
 func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
-	_, err := s.pool.Exec(ctx, s.sql.delUpTo, key, int64(fence))
+	st, err := s.statements(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = s.pool.Exec(ctx, st.delUpTo, st.key(key), int64(fence))
 	return wrap("delete", err)
 }
 
@@ -721,10 +925,14 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		limit = 1000
 	}
+	st, err := s.statements(ctx)
+	if err != nil {
+		return 0, err
+	}
 	swept := 0
 	for swept < limit {
 		n := min(sweepChunk, limit-swept)
-		tag, err := s.pool.Exec(ctx, s.sql.sweep, n)
+		tag, err := s.pool.Exec(ctx, st.sweep, n)
 		if err != nil {
 			return swept, wrap("sweep", err)
 		}
@@ -745,14 +953,18 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	if limit <= 0 {
 		limit = 1000
 	}
-	rows, err := s.pool.Query(ctx, s.sql.list, after, limit)
+	st, err := s.statements(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, st.list, st.after(after), limit)
 	if err != nil {
 		return nil, wrap("list", err)
 	}
 	defer rows.Close()
 	var out []idem.Record
 	for rows.Next() {
-		r, err := scanRecord(rows)
+		r, err := st.scanRecord(rows)
 		if err != nil {
 			return nil, wrap("list", err)
 		}
@@ -786,9 +998,13 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 	if d, ok := ctx.Deadline(); ok {
 		deadline = &d
 	}
+	st, err := s.statements(ctx)
+	if err != nil {
+		return false, err
+	}
 	var inTime bool
 	var stored int64
-	err := s.pool.QueryRow(ctx, s.sql.archive, rec.Key, int16(rec.State), int64(rec.Fence), rec.Fingerprint, int32(rec.Attempts), result,
+	err = s.pool.QueryRow(ctx, st.archive, st.key(rec.Key), int16(rec.State), int64(rec.Fence), st.fp(rec.Fingerprint), int32(rec.Attempts), result,
 		retention.Milliseconds(), deadline).Scan(&inTime, &stored)
 	if err == nil && !inTime {
 		return false, ErrArchiveLate

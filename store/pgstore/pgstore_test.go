@@ -169,26 +169,12 @@ func openThroughFaults(t testing.TB, location string, cfg pgstore.Config) idem.S
 // TestUpgradeFromFirstRelease: a schema made by the first release (no
 // idem_migrations) is adopted as version 1, and its records stay readable.
 func TestUpgradeFromFirstRelease(t *testing.T) {
-	testenv.ProbePostgres(t)
 	ctx := context.Background()
 	schema := testenv.RandomName("idemtest_")
-	conn, err := pgx.Connect(ctx, testenv.PostgresURL)
-	if err != nil {
+	conn := textTable(t, schema)
+	if _, err := conn.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "idem_records"}.Sanitize()+
+		` VALUES ('old', 2, 7, 'fp', 1, 'kept', now(), now() + interval '1 day', now(), 1)`); err != nil {
 		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tbl := pgx.Identifier{schema, "idem_records"}.Sanitize()
-	for _, q := range []string{
-		`CREATE SCHEMA ` + pgx.Identifier{schema}.Sanitize(),
-		`CREATE TABLE IF NOT EXISTS ` + tbl + ` (k text PRIMARY KEY, state smallint NOT NULL, fence bigint NOT NULL,
-			fp text NOT NULL DEFAULT '', attempts integer NOT NULL, result bytea, lease_until timestamptz NOT NULL,
-			expires_at timestamptz NOT NULL, updated_at timestamptz NOT NULL, outcome smallint NOT NULL)`,
-		`CREATE INDEX IF NOT EXISTS idem_records_expires_at ON ` + tbl + ` (expires_at)`,
-		`INSERT INTO ` + tbl + ` VALUES ('old', 2, 7, 'fp', 1, 'kept', now(), now() + interval '1 day', now(), 1)`,
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
 	}
 	s := testenv.OpenPostgres(t, schema, pgstore.Config{})
 	rec, err := s.Get(ctx, "old")
@@ -303,9 +289,10 @@ func TestCoalescedStatementsCarryManyCalls(t *testing.T) {
 }
 
 // TestABatchIsolatesARefusedKey: a key PostgreSQL cannot store (a NUL byte
-// in text) fails alone; the other calls of its batch are decided.
+// in a table of the text layout) fails alone; the other calls of its batch
+// are decided.
 func TestABatchIsolatesARefusedKey(t *testing.T) {
-	s := newStore(t).(*pgstore.Store)
+	s := openText(t, pgstore.Config{})
 	ctx := context.Background()
 	var reqs []idem.AcquireRequest
 	for _, k := range []string{"good-1", "bad-\x00", "good-2", "good-3"} {

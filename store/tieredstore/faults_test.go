@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/keypack"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/pgstore"
@@ -1531,7 +1532,7 @@ func testArchiveCommittedAfterItsDeadline(t *testing.T, maxAttempts int) {
 	}
 	defer tx.Rollback(ctx)
 	if _, err := tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "idem_records"}.Sanitize()+`
-		(k, state, fence, attempts, lease_until, expires_at, updated_at, outcome) VALUES ($1, 5, 0, 0, now(), now(), now(), 0)`, req.Key); err != nil {
+		(k, state, fence, attempts, lease_until, expires_at, updated_at, outcome) VALUES ($1, 5, 0, 0, now(), now(), now(), 0)`, keypack.AppendKey(nil, req.Key)); err != nil {
 		t.Fatal(err)
 	}
 	settled := make(chan error, 1)
