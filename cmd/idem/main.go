@@ -95,9 +95,9 @@ key index entry instead of 202. A table created by an earlier release keeps the 
 the store reads which layout a table has and works on either, so an upgrade needs no migration
 and processes of both releases share such a table. To pack such a table, stop the processes of
 earlier releases and run idem migrate --pack-records: it converts the table in place, locked while
-PostgreSQL rewrites it (every call waits); then restart the processes of this release, which read
-the layout once (until then their calls fail closed). A process of an earlier release fails closed
-on a table of the packed layout (its statements are refused).`
+PostgreSQL rewrites it (every call waits); a process of this release that read the text layout
+before fails its first call on the packed table closed and reads the layout again. A process of an
+earlier release fails closed on a table of the packed layout (its statements are refused).`
 
 // migrateLogger writes idem migrate's warnings to the command's standard
 // error.
@@ -126,7 +126,7 @@ a PostgreSQL with fsync off, …).`,
 	}
 	store := storeFlag(cmd)
 	status := cmd.Flags().Bool("status", false, "print the applied versions without migrating")
-	pack := cmd.Flags().Bool("pack-records", false, "PostgreSQL: convert a records table of the text layout to the packed one in place (locks the table while it is rewritten; stop processes of earlier releases first, restart the others after)")
+	pack := cmd.Flags().Bool("pack-records", false, "PostgreSQL: convert a records table of the text layout to the packed one in place (locks the table while it is rewritten; stop processes of earlier releases first)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
 		spec, err := storeurl.Parse(*store)

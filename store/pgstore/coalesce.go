@@ -120,7 +120,7 @@ func (s *Store) acquireGroup(ctx context.Context, calls []acquireCall, idx []int
 		}
 		return
 	}
-	err = wrap("acquire", err)
+	err = s.wrap("acquire", err)
 	for _, i := range idx {
 		out[i], errs[i] = idem.Acquisition{}, err
 	}
@@ -185,7 +185,7 @@ func (s *Store) settleMany(ctx context.Context, calls []settleCall, _ []struct{}
 			_, errs[i] = s.settleOne(ctx, calls[i])
 		}
 	default:
-		err = wrap("settle", err)
+		err = s.wrap("settle", err)
 		for i := range errs {
 			errs[i] = err
 		}

@@ -114,7 +114,8 @@ func TestANewTableKeepsKeysAndFingerprintsPacked(t *testing.T) {
 // TestPackRecordsConvertsATextTable: PackRecords packs a table of the text
 // layout in place, as the store packs what it writes — every record read
 // back as it was, a claim still settled by its owner's fence — and a store
-// that still runs the text layout's statements fails closed on it.
+// that still runs the text layout's statements fails closed on it, then
+// reads the layout again.
 func TestPackRecordsConvertsATextTable(t *testing.T) {
 	schema := testenv.RandomName("idemtest_")
 	textTable(t, schema)
@@ -203,8 +204,15 @@ func TestPackRecordsConvertsATextTable(t *testing.T) {
 		t.Fatalf("another fingerprint after the conversion: %+v %v", a, err)
 	}
 
-	// A store still running the text layout's statements is refused.
+	// A store still running the text layout's statements is refused, and
+	// reads the layout again for its next call.
 	if a, err := stale.Acquire(ctx, idem.AcquireRequest{Key: "new", Lease: time.Minute, Retention: time.Hour}); err == nil {
 		t.Fatalf("a store running the text layout's statements on the packed table: %+v", a)
+	}
+	if a, err := stale.Acquire(ctx, idem.AcquireRequest{Key: "new", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Acquired {
+		t.Fatalf("the next call of the store that ran the text layout's statements: %+v %v", a, err)
+	}
+	if rec, err := stale.Get(ctx, keys[0]); err != nil || rec.Key != keys[0] || rec.State != idem.StateCompleted {
+		t.Fatalf("%q read by the store that ran the text layout's statements: %+v %v", keys[0], rec, err)
 	}
 }

@@ -184,8 +184,9 @@ const layoutSQL = `SELECT atttypid = 'bytea'::regtype FROM pg_attribute WHERE at
 // 8 bytes of padding a new table's does not. It reports whether it
 // converted the table (false: it was packed already). Run it where no
 // process of an earlier release is left (on a packed table they fail
-// closed), then restart the other processes of this release: they read the
-// layout once, and their calls fail closed until they do.
+// closed). Other processes of this release that read the text layout
+// before fail their first call on the packed table closed, and read the
+// layout again for the next.
 func (s *Store) PackRecords(ctx context.Context) (bool, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -695,6 +696,19 @@ func wrap(op string, err error) error {
 	return fmt.Errorf("%w: postgres %s: %w", idem.ErrStoreUnavailable, op, err)
 }
 
+// wrap is wrap for the statements on the records table. Where PostgreSQL
+// refused one for the types of the table's columns (42804, 42883, or 0A000:
+// a prepared statement's result types changed) — its layout changed since
+// the store read it: PackRecords, run by another process — the call fails,
+// and the next reads the layout again.
+func (s *Store) wrap(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42804" || pgErr.Code == "42883" || pgErr.Code == "0A000") {
+		s.layout.Store(nil)
+	}
+	return wrap(op, err)
+}
+
 // transient reports whether a SQLSTATE says the server may serve the same
 // statement later.
 func transient(code string) bool {
@@ -751,7 +765,7 @@ func (s *Store) acquireOne(ctx context.Context, c acquireCall) (idem.Acquisition
 	var outcome int16
 	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.acquire, st.key(c.key), st.fp(c.fp), c.lease, c.keep, c.maxAttempts), &outcome)
 	if err != nil {
-		return idem.Acquisition{}, wrap("acquire", err)
+		return idem.Acquisition{}, s.wrap("acquire", err)
 	}
 	return acquisition(outcome, rec), nil
 }
@@ -772,7 +786,7 @@ func (s *Store) exec(ctx context.Context, op string, sql func(*statements) strin
 	}
 	tag, err := s.pool.Exec(ctx, sql(st), append([]any{st.key(key)}, args...)...)
 	if err != nil {
-		return wrap(op, err)
+		return s.wrap(op, err)
 	}
 	if tag.RowsAffected() == 0 {
 		return idem.ErrStaleFence
@@ -851,7 +865,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	return rec, wrap("get", err)
+	return rec, s.wrap("get", err)
 }
 
 // GetAwaitingArchives implements idem.ArchiveAwaiter: Get that first waits
@@ -890,7 +904,7 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	return rec, wrap("get", err)
+	return rec, s.wrap("get", err)
 }
 
 // Delete implements idem.Store.
@@ -900,7 +914,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		return err
 	}
 	_, err = s.pool.Exec(ctx, st.del, st.key(key))
-	return wrap("delete", err)
+	return s.wrap("delete", err)
 }
 
 // DeleteUpTo implements idem.FencedDeleter.
@@ -910,7 +924,7 @@ func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error 
 		return err
 	}
 	_, err = s.pool.Exec(ctx, st.delUpTo, st.key(key), int64(fence))
-	return wrap("delete", err)
+	return s.wrap("delete", err)
 }
 
 // Sweep implements idem.Store: it deletes up to limit expired records (1000
@@ -934,7 +948,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 		n := min(sweepChunk, limit-swept)
 		tag, err := s.pool.Exec(ctx, st.sweep, n)
 		if err != nil {
-			return swept, wrap("sweep", err)
+			return swept, s.wrap("sweep", err)
 		}
 		swept += int(tag.RowsAffected())
 		if tag.RowsAffected() < int64(n) {
@@ -959,18 +973,18 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	}
 	rows, err := s.pool.Query(ctx, st.list, st.after(after), limit)
 	if err != nil {
-		return nil, wrap("list", err)
+		return nil, s.wrap("list", err)
 	}
 	defer rows.Close()
 	var out []idem.Record
 	for rows.Next() {
 		r, err := st.scanRecord(rows)
 		if err != nil {
-			return nil, wrap("list", err)
+			return nil, s.wrap("list", err)
 		}
 		out = append(out, r)
 	}
-	return out, wrap("list", rows.Err())
+	return out, s.wrap("list", rows.Err())
 }
 
 // Archive implements idem.Archiver with one statement.
@@ -1009,7 +1023,7 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 	if err == nil && !inTime {
 		return false, ErrArchiveLate
 	}
-	return err == nil && stored > 0, wrap("archive", err)
+	return err == nil && stored > 0, s.wrap("archive", err)
 }
 
 // ErrArchiveLate: an archive reached the database after its context's
