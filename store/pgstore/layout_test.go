@@ -216,3 +216,41 @@ func TestPackRecordsConvertsATextTable(t *testing.T) {
 		t.Fatalf("%q read by the store that ran the text layout's statements: %+v %v", keys[0], rec, err)
 	}
 }
+
+// TestAGuardSettlesAcrossPackRecords: a Guard on a store that read the
+// text layout holds a claim while another process packs the table; its
+// settle, refused once for the stale layout, is retried (the refusal is
+// ErrStoreUnavailable) and lands: the work ran once and its result is
+// replayed, where giving up would leave the claim to a takeover that runs
+// the work again.
+func TestAGuardSettlesAcrossPackRecords(t *testing.T) {
+	schema := testenv.RandomName("idemtest_")
+	textTable(t, schema)
+	owner := testenv.OpenPostgres(t, schema, pgstore.Config{})
+	packer := testenv.OpenPostgres(t, schema, pgstore.Config{})
+	g, err := idem.NewGuard(idem.Config{Store: owner, Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key := idem.Key{Scope: "pack", ID: "1"}
+	runs := 0
+	res, err := g.Run(ctx, key, nil, func(context.Context, uint64) ([]byte, error) {
+		runs++
+		if _, err := packer.PackRecords(ctx); err != nil {
+			return nil, err
+		}
+		return []byte("done"), nil
+	})
+	if err != nil || res.Outcome != idem.Acquired || runs != 1 {
+		t.Fatalf("the run across the conversion: %+v %v (work ran %d times)", res, err, runs)
+	}
+	rec, err := packer.Get(ctx, key.Storage(false))
+	if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "done" {
+		t.Fatalf("the record after the conversion: %+v %v", rec, err)
+	}
+	res, err = g.Run(ctx, key, nil, func(context.Context, uint64) ([]byte, error) { runs++; return nil, nil })
+	if err != nil || res.Outcome != idem.Replayed || runs != 1 {
+		t.Fatalf("a duplicate: %+v %v (work ran %d times)", res, err, runs)
+	}
+}

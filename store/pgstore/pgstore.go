@@ -586,27 +586,27 @@ RETURNING r.k, r.expires_at > now()`,
 		// $1 key, $2 fence, $3 lease ms
 		heartbeat: `UPDATE ` + table + ` SET lease_until = now() + $3::float8 * interval '1 millisecond',
 	expires_at = greatest(expires_at, ` + expiryAfter(`$3::float8`) + `), updated_at = now()
-WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()` + and,
+WHERE k = $1::` + kt + ` AND fence = $2 AND state = 1 AND expires_at > now()` + and,
 		// $1 key, $2 fence, $3 retention ms, $4 state, $5 result
 		settle: `UPDATE ` + table + ` SET state = $4, result = $5, lease_until = now(),
 	expires_at = ` + expiryAfter(`$3::float8`) + `, updated_at = now()
-WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()` + and,
+WHERE k = $1::` + kt + ` AND fence = $2 AND state = 1 AND expires_at > now()` + and,
 		release: `UPDATE ` + table + ` SET state = 5, lease_until = now(), updated_at = now()
-WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()` + and,
+WHERE k = $1::` + kt + ` AND fence = $2 AND state = 1 AND expires_at > now()` + and,
 		unclaim: `UPDATE ` + table + ` SET state = 5, lease_until = now(), updated_at = now(), attempts = greatest(attempts - 1, 0)
-WHERE k = $1 AND fence = $2 AND state = 1 AND expires_at > now()` + and,
-		get: `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k = $1 AND expires_at > now()`,
+WHERE k = $1::` + kt + ` AND fence = $2 AND state = 1 AND expires_at > now()` + and,
+		get: `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k = $1::` + kt + ` AND expires_at > now()`,
 		// The deletes take the key's lock before they touch its row (l is a
 		// one-time filter, evaluated first).
 		del: `WITH ` + locked + `
-DELETE FROM ` + table + ` WHERE k = $1 AND EXISTS (SELECT FROM l)` + and,
+DELETE FROM ` + table + ` WHERE k = $1::` + kt + ` AND EXISTS (SELECT FROM l)` + and,
 		delUpTo: `WITH ` + locked + `
-DELETE FROM ` + table + ` WHERE k = $1 AND fence <= $2 AND EXISTS (SELECT FROM l)` + and,
+DELETE FROM ` + table + ` WHERE k = $1::` + kt + ` AND fence <= $2 AND EXISTS (SELECT FROM l)` + and,
 		// A sweep locks the rows it chose, then deletes those whose key's
 		// lock it has at once: the others are left to the next sweep.
 		sweep: `WITH c AS MATERIALIZED (SELECT k FROM ` + table + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
 DELETE FROM ` + table + ` WHERE k IN (SELECT c.k FROM c WHERE pg_try_advisory_xact_lock(` + lockOf(`c.k`) + `))`,
-		list: `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k > $1 AND expires_at > now() ORDER BY k LIMIT $2`,
+		list: `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k > $1::` + kt + ` AND expires_at > now() ORDER BY k LIMIT $2`,
 		// $1 key, $2 state, $3 fence, $4 fingerprint, $5 attempts, $6
 		// result, $7 retention ms, $8 the caller's deadline (NULL: none).
 		// Takes the key's lock (held until its transaction ends: after the
@@ -699,12 +699,16 @@ func wrap(op string, err error) error {
 // wrap is wrap for the statements on the records table. Where PostgreSQL
 // refused one for the types of the table's columns (42804, 42883, or 0A000:
 // a prepared statement's result types changed) — its layout changed since
-// the store read it: PackRecords, run by another process — the call fails,
-// and the next reads the layout again.
+// the store read it: PackRecords, run by another process — the call fails
+// as ErrStoreUnavailable (nothing was written; a retry may succeed), and
+// the next reads the layout again. Every statement types its key
+// parameter, so that none runs on the other layout's column: it would
+// look for another key.
 func (s *Store) wrap(op string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42804" || pgErr.Code == "42883" || pgErr.Code == "0A000") {
 		s.layout.Store(nil)
+		return fmt.Errorf("%w: postgres %s: the records table's layout changed since the store read it (read again for the next call): %w", idem.ErrStoreUnavailable, op, err)
 	}
 	return wrap(op, err)
 }
