@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -252,5 +255,72 @@ func TestAGuardSettlesAcrossPackRecords(t *testing.T) {
 	res, err = g.Run(ctx, key, nil, func(context.Context, uint64) ([]byte, error) { runs++; return nil, nil })
 	if err != nil || res.Outcome != idem.Replayed || runs != 1 {
 		t.Fatalf("a duplicate: %+v %v (work ran %d times)", res, err, runs)
+	}
+}
+
+// TestPackRecordsUnderLoad: two processes' stores that read the text
+// layout run Guards on 200 shared keys, 8 goroutines each, while a third
+// packs the table: every key's work runs exactly once and every key ends
+// completed — the calls refused meanwhile fail closed and go again.
+func TestPackRecordsUnderLoad(t *testing.T) {
+	schema := testenv.RandomName("idemtest_")
+	textTable(t, schema)
+	ctx := context.Background()
+	packer := testenv.OpenPostgres(t, schema, pgstore.Config{})
+	const keys = 200
+	var runs [keys]atomic.Int32
+	var started atomic.Int32
+	half := make(chan struct{})
+	var halfOnce sync.Once
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for range 2 {
+		s := testenv.OpenPostgres(t, schema, pgstore.Config{})
+		g, err := idem.NewGuard(idem.Config{Store: s, Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for w := range 8 {
+			wg.Go(func() {
+				order := rand.New(rand.NewPCG(uint64(w), 7)).Perm(keys)
+				for len(order) > 0 {
+					i := order[0]
+					order = order[1:]
+					res, err := g.Run(ctx, idem.Key{Scope: "load", ID: strconv.Itoa(i)}, nil, func(context.Context, uint64) ([]byte, error) {
+						runs[i].Add(1)
+						if started.Add(1) == keys/2 {
+							halfOnce.Do(func() { close(half) })
+						}
+						return []byte("done"), nil
+					})
+					switch {
+					case err == nil && (res.Outcome == idem.Acquired || res.Outcome == idem.Replayed):
+					case errors.Is(err, idem.ErrStoreUnavailable) || (err == nil && res.Outcome == idem.InProgress):
+						order = append(order, i) // again, later
+					default:
+						errs <- fmt.Errorf("key %d: %+v %v", i, res, err)
+						return
+					}
+				}
+			})
+		}
+	}
+	<-half
+	if converted, err := packer.PackRecords(ctx); err != nil || !converted {
+		t.Fatalf("PackRecords under load: %v %v", converted, err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for i := range keys {
+		if n := runs[i].Load(); n != 1 {
+			t.Errorf("key %d: work ran %d times", i, n)
+		}
+		rec, err := packer.Get(ctx, idem.Key{Scope: "load", ID: strconv.Itoa(i)}.Storage(false))
+		if err != nil || rec.State != idem.StateCompleted {
+			t.Errorf("key %d: %+v %v", i, rec, err)
+		}
 	}
 }
