@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/coalesce"
+	"github.com/idemgo/idem/internal/keypack"
 	"github.com/idemgo/idem/internal/sqlmigrate"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
@@ -63,6 +64,10 @@ type Store struct {
 
 	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive *sql.Stmt
 	closed                                                                                atomic.Bool
+	// packed: the table keeps keys and fingerprints packed, as BLOBs
+	// (keypack), in a STRICT table; else as TEXT (a table created before
+	// the packed layout).
+	packed bool
 
 	writes *coalesce.Group[writeCall, idem.Acquisition] // nil: NoCoalesce
 }
@@ -86,6 +91,12 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, err
 		}
 	}
+	var keyType string
+	if err := db.QueryRowContext(ctx, `SELECT type FROM pragma_table_info('idem_records') WHERE name = 'k'`).Scan(&keyType); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		db.Close()
+		return nil, s.wrap("read the records table's layout", err)
+	}
+	s.packed = keyType == "BLOB"
 	if err := s.prepare(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -100,22 +111,28 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 // operators.
 func (s *Store) DB() *sql.DB { return s.db }
 
-// Migrations returns the numbered migrations of the records table (version
-// 1 is the schema as first released, so a database created before
-// versioning is adopted as it is).
+// Migrations returns the numbered migrations of the records table. Version
+// 1 creates the table where there is none (a database created before
+// versioning is adopted as it is): since the packed layout, a STRICT table
+// whose keys and fingerprints are packed BLOBs (internal/keypack: a
+// compact key as its 16 bytes, a request digest as 17), so that a process
+// of an earlier release, which writes them as TEXT, is refused instead of
+// writing rows this release would not find. A table created by an earlier
+// release keeps its TEXT layout; the store reads which at Open and works on
+// either.
 func Migrations() []sqlmigrate.Step {
 	return []sqlmigrate.Step{{Version: 1, Name: "idempotency records", SQL: `CREATE TABLE IF NOT EXISTS idem_records (
-		k           TEXT    PRIMARY KEY,
+		k           BLOB    PRIMARY KEY,
 		state       INTEGER NOT NULL,
 		fence       INTEGER NOT NULL,
-		fp          TEXT    NOT NULL DEFAULT '',
+		fp          BLOB    NOT NULL DEFAULT X'',
 		attempts    INTEGER NOT NULL,
 		result      BLOB,
 		lease_until INTEGER NOT NULL, -- Unix ms
 		expires_at  INTEGER NOT NULL, -- Unix ms; never before lease_until
 		updated_at  INTEGER NOT NULL, -- Unix ms
 		outcome     INTEGER NOT NULL  -- the outcome of the last Acquire
-	);
+	) STRICT;
 	CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at);`}}
 }
 
@@ -246,15 +263,45 @@ func ms(t int64) time.Time {
 	return time.UnixMilli(t)
 }
 
+// key and fp are the statements' arguments for a storage key and a
+// fingerprint (packed, as BLOBs, in a table of the packed layout).
+func (s *Store) key(k string) any {
+	if s.packed {
+		return keypack.AppendKey(nil, k)
+	}
+	return k
+}
+
+func (s *Store) fp(fp string) any {
+	if s.packed {
+		return keypack.AppendFingerprint(nil, fp)
+	}
+	return fp
+}
+
+// after is List's cursor: "" (from the first key) or a storage key.
+func (s *Store) after(k string) any {
+	if s.packed && k == "" {
+		return []byte{}
+	}
+	return s.key(k)
+}
+
 type scanner interface{ Scan(dest ...any) error }
 
-func scanRecord(sc scanner, extra ...any) (idem.Record, error) {
+func (s *Store) scanRecord(sc scanner, extra ...any) (idem.Record, error) {
 	var r idem.Record
+	var key, fp []byte
 	var state int
 	var lease, exp, upd int64
-	dest := append(extra, &r.Key, &state, &r.Fence, &r.Fingerprint, &r.Attempts, &r.Result, &lease, &exp, &upd)
+	dest := append(extra, &key, &state, &r.Fence, &fp, &r.Attempts, &r.Result, &lease, &exp, &upd)
 	if err := sc.Scan(dest...); err != nil {
 		return idem.Record{}, err
+	}
+	if s.packed {
+		r.Key, r.Fingerprint = keypack.Key(string(key)), keypack.UnpackFingerprint(string(fp))
+	} else {
+		r.Key, r.Fingerprint = string(key), string(fp)
 	}
 	r.State = idem.State(state)
 	if r.State == idem.StateInFlight {
@@ -304,7 +351,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 func (s *Store) acquireWith(ctx context.Context, st *sql.Stmt, c *writeCall) (idem.Acquisition, error) {
 	t := s.clock.Now()
 	var outcome int
-	rec, err := scanRecord(st.QueryRowContext(ctx, c.key, c.fp, t.UnixMilli(), c.lease, c.keep, c.maxAttempts,
+	rec, err := s.scanRecord(st.QueryRowContext(ctx, s.key(c.key), s.fp(c.fp), t.UnixMilli(), c.lease, c.keep, c.maxAttempts,
 		int64(fences.Next(t, 0))), &outcome)
 	if err != nil {
 		return idem.Acquisition{}, s.wrap("acquire", err)
@@ -336,7 +383,7 @@ func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease t
 	if err := s.limits.CheckHeartbeat(key, lease); err != nil {
 		return err
 	}
-	return s.owned(ctx, "heartbeat", s.heartbeat, key, int64(fence), s.nowMs(), lease.Milliseconds())
+	return s.owned(ctx, "heartbeat", s.heartbeat, s.key(key), int64(fence), s.nowMs(), lease.Milliseconds())
 }
 
 // Complete implements idem.Store.
@@ -365,7 +412,7 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	return s.owned(ctx, "release", s.release, key, int64(fence), s.nowMs())
+	return s.owned(ctx, "release", s.release, s.key(key), int64(fence), s.nowMs())
 }
 
 // Unclaim implements idem.Unclaimer with one statement.
@@ -373,7 +420,7 @@ func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	return s.owned(ctx, "unclaim", s.unclaim, key, int64(fence), s.nowMs())
+	return s.owned(ctx, "unclaim", s.unclaim, s.key(key), int64(fence), s.nowMs())
 }
 
 // Get implements idem.Store.
@@ -381,7 +428,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return idem.Record{}, err
 	}
-	rec, err := scanRecord(s.get.QueryRowContext(ctx, key, s.nowMs()))
+	rec, err := s.scanRecord(s.get.QueryRowContext(ctx, s.key(key), s.nowMs()))
 	if errors.Is(err, sql.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
@@ -390,13 +437,13 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	_, err := s.del.ExecContext(ctx, key)
+	_, err := s.del.ExecContext(ctx, s.key(key))
 	return s.wrap("delete", err)
 }
 
 // DeleteUpTo implements idem.FencedDeleter.
 func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
-	_, err := s.delUpTo.ExecContext(ctx, key, int64(fence))
+	_, err := s.delUpTo.ExecContext(ctx, s.key(key), int64(fence))
 	return s.wrap("delete", err)
 }
 
@@ -430,14 +477,14 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	if limit <= 0 {
 		limit = -1
 	}
-	rows, err := s.list.QueryContext(ctx, after, s.nowMs(), limit)
+	rows, err := s.list.QueryContext(ctx, s.after(after), s.nowMs(), limit)
 	if err != nil {
 		return nil, s.wrap("list", err)
 	}
 	defer rows.Close()
 	var out []idem.Record
 	for rows.Next() {
-		r, err := scanRecord(rows)
+		r, err := s.scanRecord(rows)
 		if err != nil {
 			return nil, s.wrap("list", err)
 		}
@@ -481,7 +528,7 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 	if result == nil {
 		result = []byte{}
 	}
-	res, err := s.archive.ExecContext(ctx, rec.Key, int(rec.State), int64(rec.Fence), rec.Fingerprint, rec.Attempts, result, s.nowMs(), retention.Milliseconds())
+	res, err := s.archive.ExecContext(ctx, s.key(rec.Key), int(rec.State), int64(rec.Fence), s.fp(rec.Fingerprint), rec.Attempts, result, s.nowMs(), retention.Milliseconds())
 	if err != nil {
 		return false, s.wrap("archive", err)
 	}

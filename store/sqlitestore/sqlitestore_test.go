@@ -152,7 +152,8 @@ func TestFenceFloorAtExecution(t *testing.T) {
 	other := idem.FenceFloor(time.Now()) // another process's claim, just issued
 	now := time.Now().UnixMilli()
 	if _, err := db.Exec(`INSERT INTO idem_records (k, state, fence, fp, attempts, lease_until, expires_at, updated_at, outcome)
-		VALUES ('k', 1, ?, 'fp', 1, ?, ?, ?, 1)`, int64(other), now+60_000, now+3_600_000, now); err != nil {
+		VALUES (X'006B', 1, ?, X'006670', 1, ?, ?, ?, 1) -- k and fp, packed
+		`, int64(other), now+60_000, now+3_600_000, now); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Delete(ctx, "k"); err != nil {
@@ -188,7 +189,8 @@ func TestFencesAcrossADeleteWithinAMillisecond(t *testing.T) {
 		now := time.Now().UnixMilli()
 		other := (now + 1) * 1000 // the floor another process's claim took this millisecond
 		if _, err := db.Exec(`INSERT INTO idem_records (k, state, fence, fp, attempts, lease_until, expires_at, updated_at, outcome)
-			VALUES ('k', 1, ?, 'fp', 1, ?, ?, ?, 1)`, other, now+60_000, now+3_600_000, now); err != nil {
+			VALUES (X'006B', 1, ?, X'006670', 1, ?, ?, ?, 1) -- k and fp, packed
+		`, other, now+60_000, now+3_600_000, now); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Delete(ctx, "k"); err != nil {
