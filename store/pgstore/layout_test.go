@@ -79,19 +79,7 @@ func TestANewTableKeepsKeysAndFingerprintsPacked(t *testing.T) {
 	ctx := context.Background()
 	compact := idem.CompactKey(idem.Key{Scope: "orders", ID: "4711"})
 	fp := idem.Fingerprint([]byte("body"))
-	for _, key := range []string{compact, "raw\x00\xff"} {
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
-		if err != nil || a.Outcome != idem.Acquired {
-			t.Fatalf("%q: %+v %v", key, a, err)
-		}
-		if err := s.Complete(ctx, key, a.Fence, []byte("done"), time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		rec, err := s.Get(ctx, key)
-		if err != nil || rec.Key != key || rec.Fingerprint != fp || rec.State != idem.StateCompleted {
-			t.Fatalf("%q read back: %+v %v", key, rec, err)
-		}
-	}
+	storetest.KeysReadBack(t, s, fp, compact, "raw\x00\xff")
 	var keyType, fpType string
 	var keyBytes, fpBytes int
 	if err := s.Pool().QueryRow(ctx, `SELECT pg_typeof(k)::text, pg_typeof(fp)::text, octet_length(k), octet_length(fp) FROM `+s.Table()+` WHERE k = $1`,

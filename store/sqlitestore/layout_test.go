@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/store/sqlitestore"
@@ -21,6 +20,21 @@ const textTable = `CREATE TABLE idem_records (
 	updated_at INTEGER NOT NULL, outcome INTEGER NOT NULL);
 CREATE INDEX idem_records_expires_at ON idem_records (expires_at);`
 
+// textFile creates a database file holding the records table of the text
+// layout (empty) and returns its path.
+func textFile(t testing.TB) string {
+	path := filepath.Join(t.TempDir(), "text.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(textTable); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // TestConformanceOnATextTable: a table created before the packed layout
 // keeps its layout, and the store passes the suite on it, coalesced and
 // not.
@@ -32,17 +46,7 @@ func TestConformanceOnATextTable(t *testing.T) {
 
 func runOnATextTable(t *testing.T, noCoalesce bool) {
 	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
-		path := filepath.Join(t.TempDir(), "text.db")
-		db, err := sql.Open("sqlite", "file:"+path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = db.Exec(textTable)
-		db.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: path, Clock: clock, NoCoalesce: noCoalesce})
+		s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: textFile(t), Clock: clock, NoCoalesce: noCoalesce})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,22 +65,9 @@ func runOnATextTable(t *testing.T, noCoalesce bool) {
 // TEXT key) instead of storing a row this release would not find.
 func TestANewTableKeepsKeysAndFingerprintsPacked(t *testing.T) {
 	s := newStore(t).(*sqlitestore.Store)
-	ctx := context.Background()
 	compact := idem.CompactKey(idem.Key{Scope: "orders", ID: "4711"})
 	fp := idem.Fingerprint([]byte("body"))
-	for _, key := range []string{compact, "raw\x00\xff", "fifteen-bytes!!"} {
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
-		if err != nil || a.Outcome != idem.Acquired {
-			t.Fatalf("%q: %+v %v", key, a, err)
-		}
-		if err := s.Complete(ctx, key, a.Fence, []byte("done"), time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		rec, err := s.Get(ctx, key)
-		if err != nil || rec.Key != key || rec.Fingerprint != fp || rec.State != idem.StateCompleted {
-			t.Fatalf("%q read back: %+v %v", key, rec, err)
-		}
-	}
+	storetest.KeysReadBack(t, s, fp, compact, "raw\x00\xff", "fifteen-bytes!!")
 	var keyType, fpType string
 	var keyBytes, fpBytes int
 	if err := s.DB().QueryRow(`SELECT typeof(k), typeof(fp), length(k), length(fp) FROM idem_records WHERE length(k) = 16`).Scan(&keyType, &fpType, &keyBytes, &fpBytes); err != nil {
@@ -100,15 +91,7 @@ func TestMemoryPerRecord(t *testing.T) {
 		t.Run(layout, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "size.db")
 			if layout == "text" {
-				db, err := sql.Open("sqlite", "file:"+path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				_, err = db.Exec(textTable)
-				db.Close()
-				if err != nil {
-					t.Fatal(err)
-				}
+				path = textFile(t)
 			}
 			s := openAt(t, path).(*sqlitestore.Store)
 			storetest.MemoryPerRecord(t, s, "SQLite pages in use, "+layout+" layout", func() (n int64, err error) {
