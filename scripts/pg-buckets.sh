@@ -160,7 +160,8 @@ SQL
 "$tmp/idem" migrate --store "$pg_url&idem_schema=idem_bench" >/dev/null
 # Today's table as bench-stores.sh fills it: in use and analyzed.
 psql "$pg_url" -qc "TRUNCATE idem_bench.idem_records;
-	INSERT INTO idem_bench.idem_records SELECT 'fill-' || i, 2, i, 'bench', 1, '\\x00', now(), now() + interval '1 hour', now(), 1
+	INSERT INTO idem_bench.idem_records (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
+	SELECT '\\x00'::bytea || convert_to('fill-' || i, 'UTF8'), 2, i, '', 1, '\\x00', now(), now() + interval '1 hour', now(), 1
 	FROM generate_series(1, 100000) i; ANALYZE idem_bench.idem_records"
 tps() { pgbench "$pg_url" -n -M prepared -c "$1" -j "$ncpu" -T "$secs" -f "$2" 2>&1 | awk '/^tps = / {print $3; exit}'; }
 today=$(tps "$conc" "$tmp/today.sql")
