@@ -89,3 +89,66 @@ func isLowerHex(s string) bool {
 	}
 	return true
 }
+
+// Columns is how a SQL table keeps keys and fingerprints: packed (binary
+// columns holding AppendKey's and Fingerprint's forms) or as text. Its
+// methods give the statements' arguments and read the columns back.
+type Columns struct{ Packed bool }
+
+// Key is the argument for a storage key: its packed form, or the key.
+func (c Columns) Key(k string) any {
+	if c.Packed {
+		return AppendKey(nil, k)
+	}
+	return k
+}
+
+// Fingerprint is the argument for a fingerprint.
+func (c Columns) Fingerprint(fp string) any {
+	if c.Packed {
+		return AppendFingerprint(nil, fp)
+	}
+	return fp
+}
+
+// Keys and Fingerprints are the arguments for arrays of them ([][]byte
+// packed, else the strings as they are).
+func (c Columns) Keys(keys []string) any { return c.all(keys, AppendKey) }
+
+func (c Columns) Fingerprints(fps []string) any { return c.all(fps, AppendFingerprint) }
+
+func (c Columns) all(xs []string, pack func([]byte, string) []byte) any {
+	if !c.Packed {
+		return xs
+	}
+	out := make([][]byte, len(xs))
+	for i, x := range xs {
+		out[i] = pack(nil, x)
+	}
+	return out
+}
+
+// Cursor is the argument for a key to page after: "" (from the first key)
+// or a storage key.
+func (c Columns) Cursor(after string) any {
+	if c.Packed && after == "" {
+		return []byte{}
+	}
+	return c.Key(after)
+}
+
+// ReadKey and ReadFingerprint read a key and a fingerprint as the columns
+// hold them.
+func (c Columns) ReadKey(b []byte) string {
+	if c.Packed {
+		return Key(string(b))
+	}
+	return string(b)
+}
+
+func (c Columns) ReadFingerprint(b []byte) string {
+	if c.Packed {
+		return UnpackFingerprint(string(b))
+	}
+	return string(b)
+}

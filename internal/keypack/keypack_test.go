@@ -59,3 +59,23 @@ func TestDigestPacksTo17Bytes(t *testing.T) {
 		t.Fatalf("digest packed: %d bytes", len(p))
 	}
 }
+
+// TestColumns: text columns take and give the strings as they are; packed
+// columns take the packed forms and read them back.
+func TestColumns(t *testing.T) {
+	key, fp := idem.CompactKey(idem.Key{Scope: "s", ID: "id"}), idem.Fingerprint([]byte("body"))
+	text, packed := keypack.Columns{}, keypack.Columns{Packed: true}
+	if text.Key(key) != key || text.Fingerprint(fp) != fp || text.Cursor("") != "" {
+		t.Fatal("text columns changed a key, a fingerprint or the cursor")
+	}
+	k, f := packed.Key(key).([]byte), packed.Fingerprint(fp).([]byte)
+	if len(k) != 16 || len(f) != 17 || packed.ReadKey(k) != key || packed.ReadFingerprint(f) != fp {
+		t.Fatalf("packed: key %x, fingerprint %x", k, f)
+	}
+	if c := packed.Cursor("").([]byte); len(c) != 0 {
+		t.Fatalf("packed cursor from the first key: %x", c)
+	}
+	if ks := packed.Keys([]string{key, "k"}).([][]byte); len(ks) != 2 || packed.ReadKey(ks[1]) != "k" {
+		t.Fatalf("packed keys: %x", ks)
+	}
+}

@@ -84,7 +84,7 @@ func (s *Store) acquireGroup(ctx context.Context, calls []acquireCall, idx []int
 	}
 	first := &calls[idx[0]]
 	err = func() error {
-		rows, err := s.pool.Query(ctx, st.acquireMany, st.keys(keys), st.fps(fps), first.lease, first.keep, first.maxAttempts)
+		rows, err := s.pool.Query(ctx, st.acquireMany, st.cols.Keys(keys), st.cols.Fingerprints(fps), first.lease, first.keep, first.maxAttempts)
 		if err != nil {
 			return err
 		}
@@ -153,7 +153,7 @@ func (s *Store) settleMany(ctx context.Context, calls []settleCall, _ []struct{}
 	}
 	settled := make([]bool, len(calls))
 	err = func() error {
-		rows, err := s.pool.Query(ctx, st.settleMany, st.keys(keys), fences, keeps, states, results)
+		rows, err := s.pool.Query(ctx, st.settleMany, st.cols.Keys(keys), fences, keeps, states, results)
 		if err != nil {
 			return err
 		}
@@ -164,7 +164,7 @@ func (s *Store) settleMany(ctx context.Context, calls []settleCall, _ []struct{}
 			if err := rows.Scan(&packed, &applied); err != nil {
 				return err
 			}
-			k := st.keyOf(packed)
+			k := st.cols.ReadKey(packed)
 			j, found := slices.BinarySearch(keys, k)
 			if !found {
 				return fmt.Errorf("the statement settled key %q, not asked", k)

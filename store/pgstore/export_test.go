@@ -36,7 +36,7 @@ func (s *Store) DeleteStatement() string { return s.layout.Load().del }
 
 // KeyArg is the argument of key in the store's statements (its packed
 // form in a packed table).
-func (s *Store) KeyArg(key string) any { return s.layout.Load().key(key) }
+func (s *Store) KeyArg(key string) any { return s.layout.Load().cols.Key(key) }
 
 // WritesDurably reports whether the store's writes raise a
 // synchronous_commit of off for their own transactions.

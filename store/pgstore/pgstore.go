@@ -139,9 +139,9 @@ type statements struct {
 	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive string
 	acquireMany, settleMany                                                               string
 	awaitArchives                                                                         string
-	// packed: the table keeps keys and fingerprints packed, as bytea
+	// cols: the table keeps keys and fingerprints packed, as bytea
 	// (keypack); else as text (tables created before the packed layout).
-	packed bool
+	cols keypack.Columns
 }
 
 // statements returns the statements for the records table's layout, read
@@ -240,63 +240,7 @@ func (s *Store) PackedLayout(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return st.packed, nil
-}
-
-// key is the statements' argument for a storage key (its packed form in a
-// packed table).
-func (st *statements) key(k string) any {
-	if st.packed {
-		return keypack.AppendKey(nil, k)
-	}
-	return k
-}
-
-// fp is the statements' argument for a fingerprint.
-func (st *statements) fp(fp string) any {
-	if st.packed {
-		return keypack.AppendFingerprint(nil, fp)
-	}
-	return fp
-}
-
-// keys and fps are the batch statements' arrays of keys and fingerprints.
-func (st *statements) keys(keys []string) any { return st.packAll(keys, keypack.AppendKey) }
-
-func (st *statements) fps(fps []string) any { return st.packAll(fps, keypack.AppendFingerprint) }
-
-func (st *statements) packAll(xs []string, pack func([]byte, string) []byte) any {
-	if !st.packed {
-		return xs
-	}
-	out := make([][]byte, len(xs))
-	for i, x := range xs {
-		out[i] = pack(nil, x)
-	}
-	return out
-}
-
-// after is List's cursor: "" (from the first key) or a storage key.
-func (st *statements) after(k string) any {
-	if st.packed && k == "" {
-		return []byte{}
-	}
-	return st.key(k)
-}
-
-// keyOf and fpOf read a key and a fingerprint as the table keeps them.
-func (st *statements) keyOf(b []byte) string {
-	if st.packed {
-		return keypack.Key(string(b))
-	}
-	return string(b)
-}
-
-func (st *statements) fpOf(b []byte) string {
-	if st.packed {
-		return keypack.UnpackFingerprint(string(b))
-	}
-	return string(b)
+	return st.cols.Packed, nil
 }
 
 // Open connects a pool from cfg.ConnString (or uses cfg.Pool) and migrates
@@ -556,7 +500,7 @@ ON CONFLICT (k) DO UPDATE SET
 RETURNING outcome, ` + recordCols
 	insert := `INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)`
 	return statements{
-		packed: packed,
+		cols: keypack.Columns{Packed: packed},
 		// $1 key, $2 fingerprint, $3 lease ms, $4 unsettled retention ms, $5 max attempts
 		// The fence floor is read after the key's lock is taken.
 		acquire: insert + `
@@ -739,7 +683,7 @@ func (st *statements) scanRecord(row pgx.Row, extra ...any) (idem.Record, error)
 	if err := row.Scan(dest...); err != nil {
 		return idem.Record{}, err
 	}
-	r.Key, r.Fingerprint = st.keyOf(key), st.fpOf(fp)
+	r.Key, r.Fingerprint = st.cols.ReadKey(key), st.cols.ReadFingerprint(fp)
 	r.State, r.Fence, r.Attempts = idem.State(state), uint64(fence), int(attempts)
 	if r.State == idem.StateInFlight {
 		r.LeaseUntil = lease
@@ -768,7 +712,7 @@ func (s *Store) acquireOne(ctx context.Context, c acquireCall) (idem.Acquisition
 		return idem.Acquisition{}, err
 	}
 	var outcome int16
-	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.acquire, st.key(c.key), st.fp(c.fp), c.lease, c.keep, c.maxAttempts), &outcome)
+	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.acquire, st.cols.Key(c.key), st.cols.Fingerprint(c.fp), c.lease, c.keep, c.maxAttempts), &outcome)
 	if err != nil {
 		return idem.Acquisition{}, s.wrap("acquire", err)
 	}
@@ -783,13 +727,16 @@ func acquisition(outcome int16, rec idem.Record) idem.Acquisition {
 	return a
 }
 
-// exec runs the statement sql chooses, with the key's argument first.
-func (s *Store) exec(ctx context.Context, op string, sql func(*statements) string, key string, args ...any) error {
+// exec runs the statement sql chooses with args, the first of them the
+// storage key (a string), which it turns into the layout's argument in
+// place (no second slice of arguments).
+func (s *Store) exec(ctx context.Context, op string, sql func(*statements) string, args ...any) error {
 	st, err := s.statements(ctx)
 	if err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, sql(st), append([]any{st.key(key)}, args...)...)
+	args[0] = st.cols.Key(args[0].(string))
+	tag, err := s.pool.Exec(ctx, sql(st), args...)
 	if err != nil {
 		return s.wrap(op, err)
 	}
@@ -866,7 +813,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err != nil {
 		return idem.Record{}, err
 	}
-	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.get, st.key(key)))
+	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.get, st.cols.Key(key)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
@@ -893,8 +840,8 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 		return idem.Record{}, err
 	}
 	b := &pgx.Batch{}
-	b.Queue(st.awaitArchives, st.key(key))
-	b.Queue(st.get, st.key(key))
+	b.Queue(st.awaitArchives, st.cols.Key(key))
+	b.Queue(st.get, st.cols.Key(key))
 	br := s.pool.SendBatch(ctx, b)
 	_, err = br.Exec()
 	var rec idem.Record
@@ -918,7 +865,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.pool.Exec(ctx, st.del, st.key(key))
+	_, err = s.pool.Exec(ctx, st.del, st.cols.Key(key))
 	return s.wrap("delete", err)
 }
 
@@ -928,7 +875,7 @@ func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error 
 	if err != nil {
 		return err
 	}
-	_, err = s.pool.Exec(ctx, st.delUpTo, st.key(key), int64(fence))
+	_, err = s.pool.Exec(ctx, st.delUpTo, st.cols.Key(key), int64(fence))
 	return s.wrap("delete", err)
 }
 
@@ -976,7 +923,7 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, st.list, st.after(after), limit)
+	rows, err := s.pool.Query(ctx, st.list, st.cols.Cursor(after), limit)
 	if err != nil {
 		return nil, s.wrap("list", err)
 	}
@@ -1023,7 +970,7 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 	}
 	var inTime bool
 	var stored int64
-	err = s.pool.QueryRow(ctx, st.archive, st.key(rec.Key), int16(rec.State), int64(rec.Fence), st.fp(rec.Fingerprint), int32(rec.Attempts), result,
+	err = s.pool.QueryRow(ctx, st.archive, st.cols.Key(rec.Key), int16(rec.State), int64(rec.Fence), st.cols.Fingerprint(rec.Fingerprint), int32(rec.Attempts), result,
 		retention.Milliseconds(), deadline).Scan(&inTime, &stored)
 	if err == nil && !inTime {
 		return false, ErrArchiveLate

@@ -45,7 +45,7 @@ func (s *Store) runWrite(ctx context.Context, acquire, settle *sql.Stmt, c *writ
 	if c.acquire {
 		return s.acquireWith(ctx, acquire, c)
 	}
-	return idem.Acquisition{}, s.owned(ctx, c.op, settle, s.key(c.key), c.fence, s.nowMs(), c.keep, c.state, c.result)
+	return idem.Acquisition{}, s.owned(ctx, c.op, settle, s.cols.Key(c.key), c.fence, s.nowMs(), c.keep, c.state, c.result)
 }
 
 // writeMany runs calls in one BEGIN IMMEDIATE transaction, each its own

@@ -64,10 +64,10 @@ type Store struct {
 
 	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive *sql.Stmt
 	closed                                                                                atomic.Bool
-	// packed: the table keeps keys and fingerprints packed, as BLOBs
+	// cols: the table keeps keys and fingerprints packed, as BLOBs
 	// (keypack), in a STRICT table; else as TEXT (a table created before
 	// the packed layout).
-	packed bool
+	cols keypack.Columns
 
 	writes *coalesce.Group[writeCall, idem.Acquisition] // nil: NoCoalesce
 }
@@ -96,7 +96,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		db.Close()
 		return nil, s.wrap("read the records table's layout", err)
 	}
-	s.packed = keyType == "BLOB"
+	s.cols = keypack.Columns{Packed: keyType == "BLOB"}
 	if err := s.prepare(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -263,30 +263,6 @@ func ms(t int64) time.Time {
 	return time.UnixMilli(t)
 }
 
-// key and fp are the statements' arguments for a storage key and a
-// fingerprint (packed, as BLOBs, in a table of the packed layout).
-func (s *Store) key(k string) any {
-	if s.packed {
-		return keypack.AppendKey(nil, k)
-	}
-	return k
-}
-
-func (s *Store) fp(fp string) any {
-	if s.packed {
-		return keypack.AppendFingerprint(nil, fp)
-	}
-	return fp
-}
-
-// after is List's cursor: "" (from the first key) or a storage key.
-func (s *Store) after(k string) any {
-	if s.packed && k == "" {
-		return []byte{}
-	}
-	return s.key(k)
-}
-
 type scanner interface{ Scan(dest ...any) error }
 
 func (s *Store) scanRecord(sc scanner, extra ...any) (idem.Record, error) {
@@ -298,11 +274,7 @@ func (s *Store) scanRecord(sc scanner, extra ...any) (idem.Record, error) {
 	if err := sc.Scan(dest...); err != nil {
 		return idem.Record{}, err
 	}
-	if s.packed {
-		r.Key, r.Fingerprint = keypack.Key(string(key)), keypack.UnpackFingerprint(string(fp))
-	} else {
-		r.Key, r.Fingerprint = string(key), string(fp)
-	}
+	r.Key, r.Fingerprint = s.cols.ReadKey(key), s.cols.ReadFingerprint(fp)
 	r.State = idem.State(state)
 	if r.State == idem.StateInFlight {
 		r.LeaseUntil = ms(lease)
@@ -351,7 +323,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 func (s *Store) acquireWith(ctx context.Context, st *sql.Stmt, c *writeCall) (idem.Acquisition, error) {
 	t := s.clock.Now()
 	var outcome int
-	rec, err := s.scanRecord(st.QueryRowContext(ctx, s.key(c.key), s.fp(c.fp), t.UnixMilli(), c.lease, c.keep, c.maxAttempts,
+	rec, err := s.scanRecord(st.QueryRowContext(ctx, s.cols.Key(c.key), s.cols.Fingerprint(c.fp), t.UnixMilli(), c.lease, c.keep, c.maxAttempts,
 		int64(fences.Next(t, 0))), &outcome)
 	if err != nil {
 		return idem.Acquisition{}, s.wrap("acquire", err)
@@ -383,7 +355,7 @@ func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease t
 	if err := s.limits.CheckHeartbeat(key, lease); err != nil {
 		return err
 	}
-	return s.owned(ctx, "heartbeat", s.heartbeat, s.key(key), int64(fence), s.nowMs(), lease.Milliseconds())
+	return s.owned(ctx, "heartbeat", s.heartbeat, s.cols.Key(key), int64(fence), s.nowMs(), lease.Milliseconds())
 }
 
 // Complete implements idem.Store.
@@ -412,7 +384,7 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	return s.owned(ctx, "release", s.release, s.key(key), int64(fence), s.nowMs())
+	return s.owned(ctx, "release", s.release, s.cols.Key(key), int64(fence), s.nowMs())
 }
 
 // Unclaim implements idem.Unclaimer with one statement.
@@ -420,7 +392,7 @@ func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	return s.owned(ctx, "unclaim", s.unclaim, s.key(key), int64(fence), s.nowMs())
+	return s.owned(ctx, "unclaim", s.unclaim, s.cols.Key(key), int64(fence), s.nowMs())
 }
 
 // Get implements idem.Store.
@@ -428,7 +400,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return idem.Record{}, err
 	}
-	rec, err := s.scanRecord(s.get.QueryRowContext(ctx, s.key(key), s.nowMs()))
+	rec, err := s.scanRecord(s.get.QueryRowContext(ctx, s.cols.Key(key), s.nowMs()))
 	if errors.Is(err, sql.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
@@ -437,13 +409,13 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	_, err := s.del.ExecContext(ctx, s.key(key))
+	_, err := s.del.ExecContext(ctx, s.cols.Key(key))
 	return s.wrap("delete", err)
 }
 
 // DeleteUpTo implements idem.FencedDeleter.
 func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
-	_, err := s.delUpTo.ExecContext(ctx, s.key(key), int64(fence))
+	_, err := s.delUpTo.ExecContext(ctx, s.cols.Key(key), int64(fence))
 	return s.wrap("delete", err)
 }
 
@@ -477,7 +449,7 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	if limit <= 0 {
 		limit = -1
 	}
-	rows, err := s.list.QueryContext(ctx, s.after(after), s.nowMs(), limit)
+	rows, err := s.list.QueryContext(ctx, s.cols.Cursor(after), s.nowMs(), limit)
 	if err != nil {
 		return nil, s.wrap("list", err)
 	}
@@ -528,7 +500,7 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 	if result == nil {
 		result = []byte{}
 	}
-	res, err := s.archive.ExecContext(ctx, s.key(rec.Key), int(rec.State), int64(rec.Fence), s.fp(rec.Fingerprint), rec.Attempts, result, s.nowMs(), retention.Milliseconds())
+	res, err := s.archive.ExecContext(ctx, s.cols.Key(rec.Key), int(rec.State), int64(rec.Fence), s.cols.Fingerprint(rec.Fingerprint), rec.Attempts, result, s.nowMs(), retention.Milliseconds())
 	if err != nil {
 		return false, s.wrap("archive", err)
 	}
