@@ -14,7 +14,11 @@
 // LoadedAt and MinBatch): while many requests are in it, a lone call would
 // spend a whole round trip on one request, so it waits for a batch
 // instead, and the queue goes out as soon as it is MinBatch long and a
-// slot is free.
+// slot is free. With Config.FastTrip, a Group times its round trips and
+// holds calls back by other settings (Config.Fast) while they are fast:
+// where a round trip costs more work than waiting for one (a server on
+// the same host), calls then share trips at lower loads, and where the
+// network is slow they do not wait for one another.
 //
 // The batch runs on a context that keeps the first member's values and is
 // cancelled only when every member's context is done: one caller giving up
@@ -29,6 +33,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Config bounds a Group.
@@ -57,6 +62,34 @@ type Config[Req any] struct {
 	// requests and a slot is free, instead of at the end of a round trip
 	// (which still takes whatever waits).
 	MinBatch int
+	// FastTrip, when set, makes the group time its round trips (from the
+	// call or the batch's start to its answer): while their moving average
+	// (each trip weighs 1/8) is under FastTrip, Fast's settings apply
+	// instead of LoneInFlight, LoadedAt and MinBatch. The average starts at
+	// zero: fast.
+	FastTrip time.Duration
+	// Fast holds calls back while round trips are fast (see FastTrip).
+	// Its zero fields default as the Config's own do.
+	Fast Hold
+	// Now reads the clock that times round trips (time.Now when nil).
+	Now func() time.Time
+}
+
+// Hold says when a call waits for a batch instead of running alone: see
+// Config's fields of the same names.
+type Hold struct {
+	LoneInFlight, LoadedAt, MinBatch int
+}
+
+// defaults fills h's zero fields (LoneInFlight at most maxInFlight).
+func (h Hold) defaults(maxInFlight int) Hold {
+	if h.LoneInFlight <= 0 || h.LoneInFlight > maxInFlight {
+		h.LoneInFlight = maxInFlight
+	}
+	if h.LoadedAt <= 0 {
+		h.LoadedAt = 1
+	}
+	return h
 }
 
 // Group coalesces calls of one kind.
@@ -64,12 +97,15 @@ type Group[Req, Resp any] struct {
 	one   func(context.Context, Req) (Resp, error)
 	batch func(context.Context, []Req, []Resp, []error)
 	cfg   Config[Req]
+	own   Hold // the Config's LoneInFlight, LoadedAt and MinBatch
+	fast  Hold // Config.Fast
 
 	mu       sync.Mutex
 	inFlight int
 	queue    []*call[Req, Resp]
 	seen     map[string]struct{} // forming a batch, under mu
 	flying   int                 // requests in the round trips in flight
+	tripAvg  time.Duration       // moving average of round trips (FastTrip)
 
 	batches, batched atomic.Int64
 	running          sync.WaitGroup // the goroutines running batches
@@ -103,29 +139,45 @@ func New[Req, Resp any](cfg Config[Req], one func(context.Context, Req) (Resp, e
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = max(1, runtime.NumCPU()/2)
 	}
-	if cfg.LoneInFlight <= 0 || cfg.LoneInFlight > cfg.MaxInFlight {
-		cfg.LoneInFlight = cfg.MaxInFlight
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
-	if cfg.LoadedAt <= 0 {
-		cfg.LoadedAt = 1
+	own := Hold{cfg.LoneInFlight, cfg.LoadedAt, cfg.MinBatch}.defaults(cfg.MaxInFlight)
+	return &Group[Req, Resp]{one: one, batch: batch, cfg: cfg, own: own, fast: cfg.Fast.defaults(cfg.MaxInFlight),
+		seen: map[string]struct{}{}}
+}
+
+// hold returns the settings that apply now. Under g.mu.
+func (g *Group[Req, Resp]) hold() *Hold {
+	if g.cfg.FastTrip > 0 && g.tripAvg < g.cfg.FastTrip {
+		return &g.fast
 	}
-	return &Group[Req, Resp]{one: one, batch: batch, cfg: cfg, seen: map[string]struct{}{}}
+	return &g.own
+}
+
+// start reads the clock at a round trip's start, when trips are timed.
+func (g *Group[Req, Resp]) start() time.Time {
+	if g.cfg.FastTrip == 0 {
+		return time.Time{}
+	}
+	return g.cfg.Now()
 }
 
 // Do runs req alone or in a batch and returns its response.
 func (g *Group[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	g.mu.Lock()
+	h := g.hold()
 	if g.inFlight < g.cfg.MaxInFlight && len(g.queue) == 0 &&
-		(g.inFlight < g.cfg.LoneInFlight || !g.loaded()) {
+		(g.inFlight < h.LoneInFlight || !g.loaded(h)) {
 		g.inFlight++
 		g.flying++
 		g.mu.Unlock()
-		defer g.next(1) // also if one panics: the slot passes on
+		defer g.next(1, g.start()) // also if one panics: the slot passes on
 		return g.one(ctx, req)
 	}
 	c := &call[Req, Resp]{ctx: ctx, req: req, done: make(chan struct{}, 1)}
 	g.queue = append(g.queue, c)
-	if g.cfg.MinBatch > 0 && len(g.queue) >= g.cfg.MinBatch && g.inFlight < g.cfg.MaxInFlight {
+	if h.MinBatch > 0 && len(g.queue) >= h.MinBatch && g.inFlight < g.cfg.MaxInFlight {
 		g.inFlight++
 		g.dispatch() // unlocks g.mu
 	} else {
@@ -171,14 +223,19 @@ func (g *Group[Req, Resp]) remove(c *call[Req, Resp]) {
 	}
 }
 
-// loaded says whether LoadedAt requests are in the group, queued or in
+// loaded says whether h.LoadedAt requests are in the group, queued or in
 // flight. Under g.mu.
-func (g *Group[Req, Resp]) loaded() bool { return g.flying+len(g.queue) >= g.cfg.LoadedAt }
+func (g *Group[Req, Resp]) loaded(h *Hold) bool { return g.flying+len(g.queue) >= h.LoadedAt }
 
-// next hands the slot of a finished round trip to what is waiting, or frees
-// it.
-func (g *Group[Req, Resp]) next(ended int) {
+// next hands the slot of a round trip that started at start and ended now,
+// carrying ended requests, to what is waiting, or frees it.
+func (g *Group[Req, Resp]) next(ended int, start time.Time) {
+	var took time.Duration
+	if g.cfg.FastTrip > 0 {
+		took = g.cfg.Now().Sub(start)
+	}
 	g.mu.Lock()
+	g.tripAvg += (took - g.tripAvg) / 8
 	g.flying -= ended
 	if len(g.queue) == 0 {
 		g.inFlight--
@@ -217,8 +274,9 @@ func (g *Group[Req, Resp]) dispatch() {
 	g.running.Add(1) // before this slot's goroutine ends (see Wait)
 	go func() {
 		defer g.running.Done()
+		start := g.start()
 		g.run(batch)
-		g.next(len(batch))
+		g.next(len(batch), start)
 	}()
 }
 

@@ -148,6 +148,17 @@ func TestWaitingCallsShareTheNextRoundTrip(t *testing.T) {
 // trip still in flight.
 func TestUnderLoadACallWaitsForABatch(t *testing.T) {
 	e, g := newEcho(Config[string]{MaxInFlight: 4, LoneInFlight: 1, MinBatch: 2, LoadedAt: 1})
+	aCallWaitsForABatch(t, e, g)
+	if singles := fmt.Sprint(e.singles); singles != "[1]" {
+		t.Fatalf("singles %s, want [1]", singles)
+	}
+}
+
+// aCallWaitsForABatch holds call "1" in its round trip and fails the test
+// unless call "2" then queues, though slots are free, and goes out with
+// "3" as one batch [2 3] while "1" is still held; then lets "1" end.
+func aCallWaitsForABatch(t *testing.T, e *echo, g *Group[string, string]) {
+	t.Helper()
 	ctx := context.Background()
 	started, release := e.hold()
 	first := make(chan string, 1)
@@ -162,10 +173,10 @@ func TestUnderLoadACallWaitsForABatch(t *testing.T) {
 		t.Fatalf("answers %q, want re:2 and re:3", got)
 	}
 	e.mu.Lock()
-	batches, singles := fmt.Sprint(e.batches), fmt.Sprint(e.singles)
+	batches := fmt.Sprint(e.batches)
 	e.mu.Unlock()
-	if batches != "[[2 3]]" || singles != "[1]" {
-		t.Fatalf("batches %s, singles %s; want [[2 3]] and [1]", batches, singles)
+	if batches != "[[2 3]]" {
+		t.Fatalf("batches %s, want [[2 3]]", batches)
 	}
 	release()
 	if r := <-first; r != "re:1" {
@@ -179,6 +190,17 @@ func TestUnderLoadACallWaitsForABatch(t *testing.T) {
 // callers never wait for one another.
 func TestUnloadedCallsRunAlone(t *testing.T) {
 	e, g := newEcho(Config[string]{MaxInFlight: 4, LoneInFlight: 1, MinBatch: 2, LoadedAt: 3})
+	callsRunAloneBesideAHeldOne(t, e, g)
+	if len(e.batches) != 0 || len(e.singles) != 3 {
+		t.Fatalf("batches %v, singles %v; want none and three", e.batches, e.singles)
+	}
+}
+
+// callsRunAloneBesideAHeldOne holds call "1" in its round trip and fails
+// the test unless calls "2" and "3", one after the other, get their answers
+// while it is held; then lets "1" end.
+func callsRunAloneBesideAHeldOne(t *testing.T, e *echo, g *Group[string, string]) {
+	t.Helper()
 	ctx := context.Background()
 	started, release := e.hold()
 	first := make(chan string, 1)
@@ -204,9 +226,8 @@ func TestUnloadedCallsRunAlone(t *testing.T) {
 		t.Fatal("calls beside a held one, with no batches forming, waited for it")
 	}
 	release()
-	<-first
-	if len(e.batches) != 0 || len(e.singles) != 3 {
-		t.Fatalf("batches %v, singles %v; want none and three", e.batches, e.singles)
+	if r := <-first; r != "re:1" {
+		t.Fatalf("the held call answered %q", r)
 	}
 }
 
@@ -450,5 +471,91 @@ func TestWaitOutlastsTheBatch(t *testing.T) {
 	close(proceed)
 	if !<-waited {
 		t.Fatal("Wait returned while the batch was still running")
+	}
+}
+
+// stepClock is a clock for Config.Now that moves on by step at each
+// reading: with it every round trip takes step (two readings, start and
+// end).
+type stepClock struct {
+	mu   sync.Mutex
+	now  time.Time
+	step time.Duration
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(c.step)
+	return c.now
+}
+
+func (c *stepClock) setStep(d time.Duration) {
+	c.mu.Lock()
+	c.step = d
+	c.mu.Unlock()
+}
+
+// fastConfig never counts as loaded by its own settings (a call runs alone
+// whenever a slot is free), and holds calls back at any load while round
+// trips take under a millisecond.
+func fastConfig(clock *stepClock) Config[string] {
+	return Config[string]{MaxInFlight: 4, LoadedAt: 1000, MinBatch: 1000,
+		FastTrip: time.Millisecond, Fast: Hold{LoneInFlight: 1, LoadedAt: 1, MinBatch: 2}, Now: clock.Now}
+}
+
+// TestWhileTripsAreFastACallWaitsForABatch: with round trips under
+// FastTrip, the Fast settings hold a call back beside a round trip in
+// flight, though slots are free and the group is not loaded by its own
+// settings; the queue goes out at Fast.MinBatch.
+func TestWhileTripsAreFastACallWaitsForABatch(t *testing.T) {
+	clock := &stepClock{now: time.Unix(0, 0), step: 100 * time.Microsecond}
+	e, g := newEcho(fastConfig(clock))
+	for i := range 20 { // fast round trips, alone
+		if _, err := g.Do(context.Background(), fmt.Sprint("warm", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	aCallWaitsForABatch(t, e, g)
+}
+
+// TestWhileTripsAreSlowCallsRunAlone: once round trips take longer than
+// FastTrip on average (a distant server, where waiting for a round trip
+// costs more than making one), the group's own settings apply again: here
+// a call beside a held one runs alone at once; and when trips are fast
+// again, calls are held back again.
+func TestWhileTripsAreSlowCallsRunAlone(t *testing.T) {
+	clock := &stepClock{now: time.Unix(0, 0), step: 5 * time.Millisecond}
+	e, g := newEcho(fastConfig(clock))
+	ctx := context.Background()
+	for i := range 20 { // slow round trips, alone
+		if _, err := g.Do(ctx, fmt.Sprint("slow", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	callsRunAloneBesideAHeldOne(t, e, g)
+	if len(e.batches) != 0 {
+		t.Fatalf("batches %v, want none", e.batches)
+	}
+
+	clock.setStep(100 * time.Microsecond)
+	for i := range 40 { // fast again
+		if _, err := g.Do(ctx, fmt.Sprint("fast", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	started, release := e.hold()
+	first := make(chan string, 1)
+	go func() { r, _ := g.Do(ctx, "4"); first <- r }()
+	<-started
+	held := make(chan string, 1)
+	go func() { r, _ := g.Do(ctx, "5"); held <- r }()
+	waitQueued(t, g, 1)
+	release()
+	if r := <-first; r != "re:4" {
+		t.Fatalf("the held call answered %q", r)
+	}
+	if r := <-held; r != "re:5" {
+		t.Fatalf("the call held back answered %q", r)
 	}
 }

@@ -137,8 +137,9 @@ func nodeID(t testing.TB, rc *redis.Client) string {
 
 // ManualFailover makes the replica at addr take its master's place with
 // CLUSTER FAILOVER (coordinated: the master stops taking writes until the
-// replica has them all), and returns once the replica serves as master and
-// the old master replicates from it, in sync.
+// replica has them all), and returns once the replica serves as master,
+// the old master replicates from it, in sync, and every node reports the
+// cluster ok.
 func (c *RedisCluster) ManualFailover(t testing.TB, replica string) {
 	t.Helper()
 	ctx := context.Background()
@@ -169,6 +170,9 @@ func (c *RedisCluster) ManualFailover(t testing.TB, replica string) {
 		}
 		return replicaInSync(ctx, old)
 	})
+	// And every node sees the cluster whole again: a node that flagged
+	// another as failing meanwhile answers CLUSTERDOWN until it does.
+	c.waitHealthy(t)
 }
 
 // replicaInSync says why the server at addr is not a replica in sync with
