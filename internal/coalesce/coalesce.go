@@ -79,6 +79,11 @@ type Config[Req any] struct {
 // Config's fields of the same names.
 type Hold struct {
 	LoneInFlight, LoadedAt, MinBatch int
+	// GatherAt, when set, with MinBatch: while at least GatherAt requests
+	// are in the group, a queue shorter than MinBatch waits at the end of a
+	// round trip if other trips are in flight (it goes out at MinBatch, or
+	// at the end of the last trip out).
+	GatherAt int
 }
 
 // defaults fills h's zero fields (LoneInFlight at most maxInFlight).
@@ -142,7 +147,7 @@ func New[Req, Resp any](cfg Config[Req], one func(context.Context, Req) (Resp, e
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	own := Hold{cfg.LoneInFlight, cfg.LoadedAt, cfg.MinBatch}.defaults(cfg.MaxInFlight)
+	own := Hold{LoneInFlight: cfg.LoneInFlight, LoadedAt: cfg.LoadedAt, MinBatch: cfg.MinBatch}.defaults(cfg.MaxInFlight)
 	return &Group[Req, Resp]{one: one, batch: batch, cfg: cfg, own: own, fast: cfg.Fast.defaults(cfg.MaxInFlight),
 		seen: map[string]struct{}{}}
 }
@@ -237,7 +242,7 @@ func (g *Group[Req, Resp]) next(ended int, start time.Time) {
 	g.mu.Lock()
 	g.tripAvg += (took - g.tripAvg) / 8
 	g.flying -= ended
-	if len(g.queue) == 0 {
+	if h := g.hold(); len(g.queue) == 0 || h.GatherAt > 0 && g.flying+len(g.queue) >= h.GatherAt && g.inFlight > 1 && len(g.queue) < h.MinBatch {
 		g.inFlight--
 		g.mu.Unlock()
 		return

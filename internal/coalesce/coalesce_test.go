@@ -559,3 +559,67 @@ func TestWhileTripsAreSlowCallsRunAlone(t *testing.T) {
 		t.Fatalf("the call held back answered %q", r)
 	}
 }
+
+// TestGatherKeepsAShortQueueWhileTripsAreOut: with Hold.Gather, a queue
+// shorter than MinBatch does not go out at the end of a round trip while
+// another is in flight; it goes at the end of the last one.
+func TestGatherKeepsAShortQueueWhileTripsAreOut(t *testing.T) {
+	for _, gatherAt := range []int{0, 1} {
+		gather := gatherAt > 0
+		t.Run(fmt.Sprint("gatherAt=", gatherAt), func(t *testing.T) {
+			e, g := newEcho(Config[string]{MaxInFlight: 4, LoneInFlight: 1, LoadedAt: 1, MinBatch: 3,
+				FastTrip: time.Hour, Fast: Hold{LoneInFlight: 1, LoadedAt: 1, MinBatch: 3, GatherAt: gatherAt}})
+			inBatch, endBatch := make(chan struct{}), make(chan struct{})
+			e.batchFn = func(ctx context.Context, reqs []string, resps []string, errs []error) {
+				if reqs[0] == "2" {
+					close(inBatch)
+					<-endBatch
+				}
+				for i, r := range reqs {
+					resps[i] = "re:" + r
+				}
+			}
+			ctx := context.Background()
+			started, release := e.hold()
+			first := make(chan string, 1)
+			go func() { r, _ := g.Do(ctx, "1"); first <- r }()
+			<-started
+			answers := make(chan string, 4)
+			for i, k := range []string{"2", "3", "4"} { // MinBatch: out at once, and held
+				go func() { r, _ := g.Do(ctx, k); answers <- r }()
+				if k != "4" {
+					waitQueued(t, g, i+1)
+				}
+			}
+			<-inBatch
+			go func() { r, _ := g.Do(ctx, "5"); answers <- r }()
+			waitQueued(t, g, 1)
+			release() // "1" ends; the batch [2 3 4] is still out
+			if r := <-first; r != "re:1" {
+				t.Fatalf("the held call answered %q", r)
+			}
+			got := map[string]bool{}
+			if gather {
+				if n := g.waiting(); n != 1 {
+					t.Fatalf("after the first trip ended, %d queued; want 1 (5 gathering)", n)
+				}
+			} else if r := <-answers; r != "re:5" {
+				t.Fatalf("without Gather, the first answer after the first trip is %q, want re:5", r)
+			} else {
+				got[r] = true
+			}
+			close(endBatch)
+			for len(got) < 4 {
+				got[<-answers] = true
+			}
+			if len(got) != 4 {
+				t.Fatalf("answers %v, want re:2 … re:5", got)
+			}
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if want := "[[2 3 4]]"; fmt.Sprint(e.batches) != want || fmt.Sprint(e.singles) != "[1 5]" {
+				t.Fatalf("batches %v, singles %v; want %s and [1 5]", e.batches, e.singles, want)
+			}
+		})
+	}
+}
