@@ -69,7 +69,8 @@ type Config[Req any] struct {
 	// zero: fast.
 	FastTrip time.Duration
 	// Fast holds calls back while round trips are fast (see FastTrip).
-	// Its zero fields default as the Config's own do.
+	// Its zero fields default as the Config's own do; its GatherAt has no
+	// counterpart among them (slower trips never gather).
 	Fast Hold
 	// Now reads the clock that times round trips (time.Now when nil).
 	Now func() time.Time

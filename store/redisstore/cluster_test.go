@@ -375,13 +375,30 @@ func clusterPlan(t *testing.T, cluster *testenv.RedisCluster) func(*redisstore.S
 		var master string
 		var replicas []string
 		lag := func() {
-			cc := cluster.Client(t) // a new client: the slots as the cluster has them now
-			m, err := cc.MasterForKey(context.Background(), s.KeyName(g.StorageKey(idem.Key{Scope: "failover", ID: "pay-01000"})))
-			if err != nil {
-				t.Fatal(err)
-			}
-			master = m.Options().Addr
-			replicas = cluster.ReplicasOf(t, master)
+			// The node named master must be one, with its replicas: a
+			// client's slot map can name a node that a failover during
+			// the first lifecycles made a replica, whose "replicas" are
+			// none — and then nothing lags, and the kill loses nothing.
+			testenv.Eventually(t, 30*time.Second, "the master of the first lagging key, with replicas", func() error {
+				cc := cluster.Client(t) // a new client: the slots as the cluster has them now
+				m, err := cc.MasterForKey(context.Background(), s.KeyName(g.StorageKey(idem.Key{Scope: "failover", ID: "pay-01000"})))
+				if err != nil {
+					return err
+				}
+				master = m.Options().Addr
+				role, err := m.Do(context.Background(), "ROLE").Slice()
+				if err != nil {
+					return err
+				}
+				if len(role) == 0 || role[0] != "master" {
+					return fmt.Errorf("%s is a %v", master, role)
+				}
+				if replicas = cluster.ReplicasOf(t, master); len(replicas) == 0 {
+					return fmt.Errorf("%s has no replicas", master)
+				}
+				return nil
+			})
+			t.Logf("lagging the replicas %v of %s", replicas, master)
 			for _, r := range replicas {
 				cluster.Node(t, r).Pause(t)
 			}
