@@ -69,11 +69,14 @@ const (
 // BenchmarkRemote nothing changed (8 workers 1,352 / 1,377 against 1,341 /
 // 1,293, 32 workers 4,304 / 3,904 against 3,996 / 4,152): its trips are
 // slow. The gathering from 24 calls, two alternating rounds against the
-// hold without it: 32 workers 38,527 against 33,530 lifecycles/s (0.17
-// trips a lifecycle against 0.26), 48 workers 48,655 / 44,140, 64 workers
-// 49,984 / 36,831; 24 workers 28,734 / 32,837 and 33,397 / 31,956 (at 24
-// calls or fewer it rarely applies; gathering from any load lost 15-20% at
-// 16 workers).
+// hold without it: 32 workers 38,527 / 43,694 against 33,530 / 40,422
+// lifecycles/s (0.16-0.17 trips a lifecycle against 0.24-0.26), 48
+// workers 48,655 / 33,844 against 44,140 / 31,304, 64 workers 49,984 /
+// 47,622 against 36,831 / 32,958; 24 workers 28,734 / 33,397 against
+// 32,837 / 31,956 (with 24 workers it applies only while all of them
+// wait). Gathering from any load was faster still at 32 workers (41,499 /
+// 52,503) but lost 15-20% at 16 workers, where a queue that cannot fill a
+// batch waited for nothing.
 const (
 	fastTrip     = time.Millisecond
 	fastLoadedAt = 8
