@@ -241,7 +241,9 @@ func (g *Group[Req, Resp]) next(ended int, start time.Time) {
 		took = g.cfg.Now().Sub(start)
 	}
 	g.mu.Lock()
-	g.tripAvg += (took - g.tripAvg) / 8
+	if g.cfg.FastTrip > 0 {
+		g.tripAvg += (took - g.tripAvg) / 8
+	}
 	g.flying -= ended
 	if h := g.hold(); len(g.queue) == 0 || h.GatherAt > 0 && g.flying+len(g.queue) >= h.GatherAt && g.inFlight > 1 && len(g.queue) < h.MinBatch {
 		g.inFlight--

@@ -496,6 +496,17 @@ func (c *stepClock) setStep(d time.Duration) {
 	c.mu.Unlock()
 }
 
+// roundTrips makes n calls one after the other (each alone: none is in
+// flight beside it), named name0, name1, ….
+func roundTrips(t *testing.T, g *Group[string, string], n int, name string) {
+	t.Helper()
+	for i := range n {
+		if _, err := g.Do(context.Background(), fmt.Sprint(name, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // fastConfig never counts as loaded by its own settings (a call runs alone
 // whenever a slot is free), and holds calls back at any load while round
 // trips take under a millisecond.
@@ -511,11 +522,7 @@ func fastConfig(clock *stepClock) Config[string] {
 func TestWhileTripsAreFastACallWaitsForABatch(t *testing.T) {
 	clock := &stepClock{now: time.Unix(0, 0), step: 100 * time.Microsecond}
 	e, g := newEcho(fastConfig(clock))
-	for i := range 20 { // fast round trips, alone
-		if _, err := g.Do(context.Background(), fmt.Sprint("warm", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	roundTrips(t, g, 20, "warm") // fast round trips, alone
 	aCallWaitsForABatch(t, e, g)
 }
 
@@ -527,40 +534,18 @@ func TestWhileTripsAreFastACallWaitsForABatch(t *testing.T) {
 func TestWhileTripsAreSlowCallsRunAlone(t *testing.T) {
 	clock := &stepClock{now: time.Unix(0, 0), step: 5 * time.Millisecond}
 	e, g := newEcho(fastConfig(clock))
-	ctx := context.Background()
-	for i := range 20 { // slow round trips, alone
-		if _, err := g.Do(ctx, fmt.Sprint("slow", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	roundTrips(t, g, 20, "slow") // slow round trips, alone
 	callsRunAloneBesideAHeldOne(t, e, g)
 	if len(e.batches) != 0 {
 		t.Fatalf("batches %v, want none", e.batches)
 	}
 
 	clock.setStep(100 * time.Microsecond)
-	for i := range 40 { // fast again
-		if _, err := g.Do(ctx, fmt.Sprint("fast", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	started, release := e.hold()
-	first := make(chan string, 1)
-	go func() { r, _ := g.Do(ctx, "4"); first <- r }()
-	<-started
-	held := make(chan string, 1)
-	go func() { r, _ := g.Do(ctx, "5"); held <- r }()
-	waitQueued(t, g, 1)
-	release()
-	if r := <-first; r != "re:4" {
-		t.Fatalf("the held call answered %q", r)
-	}
-	if r := <-held; r != "re:5" {
-		t.Fatalf("the call held back answered %q", r)
-	}
+	roundTrips(t, g, 40, "fast") // fast again
+	aCallWaitsForABatch(t, e, g)
 }
 
-// TestGatherKeepsAShortQueueWhileTripsAreOut: with Hold.Gather, a queue
+// TestGatherKeepsAShortQueueWhileTripsAreOut: with Hold.GatherAt, a queue
 // shorter than MinBatch does not go out at the end of a round trip while
 // another is in flight; it goes at the end of the last one.
 func TestGatherKeepsAShortQueueWhileTripsAreOut(t *testing.T) {
@@ -609,7 +594,7 @@ func TestGatherKeepsAShortQueueWhileTripsAreOut(t *testing.T) {
 				got[r] = true
 			}
 			close(endBatch)
-			for len(got) < 4 {
+			for range 4 - len(got) { // the answers still due
 				got[<-answers] = true
 			}
 			if len(got) != 4 {
