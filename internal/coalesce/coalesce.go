@@ -7,8 +7,11 @@
 // overhead. A call that finds every slot busy waits in a queue; when a
 // round trip ends, its slot takes what is waiting (up to MaxBatch, never
 // two requests with the same key) and runs it as one batch for everyone,
-// on a goroutine of its own (one per batch): every caller, the one whose
-// round trip ended included, returns as soon as its own answer is there.
+// on a goroutine of the slot's own, which goes on with the slot's next
+// batch while calls wait: every caller, the one whose round trip ended
+// included, returns as soon as its own answer is there. A waiting call
+// and a batch's buffers are reused: under load a call allocates nothing
+// in the group.
 //
 // Under load a Group can hold lone calls back (Config.LoneInFlight,
 // LoadedAt and MinBatch): while many requests are in it, a lone call would
@@ -31,6 +34,7 @@ package coalesce
 import (
 	"context"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -115,6 +119,12 @@ type Group[Req, Resp any] struct {
 
 	batches, batched atomic.Int64
 	running          sync.WaitGroup // the goroutines running batches
+
+	// Reused: a call whose caller read its answer (or left the queue before
+	// a batch took it), and a batch's buffers once every member is
+	// answered. A call answered after its caller gave up is never reused:
+	// the batch still writes into it.
+	callPool, batchPool sync.Pool
 }
 
 type state uint8
@@ -129,9 +139,19 @@ type call[Req, Resp any] struct {
 	req   Req
 	resp  Resp
 	err   error
-	state state              // under Group.mu
-	lead  []*call[Req, Resp] // the batch, for a leader
-	done  chan struct{}      // a leader's turn, or a member's answer
+	state state         // under Group.mu
+	done  chan struct{} // the answer (buffered: a batch never waits on it)
+}
+
+// batch is a batch's calls with the buffers its run needs, reused from
+// one batch to the next (Group.batches).
+type batch[Req, Resp any] struct {
+	calls []*call[Req, Resp]
+	reqs  []Req
+	resps []Resp
+	errs  []error
+	dones []<-chan struct{} // the members' distinct Done channels
+	stops []func() bool
 }
 
 // New returns a Group. one runs a request alone; batch runs two or more and
@@ -178,30 +198,50 @@ func (g *Group[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 		g.inFlight++
 		g.flying++
 		g.mu.Unlock()
-		defer g.next(1, g.start()) // also if one panics: the slot passes on
+		defer g.endLone(g.start()) // also if one panics: the slot passes on
 		return g.one(ctx, req)
 	}
-	c := &call[Req, Resp]{ctx: ctx, req: req, done: make(chan struct{}, 1)}
+	c, _ := g.callPool.Get().(*call[Req, Resp])
+	if c == nil {
+		c = &call[Req, Resp]{done: make(chan struct{}, 1)}
+	}
+	c.ctx, c.req, c.state = ctx, req, queued
 	g.queue = append(g.queue, c)
 	if h.MinBatch > 0 && len(g.queue) >= h.MinBatch && g.inFlight < g.cfg.MaxInFlight {
 		g.inFlight++
-		g.dispatch() // unlocks g.mu
+		b := g.take()
+		g.mu.Unlock()
+		g.runAll(b)
 	} else {
 		g.mu.Unlock()
 	}
 
 	select {
 	case <-c.done:
-		return c.resp, c.err
+		resp, err := c.resp, c.err
+		g.recycle(c)
+		return resp, err
 	case <-ctx.Done():
 	}
 	g.mu.Lock()
-	if c.state == queued {
+	left := c.state == queued
+	if left {
 		g.remove(c)
 	}
 	g.mu.Unlock()
+	if left {
+		g.recycle(c)
+	}
 	var zero Resp
 	return zero, ctx.Err() // a batch that took c answers into a buffered channel no one reads
+}
+
+// recycle puts c back for another call, holding nothing of this one.
+func (g *Group[Req, Resp]) recycle(c *call[Req, Resp]) {
+	var zeroReq Req
+	var zeroResp Resp
+	c.ctx, c.req, c.resp, c.err = nil, zeroReq, zeroResp, nil
+	g.callPool.Put(c)
 }
 
 // Sum adds the Stats of groups.
@@ -233,33 +273,45 @@ func (g *Group[Req, Resp]) remove(c *call[Req, Resp]) {
 // flight. Under g.mu.
 func (g *Group[Req, Resp]) loaded(h *Hold) bool { return g.flying+len(g.queue) >= h.LoadedAt }
 
-// next hands the slot of a round trip that started at start and ended now,
-// carrying ended requests, to what is waiting, or frees it.
-func (g *Group[Req, Resp]) next(ended int, start time.Time) {
+// endLone ends a lone call's round trip, started at start: its slot
+// runs what is waiting, on a goroutine of its own, or is freed.
+func (g *Group[Req, Resp]) endLone(start time.Time) {
+	if b := g.next(1, start); b != nil {
+		g.runAll(b)
+	}
+}
+
+// next ends a round trip that started at start and carried ended
+// requests, and returns the batch its slot runs next, or nil when it frees
+// the slot.
+func (g *Group[Req, Resp]) next(ended int, start time.Time) *batch[Req, Resp] {
 	var took time.Duration
 	if g.cfg.FastTrip > 0 {
 		took = g.cfg.Now().Sub(start)
 	}
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	if g.cfg.FastTrip > 0 {
 		g.tripAvg += (took - g.tripAvg) / 8
 	}
 	g.flying -= ended
 	if h := g.hold(); len(g.queue) == 0 || h.GatherAt > 0 && g.flying+len(g.queue) >= h.GatherAt && g.inFlight > 1 && len(g.queue) < h.MinBatch {
 		g.inFlight--
-		g.mu.Unlock()
-		return
+		return nil
 	}
-	g.dispatch()
+	return g.take()
 }
 
-// dispatch sends what is waiting as one batch, on a slot already counted
-// in g.inFlight, and unlocks g.mu.
-func (g *Group[Req, Resp]) dispatch() {
-	batch := make([]*call[Req, Resp], 0, min(len(g.queue), g.cfg.MaxBatch))
+// take takes what is waiting as one batch, for a slot already counted in
+// g.inFlight. Under g.mu.
+func (g *Group[Req, Resp]) take() *batch[Req, Resp] {
+	b, _ := g.batchPool.Get().(*batch[Req, Resp])
+	if b == nil {
+		b = &batch[Req, Resp]{}
+	}
 	rest := g.queue[:0]
 	for _, c := range g.queue {
-		if len(batch) == g.cfg.MaxBatch {
+		if len(b.calls) == g.cfg.MaxBatch {
 			rest = append(rest, c)
 			continue
 		}
@@ -272,19 +324,28 @@ func (g *Group[Req, Resp]) dispatch() {
 			g.seen[k] = struct{}{}
 		}
 		c.state = taken
-		batch = append(batch, c)
+		b.calls = append(b.calls, c)
 	}
-	g.flying += len(batch)
+	g.flying += len(b.calls)
 	clear(g.queue[len(rest):])
 	g.queue = rest
 	clear(g.seen)
-	g.mu.Unlock()
+	return b
+}
+
+// runAll runs b on a goroutine of its own, then, on the same goroutine
+// (its stack already grown to a round trip's needs), each batch its slot
+// takes after it, until the slot is freed.
+func (g *Group[Req, Resp]) runAll(b *batch[Req, Resp]) {
 	g.running.Add(1) // before this slot's goroutine ends (see Wait)
 	go func() {
 		defer g.running.Done()
-		start := g.start()
-		g.run(batch)
-		g.next(len(batch), start)
+		for b != nil {
+			start := g.start()
+			n := len(b.calls)
+			g.run(b)
+			b = g.next(n, start)
+		}
 	}()
 }
 
@@ -294,43 +355,67 @@ func (g *Group[Req, Resp]) dispatch() {
 func (g *Group[Req, Resp]) Wait() { g.running.Wait() }
 
 // run runs a batch on a context that ends when every member's has, and
-// answers each member.
-func (g *Group[Req, Resp]) run(batch []*call[Req, Resp]) {
-	if len(batch) == 1 {
-		c := batch[0]
+// answers each member; then it puts b back for another batch.
+func (g *Group[Req, Resp]) run(b *batch[Req, Resp]) {
+	defer g.reuse(b)
+	if len(b.calls) == 1 {
+		c := b.calls[0]
 		c.resp, c.err = g.one(c.ctx, c.req)
 		c.done <- struct{}{}
 		return
 	}
 	g.batches.Add(1)
-	g.batched.Add(int64(len(batch)))
-	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
+	g.batched.Add(int64(len(b.calls)))
+	ctx, cancel := context.WithCancel(context.WithoutCancel(b.calls[0].ctx))
 	defer cancel()
-	var live atomic.Int64
-	live.Store(int64(len(batch)))
-	stops := make([]func() bool, 0, len(batch))
-	for _, c := range batch {
-		if c.ctx.Done() == nil {
-			continue // never ends: the batch is never cancelled
+	// Members whose contexts share a Done channel end together: one
+	// AfterFunc watches them all (many callers often share one context).
+	never := false
+	for _, c := range b.calls {
+		d := c.ctx.Done()
+		if d == nil {
+			never = true // never ends: the batch is never cancelled
+		} else if !slices.Contains(b.dones, d) {
+			b.dones = append(b.dones, d)
 		}
-		stops = append(stops, context.AfterFunc(c.ctx, func() {
-			if live.Add(-1) == 0 {
-				cancel()
+	}
+	if !never {
+		var live atomic.Int64
+		live.Store(int64(len(b.dones)))
+		for _, c := range b.calls {
+			if i := slices.Index(b.dones, c.ctx.Done()); i >= 0 {
+				b.dones[i] = nil // watched
+				b.stops = append(b.stops, context.AfterFunc(c.ctx, func() {
+					if live.Add(-1) == 0 {
+						cancel()
+					}
+				}))
 			}
-		}))
+		}
 	}
-	reqs := make([]Req, len(batch))
-	for i, c := range batch {
-		reqs[i] = c.req
+	for _, c := range b.calls {
+		b.reqs = append(b.reqs, c.req)
 	}
-	resps := make([]Resp, len(batch))
-	errs := make([]error, len(batch))
-	g.batch(ctx, reqs, resps, errs)
-	for _, stop := range stops {
+	b.resps = slices.Grow(b.resps, len(b.calls))[:len(b.calls)]
+	b.errs = slices.Grow(b.errs, len(b.calls))[:len(b.calls)]
+	g.batch(ctx, b.reqs, b.resps, b.errs)
+	for _, stop := range b.stops {
 		stop()
 	}
-	for i, c := range batch {
-		c.resp, c.err = resps[i], errs[i]
+	for i, c := range b.calls {
+		c.resp, c.err = b.resps[i], b.errs[i]
 		c.done <- struct{}{}
 	}
+}
+
+// reuse empties b (holding nothing of its calls) and puts it back.
+func (g *Group[Req, Resp]) reuse(b *batch[Req, Resp]) {
+	clear(b.calls)
+	clear(b.reqs)
+	clear(b.resps)
+	clear(b.errs)
+	clear(b.dones)
+	clear(b.stops)
+	b.calls, b.reqs, b.resps, b.errs, b.dones, b.stops = b.calls[:0], b.reqs[:0], b.resps[:0], b.errs[:0], b.dones[:0], b.stops[:0]
+	g.batchPool.Put(b)
 }

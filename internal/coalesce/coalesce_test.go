@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -607,4 +608,58 @@ func TestGatherKeepsAShortQueueWhileTripsAreOut(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBatchedCallAllocations: once warm, a call that waits for a
+// batch allocates nothing of its own in the group (its call and the
+// batch's buffers are reused), and callers sharing one context cost the
+// batch one watch on it, not one each: 32 callers of one cancellable
+// context allocate under one object a call, where a call and its channel
+// and a watch each made five or more.
+func TestBatchedCallAllocations(t *testing.T) {
+	if raceDetector {
+		t.Skip("the race detector allocates")
+	}
+	res := testing.Benchmark(BenchmarkBatchedCalls)
+	b, r := res.Extra["batches"], res.Extra["requests"]
+	t.Logf("%d calls, %.2f allocations a call; %v batches carried %v calls", res.N, float64(res.MemAllocs)/float64(res.N), b, r)
+	if r < float64(res.N)/2 {
+		t.Fatalf("only %v of %d calls were batched: the test measures lone calls", r, res.N)
+	}
+	if n := float64(res.MemAllocs) / float64(res.N); n >= 1 {
+		t.Fatalf("%.2f allocations a call, want under 1", n)
+	}
+}
+
+// BenchmarkBatchedCalls: 32 callers of one cancellable context through a
+// group of one round trip in flight, whose round trips only yield the
+// processor (the callers queue meanwhile).
+func BenchmarkBatchedCalls(b *testing.B) {
+	b.ReportAllocs()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g := New(Config[int]{MaxInFlight: 1},
+		func(_ context.Context, req int) (int, error) {
+			runtime.Gosched()
+			return req + 1, nil
+		},
+		func(_ context.Context, reqs []int, resps []int, _ []error) {
+			runtime.Gosched()
+			for i, r := range reqs {
+				resps[i] = r + 1
+			}
+		})
+	b.SetParallelism(16)
+	b.RunParallel(func(pb *testing.PB) {
+		for i := 0; pb.Next(); i++ {
+			if got, err := g.Do(ctx, i); err != nil || got != i+1 {
+				b.Errorf("Do(%d) = %d, %v", i, got, err)
+				return
+			}
+		}
+	})
+	g.Wait()
+	batches, requests := g.Stats()
+	b.ReportMetric(float64(batches), "batches")
+	b.ReportMetric(float64(requests), "requests")
 }

@@ -148,31 +148,68 @@ func (c *scriptCall) appendPacked(b []byte) []byte {
 	return append(b, c.nonce[:]...)
 }
 
+// answer is a script's answer to one call: its value, or its error.
+type answer struct {
+	val any
+	err error
+}
+
+// answerOf takes cmd's value or error.
+func answerOf(cmd *redis.Cmd) answer { return answer{cmd.Val(), cmd.Err()} }
+
+// Err returns the call's error.
+func (a answer) Err() error { return a.err }
+
+// Slice returns the answer as an array, as redis.Cmd's Slice does.
+func (a answer) Slice() ([]any, error) {
+	if a.err != nil {
+		return nil, a.err
+	}
+	v, ok := a.val.([]any)
+	if !ok {
+		return nil, fmt.Errorf("redis: unexpected type=%T for Slice", a.val)
+	}
+	return v, nil
+}
+
+// Int returns the answer as an integer, as redis.Cmd's Int does.
+func (a answer) Int() (int, error) {
+	if a.err != nil {
+		return 0, a.err
+	}
+	switch v := a.val.(type) {
+	case int64:
+		return int(v), nil
+	case string:
+		return strconv.Atoi(v)
+	}
+	return 0, fmt.Errorf("redis: unexpected type=%T for Int", a.val)
+}
+
 // newGroup coalesces the store's transitions, acquisitions and settles
 // alike: a batch is one run of the batch script, which holds both.
-func (s *Store) newGroup() *coalesce.Group[scriptCall, *redis.Cmd] {
+func (s *Store) newGroup() *coalesce.Group[scriptCall, answer] {
 	return coalesce.New(coalesce.Config[scriptCall]{
 		MaxBatch: maxBatch, MaxInFlight: maxInFlight, LoneInFlight: loneInFlight, LoadedAt: loadedAt, MinBatch: minBatch,
 		FastTrip: fastTrip, Fast: coalesce.Hold{LoneInFlight: 1, LoadedAt: fastLoadedAt, MinBatch: fastMinBatch, GatherAt: fastGatherAt}},
-		func(ctx context.Context, c scriptCall) (*redis.Cmd, error) {
-			return s.run(ctx, c.one, c.keys, c.args()...), nil
+		func(ctx context.Context, c scriptCall) (answer, error) {
+			return answerOf(s.run(ctx, c.one, c.keys, c.args()...)), nil
 		},
-		func(ctx context.Context, calls []scriptCall, out []*redis.Cmd, _ []error) {
+		func(ctx context.Context, calls []scriptCall, out []answer, _ []error) {
 			s.runMany(ctx, calls, out)
 		})
 }
 
 // call runs c through the store's group (alone when not coalesced).
-func (s *Store) call(ctx context.Context, c scriptCall) *redis.Cmd {
+func (s *Store) call(ctx context.Context, c scriptCall) answer {
 	if s.calls == nil {
-		return s.run(ctx, c.one, c.keys, c.args()...)
+		return answerOf(s.run(ctx, c.one, c.keys, c.args()...))
 	}
-	cmd, err := s.calls.Do(ctx, c)
+	a, err := s.calls.Do(ctx, c)
 	if err != nil { // the caller's context ended while the call waited
-		cmd = redis.NewCmd(ctx)
-		cmd.SetErr(err)
+		a = answer{err: err}
 	}
-	return cmd
+	return a
 }
 
 // runMany runs a batch of calls. On one server (a *redis.Client: a single
@@ -185,11 +222,17 @@ func (s *Store) call(ctx context.Context, c scriptCall) *redis.Cmd {
 // not know yet (NOSCRIPT: it did not run) is sent again with its source.
 // Each call gets its own answer or error; a round trip that could not be
 // made fails every call of it, as a lone call would fail.
-func (s *Store) runMany(ctx context.Context, calls []scriptCall, out []*redis.Cmd) {
+func (s *Store) runMany(ctx context.Context, calls []scriptCall, answers []answer) {
 	if _, oneServer := s.c.(*redis.Client); oneServer {
-		s.runBatchScript(ctx, calls, out)
+		s.runBatchScript(ctx, calls, answers)
 		return
 	}
+	out := make([]*redis.Cmd, len(calls))
+	defer func() {
+		for i, cmd := range out {
+			answers[i] = answerOf(cmd)
+		}
+	}()
 	// A Cluster, or a client that shards keys itself (a Ring): a script may
 	// touch the keys of one node only, so the calls travel as separate
 	// scripts, which the client routes key by key.
@@ -228,11 +271,33 @@ func (s *Store) runMany(ctx context.Context, calls []scriptCall, out []*redis.Cm
 	}
 }
 
+// batchArgs holds a batch script's keys and packed argument, reused from
+// one batch to the next: go-redis holds neither past the command's answer.
+type batchArgs struct {
+	keys   []string
+	packed []byte
+}
+
+var batchArgsPool = sync.Pool{New: func() any { return new(batchArgs) }}
+
+// reuse puts b back, unless a large result grew it past what is worth
+// keeping.
+func (b *batchArgs) reuse() {
+	if cap(b.packed) > 64<<10 {
+		return
+	}
+	clear(b.keys)
+	b.keys, b.packed = b.keys[:0], b.packed[:0]
+	batchArgsPool.Put(b)
+}
+
 // runBatchScript runs calls as one run of the batch script (see runMany)
 // and hands each call its element of the answer.
-func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []*redis.Cmd) {
-	keys := make([]string, 0, len(calls)*len(calls[0].keys))
-	packed := make([]byte, 0, len(calls)*(64+len(calls[0].fp)+len(calls[0].result)))
+func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []answer) {
+	buf := batchArgsPool.Get().(*batchArgs)
+	defer buf.reuse()
+	keys, packed := buf.keys, buf.packed
+	defer func() { buf.keys, buf.packed = keys, packed }() // grown: kept for the next batch
 	for i := range calls {
 		keys = append(keys, calls[i].keys...)
 		packed = calls[i].appendPacked(packed)
@@ -266,17 +331,22 @@ func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []*r
 		err = fmt.Errorf("idem: a batch of %d calls answered %d times", len(calls), len(answers))
 	}
 	for i := range out {
-		out[i] = redis.NewCmd(ctx)
 		if err != nil {
-			out[i].SetErr(err)
+			out[i] = answer{err: err}
 		} else if e, ok := answers[i].(string); ok {
-			out[i].SetErr(callError(e)) // this call's own error (see batchTail)
+			out[i] = answer{err: callError(e)} // this call's own error (see batchTail)
 		} else {
-			out[i].SetVal(answers[i])
+			out[i] = answer{val: answers[i]}
 		}
 	}
 	if wait != nil && err == nil {
-		s.checkWait(wait, out, indexes(len(calls)), nil)
+		if err := s.waitShortfall(wait); err != nil {
+			for i := range out {
+				if out[i].err == nil {
+					out[i].err = err
+				}
+			}
+		}
 	}
 	if many == s.batchScript && !s.flagsRefused.Load() {
 		s.settleAgainIfFull(ctx, calls, out)
@@ -289,7 +359,7 @@ func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []*r
 // changed nothing: Redis refuses a script without the flag only at its
 // first write (after one, it lets the script finish), so nothing of the
 // batch had been written.
-func (s *Store) settleAgainIfFull(ctx context.Context, calls []scriptCall, out []*redis.Cmd) {
+func (s *Store) settleAgainIfFull(ctx context.Context, calls []scriptCall, out []answer) {
 	var idx []int
 	for i := range calls {
 		if !calls[i].acquire && redis.IsOOMError(out[i].Err()) {
@@ -299,7 +369,7 @@ func (s *Store) settleAgainIfFull(ctx context.Context, calls []scriptCall, out [
 	if len(idx) == 0 {
 		return
 	}
-	again, answers := make([]scriptCall, len(idx)), make([]*redis.Cmd, len(idx))
+	again, answers := make([]scriptCall, len(idx)), make([]answer, len(idx))
 	for j, i := range idx {
 		again[j] = calls[i]
 	}
@@ -386,12 +456,9 @@ func indexes(n int) []int {
 // checkWait turns a WAIT that fell short into ErrReplicationShortfall for
 // the calls of its pipeline that ran (not those to be sent again).
 func (s *Store) checkWait(wait *redis.Cmd, out []*redis.Cmd, sent, again []int) {
-	n, err := wait.Int64()
-	if err == nil && int(n) >= s.waitReplicas {
-		return
-	}
+	err := s.waitShortfall(wait)
 	if err == nil {
-		err = fmt.Errorf("%w (%d of %d within %v)", ErrReplicationShortfall, n, s.waitReplicas, s.waitTimeout)
+		return
 	}
 	resent := map[int]bool{}
 	for _, i := range again {
@@ -402,6 +469,18 @@ func (s *Store) checkWait(wait *redis.Cmd, out []*redis.Cmd, sent, again []int) 
 			out[i].SetErr(err)
 		}
 	}
+}
+
+// waitShortfall returns the error of a WAIT that fell short, or nil.
+func (s *Store) waitShortfall(wait *redis.Cmd) error {
+	n, err := wait.Int64()
+	if err == nil && int(n) >= s.waitReplicas {
+		return nil
+	}
+	if err == nil {
+		err = fmt.Errorf("%w (%d of %d within %v)", ErrReplicationShortfall, n, s.waitReplicas, s.waitTimeout)
+	}
+	return err
 }
 
 // CoalesceStats returns how many shared round trips (pipelines) the store

@@ -75,11 +75,11 @@ func (s *Store) Batch(ctx context.Context, keys []string, fences []uint64, resul
 		c.nonce = s.nonce()
 		calls[i] = c
 	}
-	out := make([]*redis.Cmd, len(calls))
+	out := make([]answer, len(calls))
 	s.runMany(ctx, calls, out)
 	outcomes, errs := make([]idem.Outcome, len(calls)), make([]error, len(calls))
-	for i, cmd := range out {
-		switch v, err := cmd.Result(); {
+	for i, a := range out {
+		switch v, err := a.val, a.err; {
 		case err != nil:
 			errs[i] = err
 		case calls[i].acquire:

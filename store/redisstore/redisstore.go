@@ -327,9 +327,9 @@ type Store struct {
 	writePrevious  bool // Config.WritePreviousBuckets
 
 	acquireScript, ownedScript, batchScript *redis.Script
-	settleScript, settleBatchScript         *redis.Script                           // ownedScript and a batch of it, with allowOOM
-	flagsRefused                            atomic.Bool                             // the server refused allowOOM: settles go without it
-	calls                                   *coalesce.Group[scriptCall, *redis.Cmd] // nil: not coalesced
+	settleScript, settleBatchScript         *redis.Script                       // ownedScript and a batch of it, with allowOOM
+	flagsRefused                            atomic.Bool                         // the server refused allowOOM: settles go without it
+	calls                                   *coalesce.Group[scriptCall, answer] // nil: not coalesced
 }
 
 // nonce returns 10 bytes unique to one call of this Store: its random
@@ -844,7 +844,7 @@ func (s *Store) locate(key string) (keys []string, field string) {
 // the record, through the store's group. A settle script the server
 // refused to load for its flag (it did not run) is sent again without it,
 // as every settle of this store is from then on.
-func (s *Store) transition(ctx context.Context, key string, c scriptCall) *redis.Cmd {
+func (s *Store) transition(ctx context.Context, key string, c scriptCall) answer {
 	c.keys, c.field = s.locate(key)
 	c.nonce = s.nonce()
 	cmd := s.call(ctx, c)
