@@ -157,6 +157,8 @@ type batch[Req, Resp any] struct {
 // New returns a Group. one runs a request alone; batch runs two or more and
 // sets each one's response or error (same index as its request). batch must
 // decide every request: a batch that failed as a whole sets every error.
+// The three slices are the group's, reused for its next batch: batch must
+// not keep them, or hand them to a goroutine that outlives it.
 func New[Req, Resp any](cfg Config[Req], one func(context.Context, Req) (Resp, error),
 	batch func(ctx context.Context, reqs []Req, resps []Resp, errs []error)) *Group[Req, Resp] {
 	if cfg.MaxBatch <= 0 {
