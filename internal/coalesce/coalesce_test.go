@@ -415,6 +415,68 @@ func TestManyCallers(t *testing.T) {
 	t.Logf("%d batches carried %d of 32000 calls", b, r)
 }
 
+// TestCancelledCallsNeverCrossAnswers: 64 goroutines make 300 calls each,
+// a third of them on a context cancelled while the call waits or while its
+// batch is out; the round trips yield, so calls queue and batches form.
+// Calls and batch buffers are reused: every answer a caller gets must be
+// its own request's, every failure its own context's error, and nothing is
+// left queued or in flight.
+func TestCancelledCallsNeverCrossAnswers(t *testing.T) {
+	answer := func(req string) string { return "re:" + req }
+	g := New(Config[string]{MaxBatch: 16, MaxInFlight: 2, MinBatch: 8},
+		func(ctx context.Context, req string) (string, error) {
+			runtime.Gosched()
+			return answer(req), nil
+		},
+		func(ctx context.Context, reqs []string, resps []string, errs []error) {
+			runtime.Gosched()
+			for i, r := range reqs {
+				resps[i] = answer(r)
+			}
+		})
+	var wg sync.WaitGroup
+	var answered, cancelled atomic.Int64
+	for w := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				req := fmt.Sprintf("%d/%d", w, i)
+				ctx, cancel := context.WithCancel(context.Background())
+				if i%3 == 0 {
+					go func() { runtime.Gosched(); cancel() }() // while the call waits, or is out
+				}
+				got, err := g.Do(ctx, req)
+				cancel()
+				switch {
+				case err == nil && got == answer(req):
+					answered.Add(1)
+				case err == nil:
+					t.Errorf("%s was answered %q: another call's answer", req, got)
+					return
+				case errors.Is(err, context.Canceled) && i%3 == 0:
+					cancelled.Add(1)
+				default:
+					t.Errorf("%s: %v", req, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	g.Wait()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.inFlight != 0 || g.flying != 0 || len(g.queue) != 0 {
+		t.Fatalf("after every call: %d trips in flight carrying %d, %d queued", g.inFlight, g.flying, len(g.queue))
+	}
+	b, r := g.Stats()
+	t.Logf("%d answered, %d cancelled; %d batches carried %d calls", answered.Load(), cancelled.Load(), b, r)
+	if b == 0 || cancelled.Load() == 0 {
+		t.Fatal("no batch formed or no call was cancelled: the test exercised nothing")
+	}
+}
+
 // TestAPanicFreesItsSlot: a single call that panics passes the panic to its
 // caller and frees its slot for the calls after it.
 func TestAPanicFreesItsSlot(t *testing.T) {
