@@ -675,21 +675,24 @@ func TestGatherKeepsAShortQueueWhileTripsAreOut(t *testing.T) {
 // TestBatchedCallAllocations: once warm, a call that waits for a
 // batch allocates nothing of its own in the group (its call and the
 // batch's buffers are reused), and callers sharing one context cost the
-// batch one watch on it, not one each: 32 callers of one cancellable
-// context allocate under one object a call, where a call and its channel
-// and a watch each made five or more.
+// batch one watch on it, not one each: what 32 callers of one cancellable
+// context allocate is the batches' own (its context and the watch, about
+// seven), not a multiple of their calls — where a call, its channel and a
+// watch each made over 80 a batch of 13. Counted per batch, so the bound
+// holds whatever size the batches take on a machine.
 func TestBatchedCallAllocations(t *testing.T) {
 	if raceDetector {
 		t.Skip("the race detector allocates")
 	}
 	res := testing.Benchmark(BenchmarkBatchedCalls)
 	b, r := res.Extra["batches"], res.Extra["requests"]
-	t.Logf("%d calls, %.2f allocations a call; %v batches carried %v calls", res.N, float64(res.MemAllocs)/float64(res.N), b, r)
+	perBatch := float64(res.MemAllocs) / b
+	t.Logf("%d calls, %.2f allocations a call, %.1f a batch; %v batches carried %v calls", res.N, float64(res.MemAllocs)/float64(res.N), perBatch, b, r)
 	if r < float64(res.N)/2 {
 		t.Fatalf("only %v of %d calls were batched: the test measures lone calls", r, res.N)
 	}
-	if n := float64(res.MemAllocs) / float64(res.N); n >= 1 {
-		t.Fatalf("%.2f allocations a call, want under 1", n)
+	if perBatch >= 16 {
+		t.Fatalf("%.1f allocations a batch of %.1f calls, want under 16", perBatch, r/b)
 	}
 }
 
