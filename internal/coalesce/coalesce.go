@@ -10,8 +10,8 @@
 // on a goroutine of the slot's own, which goes on with the slot's next
 // batch while calls wait: every caller, the one whose round trip ended
 // included, returns as soon as its own answer is there. A waiting call
-// and a batch's buffers are reused: under load a call allocates nothing
-// in the group.
+// and a batch's buffers are reused: under load a call allocates nothing of
+// its own in the group (a batch allocates its context and its watches).
 //
 // Under load a Group can hold lone calls back (Config.LoneInFlight,
 // LoadedAt and MinBatch): while many requests are in it, a lone call would
@@ -144,7 +144,7 @@ type call[Req, Resp any] struct {
 }
 
 // batch is a batch's calls with the buffers its run needs, reused from
-// one batch to the next (Group.batches).
+// one batch to the next (Group.batchPool).
 type batch[Req, Resp any] struct {
 	calls []*call[Req, Resp]
 	reqs  []Req
@@ -372,28 +372,23 @@ func (g *Group[Req, Resp]) run(b *batch[Req, Resp]) {
 	defer cancel()
 	// Members whose contexts share a Done channel end together: one
 	// AfterFunc watches them all (many callers often share one context).
-	never := false
-	for _, c := range b.calls {
-		d := c.ctx.Done()
-		if d == nil {
-			never = true // never ends: the batch is never cancelled
-		} else if !slices.Contains(b.dones, d) {
-			b.dones = append(b.dones, d)
-		}
-	}
-	if !never {
+	// A member whose context never ends keeps the batch from being cancelled.
+	if !slices.ContainsFunc(b.calls, func(c *call[Req, Resp]) bool { return c.ctx.Done() == nil }) {
 		var live atomic.Int64
-		live.Store(int64(len(b.dones)))
-		for _, c := range b.calls {
-			if i := slices.Index(b.dones, c.ctx.Done()); i >= 0 {
-				b.dones[i] = nil // watched
-				b.stops = append(b.stops, context.AfterFunc(c.ctx, func() {
-					if live.Add(-1) == 0 {
-						cancel()
-					}
-				}))
+		live.Store(1) // held until every watch is set
+		end := func() {
+			if live.Add(-1) == 0 {
+				cancel()
 			}
 		}
+		for _, c := range b.calls {
+			if d := c.ctx.Done(); !slices.Contains(b.dones, d) {
+				b.dones = append(b.dones, d)
+				live.Add(1)
+				b.stops = append(b.stops, context.AfterFunc(c.ctx, end))
+			}
+		}
+		end()
 	}
 	for _, c := range b.calls {
 		b.reqs = append(b.reqs, c.req)

@@ -296,13 +296,11 @@ func (b *batchArgs) reuse() {
 func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []answer) {
 	buf := batchArgsPool.Get().(*batchArgs)
 	defer buf.reuse()
-	keys, packed := buf.keys, buf.packed
-	defer func() { buf.keys, buf.packed = keys, packed }() // grown: kept for the next batch
 	for i := range calls {
-		keys = append(keys, calls[i].keys...)
-		packed = calls[i].appendPacked(packed)
+		buf.keys = append(buf.keys, calls[i].keys...)
+		buf.packed = calls[i].appendPacked(buf.packed)
 	}
-	args := []any{packed}
+	keys, args := buf.keys, []any{buf.packed}
 	many := s.batchScript
 	settlesOnly := !slices.ContainsFunc(calls, func(c scriptCall) bool { return c.acquire })
 	if settlesOnly && !s.flagsRefused.Load() {
