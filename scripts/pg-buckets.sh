@@ -23,7 +23,10 @@
 #   - pgbench lifecycles/s at CONCURRENCY clients, one key a transaction:
 #     today's statements against the bucket functions (8 a bucket);
 #   - pgbench with 16 keys a transaction at 8 clients (what coalescing sends):
-#     today's batch statements against the bucket functions.
+#     today's batch statements against the bucket functions;
+#   - the floor of a row per record: bytes per record of the smallest row
+#     that holds one, inserted once, with each index that can keep keys
+#     unique (see floor below).
 #
 # Usage: scripts/pg-buckets.sh [SECONDS] [CONCURRENCY]   (defaults: 10 32)
 # Needs pgbench, psql and python3; PostgreSQL 13 or later (gen_random_uuid).
@@ -141,6 +144,35 @@ SQL
 }
 bytes24=$(load 24)
 bytes8=$(load 8)
+
+# The floor of a row per record: 1,000,000 rows inserted once (no update, no
+# dead row versions, fillfactor 100) of the smallest row that holds a
+# completed record — the key (16 bytes) and one value of 60 bytes (state,
+# attempts, a 4-byte fence offset, a 6-byte expiry, a 4-byte age, the
+# fingerprint digest's 16 bytes, the 28-byte result: what a Redis bucket
+# keeps) — with each index that can keep a key unique: a unique B-tree on the
+# key; a hash index (an exclusion constraint; no ON CONFLICT DO UPDATE); a
+# non-unique B-tree on a bucket of the key (8 rows a bucket, deduplicated),
+# uniqueness left to advisory locks. Prints bytes per record for each.
+floor() { # INDEX-DDL (on table f)
+	psql "$pg_url" -qAt -v ON_ERROR_STOP=1 <<SQL
+SET client_min_messages = warning;
+SET search_path = idem_bucket_exp;
+DROP TABLE IF EXISTS f;
+CREATE FUNCTION fb(k bytea) RETURNS int4 IMMUTABLE LANGUAGE sql AS \$\$ SELECT (get_byte(k, 0) * 65536 + get_byte(k, 1) * 256 + get_byte(k, 2)) % 131072 \$\$;
+CREATE TABLE f (k bytea NOT NULL, v bytea NOT NULL) WITH (fillfactor = 100);
+ALTER TABLE f ALTER k SET STORAGE PLAIN, ALTER v SET STORAGE PLAIN;
+$1;
+INSERT INTO f SELECT uuid_send(gen_random_uuid()), decode(md5(random()::text) || md5(random()::text) || md5(random()::text), 'hex') || decode(substr(md5(random()::text), 1, 24), 'hex')
+FROM generate_series(1, 1000000);
+VACUUM ANALYZE f;
+SELECT round(pg_total_relation_size('f') / 1000000.0, 1);
+DROP TABLE f; DROP FUNCTION fb;
+SQL
+}
+floor_btree=$(floor 'CREATE UNIQUE INDEX ON f (k)')
+floor_hash=$(floor 'ALTER TABLE f ADD EXCLUDE USING hash (k WITH =)')
+floor_bucket=$(floor 'CREATE INDEX ON f (fb(k))')
 buckets=$((1000000 / 8))
 
 cat >"$tmp/bucket.sql" <<SQL
@@ -169,10 +201,13 @@ bucket=$(tps "$conc" "$tmp/bucket.sql")
 today16=$(tps 8 "$tmp/today16.sql")
 bucket16=$(tps 8 "$tmp/bucket16.sql")
 
-python3 - "$bytes24" "$bytes8" "$today" "$bucket" "$today16" "$bucket16" "$conc" <<'PY'
+python3 - "$bytes24" "$bytes8" "$today" "$bucket" "$today16" "$bucket16" "$conc" "$floor_btree" "$floor_hash" "$floor_bucket" <<'PY'
 import sys
 b24, b8, today, bucket, today16, bucket16 = map(float, sys.argv[1:7])
 conc = sys.argv[7]
+fl_btree, fl_hash, fl_bucket = map(float, sys.argv[8:11])
+print(f"PostgreSQL a row per record at best (inserted once, a 16-byte key and a 60-byte value): {fl_btree:.1f} bytes with a unique B-tree,"
+      f" {fl_hash:.1f} with a hash exclusion constraint, {fl_bucket:.1f} with a B-tree on a bucket of the key (no unique index)")
 print(f"PostgreSQL buckets: bytes per completed record at 1,000,000 (target ≤ 120): {b24:.1f} with 24 a bucket, {b8:.1f} with 8")
 print(f"PostgreSQL one key a transaction, {conc} clients: today's statements {today:.0f} lifecycles/s, buckets (8) {bucket:.0f}/s ({bucket / today:.2f}x, target ≥ 0.90)")
 print(f"PostgreSQL 16 keys a transaction, 8 clients: today's batch statements {16 * today16:.0f} lifecycles/s, buckets (8) {16 * bucket16:.0f}/s ({bucket16 / today16:.2f}x, target ≥ 0.90)")
