@@ -254,7 +254,11 @@ type Config struct {
 	// instead of 257 (measured at 1,000,000 records; a key costs ~150 bytes
 	// before its value). There are 16,384 × ceil(Buckets / 16,384) buckets
 	// (one or more per cluster slot); size them to the records kept at once
-	// ÷ 64. A bucket stays one compact listpack while its values are no
+	// ÷ 64 for the least memory, or ÷ 16 for a key per record's speed: Redis
+	// searches and rewrites a bucket whole, so a transition costs more the
+	// more records its bucket holds (among 1,000,000 records, ~50 a bucket
+	// made 0.82 of a key per record's lifecycles/s, ~11 a bucket 0.98, at
+	// ~98 and ~115 bytes a record: scripts/redis-buckets.sh). A bucket stays one compact listpack while its values are no
 	// longer than the server's hash-max-listpack-value: such a record is 64
 	// bytes, the default; a longer result (up to 92 bytes) needs it raised
 	// to 128, else it turns its bucket into a hash table (162 bytes per
