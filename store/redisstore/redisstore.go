@@ -256,10 +256,11 @@ type Config struct {
 	// (one or more per cluster slot); size them to the records kept at once
 	// ÷ 64 for the least memory, or ÷ 16 for a key per record's speed: Redis
 	// searches and rewrites a bucket whole, so a transition costs more the
-	// more records its bucket holds (among 1,000,000 records, ~50 a bucket
-	// made 0.82 of a key per record's lifecycles/s, ~11 a bucket 0.98, at
-	// ~98 and ~115 bytes a record: scripts/redis-buckets.sh). A bucket stays one compact listpack while its values are no
-	// longer than the server's hash-max-listpack-value: such a record is 64
+	// more records its bucket holds (among 1,000,000 records, 43–57 a bucket
+	// made a median 0.82 of a key per record's lifecycles/s, 11–14 a bucket
+	// 0.98, at ~98 and ~115 bytes a record: scripts/redis-buckets.sh). A
+	// bucket stays one compact listpack while its values are no longer than
+	// the server's hash-max-listpack-value: such a record is 64
 	// bytes, the default; a longer result (up to 92 bytes) needs it raised
 	// to 128, else it turns its bucket into a hash table (162 bytes per
 	// record). A record that does not fit (a key over 63 bytes, a result
