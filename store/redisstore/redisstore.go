@@ -257,8 +257,9 @@ type Config struct {
 	// ÷ 64 for the least memory, or ÷ 16 for a key per record's speed: Redis
 	// searches and rewrites a bucket whole, so a transition costs more the
 	// more records its bucket holds (among 1,000,000 records, 43–57 a bucket
-	// made a median 0.82 of a key per record's lifecycles/s, 11–14 a bucket
-	// 0.98, at ~98 and ~115 bytes a record: scripts/redis-buckets.sh). A
+	// made medians of 0.82 and 0.89 of a key per record's lifecycles/s in
+	// two runs, 11–15 a bucket 0.97–0.98, at ~98 and ~115 bytes a record:
+	// scripts/redis-buckets.sh). A
 	// bucket stays one compact listpack while its values are no longer than
 	// the server's hash-max-listpack-value: such a record is 64
 	// bytes, the default; a longer result (up to 92 bytes) needs it raised
