@@ -125,10 +125,11 @@ type CampaignReport struct {
 	Seed                                           uint64
 	Operations, Unknown                            int
 	Kills, Outages, ServerStalls, Deletes, Sweeps  int
-	Fills                                          int // periods of a full server (Fill)
-	Crashes                                        int // kills of the server (Crash)
-	Moves                                          int // moves of the data (Move)
-	Stalls                                         int // owners of this process that slept past their lease
+	Fills                                          int        // periods of a full server (Fill)
+	Crashes                                        int        // kills of the server (Crash)
+	CrashOutages                                   [][2]int64 // each crash's kill to the server answering again, ns
+	Moves                                          int        // moves of the data (Move)
+	Stalls                                         int        // owners of this process that slept past their lease
 	Executions, LedgerAccepted                     int
 	HistoriesChecked, HistoriesUnknown, Violations int
 	Segments                                       int // checked separately, cut at isolated deletes
@@ -284,8 +285,10 @@ func injectFaults(cfg CampaignConfig, procs *fleet.Fleet, seed uint64, deadline 
 			cfg.Unfill()
 			rep.Fills++
 		case f == 6 && cfg.Crash != nil && frng.IntN(2) == 0:
+			down := time.Now().UnixNano()
 			cfg.Crash()
 			rep.Crashes++
+			rep.CrashOutages = append(rep.CrashOutages, [2]int64{down, time.Now().UnixNano()})
 		case f == 7 && cfg.Move != nil && frng.IntN(2) == 0:
 			cfg.Move()
 			rep.Moves++

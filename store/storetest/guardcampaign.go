@@ -23,6 +23,15 @@ import (
 // enough that kills and outages lead to takeovers within a campaign.
 const guardCampaignLease = 3 * time.Second
 
+// guardRideOut is the longest outage every run rides out, settle and all:
+// when the store goes away, a run's lease may have as little left as the
+// lease less the Guard's margin (a tenth) and one heartbeat interval (the
+// heartbeat due then fails), and the settle's next try may come up to a
+// heartbeat interval after the store is back (its backoff). A crash of the
+// server keeps it away for as long as the server takes to recover — on a
+// loaded machine, longer than this.
+const guardRideOut = guardCampaignLease - guardCampaignLease/10 - 2*(guardCampaignLease/4)
+
 // GuardCampaign runs guarded work — idem.Guard.Run, as users do — from
 // goroutines of this process and of cfg.Processes worker processes, on a
 // moving window of keys each wanted by every worker at once (and now and
@@ -45,12 +54,13 @@ const guardCampaignLease = 3 * time.Second
 //     also across the long outages;
 //   - no key ran again after a run of it succeeded or failed for good and
 //     its settle reached the store; and every such run's settle reached
-//     the store unless an outage longer than a lease began before its Run
-//     returned, within a lease after the run's end or later while the
-//     Guard kept the claim with heartbeats, or its process was killed
+//     the store unless an outage longer than a lease, or a crash of the
+//     server that kept it away for longer than guardRideOut, began before
+//     its Run returned, within a lease after the run's end or later while
+//     the Guard kept the claim with heartbeats, or its process was killed
 //     meanwhile (the Guard tries a settle again within the lease, so the
-//     short outages and stalls never cost one; a full server must take it
-//     whatever the length);
+//     short outages, stalls and quick crashes never cost one; a full server
+//     must take it whatever the length);
 //   - every replay is the result (or failure) of a run of that key that
 //     succeeded (or failed for good);
 //   - nothing was lost: after the faults, every key answers such a result,
@@ -127,7 +137,7 @@ func GuardCampaign(t *testing.T, cfg CampaignConfig) {
 	procs.Wait()
 	killedAt := procs.KilledMillis()
 	runs := readRuns(t, dir, killedAt)
-	checkGuardRuns(t, s, runs, seed, killedAt, long)
+	checkGuardRuns(t, s, runs, seed, killedAt, unriddenOutages(long, rep.CrashOutages))
 	did := map[string]int{}
 	for _, r := range runs {
 		did[r.did]++
@@ -135,8 +145,44 @@ func GuardCampaign(t *testing.T, cfg CampaignConfig) {
 			did[r.did+" unsettled"]++
 		}
 	}
-	t.Logf("guard campaign: %d keys; runs that %v; %d kills, %d outages (%d longer than a lease), %d stalls, %d full-server periods, %d server crashes, %d moves, %d sweeps",
-		len(keysOf(runs)), did, rep.Kills, rep.Outages+len(long), len(long), rep.ServerStalls, rep.Fills, rep.Crashes, rep.Moves, rep.Sweeps)
+	var longestCrash time.Duration
+	for _, o := range rep.CrashOutages {
+		longestCrash = max(longestCrash, time.Duration(o[1]-o[0]))
+	}
+	t.Logf("guard campaign: %d keys; runs that %v; %d kills, %d outages (%d longer than a lease), %d stalls, %d full-server periods, %d server crashes (the longest down %v), %d moves, %d sweeps",
+		len(keysOf(runs)), did, rep.Kills, rep.Outages+len(long), len(long), rep.ServerStalls, rep.Fills, rep.Crashes, longestCrash.Round(time.Millisecond), rep.Moves, rep.Sweeps)
+}
+
+// unriddenOutages are the outages a run's settle may be lost to (see
+// GuardCampaign): the cuts longer than a lease, and the crashes of the
+// server that kept it away for longer than guardRideOut — both as from
+// and to, ns.
+func unriddenOutages(longCuts, crashes [][2]int64) [][2]int64 {
+	out := slices.Clone(longCuts)
+	for _, c := range crashes {
+		if time.Duration(c[1]-c[0]) > guardRideOut {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// settleExcused tells whether the run r, unsettled, may have lost its
+// settle to a fault: its process was killed, or one of outages (from and
+// to, ns) came near it — before its Run returned, or within a lease after
+// its work ended (the settle is tried until the lease ends, and past it
+// while the store takes the heartbeats between its tries).
+func settleExcused(r guardRun, killedAt map[int]int64, outages [][2]int64) bool {
+	until := max(r.end+int64(guardCampaignLease), r.settleEnd)
+	if k := killedAt[r.proc] * int64(time.Millisecond); k >= r.end && (r.settleEnd == 0 || k < until) {
+		return true
+	}
+	for _, o := range outages {
+		if o[0] < until && o[1] > r.end {
+			return true
+		}
+	}
+	return false
 }
 
 // guardKey is the i-th key of a campaign: the window of keys moves on every
@@ -375,25 +421,9 @@ func keysOf(runs []guardRun) map[string][]guardRun {
 	return byKey
 }
 
-// checkGuardRuns checks the runs of every key (see GuardCampaign), then asks
-// each key once more.
-func checkGuardRuns(t *testing.T, s idem.Store, runs []guardRun, seed uint64, killedAt map[int]int64, long [][2]int64) {
-	lease := int64(guardCampaignLease)
-	excused := func(r guardRun) bool { // an unsettled run's settle met a long outage or a kill
-		// The settle is tried until the lease ends, and past it while the
-		// store takes the heartbeats between its tries: until Run returned,
-		// or its process was killed.
-		until := max(r.end+lease, r.settleEnd)
-		if k := killedAt[r.proc] * int64(time.Millisecond); k >= r.end && (r.settleEnd == 0 || k < until) {
-			return true
-		}
-		for _, o := range long {
-			if o[0] < until && o[1] > r.end {
-				return true
-			}
-		}
-		return false
-	}
+// checkGuardRuns checks the runs of every key (see GuardCampaign), excusing
+// the settles lost to outages, then asks each key once more.
+func checkGuardRuns(t *testing.T, s idem.Store, runs []guardRun, seed uint64, killedAt map[int]int64, outages [][2]int64) {
 	g, err := idem.NewGuard(idem.Config{Store: s, Lease: guardCampaignLease})
 	if err != nil {
 		t.Fatal(err)
@@ -436,8 +466,8 @@ func checkGuardRuns(t *testing.T, s idem.Store, runs []guardRun, seed uint64, ki
 			if r.settled && settled == nil {
 				settled = r
 			}
-			if !r.settled && !excused(*r) {
-				violate("key %s: the settle of its run under fence %d (%s, process %d) did not reach the store, though no outage longer than a lease came near it: %s",
+			if !r.settled && !settleExcused(*r, killedAt, outages) {
+				violate("key %s: the settle of its run under fence %d (%s, process %d) did not reach the store, though no outage the Guard cannot ride out came near it: %s",
 					key, r.fence, r.did, r.proc, r.settleErr)
 			}
 		}
