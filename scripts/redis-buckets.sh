@@ -19,7 +19,8 @@
 # (of idem bench's records, for the trend: the issue's figure is
 # storetest's, with compact keys and 28-byte results) and the lifecycles/s
 # of the measured run against the same round's key per record, with the
-# median of the rounds' ratios.
+# median of the rounds' ratios; and each measured run's CPU a lifecycle, of
+# redis-server (INFO cpu) and of the bench client (bash's time).
 #
 # Usage: scripts/redis-buckets.sh [SECONDS] [CONCURRENCY] [FILL] [ROUNDS]   (defaults: 10 32 20 3)
 # Needs redis-cli and python3; Redis 7.0 or later on 127.0.0.1
@@ -44,15 +45,23 @@ v = json.loads(sys.stdin.read().strip().splitlines()[-1])
 for k in sys.argv[1].split("."): v = v[k]
 print(v)' "$1"
 }
-# run BUCKETS (0: a key per record): prints "records bytes-a-record lifecycles/s".
+# The CPU seconds redis-server has used (user and system).
+server_cpu() { redis-cli -u "$redis_url" INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {print s}'; }
+# run BUCKETS (0: a key per record): prints "records bytes-a-record
+# lifecycles/s lifecycles server-cpu-s client-cpu-s" (the last three of the
+# measured run: on a machine of few cores the bench client and redis-server
+# share them, so the lifecycles/s is bound by the two CPU costs together).
 run() {
-	local url="$redis_url?pool_size=$conc&idem_prefix=$prefix" before n after
+	local url="$redis_url?pool_size=$conc&idem_prefix=$prefix" before n after c0 c1 client
 	(($1 > 0)) && url="$url&idem_buckets=$1"
 	clean
 	before=$(used)
 	n=$("$tmp/idem" bench --store "$url" --mode lifecycle --concurrency "$conc" --duration "${fill}s" --retention 1h --quiet --json | field lifecycle.ops)
 	after=$(used)
-	echo "$n $(((after - before) / n)) $("$tmp/idem" bench --store "$url" --mode lifecycle --concurrency "$conc" --duration "${secs}s" --retention 1h --quiet --json | field lifecycle.ops_per_sec)"
+	c0=$(server_cpu)
+	client=$( { TIMEFORMAT='%U %S'; time "$tmp/idem" bench --store "$url" --mode lifecycle --concurrency "$conc" --duration "${secs}s" --retention 1h --quiet --json >"$tmp/measured.json"; } 2>&1)
+	c1=$(server_cpu)
+	echo "$n $(((after - before) / n)) $(field lifecycle.ops_per_sec <"$tmp/measured.json") $(field lifecycle.ops <"$tmp/measured.json") $(python3 -c 'import sys; print(float(sys.argv[2]) - float(sys.argv[1]))' "$c0" "$c1") $(echo "$client" | tail -1 | awk '{print $1 + $2}')"
 }
 layouts=(0 16384 65536)
 for ((round = 1; round <= rounds; round++)); do
@@ -65,18 +74,19 @@ done
 
 python3 - "$tmp/runs" "$secs" "$conc" <<'PY'
 import collections, statistics, sys
-runs = collections.defaultdict(dict)  # layout -> round -> (records, bytes a record, lifecycles/s)
+# layout -> round -> (records, bytes a record, lifecycles/s, server µs a lifecycle, client µs a lifecycle)
+runs = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
-    rnd, b, n, per, rate = line.split()
-    runs[int(b)][int(rnd)] = (int(n), int(per), float(rate))
+    rnd, b, n, per, rate, ops, srv, cli = line.split()
+    runs[int(b)][int(rnd)] = (int(n), int(per), float(rate), float(srv) * 1e6 / int(ops), float(cli) * 1e6 / int(ops))
 secs, conc = sys.argv[2], sys.argv[3]
 keys = runs[0]
 rounds = sorted(keys)
 print(f"Redis, {secs} s of lifecycles at {conc} workers after a fill, {len(rounds)} rounds (each in the reverse order of the one before)")
-print("  a key per record: " + "; ".join(f"{keys[r][0]:,} records, {keys[r][1]} bytes a record, {keys[r][2]:.0f} lifecycles/s" for r in rounds))
+print("  a key per record: " + "; ".join(f"{keys[r][0]:,} records, {keys[r][1]} bytes a record, {keys[r][2]:.0f} lifecycles/s, CPU a lifecycle {keys[r][3]:.1f} µs server + {keys[r][4]:.1f} client" for r in rounds))
 for b in sorted(k for k in runs if k):
     r = runs[b]
     ratios = [r[i][2] / keys[i][2] for i in rounds]
-    print(f"  {b:,} buckets: " + "; ".join(f"{r[i][0] / b:.0f} records a bucket, {r[i][1]} bytes a record, {r[i][2]:.0f} lifecycles/s ({r[i][2] / keys[i][2]:.2f})" for i in rounds)
-          + f" — median {statistics.median(ratios):.2f} of a key per record (target ≥ 0.90)")
+    print(f"  {b:,} buckets: " + "; ".join(f"{r[i][0] / b:.0f} records a bucket, {r[i][1]} bytes a record, {r[i][2]:.0f} lifecycles/s ({r[i][2] / keys[i][2]:.2f}), CPU a lifecycle {r[i][3]:.1f} µs server ({r[i][3] / keys[i][3]:.2f}x) + {r[i][4]:.1f} client ({r[i][4] / keys[i][4]:.2f}x)" for i in rounds)
+          + f" — median {statistics.median(ratios):.2f} of a key per record's lifecycles/s (target ≥ 0.90), server CPU a lifecycle {statistics.median([r[i][3] / keys[i][3] for i in rounds]):.2f}x")
 PY
