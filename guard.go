@@ -228,8 +228,9 @@ type Result struct {
 // as the store goes may fail), one pause of the settle's backoff (up to a
 // HeartbeatInterval, at most a second) and a round trip does not cost a
 // settle: about 16 s with the defaults (the Guard campaigns check it with
-// a 3 s Lease: 1.2 s). If the work succeeded but the record could not be
-// settled, Run returns the value with an error saying so.
+// a 3 s Lease and 100 ms for the round trip: 1.1 s). If the work succeeded
+// but the record could not be settled, Run returns the value with an error
+// saying so.
 //
 // If work panics, the record is held (the effect may have happened) and the
 // panic continues.

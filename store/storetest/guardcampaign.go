@@ -23,14 +23,15 @@ import (
 // enough that kills and outages lead to takeovers within a campaign.
 const guardCampaignLease = 3 * time.Second
 
-// guardRideOut is the longest outage every run rides out, settle and all:
-// when the store goes away, a run's lease may have as little left as the
-// lease less the Guard's margin (a tenth) and one heartbeat interval (the
-// heartbeat due then fails), and the settle's next try may come up to a
-// heartbeat interval after the store is back (its backoff). A crash of the
-// server keeps it away for as long as the server takes to recover — on a
-// loaded machine, longer than this.
-const guardRideOut = guardCampaignLease - guardCampaignLease/10 - 2*(guardCampaignLease/4)
+// guardRideOut is the longest outage every run rides out, settle and all
+// (see idem.Guard.Run): when the store goes away, a run's lease may have as
+// little left as the lease less the Guard's margin (a tenth) and one
+// heartbeat interval (the heartbeat due then fails), and the settle's next
+// try may come up to a heartbeat interval after the store is back (its
+// backoff), and take a round trip (100 ms allowed, on a loaded machine). A
+// crash of the server keeps it away for as long as the server takes to
+// recover — on a loaded machine, longer than this.
+const guardRideOut = guardCampaignLease - guardCampaignLease/10 - 2*(guardCampaignLease/4) - 100*time.Millisecond
 
 // GuardCampaign runs guarded work — idem.Guard.Run, as users do — from
 // goroutines of this process and of cfg.Processes worker processes, on a
