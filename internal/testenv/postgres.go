@@ -63,8 +63,9 @@ func postgresBin() (string, error) {
 // and starts a PostgreSQL server on it, on a free loopback port, with the
 // given settings (name=value, as postgres -c takes them) over the
 // defaults and recovery_init_sync_method=syncfs; the server is stopped and
-// its files removed when the test ends. PostgreSQL refuses to run as root: a test running as root runs it
-// as the postgres user. It takes about a second.
+// its files removed when the test ends. PostgreSQL refuses to run as root:
+// a test running as root runs it as the postgres user. It takes about a
+// second.
 func StartPostgres(t testing.TB, settings ...string) *Postgres {
 	t.Helper()
 	bin, err := postgresBin()
