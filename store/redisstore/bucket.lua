@@ -61,13 +61,13 @@ end
 -- unpackValue reads a bucket's value of format 3 or 2; room: what flag 8
 -- says of the bucket's TTL, else nil.
 local function unpackValue(v)
-  local fl, f, a, e, age, pos = string.byte(v, 1)
+  local fl, f, a, e, age, pos = sbyte(v, 1)
   if offsetFence(fl) then -- a short value may be shorter than HEAD
     local d
-    fl, d, a, e, age, pos = struct.unpack(OFFSET_HEAD, v)
+    fl, d, a, e, age, pos = sunpack(OFFSET_HEAD, v)
     f = (e - age + 1) * 1000 - d
   else
-    fl, f, a, e, age, pos = struct.unpack(HEAD, v)
+    fl, f, a, e, age, pos = sunpack(HEAD, v)
     if fl >= 128 then fl = fl - 128 end
   end
   local st, room = fl % 8, nil
@@ -76,28 +76,28 @@ local function unpackValue(v)
   if fl % 16 >= 8 then room = e + age end
   local r = {st = st, f = f, a = a, e = e, u = e - age, l = 0, tag = 0, n = '', raw = v}
   if st == 1 then
-    r.l, r.tag, pos = struct.unpack('>I6B', v, pos)
-    r.n, pos = string.sub(v, pos, pos + 9), pos + 10
+    r.l, r.tag, pos = sunpack('>I6B', v, pos)
+    r.n, pos = ssub(v, pos, pos + 9), pos + 10
   elseif fl % 64 >= 32 then
-    r.tag, r.n, pos = 83, string.sub(v, pos, pos + 3), pos + 4
+    r.tag, r.n, pos = 83, ssub(v, pos, pos + 3), pos + 4
   end
   if fl >= 64 then
-    r.p, pos = '\1' .. string.sub(v, pos, pos + 15), pos + 16
+    r.p, pos = '\1' .. ssub(v, pos, pos + 15), pos + 16
   else
-    local n = string.byte(v, pos)
-    r.p, pos = '\0' .. string.sub(v, pos + 1, pos + n), pos + 1 + n
+    local n = sbyte(v, pos)
+    r.p, pos = '\0' .. ssub(v, pos + 1, pos + n), pos + 1 + n
   end
-  r.r = string.sub(v, pos)
+  r.r = ssub(v, pos)
   return r, room
 end
 -- expiresAt: the expiry of a bucket's value (format 3 or 2).
 local function expiresAt(v)
-  if offsetFence(string.byte(v, 1)) then return (struct.unpack('>I6', v, 7)) end
-  return (struct.unpack('>I6', v, 10))
+  if offsetFence(sbyte(v, 1)) then return (sunpack('>I6', v, 7)) end
+  return (sunpack('>I6', v, 10))
 end
 local stringLoad, stringSave = load, save
 load = function(k)
-  local v = redis.call('HGET', k.b, k.f)
+  local v = rcall('HGET', k.b, k.f)
   if v then
     k.inb = true
     local r, room = unpackValue(v)
@@ -106,9 +106,9 @@ load = function(k)
   end
   -- o is the previous release's bucket only while b does not exist; b's
   -- expiry (-2: none), asked here, serves save too (k.ttl).
-  k.ttl = redis.call('PEXPIRETIME', k.b)
+  k.ttl = rcall('PEXPIRETIME', k.b)
   if k.ttl == -2 then
-    local ok, w = pcall(redis.call, 'HGET', k.o, k.f)
+    local ok, w = pcall(rcall, 'HGET', k.o, k.f)
     if ok and w then
       k.ino = true
       return (unpackValue(w)) -- its flag 8 speaks of o's TTL: not used
@@ -126,27 +126,27 @@ local function bpack(r, room, previous)
   local fl, p = r.st, r.p
   if previous then fl = fl + 128 end
   if room then fl = fl + 8 end
-  if #p == 17 and string.byte(p, 1) == 1 then
-    fl, p = fl + 64, string.sub(p, 2)
+  if #p == 17 and sbyte(p, 1) == 1 then
+    fl, p = fl + 64, ssub(p, 2)
   elseif #p <= 256 then
-    p = string.char(#p - 1) .. string.sub(p, 2)
+    p = schar(#p - 1) .. ssub(p, 2)
   else
     return nil
   end
   local mid = ''
   if r.st == 1 then
     if #r.n ~= 10 then return nil end
-    mid = struct.pack('>I6B', r.l, r.tag) .. r.n
+    mid = spack('>I6B', r.l, r.tag) .. r.n
     if not previous then fl = fl + 32 end
   elseif r.tag == 83 and #r.n >= 4 then
-    fl, mid = fl + 32, string.sub(r.n, -4)
+    fl, mid = fl + 32, ssub(r.n, -4)
   end
   local head
   local d = (r.u + 1) * 1000 - r.f
   if not previous and d >= 1 and d < 2^32 then
-    head = struct.pack(OFFSET_HEAD, fl + 16, d, r.a, r.e, r.e - r.u)
+    head = spack(OFFSET_HEAD, fl + 16, d, r.a, r.e, r.e - r.u)
   else
-    head = struct.pack(HEAD, fl, r.f, r.a, r.e, r.e - r.u)
+    head = spack(HEAD, fl, r.f, r.a, r.e, r.e - r.u)
   end
   local v = head .. mid .. p .. r.r
   if #v > BUCKET_VALUE_MAX then return nil end
@@ -159,18 +159,18 @@ end
 -- TTL to at least that), or o's own expiry if later (0 if no hash). Once per
 -- bucket: O(its records).
 local function adopt(k, now)
-  if redis.call('TYPE', k.o).ok ~= 'hash' then return 0 end
-  local t = redis.call('PEXPIRETIME', k.o)
-  local all = redis.call('HGETALL', k.o)
+  if rcall('TYPE', k.o).ok ~= 'hash' then return 0 end
+  local t = rcall('PEXPIRETIME', k.o)
+  local all = rcall('HGETALL', k.o)
   for i = 1, #all, 2 do
     local f, v = all[i], all[i + 1]
     if f ~= '' and f ~= k.f and expiresAt(v) > now then
       local r = unpackValue(v)
       t = math.max(t, r.e + (r.e - r.u))
-      redis.call('HSETNX', k.b, f, bpack(r, true))
+      rcall('HSETNX', k.b, f, bpack(r, true))
     end
   end
-  redis.call('DEL', k.o)
+  rcall('DEL', k.o)
   return t
 end
 -- sweepBucket deletes the expired records of bucket b once a minute, a
@@ -178,21 +178,21 @@ end
 -- whole): field "" holds the time of the next sweep and, while a sweep is
 -- under way, its HSCAN cursor.
 local function sweepBucket(b, now)
-  local mark = redis.call('HGET', b, '')
-  if mark and struct.unpack('>I6', mark) > now then return end
+  local mark = rcall('HGET', b, '')
+  if mark and sunpack('>I6', mark) > now then return end
   local cursor = '0'
-  if mark and #mark > 6 then cursor = string.sub(mark, 7) end
-  local page = redis.call('HSCAN', b, cursor, 'COUNT', 256)
+  if mark and #mark > 6 then cursor = ssub(mark, 7) end
+  local page = rcall('HSCAN', b, cursor, 'COUNT', 256)
   local fields = page[2]
   for i = 1, #fields, 2 do
     if fields[i] ~= '' and expiresAt(fields[i + 1]) <= now then
-      redis.call('HDEL', b, fields[i])
+      rcall('HDEL', b, fields[i])
     end
   end
   if page[1] == '0' then
-    redis.call('HSET', b, '', struct.pack('>I6', now + 60000))
+    rcall('HSET', b, '', spack('>I6', now + 60000))
   else
-    redis.call('HSET', b, '', struct.pack('>I6', now) .. page[1]) -- the next new field goes on
+    rcall('HSET', b, '', spack('>I6', now) .. page[1]) -- the next new field goes on
   end
 end
 -- savePrevious writes r into the previous release's bucket k.o in format
@@ -203,13 +203,13 @@ end
 local function savePrevious(k, r, span)
   local v = #k.f <= 64 and bpack(r, true, true)
   if not v then return false end
-  local ok, new = pcall(redis.call, 'HSET', k.o, k.f, v)
+  local ok, new = pcall(rcall, 'HSET', k.o, k.f, v)
   if not ok then return false end
   if new == 1 and r.f % 8 == 0 then sweepBucket(k.o, r.u) end
   k.ino = true
-  if k.str then redis.call('DEL', k.s); k.str = nil end
-  if redis.call('PEXPIRETIME', k.o) < r.e + span then
-    redis.call('PEXPIREAT', k.o, string.format('%d', r.e + 2 * span))
+  if k.str then rcall('DEL', k.s); k.str = nil end
+  if rcall('PEXPIRETIME', k.o) < r.e + span then
+    rcall('PEXPIREAT', k.o, sformat('%d', r.e + 2 * span))
   end
   return v
 end
@@ -238,33 +238,33 @@ save = function(k, r)
   end
   v = #k.f <= 64 and bpack(r, room)
   if not v then
-    if k.inb then redis.call('HDEL', k.b, k.f); k.inb = nil end
-    if k.ino then redis.call('HDEL', k.o, k.f); k.ino = nil end
+    if k.inb then rcall('HDEL', k.b, k.f); k.inb = nil end
+    if k.ino then rcall('HDEL', k.o, k.f); k.ino = nil end
     k.str = true
     return stringSave(k.s, r)
   end
   -- One new field in eight (by its fence: not by the key, which a workload
   -- may end alike every time) checks the sweep time.
-  if redis.call('HSET', k.b, k.f, v) == 1 and r.f % 8 == 0 then sweepBucket(k.b, r.u) end
+  if rcall('HSET', k.b, k.f, v) == 1 and r.f % 8 == 0 then sweepBucket(k.b, r.u) end
   k.inb = true
-  if k.str then redis.call('DEL', k.s); k.str = nil end
-  if ask and (k.ttl or redis.call('PEXPIRETIME', k.b)) < r.e + span then
+  if k.str then rcall('DEL', k.s); k.str = nil end
+  if ask and (k.ttl or rcall('PEXPIRETIME', k.b)) < r.e + span then
     local t = math.max(r.e + 2 * span, adopt(k, r.u))
-    t = string.format('%d', t) -- see record.lua's save
-    redis.call('PEXPIREAT', k.b, t)
-    redis.call('SET', k.o, MARKER, 'PXAT', t)
+    t = sformat('%d', t) -- see record.lua's save
+    rcall('PEXPIREAT', k.b, t)
+    rcall('SET', k.o, MARKER, 'PXAT', t)
   end
   return v
 end
 -- remove deletes the record of k from its bucket, its own key and the
 -- previous release's bucket (where that is still a hash).
 remove = function(k)
-  redis.call('HDEL', k.b, k.f)
-  pcall(redis.call, 'HDEL', k.o, k.f)
-  redis.call('DEL', k.s)
+  rcall('HDEL', k.b, k.f)
+  pcall(rcall, 'HDEL', k.o, k.f)
+  rcall('DEL', k.s)
 end
 -- sameCall: the nonce of a settle's record is the call's (a bucket keeps
 -- its last four bytes).
 sameCall = function(stored, nonce)
-  return stored == nonce or (#stored == 4 and stored == string.sub(nonce, -4))
+  return stored == nonce or (#stored == 4 and stored == ssub(nonce, -4))
 end

@@ -6,7 +6,7 @@ local function deleteUpTo(k, fence)
   local r = load(k)
   if not r then return 0 end
   -- Compared as decimal strings (%d: tostring would round 16-digit numbers).
-  local f = string.format('%d', r.f)
+  local f = sformat('%d', r.f)
   if #f > #fence or (#f == #fence and f > fence) then return 0 end
   remove(k)
   return 1

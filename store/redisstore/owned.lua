@@ -11,7 +11,7 @@ local function owned(k, op, fence, ms, result, nonce, now)
   local r = load(k)
   if not r then return 0 end
   -- Fences are compared as written (%d: tostring would round 16-digit numbers).
-  local same = string.format('%d', r.f) == fence
+  local same = sformat('%d', r.f) == fence
   if same and r.tag == 83 and sameCall(r.n, nonce) and r.e > now then return 1 end
   -- Past its retention the record is gone, even before Redis evicts it.
   if r.st ~= 1 or not same or r.e <= now then return 0 end

@@ -94,7 +94,7 @@ const allowOOM = "#!lua flags=allow-oom\n"
 // clockLua reads the server's time once per script: now in ms, floor (the
 // lowest new fence) in µs. (Each tonumber of a string is a strtod, about
 // a thousand instructions in Redis: two, not four.)
-const clockLua = `local t = redis.call('TIME')
+const clockLua = `local t = rcall('TIME')
 local sec, us = tonumber(t[1]), tonumber(t[2])
 local now = sec * 1000 + math.floor(us / 1000)
 local floor = sec * 1000000 + us
@@ -139,11 +139,11 @@ for i = 1, #KEYS / ` + c.keys + ` do
   local ok, v, f
   if string.byte(packed, pos) == 97 then
     local fp, lease, keep, maxa, nonce
-    f, fp, lease, keep, maxa, nonce, pos = struct.unpack('>I4c0I4c0i8i8i8c10', packed, pos + 1)
+    f, fp, lease, keep, maxa, nonce, pos = sunpack('>I4c0I4c0i8i8i8c10', packed, pos + 1)
     ok, v = pcall(acquire, ` + c.batchLoc + `, fp, lease, keep, maxa, nonce, now, floor)
   else
     local op, fence, ms, result, nonce
-    f, op, fence, ms, result, nonce, pos = struct.unpack('>I4c0c1Bc0i8I4c0c10', packed, pos + 1)
+    f, op, fence, ms, result, nonce, pos = sunpack('>I4c0c1Bc0i8I4c0c10', packed, pos + 1)
     ok, v = pcall(owned, ` + c.batchLoc + `, op, fence, ms, result, nonce, now)
   end
   if not ok or type(v) == 'table' and v.err then
