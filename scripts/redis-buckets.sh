@@ -22,15 +22,18 @@
 # median of the rounds' ratios; and each measured run's CPU a lifecycle, of
 # redis-server (INFO cpu) and of the bench client (bash's time).
 #
-# Usage: scripts/redis-buckets.sh [SECONDS] [CONCURRENCY] [FILL] [ROUNDS]   (defaults: 10 32 20 3)
+# Usage: scripts/redis-buckets.sh [SECONDS] [CONCURRENCY] [FILL] [ROUNDS]   (defaults: 5 32 20 10)
+# Ten rounds take ~15 minutes; on a 2-core VM three rounds' medians moved
+# by more than the 10% in question (0.82–0.98), ten on a quiet machine
+# agreed within 2% (docs/benchmarks.md, 2026-12-04).
 # Needs redis-cli and python3; Redis 7.0 or later on 127.0.0.1
 # (IDEM_TEST_REDIS_URL to override).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs=${1:-10}
+secs=${1:-5}
 conc=${2:-32}
 fill=${3:-20}
-rounds=${4:-3}
+rounds=${4:-10}
 redis_url=${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}
 prefix=idembenchb:
 tmp=$(mktemp -d)
