@@ -10,7 +10,8 @@
 -- A record of the first encoding (a hash with fields s f p a l e u r n) is
 -- read as well, and written in this encoding on its next transition.
 -- The library functions the scripts call, as locals: a global's lookup is
--- two table reads on every call (this is ~0.6 µs a lifecycle in buckets).
+-- two table reads on every call (~0.5 µs of a bucket lifecycle's ~25 µs of
+-- server CPU; docs/benchmarks.md).
 local sbyte, ssub, schar, sformat = string.byte, string.sub, string.char, string.format
 local spack, sunpack, rcall = struct.pack, struct.unpack, redis.call
 local FMT = '>BBI8I4I6I6I6BBc0Bc0'
