@@ -254,12 +254,13 @@ type Config struct {
 	// instead of 257 (measured at 1,000,000 records; a key costs ~150 bytes
 	// before its value). There are 16,384 × ceil(Buckets / 16,384) buckets
 	// (one or more per cluster slot); size them to the records kept at once
-	// ÷ 64 for the least memory, or ÷ 16 for a key per record's speed: Redis
-	// searches and rewrites a bucket whole, so a transition costs more the
-	// more records its bucket holds (among 1,000,000 records, 43–57 a bucket
-	// made medians of 0.82 and 0.89 of a key per record's lifecycles/s in
-	// two runs, 11–15 a bucket 0.97–0.98, at ~98 and ~115 bytes a record:
-	// scripts/redis-buckets.sh). A
+	// ÷ 64 for the least memory, or ÷ 12 for speed within 10% of a key per
+	// record's: a bucket's transition runs more Lua than a key's, and Redis
+	// searches and rewrites a bucket whole, so it costs more the more
+	// records its bucket holds (among 1,000,000 records, ten rounds of
+	// scripts/redis-buckets.sh: ~50 a bucket made 0.87 of a key per
+	// record's lifecycles/s, ~12 a bucket 0.90, at ~98 and ~108 bytes a
+	// record). A
 	// bucket stays one compact listpack while its values are no longer than
 	// the server's hash-max-listpack-value: such a record is 64
 	// bytes, the default; a longer result (up to 92 bytes) needs it raised
