@@ -137,7 +137,7 @@ func batchTail(c callShape) string {
 	return `local out, packed, pos = {}, ARGV[1], 1
 for i = 1, #KEYS / ` + c.keys + ` do
   local ok, v, f
-  if string.byte(packed, pos) == 97 then
+  if sbyte(packed, pos) == 97 then
     local fp, lease, keep, maxa, nonce
     f, fp, lease, keep, maxa, nonce, pos = sunpack('>I4c0I4c0i8i8i8c10', packed, pos + 1)
     ok, v = pcall(acquire, ` + c.batchLoc + `, fp, lease, keep, maxa, nonce, now, floor)
