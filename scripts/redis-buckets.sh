@@ -7,9 +7,9 @@
 # is a listpack, which Redis searches and rewrites whole, so its cost grows
 # with the records it holds.
 #
-# A key per record, 16,384 buckets (~61 records a bucket at 1,000,000
-# records: the density the 100-byte figure is measured at) and 65,536
-# buckets (~15), in ROUNDS rounds, each in the reverse order of the one
+# A key per record and each of BUCKETS (by default 16,384 buckets, ~61
+# records a bucket at 1,000,000 records: the density the 100-byte figure is
+# measured at, and 65,536, ~15), in ROUNDS rounds, each in the reverse order of the one
 # before (this machine's speed drifts by more than 10% within minutes; a
 # round's runs are a minute or two apart): each run empties the prefix,
 # fills it for FILL seconds with idem bench's lifecycles (its records: a
@@ -22,7 +22,11 @@
 # median of the rounds' ratios; and each measured run's CPU a lifecycle, of
 # redis-server (INFO cpu) and of the bench client (bash's time).
 #
-# Usage: scripts/redis-buckets.sh [SECONDS] [CONCURRENCY] [FILL] [ROUNDS]   (defaults: 5 32 20 10)
+# Usage: scripts/redis-buckets.sh [SECONDS] [CONCURRENCY] [FILL] [ROUNDS] [BUCKETS]
+#   (defaults: 5 32 20 10 16384,65536; BUCKETS: the bucket counts to run
+#   beside a key per record, comma-separated). Buckets run without markers
+#   (idem_buckets_previous=retired: the least memory; the markers cost no
+#   throughput, written only when a bucket's TTL is extended).
 # Ten rounds take ~15 minutes; on a 2-core VM three rounds' medians moved
 # by more than the 10% in question (0.82–0.98), ten on a quiet machine
 # agreed within 2% (docs/benchmarks.md, 2026-12-04).
@@ -34,6 +38,7 @@ secs=${1:-5}
 conc=${2:-32}
 fill=${3:-20}
 rounds=${4:-10}
+buckets=${5:-16384,65536}
 redis_url=${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379/0}
 prefix=idembenchb:
 tmp=$(mktemp -d)
@@ -56,7 +61,7 @@ server_cpu() { redis-cli -u "$redis_url" INFO cpu | tr -d '\r' | awk -F: '/^used
 # share them, so the lifecycles/s is bound by the two CPU costs together).
 run() {
 	local url="$redis_url?pool_size=$conc&idem_prefix=$prefix" before n after c0 c1 client
-	(($1 > 0)) && url="$url&idem_buckets=$1"
+	(($1 > 0)) && url="$url&idem_buckets=$1&idem_buckets_previous=retired"
 	clean
 	before=$(used)
 	n=$("$tmp/idem" bench --store "$url" --mode lifecycle --concurrency "$conc" --duration "${fill}s" --retention 1h --quiet --json | field lifecycle.ops)
@@ -66,10 +71,13 @@ run() {
 	c1=$(server_cpu)
 	echo "$n $(((after - before) / n)) $(field lifecycle.ops_per_sec <"$tmp/measured.json") $(field lifecycle.ops <"$tmp/measured.json") $(python3 -c 'import sys; print(float(sys.argv[2]) - float(sys.argv[1]))' "$c0" "$c1") $(echo "$client" | tail -1 | awk '{print $1 + $2}')"
 }
-layouts=(0 16384 65536)
+IFS=, read -r -a layouts <<<"0,$buckets"
 for ((round = 1; round <= rounds; round++)); do
 	order=("${layouts[@]}")
-	((round % 2 == 0)) && order=(65536 16384 0)
+	if ((round % 2 == 0)); then
+		order=()
+		for ((i = ${#layouts[@]} - 1; i >= 0; i--)); do order+=("${layouts[i]}"); done
+	fi
 	for b in "${order[@]}"; do
 		echo "$round $b $(run "$b")" >>"$tmp/runs"
 	done

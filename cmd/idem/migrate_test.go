@@ -112,13 +112,13 @@ func TestMigrateStatus(t *testing.T) {
 // says what an upgrade changes there instead (records rewritten packed on
 // their next transition; upgrade the processes of a prefix together; how
 // buckets are turned on; the two steps of an upgrade from the previous
-// release's buckets).
+// release's buckets, and the optional third that drops the markers).
 func TestMigrateSaysWhatChangesOnRedis(t *testing.T) {
 	out, err := run(t, "migrate", "--store", "redis://127.0.0.1:6379/0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"no schema to migrate", "rewritten packed", "upgrade every process that shares a key prefix together", "moved into their bucket", "hash-max-listpack-value", "idem_buckets_previous=1"} {
+	for _, want := range []string{"no schema to migrate", "rewritten packed", "upgrade every process that shares a key prefix together", "moved into their bucket", "hash-max-listpack-value", "idem_buckets_previous=1", "idem_buckets_previous=retired"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("idem migrate on Redis says %q, without %q", out, want)
 		}

@@ -31,7 +31,8 @@
 -- string (MARKER) with b's TTL, so that a process of the previous release,
 -- which would not look in b, fails with WRONGTYPE on every key of the
 -- bucket instead of taking a claim beside the record: while b exists, o is
--- that string (both are set by the same scripts, to the same expiry).
+-- that string (both are set by the same scripts, to the same expiry), or
+-- with MARK_PREVIOUS off (below) nothing or a marker left earlier.
 -- A record with more than 255 attempts, a fence of 2^56 or more, or an
 -- expiry 2^32 ms (49 days) or more after its last transition keeps a key
 -- of its own.
@@ -50,6 +51,12 @@
 -- it, instead of moving o into b; so processes of the previous release
 -- running meanwhile keep reading and settling what is there.
 local WRITE_PREVIOUS = false
+-- MARK_PREVIOUS false (Config.PreviousReleaseRetired, once no process of
+-- the previous release will run on the prefix again, a rollback included):
+-- a bucket's TTL extension deletes k.o instead of leaving the marker there
+-- (a key a bucket: ~144 bytes of Redis memory), so markers left earlier go
+-- too. A previous release's bucket is still read and moved as above.
+local MARK_PREVIOUS = true
 local BUCKET_VALUE_MAX = 128
 local MARKER = 'idem format 3: upgrade'
 local HEAD, OFFSET_HEAD = '>BI7BI6I4', '>BI4BI6I4'
@@ -252,7 +259,11 @@ save = function(k, r)
     local t = math.max(r.e + 2 * span, adopt(k, r.u))
     t = sformat('%d', t) -- see record.lua's save
     rcall('PEXPIREAT', k.b, t)
-    rcall('SET', k.o, MARKER, 'PXAT', t)
+    if MARK_PREVIOUS then
+      rcall('SET', k.o, MARKER, 'PXAT', t)
+    else
+      rcall('DEL', k.o) -- adopt moved it if it was a bucket: a marker, or nothing
+    end
   end
   return v
 end

@@ -26,7 +26,8 @@ func openBuckets(t testing.TB, prefix string) *redisstore.Store {
 // TestConformanceBuckets runs the suite on records kept in buckets
 // (Config.Buckets), coalesced and not, and as during a rolling upgrade
 // from the previous release (Config.WritePreviousBuckets: on a new prefix
-// every record then goes into the previous release's buckets).
+// every record then goes into the previous release's buckets), and after
+// it (Config.PreviousReleaseRetired: no markers).
 func TestConformanceBuckets(t *testing.T) {
 	caps := storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}
 	t.Run("Coalesced", func(t *testing.T) {
@@ -40,6 +41,11 @@ func TestConformanceBuckets(t *testing.T) {
 	t.Run("WritingPrevious", func(t *testing.T) {
 		storetest.Run(t, caps, func(t testing.TB) idem.Store {
 			return testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, WritePreviousBuckets: true})
+		})
+	})
+	t.Run("PreviousReleaseRetired", func(t *testing.T) {
+		storetest.Run(t, caps, func(t testing.TB) idem.Store {
+			return testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, PreviousReleaseRetired: true})
 		})
 	})
 }
@@ -383,22 +389,38 @@ func TestBucketsFromTheStoreURL(t *testing.T) {
 		}
 	}
 
+	// acquireByURL opens the store of URL query q on a prefix of its own
+	// (tag), acquires key k there and returns the names (own, bucket,
+	// previous) and field of its record.
+	acquireByURL := func(q, tag string) (keys []string, field string) {
+		t.Helper()
+		st, err := storeurl.Open(ctx, testenv.RedisURL+q+"&idem_prefix="+prefix+tag+":", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		testenv.OpenRedis(t, prefix+tag+":") // its keys deleted at the end
+		if _, err := st.Acquire(ctx, idem.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		return st.(*redisstore.Store).Locate("k")
+	}
 	// idem_buckets_previous=1: records go into the previous release's
 	// buckets (Config.WritePreviousBuckets); it needs idem_buckets.
-	prev, err := storeurl.Open(ctx, testenv.RedisURL+"?idem_buckets=1&idem_buckets_previous=1&idem_prefix="+prefix+"p:", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prev.Close()
-	testenv.OpenRedis(t, prefix+"p:")
-	if _, err := prev.Acquire(ctx, idem.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	keys, field = prev.(*redisstore.Store).Locate("k")
+	keys, field = acquireByURL("?idem_buckets=1&idem_buckets_previous=1", "p")
 	if in, err := s.Client().HExists(ctx, keys[2], field).Result(); err != nil || !in {
 		t.Fatalf("idem_buckets_previous=1: the record is not in the previous release's bucket %s: %v %v", keys[2], in, err)
 	}
-	for _, bad := range []string{"?idem_buckets=1&idem_buckets_previous=x", "?idem_buckets_previous=1"} {
+	// idem_buckets_previous=retired: no marker under a bucket's previous
+	// name (Config.PreviousReleaseRetired); it needs idem_buckets too.
+	keys, field = acquireByURL("?idem_buckets=1&idem_buckets_previous=retired", "r")
+	if in, err := s.Client().HExists(ctx, keys[1], field).Result(); err != nil || !in {
+		t.Fatalf("idem_buckets_previous=retired: the record is not in its bucket %s: %v %v", keys[1], in, err)
+	}
+	if n, err := s.Client().Exists(ctx, keys[2]).Result(); err != nil || n != 0 {
+		t.Fatalf("idem_buckets_previous=retired: %s exists (%d, %v), want no marker", keys[2], n, err)
+	}
+	for _, bad := range []string{"?idem_buckets=1&idem_buckets_previous=x", "?idem_buckets_previous=1", "?idem_buckets_previous=retired"} {
 		if _, err := storeurl.Open(ctx, testenv.RedisURL+bad, nil); err == nil || !strings.Contains(err.Error(), "Previous") && !strings.Contains(err.Error(), "previous") {
 			t.Errorf("%s: %v, want it refused", bad, err)
 		}

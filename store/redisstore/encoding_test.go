@@ -663,3 +663,116 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 		t.Errorf("after the upgrade: buckets of types %v, the previous release's %v; want hashes and the marker", current, previous)
 	}
 }
+
+// TestRetiredPreviousReleaseLeavesNoMarker: with
+// Config.PreviousReleaseRetired a bucket keeps no marker under its previous
+// name — not where it is new, not where it moves a previous release's
+// bucket (whose records it still reads and takes over), and a marker left
+// before goes at the bucket's next TTL extension — while a store without
+// the option leaves one.
+func TestRetiredPreviousReleaseLeavesNoMarker(t *testing.T) {
+	prefix := testenv.RandomName("idemtest:") + ":"
+	retired := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: prefix, Buckets: 1, PreviousReleaseRetired: true})
+	marking := openBuckets(t, prefix)
+	ctx := context.Background()
+	c := retired.Client()
+	oldAcquire, oldOwned := releaseScripts(t, "second-encoding")
+	typeOf := func(k string) string {
+		t.Helper()
+		tp, err := c.Type(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tp
+	}
+	fp := idem.Fingerprint([]byte("body"))
+	lifecycle := func(s *redisstore.Store, key string, retention time.Duration) {
+		t.Helper()
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: fp, Lease: time.Minute, Retention: retention})
+		if err == nil && a.Outcome != idem.Acquired {
+			err = fmt.Errorf("outcome %v", a.Outcome)
+		}
+		if err == nil {
+			err = s.Complete(ctx, key, a.Fence, []byte("done"), retention)
+		}
+		if err != nil {
+			t.Fatalf("lifecycle of %s: %v", key, err)
+		}
+	}
+	// keyInBucketOf returns a key (named tag-N) in the bucket of key.
+	keyInBucketOf := func(key, tag string) string {
+		want, _ := retired.Locate(key)
+		for i := 0; ; i++ {
+			k := fmt.Sprintf("%s-%d", tag, i)
+			if keys, _ := retired.Locate(k); keys[1] == want[1] {
+				return k
+			}
+		}
+	}
+	// A key of a bucket of its own (one bucket a slot: a slot of its own).
+	slots := map[string]bool{}
+	keyOfNewBucket := func(tag string) (key, previous string) {
+		for i := 0; ; i++ {
+			key = fmt.Sprintf("%s-%d", tag, i)
+			keys, _ := retired.Locate(key)
+			if !slots[keys[1]] {
+				slots[keys[1]] = true
+				return key, keys[2]
+			}
+		}
+	}
+
+	// A new bucket: no marker with the option, one without.
+	fresh, freshPrevious := keyOfNewBucket("fresh")
+	lifecycle(retired, fresh, time.Hour)
+	if tp := typeOf(freshPrevious); tp != "none" {
+		t.Fatalf("a new bucket of the retired store left a %s under its previous name, want none", tp)
+	}
+	marked, markedPrevious := keyOfNewBucket("marked")
+	lifecycle(marking, marked, time.Hour)
+	if tp := typeOf(markedPrevious); tp != "string" {
+		t.Fatalf("a new bucket of the marking store left a %s under its previous name, want the marker", tp)
+	}
+	// That marker goes when the retired store next extends the bucket's
+	// TTL (a retention longer than the bucket's).
+	lifecycle(retired, keyInBucketOf(marked, "later"), 48*time.Hour)
+	if tp := typeOf(markedPrevious); tp != "none" {
+		t.Fatalf("after the retired store extended the bucket's TTL, its previous name holds a %s, want none", tp)
+	}
+
+	// A previous release's bucket: read, then moved by the first write,
+	// without a marker.
+	old, oldPrevious := keyOfNewBucket("old")
+	keys, field := retired.Locate(old)
+	oldCall := func(src string, args ...any) *redis.Cmd {
+		return c.Eval(ctx, src, []string{keys[0], keys[2]}, append([]any{field}, args...)...)
+	}
+	v, err := oldCall(oldAcquire, redisstore.EncodeFingerprint(fp), 60000, 3600000, 0, "old0000001").Slice()
+	if err != nil || v[0] != int64(idem.Acquired) {
+		t.Fatalf("old acquire: %v %v", v, err)
+	}
+	p := v[1].(string)
+	fence := uint64(p[1])<<48 | binary.BigEndian.Uint64([]byte("\x00\x00"+p[2:8]))
+	if n, err := oldCall(oldOwned, "c", strconv.FormatUint(fence, 10), 3600000, "old result", "old0000002").Int(); err != nil || n != 1 {
+		t.Fatalf("old complete: %d %v", n, err)
+	}
+	check := func(when string) {
+		t.Helper()
+		rec, err := retired.Get(ctx, old)
+		if err != nil || rec.State != idem.StateCompleted || rec.Fence != fence || string(rec.Result) != "old result" {
+			t.Fatalf("%s: Get = %+v, %v; want completed under fence %d with the old result", when, rec, err, fence)
+		}
+	}
+	check("in the previous release's bucket")
+	lifecycle(retired, keyInBucketOf(old, "another"), time.Hour)
+	if tp := typeOf(oldPrevious); tp != "none" {
+		t.Fatalf("after the move, the previous release's bucket is a %s, want none", tp)
+	}
+	if in, err := c.HExists(ctx, keys[1], field).Result(); err != nil || !in {
+		t.Fatalf("the old record is not in the new bucket: %v %v", in, err)
+	}
+	check("moved into the new bucket")
+	if a, err := retired.Acquire(ctx, idem.AcquireRequest{Key: old, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Replayed || string(a.Record.Result) != "old result" {
+		t.Fatalf("a duplicate of the moved record: %v %v", a.Outcome, err)
+	}
+}

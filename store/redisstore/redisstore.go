@@ -160,21 +160,14 @@ var (
 	ownedScript   = redis.NewScript(ownedLua)
 	batchScript   = redis.NewScript(batchLua)
 
-	bucketAcquireScript = redis.NewScript(bucketAcquireLua)
-	bucketOwnedScript   = redis.NewScript(bucketOwnedLua)
-	bucketBatchScript   = redis.NewScript(bucketBatchLua)
+	settleScript      = redis.NewScript(settleLua)
+	settleBatchScript = redis.NewScript(settleBatchLua)
 
-	settleScript            = redis.NewScript(settleLua)
-	settleBatchScript       = redis.NewScript(settleBatchLua)
-	bucketSettleScript      = redis.NewScript(bucketSettleLua)
-	bucketSettleBatchScript = redis.NewScript(bucketSettleBatchLua)
-
-	// The same with Config.WritePreviousBuckets.
-	previousBucketAcquireScript     = redis.NewScript(writingPrevious(bucketAcquireLua))
-	previousBucketOwnedScript       = redis.NewScript(writingPrevious(bucketOwnedLua))
-	previousBucketBatchScript       = redis.NewScript(writingPrevious(bucketBatchLua))
-	previousBucketSettleScript      = redis.NewScript(writingPrevious(bucketSettleLua))
-	previousBucketSettleBatchScript = redis.NewScript(writingPrevious(bucketSettleBatchLua))
+	// The bucketed store's transitions, as bucket.lua is, with
+	// Config.WritePreviousBuckets and with Config.PreviousReleaseRetired.
+	bucketScripts          = newBucketScripts("", "")
+	writingPreviousScripts = newBucketScripts("local WRITE_PREVIOUS = false\n", "local WRITE_PREVIOUS = true\n")
+	retiredPreviousScripts = newBucketScripts("local MARK_PREVIOUS = true\n", "local MARK_PREVIOUS = false\n")
 
 	deleteUpToScript       = redis.NewScript(deleteUpToLua)
 	bucketDeleteUpToScript = redis.NewScript(bucketDeleteUpToLua)
@@ -190,14 +183,23 @@ return packed(r)
 `)
 )
 
-// writingPrevious returns a bucket script with bucket.lua's WRITE_PREVIOUS
-// on (Config.WritePreviousBuckets).
-func writingPrevious(src string) string {
-	const off, on = "local WRITE_PREVIOUS = false\n", "local WRITE_PREVIOUS = true\n"
-	if strings.Count(src, off) != 1 {
-		panic("idem/redisstore: bucket.lua does not define WRITE_PREVIOUS once")
+// transitionScripts are a store's scripts of acquisitions and settles:
+// each alone, and a batch of them (coalesced calls).
+type transitionScripts struct{ acquire, owned, batch, settle, settleBatch *redis.Script }
+
+// newBucketScripts returns the bucketed store's transition scripts with the
+// line off of bucket.lua replaced by on (none if off is "").
+func newBucketScripts(off, on string) transitionScripts {
+	with := func(src string) *redis.Script {
+		if off != "" {
+			if strings.Count(src, off) != 1 {
+				panic("idem/redisstore: bucket.lua does not have the line " + strconv.Quote(off) + " once")
+			}
+			src = strings.Replace(src, off, on, 1)
+		}
+		return redis.NewScript(src)
 	}
-	return strings.Replace(src, off, on, 1)
+	return transitionScripts{with(bucketAcquireLua), with(bucketOwnedLua), with(bucketBatchLua), with(bucketSettleLua), with(bucketSettleBatchLua)}
 }
 
 // AcquireScript and OwnedScript are the Lua sources, for operators and
@@ -302,6 +304,20 @@ type Config struct {
 	// its bucket is a hash table under the default hash-max-listpack-value
 	// of 64), and ServerWarnings says the option is on.
 	WritePreviousBuckets bool
+	// PreviousReleaseRetired says that no process of the previous release
+	// will run with Buckets on this prefix again — a rollback included —
+	// (the upgrade's optional third step, after WritePreviousBuckets' two):
+	// a bucket then keeps no marker under its previous name, and deletes
+	// one left earlier the next time it extends its TTL. A marker is a key
+	// of ~144 bytes a bucket: a completed record takes 95 bytes instead of
+	// 98 at ~61 records a bucket (measured at 1,000,000 records; more the
+	// fewer records a bucket holds). A previous release's bucket is
+	// still read and moved into this release's. Not with
+	// WritePreviousBuckets. Its risk is the one the markers exist for: a
+	// process of the previous release started on the prefix afterwards
+	// would not see this release's records and could take a second claim
+	// on a key.
+	PreviousReleaseRetired bool
 }
 
 // ErrReplicationShortfall: fewer replicas than Config.WaitReplicas
@@ -375,6 +391,9 @@ func New(cfg Config) (*Store, error) {
 	if cfg.WritePreviousBuckets && cfg.Buckets <= 0 {
 		return nil, errors.New("idem/redisstore: Config.WritePreviousBuckets needs Config.Buckets")
 	}
+	if cfg.PreviousReleaseRetired && (cfg.Buckets <= 0 || cfg.WritePreviousBuckets) {
+		return nil, errors.New("idem/redisstore: Config.PreviousReleaseRetired needs Config.Buckets, and not Config.WritePreviousBuckets (a rollout's first step, which needs the markers)")
+	}
 	if cfg.Buckets > 0 && strings.ContainsAny(cfg.Prefix, "{}") {
 		return nil, errors.New("idem/redisstore: Config.Buckets needs a Prefix without { or } (the hash tag that places a bucket)")
 	}
@@ -393,16 +412,17 @@ func New(cfg Config) (*Store, error) {
 	if _, err := rand.Read(s.process[:]); err != nil {
 		return nil, fmt.Errorf("idem/redisstore: %w", err)
 	}
-	s.acquireScript, s.ownedScript, s.batchScript = acquireScript, ownedScript, batchScript
-	s.settleScript, s.settleBatchScript = settleScript, settleBatchScript
+	scripts := transitionScripts{acquireScript, ownedScript, batchScript, settleScript, settleBatchScript}
 	switch {
 	case s.bucketsPerSlot > 0 && cfg.WritePreviousBuckets:
-		s.acquireScript, s.ownedScript, s.batchScript = previousBucketAcquireScript, previousBucketOwnedScript, previousBucketBatchScript
-		s.settleScript, s.settleBatchScript = previousBucketSettleScript, previousBucketSettleBatchScript
+		scripts = writingPreviousScripts
+	case s.bucketsPerSlot > 0 && cfg.PreviousReleaseRetired:
+		scripts = retiredPreviousScripts
 	case s.bucketsPerSlot > 0:
-		s.acquireScript, s.ownedScript, s.batchScript = bucketAcquireScript, bucketOwnedScript, bucketBatchScript
-		s.settleScript, s.settleBatchScript = bucketSettleScript, bucketSettleBatchScript
+		scripts = bucketScripts
 	}
+	s.acquireScript, s.ownedScript, s.batchScript = scripts.acquire, scripts.owned, scripts.batch
+	s.settleScript, s.settleBatchScript = scripts.settle, scripts.settleBatch
 	if !cfg.NoCoalesce {
 		s.calls = s.newGroup()
 	}

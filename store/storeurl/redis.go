@@ -24,6 +24,8 @@ import (
 //	                   at least 16,384 hashes: size N to the records kept at once ÷ 64)
 //	idem_buckets_previous=1  for a rolling upgrade from the previous release with
 //	                   buckets: write into its buckets as it does (redisstore.Config.WritePreviousBuckets)
+//	idem_buckets_previous=retired  no process of the previous release will run on the
+//	                   prefix again: no marker under a bucket's previous name (redisstore.Config.PreviousReleaseRetired)
 //	idem_coalesce=0    every call its own round trip (default 1: calls that wait
 //	                   for the store together share a pipeline; redisstore.Config.NoCoalesce)
 //
@@ -50,13 +52,15 @@ func init() {
 				return nil, fmt.Errorf("idem: store URL: idem_buckets is %q, want a number of buckets", b)
 			}
 		}
-		var writePrevious bool
+		var writePrevious, retired bool
 		switch p := q.Get("idem_buckets_previous"); p {
 		case "", "0", "false":
 		case "1", "true":
 			writePrevious = true
+		case "retired":
+			retired = true
 		default:
-			return nil, fmt.Errorf("idem: store URL: idem_buckets_previous is %q, want 1 or 0", p)
+			return nil, fmt.Errorf("idem: store URL: idem_buckets_previous is %q, want 1, 0 or retired", p)
 		}
 		q.Del("idem_buckets")
 		q.Del("idem_buckets_previous")
@@ -99,6 +103,6 @@ func init() {
 			return nil, fmt.Errorf("%w: redis at %s: %v", idem.ErrStoreUnavailable, u.Host, err)
 		}
 		return redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait, NoCoalesce: noCoalesce,
-			Buckets: buckets, WritePreviousBuckets: writePrevious})
+			Buckets: buckets, WritePreviousBuckets: writePrevious, PreviousReleaseRetired: retired})
 	}
 }
