@@ -80,8 +80,11 @@ pairs() { # URL-BUCKETS URL-KEYS
 		printf '%s %s ' "$a" "$b"
 	done
 }
-buckets_pairs=$(pairs "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_buckets=16384" "$redis_url?pool_size=$conc&idem_prefix=idembench:")
-buckets_pairs_single=$(pairs "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_buckets=16384&idem_coalesce=0" "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_coalesce=0")
+# The bucket layout that keeps a completed record within 100 bytes at
+# 1,000,000 records (99.2: ~31 records a bucket, no markers; README).
+buckets="idem_buckets=32768&idem_buckets_previous=retired"
+buckets_pairs=$(pairs "$redis_url?pool_size=$conc&idem_prefix=idembench:&$buckets" "$redis_url?pool_size=$conc&idem_prefix=idembench:")
+buckets_pairs_single=$(pairs "$redis_url?pool_size=$conc&idem_prefix=idembench:&$buckets&idem_coalesce=0" "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_coalesce=0")
 redis_p50=$(bench "$redis_url?idem_prefix=idembench:" 1 p50_us)
 redis_p50_single=$(bench "$redis_url?idem_prefix=idembench:&idem_coalesce=0" 1 p50_us)
 redis_clean
@@ -139,13 +142,14 @@ python3 - "$idem_redis" "$idem_redis_single" "$rb_acq" "$rb_cmp" "$idem_pg" "$id
 	"$redis_p50" "$redis_p50_single" "$pg_p50" "$pg_p50_single" "$rb_acq_p" "$rb_cmp_p" \
 	"$buckets_pairs" "$buckets_pairs_single" \
 	"$redis_client_us" "$redis_server_us" "$redis_client_us_single" "$redis_server_us_single" "$ncpu" \
-	"$idem_pg_text" "$idem_pg_text_single" <<'PY'
+	"$idem_pg_text" "$idem_pg_text_single" "$buckets" <<'PY'
 import statistics, sys
 args = sys.argv[1:]
 pairs = [list(map(float, a.split())) for a in args[13:15]]
 (idem_redis, idem_redis_single, rb_acq, rb_cmp, idem_pg, idem_pg_single, pgb,
  rp50, rp50s, pp50, pp50s, rb_acq_p, rb_cmp_p,
- rc_us, rs_us, rc_us1, rs_us1, ncpu, idem_pg_text, idem_pg_text_single) = map(float, args[:13] + args[15:])
+ rc_us, rs_us, rc_us1, rs_us1, ncpu, idem_pg_text, idem_pg_text_single) = map(float, args[:13] + args[15:22])
+bucket_layout = args[22]
 def buckets(rates):  # buckets, keys, buckets, keys, ...: "B/s vs K/s: ratios (median)"
     ratios = [rates[i] / rates[i + 1] for i in range(0, len(rates), 2)]
     return (f"{statistics.mean(rates[0::2]):.0f}/s vs {statistics.mean(rates[1::2]):.0f}/s, pairs "
@@ -160,7 +164,7 @@ print(f"Redis      redis-benchmark -P 16 (the server's ceiling for the scripts):
 print(f"Redis      CPU per lifecycle: coalesced {rc_us:.1f} µs idem + {rs_us:.1f} µs redis-server = {rc_us + rs_us:.1f},"
       f" not {rc_us1:.1f} + {rs_us1:.1f} = {rc_us1 + rs_us1:.1f} ({(rc_us1 + rs_us1) / (rc_us + rs_us):.2f}x);"
       f" {ncpu:.0f} cores used whole would allow {ncpu * 1e6 / (rc_us + rs_us):.0f} / {ncpu * 1e6 / (rc_us1 + rs_us1):.0f} lifecycles/s")
-print(f"Redis      records in buckets (idem_buckets=16384) against a key per record, three pairs back to back (target ≥ 0.90):"
+print(f"Redis      records in buckets ({bucket_layout}) against a key per record, three pairs back to back (target ≥ 0.90):"
       f" coalesced {buckets(pairs[0])}; not {buckets(pairs[1])}")
 print(f"PostgreSQL idem bench lifecycle {idem_pg:8.0f}/s coalesced, {idem_pg_single:8.0f}/s not ({idem_pg / idem_pg_single:.2f}x)"
       f" | pgbench same two statements {pgb:.0f}/s | ratio {idem_pg / pgb:.2f} coalesced (target ≥ 2), {idem_pg_single / pgb:.2f} not")
