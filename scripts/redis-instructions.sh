@@ -27,6 +27,7 @@
 #        (defaults: 8 20 6398; IDEM_B=path/to/another/idem measures that
 #        build too, alternating with this checkout's, on the same records;
 #        LAYOUTS="key bkt" and MODES="1 0" — coalesced, not — choose runs;
+#        BUCKETS=N the buckets' idem_buckets, 16384 unless set;
 #        KEEP=dir keeps callgrind's dumps there, for callgrind_annotate: per
 #        function with a redis-server built with symbols first in PATH)
 # Needs valgrind, redis-server, redis-cli and python3.
@@ -47,7 +48,7 @@ builds=("$tmp/idem")
 [ -n "${IDEM_B:-}" ] && builds+=("$IDEM_B")
 url="redis://127.0.0.1:$port/0?pool_size=32"
 key="&idem_prefix=idemkey:"
-bkt="&idem_prefix=idembkt:&idem_buckets=16384"
+bkt="&idem_prefix=idembkt:&idem_buckets=${BUCKETS:-16384}"
 bench() { # BUILD URL SECONDS: prints the lifecycles run
 	"$1" bench --store "$2" --mode lifecycle --concurrency 32 --duration "${3}s" --retention 2h --quiet --json |
 		tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["lifecycle"]["ops"])'
@@ -73,7 +74,8 @@ return n" 0 >/dev/null
 redis-cli -p "$port" SAVE >/dev/null
 redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
 sleep 1
-echo "== records: $loaded_key with a key each, $loaded_bkt in 16,384 buckets ($((loaded_bkt / 16384)) a bucket); $secs s per run, 32 workers"
+nbkt=$(((${BUCKETS:-16384} + 16383) / 16384 * 16384))
+echo "== records: $loaded_key with a key each, $loaded_bkt in $nbkt buckets ($((loaded_bkt / nbkt)) a bucket); $secs s per run, 32 workers"
 
 valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.%p.out" \
 	redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >"$tmp/valgrind.log" 2>&1 &

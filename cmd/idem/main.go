@@ -84,7 +84,7 @@ two steps: first deploy this release with idem_buckets_previous=1 in the store U
 (redisstore.Config.WritePreviousBuckets) — it then writes into the previous release's buckets as
 that release does, so processes of both work side by side and every claim settles — and, once no
 process of the previous release is left, deploy it without: the next write into each bucket moves
-it. A marker is a key of ~144 bytes a bucket (3.4 bytes a record at ~61 records a bucket); once no
+it. A marker is a key of ~170–210 bytes a bucket (3.4 bytes a record at ~61 records a bucket); once no
 process of the previous release will run on the prefix again, a rollback included, a third step
 may drop them: idem_buckets_previous=retired (redisstore.Config.PreviousReleaseRetired) leaves
 none, and deletes those left earlier as each bucket next extends its TTL.`

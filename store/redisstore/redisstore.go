@@ -253,16 +253,17 @@ type Config struct {
 	// Buckets > 0 keeps records in hashes, many records per hash (its
 	// bucket), instead of a key per record: a completed record with a
 	// compact key and a 28-byte result then takes 98 bytes of Redis memory
-	// instead of 257 (measured at 1,000,000 records; a key costs ~150 bytes
-	// before its value). There are 16,384 × ceil(Buckets / 16,384) buckets
-	// (one or more per cluster slot); size them to the records kept at once
-	// ÷ 64 for the least memory, or ÷ 12 for speed within 10% of a key per
-	// record's: a bucket's transition runs more Lua than a key's, and Redis
-	// searches and rewrites a bucket whole, so it costs more the more
-	// records its bucket holds (among 1,000,000 records, ten rounds of
-	// scripts/redis-buckets.sh: ~50 a bucket made 0.87 of a key per
-	// record's lifecycles/s, ~12 a bucket 0.90, at ~98 and ~108 bytes a
-	// record). A
+	// instead of 257, 95 with PreviousReleaseRetired (measured at 1,000,000
+	// records, ~61 a bucket; a key costs ~150 bytes before its value).
+	// There are 16,384 × ceil(Buckets / 16,384) buckets (one or more per
+	// cluster slot); size them to the records kept at once ÷ 64 for the
+	// least memory, ÷ 32 for 99 bytes a record with PreviousReleaseRetired
+	// (104.8 without), or ÷ 12 for speed: a bucket's transition runs more
+	// Lua than a key's, and Redis searches and rewrites a bucket whole, so
+	// it costs more the more records its bucket holds (among 1,000,000
+	// records, ten rounds of scripts/redis-buckets.sh on a quiet machine:
+	// ~50 a bucket made 0.87 of a key per record's lifecycles/s, ~12 a
+	// bucket 0.90, at ~98 and ~108 bytes a record). A
 	// bucket stays one compact listpack while its values are no longer than
 	// the server's hash-max-listpack-value: such a record is 64
 	// bytes, the default; a longer result (up to 92 bytes) needs it raised
@@ -309,7 +310,7 @@ type Config struct {
 	// (the upgrade's optional third step, after WritePreviousBuckets' two):
 	// a bucket then keeps no marker under its previous name, and deletes
 	// one left earlier the next time it extends its TTL. A marker is a key
-	// of ~144 bytes a bucket: a completed record takes 95 bytes instead of
+	// of ~170–210 bytes a bucket: a completed record takes 95 bytes instead of
 	// 98 at ~61 records a bucket (measured at 1,000,000 records; more the
 	// fewer records a bucket holds). A previous release's bucket is
 	// still read and moved into this release's. Not with
