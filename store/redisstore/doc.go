@@ -17,11 +17,14 @@
 // With Config.Buckets, records live many to a hash instead (bucket.lua): a
 // bucket in the slot of its records' own key names, a packed value per
 // record under its key's field, 98 bytes per completed record (a compact
-// key, a 28-byte result) where a key per record takes 257. Each bucket
+// key, a 28-byte result; 95 with Config.PreviousReleaseRetired) where a key
+// per record takes 257. Each bucket
 // deletes its own expired records and has a TTL past its last one, so Sweep
 // has nothing to do there either. Buckets of the previous release's
 // encoding are read, and moved by this release's first write into them,
 // which leaves a marker the previous release fails closed on; with
 // Config.WritePreviousBuckets (the first step of a rolling upgrade) this
-// release writes into them in that release's encoding instead.
+// release writes into them in that release's encoding instead, and with
+// Config.PreviousReleaseRetired (once no process of that release will run
+// again) it leaves no marker.
 package redisstore
