@@ -102,7 +102,12 @@ func init() {
 			c.Close()
 			return nil, fmt.Errorf("%w: redis at %s: %v", idem.ErrStoreUnavailable, u.Host, err)
 		}
-		return redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait, NoCoalesce: noCoalesce,
+		s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait, NoCoalesce: noCoalesce,
 			Buckets: buckets, WritePreviousBuckets: writePrevious, PreviousReleaseRetired: retired})
+		if err != nil {
+			c.Close() // the store that would have closed it was refused
+			return nil, err
+		}
+		return s, nil
 	}
 }

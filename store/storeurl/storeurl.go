@@ -121,7 +121,11 @@ func Open(ctx context.Context, raw string, opts *Options) (idem.Store, error) {
 	if !ok {
 		return nil, fmt.Errorf("idem: store URL %q: the %s store is not built into this program", raw, spec.Kind)
 	}
-	return opener(ctx, spec, o)
+	st, err := opener(ctx, spec, o)
+	if err != nil {
+		return nil, err // not an interface holding a backend's nil pointer
+	}
+	return st, nil
 }
 
 // openers holds the backends with a server, registered by their own files so

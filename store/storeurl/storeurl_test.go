@@ -3,8 +3,12 @@ package storeurl
 import (
 	"context"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/idemgo/idem/internal/testenv"
 )
 
 func TestParse(t *testing.T) {
@@ -58,6 +62,40 @@ func TestOpen(t *testing.T) {
 	}
 	if _, err := Open(ctx, "ftp://x", nil); err == nil {
 		t.Fatal("unknown scheme accepted")
+	}
+}
+
+// TestRefusedRedisConfigLeavesNothingOpen: a Redis URL whose options the
+// store refuses (here idem_buckets_previous=retired without idem_buckets)
+// fails with a nil store — not an interface holding a nil *Store — and
+// leaves no connection open (the client made to ping the server is closed).
+func TestRefusedRedisConfigLeavesNothingOpen(t *testing.T) {
+	probe := testenv.RedisClient(t)
+	defer probe.Close()
+	ctx := context.Background()
+	// No collection meanwhile: a leaked client's socket would be closed by
+	// its finalizer once collected, hiding the leak.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	name := "idem-refused-" + strings.ReplaceAll(t.Name(), "/", "-")
+	s, err := Open(ctx, testenv.RedisURL+"?idem_buckets_previous=retired&client_name="+name, nil)
+	if err == nil || s != nil {
+		t.Fatalf("Open = %#v, %v; want nil and the refusal", s, err)
+	}
+	// The server sees a closed connection go at its next read of it, which
+	// may come after it answers the probe: asked until none is left.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		clients, err := probe.ClientList(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := strings.Count(clients, "name="+name+" ")
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections named %s still open 2 s after the refusal", n, name)
+		}
 	}
 }
 
