@@ -54,8 +54,9 @@ local WRITE_PREVIOUS = false
 -- MARK_PREVIOUS false (Config.PreviousReleaseRetired, once no process of
 -- the previous release will run on the prefix again, a rollback included):
 -- a bucket's TTL extension deletes k.o instead of leaving the marker there
--- (a key a bucket: ~170–210 bytes of Redis memory), so markers left earlier go
--- too. A previous release's bucket is still read and moved as above.
+-- (a key a bucket: ~170–210 bytes of Redis memory), so markers left
+-- earlier go too. A previous release's bucket is still read and moved as
+-- above.
 local MARK_PREVIOUS = true
 local BUCKET_VALUE_MAX = 128
 local MARKER = 'idem format 3: upgrade'
