@@ -163,3 +163,74 @@ func TestPackAllocations(t *testing.T) {
 		t.Fatalf("%v allocations to pack two calls, want 0", n)
 	}
 }
+
+// TestBatchCallsKeepTheirOwnBucketTTL: the calls of a batch run one after
+// another in one script, and what a call learns of its bucket must not
+// carry over to the next. Each completion or acquisition below keeps its
+// record an hour, in a bucket whose TTL is only minutes long, right after
+// a call that learnt of another bucket: a new key's acquisition in a
+// bucket with hours left (its TTL), a completion of an hour's claim (its
+// value's flag: the bucket lasts past twice its retention). Had a call
+// taken that for its own bucket's, it would not extend the TTL, and the
+// bucket, its record with it, would go within minutes — a duplicate would
+// then run the work again.
+func TestBatchCallsKeepTheirOwnBucketTTL(t *testing.T) {
+	s := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1})
+	ctx := context.Background()
+	bucketOf := func(key string) string { keys, _ := s.Locate(key); return keys[1] }
+	claim := func(key string, retention time.Duration) uint64 {
+		t.Helper()
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: retention})
+		if err != nil || a.Outcome != idem.Acquired {
+			t.Fatalf("claim %s: %v, %v", key, a.Outcome, err)
+		}
+		return a.Fence
+	}
+	// bucketWith makes key's bucket hold another key's claim for retention
+	// (one bucket a cluster slot: a key found by trying).
+	bucketWith := func(key string, retention time.Duration) {
+		t.Helper()
+		for i := 0; ; i++ {
+			if k := fmt.Sprintf("%s-neighbour-%d", key, i); bucketOf(k) == bucketOf(key) {
+				claim(k, retention)
+				return
+			}
+		}
+	}
+	x, y, w, z := "x", "y", "w", "z"
+	seen := map[string]bool{}
+	for _, k := range []string{x, y, w, z} {
+		if seen[bucketOf(k)] {
+			t.Fatalf("%s shares a bucket with another key of the test; pick other keys", k)
+		}
+		seen[bucketOf(k)] = true
+	}
+	bucketWith(x, time.Hour)        // x: new, in a bucket with hours left
+	yFence := claim(y, time.Minute) // y: its bucket made for a minute's claim
+	wFence := claim(w, time.Hour)   // w: an hour's claim, its value flagged so
+	bucketWith(z, time.Minute)      // z: new, in a bucket with minutes left
+	keys := []string{x, y, w, z}
+	outcomes, errs := s.Batch(ctx, keys, []uint64{0, yFence, wFence, 0}, []byte("done")) // completions for an hour
+	for i := range keys {
+		if errs[i] != nil {
+			t.Fatalf("call %d (%s): %v", i, keys[i], errs[i])
+		}
+	}
+	if outcomes[0] != idem.Acquired || outcomes[3] != idem.Acquired {
+		t.Fatalf("acquisitions of x and z: %v, %v", outcomes[0], outcomes[3])
+	}
+	for _, k := range keys {
+		rec, err := s.Get(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expiry, err := s.Client().PExpireTime(ctx, bucketOf(k)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if until := time.UnixMilli(expiry.Milliseconds()); until.Before(rec.ExpiresAt) {
+			t.Errorf("%s's bucket expires at %v, before its record (%v): the record would go with it",
+				k, until.Format(time.RFC3339Nano), rec.ExpiresAt.Format(time.RFC3339Nano))
+		}
+	}
+}

@@ -6,7 +6,10 @@
 -- field}: all three in one cluster slot. A record still in s (written
 -- before buckets were on, or too large for a bucket) or in o (written by
 -- the previous release) is read there and moved into b by its next
--- transition.
+-- transition. What a call's load learns for its save goes into its
+-- location too (inb, ino, str: the record is in b, o, s; room: flag 8's
+-- TTL; ttl: b's PEXPIRETIME), set to false, never nil, where it no longer
+-- holds: a batch reuses one location table for all its calls (batchTail).
 -- The field is the 16 bytes of a compact key, or 0 and the key (1, the
 -- key and 1 for a key of 15 bytes: no other field is 16 bytes long). The
 -- value is packed (format 3), big-endian:
@@ -109,7 +112,7 @@ load = function(k)
   if v then
     k.inb = true
     local r, room = unpackValue(v)
-    k.room = room
+    k.room = room or false
     return r
   end
   -- o is the previous release's bucket only while b does not exist; b's
@@ -215,7 +218,7 @@ local function savePrevious(k, r, span)
   if not ok then return false end
   if new == 1 and r.f % 8 == 0 then sweepBucket(k.o, r.u) end
   k.ino = true
-  if k.str then rcall('DEL', k.s); k.str = nil end
+  if k.str then rcall('DEL', k.s); k.str = false end
   if rcall('PEXPIRETIME', k.o) < r.e + span then
     rcall('PEXPIREAT', k.o, sformat('%d', r.e + 2 * span))
   end
@@ -246,8 +249,8 @@ save = function(k, r)
   end
   v = #k.f <= 64 and bpack(r, room)
   if not v then
-    if k.inb then rcall('HDEL', k.b, k.f); k.inb = nil end
-    if k.ino then rcall('HDEL', k.o, k.f); k.ino = nil end
+    if k.inb then rcall('HDEL', k.b, k.f); k.inb = false end
+    if k.ino then rcall('HDEL', k.o, k.f); k.ino = false end
     k.str = true
     return stringSave(k.s, r)
   end
@@ -255,7 +258,7 @@ save = function(k, r)
   -- may end alike every time) checks the sweep time.
   if rcall('HSET', k.b, k.f, v) == 1 and r.f % 8 == 0 then sweepBucket(k.b, r.u) end
   k.inb = true
-  if k.str then rcall('DEL', k.s); k.str = nil end
+  if k.str then rcall('DEL', k.s); k.str = false end
   if ask and (k.ttl or rcall('PEXPIRETIME', k.b)) < r.e + span then
     local t = math.max(r.e + 2 * span, adopt(k, r.u))
     t = sformat('%d', t) -- see record.lua's save

@@ -111,15 +111,30 @@ const (
 
 // callShape says where the i-th call of a script finds its keys and
 // arguments: keys per call, the location its function gets, and j (the
-// index of its first argument less one); in a batch, batchLoc is the
-// location, f the field read from the packed argument.
-type callShape struct{ keys, loc, j, batchLoc string }
+// index of its first argument less one); in a batch, batchHead is run
+// once before the calls, and batchLoc is the location, f the field read
+// from the packed argument.
+type callShape struct{ keys, loc, j, batchHead, batchLoc string }
 
 var (
 	plainCall  = callShape{keys: "1", loc: "KEYS[i]", j: "(i - 1) * 5", batchLoc: "KEYS[i]"}
 	bucketCall = callShape{keys: "3", loc: "{s = KEYS[3 * i - 2], b = KEYS[3 * i - 1], o = KEYS[3 * i], f = ARGV[(i - 1) * 6 + 1]}", j: "(i - 1) * 6 + 1",
-		batchLoc: "{s = KEYS[3 * i - 2], b = KEYS[3 * i - 1], o = KEYS[3 * i], f = f}"}
+		batchHead: bucketBatchHead, batchLoc: "at(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], f)"}
 )
+
+// bucketBatchHead makes one location table (bucket.lua) for all the calls
+// of a batch, each call's written into it by at: a table made per call,
+// and grown as its load adds fields, is allocations that Lua's GC then
+// frees (0.5–2% of a coalesced lifecycle's instructions, docs/benchmarks.md).
+// Its fields are reset to false, never nil: Lua may drop a field set to
+// nil, and adding it again grows the table.
+const bucketBatchHead = `local loc = {s = false, b = false, o = false, f = false, inb = false, ino = false, str = false, room = false, ttl = false}
+local function at(s, b, o, f)
+  local k = loc
+  k.s, k.b, k.o, k.f, k.inb, k.ino, k.str, k.room, k.ttl = s, b, o, f, false, false, false, false, false
+  return k
+end
+`
 
 func oneTail(fn, args string, c callShape) string {
 	return "local i = 1\nlocal j = " + c.j + "\nreturn " + fn + "(" + c.loc + ", " + args + ")\n"
@@ -134,7 +149,7 @@ func oneTail(fn, args string, c callShape) string {
 // acquisition refused by a full server would fail every call of its batch,
 // the duplicates answered from their records included (TestFullServer).
 func batchTail(c callShape) string {
-	return `local out, packed, pos = {}, ARGV[1], 1
+	return c.batchHead + `local out, packed, pos = {}, ARGV[1], 1
 for i = 1, #KEYS / ` + c.keys + ` do
   local ok, v, f
   if sbyte(packed, pos) == 97 then
