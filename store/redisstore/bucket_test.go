@@ -171,6 +171,41 @@ func TestBucketPlacement(t *testing.T) {
 	}
 }
 
+// claimAll claims keys in s with req (key, lease): a minute's lease, 1 ms
+// for "lease-over"; returns their fences.
+func claimAll(t *testing.T, s *redisstore.Store, req func(string, time.Duration) idem.AcquireRequest, keys ...string) map[string]uint64 {
+	t.Helper()
+	fences := map[string]uint64{}
+	for _, k := range keys {
+		lease := time.Minute
+		if k == "lease-over" {
+			lease = time.Millisecond
+		}
+		a, err := s.Acquire(context.Background(), req(k, lease))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fences[k] = a.Fence
+	}
+	return fences
+}
+
+// takeOver waits for req to take over the claim of its key, taken with a
+// 1 ms lease under fence, with a larger fence.
+func takeOver(t *testing.T, s *redisstore.Store, req idem.AcquireRequest, fence uint64) {
+	t.Helper()
+	testenv.Eventually(t, 5*time.Second, "a takeover of the claim whose 1 ms lease ran out", func() error {
+		a, err := s.Acquire(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Outcome != idem.TakenOver || a.Fence <= fence {
+			return fmt.Errorf("%v, fence %d", a.Outcome, a.Fence)
+		}
+		return nil
+	})
+}
+
 // TestRecordsMoveIntoBuckets: records written by a store without buckets
 // (under the same prefix) are read by one with buckets — Get, List, Scan, a
 // replay, a mismatch, a settle of a claim taken before, a takeover — and
@@ -182,18 +217,7 @@ func TestRecordsMoveIntoBuckets(t *testing.T) {
 	req := func(k string, lease time.Duration) idem.AcquireRequest {
 		return idem.AcquireRequest{Key: k, Fingerprint: idem.Fingerprint([]byte("body")), Lease: lease, Retention: time.Hour}
 	}
-	fences := map[string]uint64{}
-	for _, k := range []string{"completed", "in-flight", "lease-over", "mismatch"} {
-		lease := time.Minute
-		if k == "lease-over" {
-			lease = time.Millisecond
-		}
-		a, err := before.Acquire(ctx, req(k, lease))
-		if err != nil {
-			t.Fatal(err)
-		}
-		fences[k] = a.Fence
-	}
+	fences := claimAll(t, before, req, "completed", "in-flight", "lease-over", "mismatch")
 	for _, k := range []string{"completed", "mismatch"} {
 		if err := before.Complete(ctx, k, fences[k], []byte("r-"+k), time.Hour); err != nil {
 			t.Fatal(err)
@@ -230,16 +254,7 @@ func TestRecordsMoveIntoBuckets(t *testing.T) {
 	if err := after.Complete(ctx, "in-flight", fences["in-flight"], []byte("done after"), time.Hour); err != nil {
 		t.Fatalf("the owner settles a claim taken before buckets: %v", err)
 	}
-	testenv.Eventually(t, 5*time.Second, "a takeover of the claim whose 1 ms lease ran out", func() error {
-		a, err := after.Acquire(ctx, req("lease-over", time.Minute))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a.Outcome != idem.TakenOver || a.Fence <= fences["lease-over"] {
-			return fmt.Errorf("%v, fence %d", a.Outcome, a.Fence)
-		}
-		return nil
-	})
+	takeOver(t, after, req("lease-over", time.Minute), fences["lease-over"])
 	c := after.Client()
 	for k, moved := range map[string]bool{"completed": false, "mismatch": false, "in-flight": true, "lease-over": true} {
 		keys, field := after.Locate(k)
@@ -615,6 +630,146 @@ return 1`, []string{keys[1]}, field).Err(); err != nil {
 		if end := time.UnixMilli(int64(ttl / time.Millisecond)); rec.ExpiresAt.After(end) {
 			t.Errorf("%s expires at %v, after its bucket (%v)", k, rec.ExpiresAt, end)
 		}
+	}
+}
+
+// TestBucketNewKeyCalls: the acquisition of a key with no record — most
+// acquisitions — writes its claim with HSETNX and then asks what the
+// claim could hide (the bucket's TTL, the record's own key), instead of
+// reading the field before writing it: one Redis call and one search of the
+// bucket's listpack fewer (TIME, HSETNX, PEXPIRETIME, EXISTS), plus the
+// sweep's look at its time for one new field in eight (by fence). A key
+// with a record pays one call more than before (the HSETNX that finds
+// it); its answer is the same.
+func TestBucketNewKeyCalls(t *testing.T) {
+	srv := testenv.StartRedisServer(t)
+	prefix := testenv.RandomName("idemtest:") + ":"
+	s := testenv.OpenRedisConfig(t, srv.Addr, redisstore.Config{Prefix: prefix, Buckets: 1})
+	ctx := context.Background()
+	c := s.Client()
+	bucketOf := func(key string) string { keys, _ := s.Locate(key); return keys[1] }
+	// Keys of one bucket, which exists, with its next sweep an hour away:
+	// a sweep check is then one HGET of its time.
+	if _, err := s.Acquire(ctx, idem.AcquireRequest{Key: "first", Lease: time.Minute, Retention: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	b := bucketOf("first")
+	if err := c.Eval(ctx, `redis.call('HSET', KEYS[1], '', struct.pack('>I6', ARGV[1]))`, []string{b},
+		time.Now().Add(time.Hour).UnixMilli()).Err(); err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for i := 0; len(keys) < 40; i++ {
+		if k := fmt.Sprintf("k-%d", i); bucketOf(k) == b {
+			keys = append(keys, k)
+		}
+	}
+	// What the bucket scripts call (not the client's EVALSHA, INFO, HELLO).
+	scriptCommands := []string{"time", "hget", "hmget", "hsetnx", "hset", "hdel", "hscan", "hgetall",
+		"get", "set", "exists", "del", "type", "pexpiretime", "pexpireat"}
+	calls := func() map[string]int {
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := map[string]int{}
+		for _, line := range strings.Split(info, "\r\n") {
+			name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+			if !ok || !slices.Contains(scriptCommands, name) {
+				continue
+			}
+			n[name], _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		}
+		return n
+	}
+	total := func(n map[string]int) (sum int) {
+		for _, v := range n {
+			sum += v
+		}
+		return sum
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	checks := 0
+	for _, k := range keys {
+		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+		if err != nil || a.Outcome != idem.Acquired {
+			t.Fatalf("%s: %v %v", k, a.Outcome, err)
+		}
+		if a.Fence%8 == 0 {
+			checks++
+		}
+	}
+	got := calls()
+	if want := 4*len(keys) + checks; total(got) != want {
+		t.Errorf("%d acquisitions of new keys (%d sweep checks): %d Redis calls, want %d: %v", len(keys), checks, total(got), want, got)
+	}
+
+	// A key with a record: the HSETNX finds it, the answer is the record's.
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: keys[0], Lease: time.Minute, Retention: time.Hour})
+	if err != nil || a.Outcome != idem.InProgress {
+		t.Fatalf("a duplicate: %v %v", a.Outcome, err)
+	}
+	if got := calls(); total(got) > 3 {
+		t.Errorf("the acquisition of a key with a record: %d Redis calls, want at most 3 (TIME, HSETNX, HGET): %v", total(got), got)
+	}
+}
+
+// TestBucketNewKeyBesideItsOwnKey: a key whose record is still in its own
+// key (written before buckets were on) in a bucket that exists: the
+// acquisition's HSETNX finds nothing in the bucket, the record is found in
+// its own key and answered as before, and the claim the HSETNX wrote is
+// taken back in the same script — the bucket holds no field of the key.
+func TestBucketNewKeyBesideItsOwnKey(t *testing.T) {
+	prefix := testenv.RandomName("idemtest:") + ":"
+	before := testenv.OpenRedis(t, prefix)
+	after := openBuckets(t, prefix)
+	ctx := context.Background()
+	bucketOf := func(key string) string { keys, _ := after.Locate(key); return keys[1] }
+	req := func(k string, lease time.Duration) idem.AcquireRequest {
+		return idem.AcquireRequest{Key: k, Lease: lease, Retention: time.Hour}
+	}
+	fences := claimAll(t, before, req, "done", "running", "lease-over")
+	for k := range fences {
+		for i := 0; ; i++ { // a neighbour's claim makes the bucket
+			if n := fmt.Sprintf("%s-neighbour-%d", k, i); bucketOf(n) == bucketOf(k) {
+				if _, err := after.Acquire(ctx, req(n, time.Minute)); err != nil {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+	}
+	if err := before.Complete(ctx, "done", fences["done"], []byte("result"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	c := after.Client()
+	inBucket := func(k string) bool {
+		keys, field := after.Locate(k)
+		in, err := c.HExists(ctx, keys[1], field).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in
+	}
+	if a, err := after.Acquire(ctx, req("done", time.Minute)); err != nil || a.Outcome != idem.Replayed || string(a.Record.Result) != "result" {
+		t.Fatalf("done: %v %+v %v", a.Outcome, a.Record, err)
+	}
+	if a, err := after.Acquire(ctx, req("running", time.Minute)); err != nil || a.Outcome != idem.InProgress {
+		t.Fatalf("running: %v %v", a.Outcome, err)
+	}
+	for _, k := range []string{"done", "running"} {
+		if inBucket(k) {
+			t.Errorf("%s: a field in its bucket beside its own key's record", k)
+		}
+	}
+	takeOver(t, after, req("lease-over", time.Minute), fences["lease-over"])
+	if !inBucket("lease-over") {
+		t.Error("lease-over: its takeover did not move it into its bucket")
 	}
 }
 

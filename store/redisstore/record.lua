@@ -57,3 +57,8 @@ end
 local function packed(r)
   return r.raw or pack(r)
 end
+-- claimNew, where a layout has it (bucket.lua), writes a claim for a key
+-- with no record in one step and returns what it wrote, or nil where the
+-- key may have a record: then acquire loads it. A key of its own has none:
+-- its load is one GET already.
+local claimNew = false
