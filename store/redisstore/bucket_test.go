@@ -664,30 +664,6 @@ func TestBucketNewKeyCalls(t *testing.T) {
 			keys = append(keys, k)
 		}
 	}
-	// What the bucket scripts call (not the client's EVALSHA, INFO, HELLO).
-	scriptCommands := []string{"time", "hget", "hmget", "hsetnx", "hset", "hdel", "hscan", "hgetall",
-		"get", "set", "exists", "del", "type", "pexpiretime", "pexpireat"}
-	calls := func() map[string]int {
-		info, err := c.Info(ctx, "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := map[string]int{}
-		for _, line := range strings.Split(info, "\r\n") {
-			name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
-			if !ok || !slices.Contains(scriptCommands, name) {
-				continue
-			}
-			n[name], _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-		}
-		return n
-	}
-	total := func(n map[string]int) (sum int) {
-		for _, v := range n {
-			sum += v
-		}
-		return sum
-	}
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -701,9 +677,8 @@ func TestBucketNewKeyCalls(t *testing.T) {
 			checks++
 		}
 	}
-	got := calls()
-	if want := 4*len(keys) + checks; total(got) != want {
-		t.Errorf("%d acquisitions of new keys (%d sweep checks): %d Redis calls, want %d: %v", len(keys), checks, total(got), want, got)
+	if got, n := scriptCalls(t, c); n != 4*len(keys)+checks {
+		t.Errorf("%d acquisitions of new keys (%d sweep checks): %d Redis calls, want %d: %v", len(keys), checks, n, 4*len(keys)+checks, got)
 	}
 
 	// A key with a record: the HSETNX finds it, the answer is the record's.
@@ -714,8 +689,8 @@ func TestBucketNewKeyCalls(t *testing.T) {
 	if err != nil || a.Outcome != idem.InProgress {
 		t.Fatalf("a duplicate: %v %v", a.Outcome, err)
 	}
-	if got := calls(); total(got) > 3 {
-		t.Errorf("the acquisition of a key with a record: %d Redis calls, want at most 3 (TIME, HSETNX, HGET): %v", total(got), got)
+	if got, n := scriptCalls(t, c); n > 3 {
+		t.Errorf("the acquisition of a key with a record: %d Redis calls, want at most 3 (TIME, HSETNX, HGET): %v", n, got)
 	}
 }
 

@@ -3,6 +3,8 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -265,5 +267,60 @@ func TestCoalescedPipelinesCarryManyCalls(t *testing.T) {
 		if rec, err := s.Get(context.Background(), fmt.Sprintf("many-%d", i)); err != nil || rec.State != idem.StateCompleted {
 			t.Fatalf("many-%d: %+v %v", i, rec, err)
 		}
+	}
+}
+
+// scriptCalls returns the calls of each command the scripts use (not the
+// client's EVALSHA, INFO, HELLO) since the server's stats were last reset,
+// and their sum.
+func scriptCalls(t *testing.T, c redis.Cmdable) (map[string]int, int) {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scriptCommands := []string{"time", "hget", "hmget", "hsetnx", "hset", "hdel", "hscan", "hgetall",
+		"get", "set", "exists", "del", "type", "pexpiretime", "pexpireat"}
+	calls, total := map[string]int{}, 0
+	for _, line := range strings.Split(info, "\r\n") {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+		if !ok || !slices.Contains(scriptCommands, name) {
+			continue
+		}
+		calls[name], _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		total += calls[name]
+	}
+	return calls, total
+}
+
+// TestNewKeyCalls: the acquisition of a key with no record, most
+// acquisitions, is one SET NX beside the script's TIME — not a GET before
+// a SET; a key with a record pays the SET NX that finds it, its answer the
+// same.
+func TestNewKeyCalls(t *testing.T) {
+	srv := testenv.StartRedisServer(t)
+	s := testenv.OpenRedisConfig(t, srv.Addr, redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":"})
+	ctx := context.Background()
+	c := s.Client()
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	for i := range n {
+		if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: fmt.Sprint("k-", i), Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Acquired {
+			t.Fatalf("k-%d: %v %v", i, a.Outcome, err)
+		}
+	}
+	if got, total := scriptCalls(t, c); total != 2*n {
+		t.Errorf("%d acquisitions of new keys: %d Redis calls, want %d: %v", n, total, 2*n, got)
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k-0", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.InProgress {
+		t.Fatalf("a duplicate: %v %v", a.Outcome, err)
+	}
+	if got, total := scriptCalls(t, c); total > 3 {
+		t.Errorf("the acquisition of a key with a record: %d Redis calls, want at most 3 (TIME, SET NX, GET): %v", total, got)
 	}
 }
