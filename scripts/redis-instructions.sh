@@ -28,6 +28,9 @@
 #        build too, alternating with this checkout's, on the same records;
 #        LAYOUTS="key bkt" and MODES="1 0" — coalesced, not — choose runs;
 #        BUCKETS=N the buckets' idem_buckets, 16384 unless set;
+#        PHASE=replay counts idem bench's replay phase instead: acquisitions
+#        of completed keys, a duplicate's path — its 100 keys' lifecycles,
+#        made first, are in the count, under 1% of it;
 #        KEEP=dir keeps callgrind's dumps there, for callgrind_annotate: per
 #        function with a redis-server built with symbols first in PATH)
 # Needs valgrind, redis-server, redis-cli and python3.
@@ -49,9 +52,10 @@ builds=("$tmp/idem")
 url="redis://127.0.0.1:$port/0?pool_size=32"
 key="&idem_prefix=idemkey:"
 bkt="&idem_prefix=idembkt:&idem_buckets=${BUCKETS:-16384}"
-bench() { # BUILD URL SECONDS: prints the lifecycles run
-	"$1" bench --store "$2" --mode lifecycle --concurrency 32 --duration "${3}s" --retention 2h --quiet --json |
-		tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["lifecycle"]["ops"])'
+phase=${PHASE:-lifecycle}
+bench() { # BUILD URL SECONDS [PHASE]: prints the lifecycles (or replays) run
+	"$1" bench --store "$2" --mode "${4:-lifecycle}" --keys 100 --concurrency 32 --duration "${3}s" --retention 2h --quiet --json |
+		tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]]["ops"])' "${4:-lifecycle}"
 }
 wait_up() { for _ in $(seq 1 300); do redis-cli -p "$port" PING 2>/dev/null | grep -q PONG && return; sleep 1; done; exit 1; }
 
@@ -95,7 +99,7 @@ for layout in ${LAYOUTS:-key bkt}; do
 			run=$((run + 1))
 			h0=$(hscans)
 			callgrind_control -z "$vg" >/dev/null 2>&1
-			ops=$(bench "$build" "$url$params&idem_coalesce=$coalesce" "$secs")
+			ops=$(bench "$build" "$url$params&idem_coalesce=$coalesce" "$secs" "$phase")
 			callgrind_control -d "run$run" "$vg" >/dev/null 2>&1
 			h1=$(hscans)
 			dump=$(ls -t "$tmp"/cg.*.out.* | head -1)
@@ -103,13 +107,14 @@ for layout in ${LAYOUTS:-key bkt}; do
 			[ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && cp "$dump" "$KEEP/$layout-coalesce$coalesce-$run.out" && echo "$ops" >"$KEEP/$layout-coalesce$coalesce-$run.ops"
 			name=$([ "$build" = "$tmp/idem" ] && echo "this checkout" || echo "$build")
 			python3 -c 'import sys
-layout, coalesce, name, ops, total, hs = sys.argv[1:]
+layout, coalesce, name, ops, total, hs, phase = sys.argv[1:]
 ops, total, hs = int(ops), int(total), int(hs)
 lay = {"key": "a key per record", "bkt": "buckets"}[layout]
 mode = {"1": "coalesced", "0": "not coalesced"}[coalesce]
+what = {"lifecycle": "lifecycle", "replay": "replay"}[phase]
 sweeps = f"  ({hs} sweeps)" if layout == "bkt" else ""
-print(f"{lay:17} {mode:13} {total / ops:9,.0f} instructions a lifecycle ({ops} lifecycles){sweeps}  {name}")' \
-				"$layout" "$coalesce" "$name" "$ops" "$total" "$((h1 - h0))"
+print(f"{lay:17} {mode:13} {total / ops:9,.0f} instructions a {what} ({ops} {what}s){sweeps}  {name}")' \
+				"$layout" "$coalesce" "$name" "$ops" "$total" "$((h1 - h0))" "$phase"
 		done
 	done
 done

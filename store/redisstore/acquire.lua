@@ -9,10 +9,6 @@
 -- A new fence is max(previous fence + 1, server time in microseconds), so
 -- fences keep growing after the record expired or was deleted.
 local function acquire(k, fp, lease, keep, maxa, nonce, now, floor)
-  if claimNew then
-    local v = claimNew(k, {st = 1, f = floor, a = 1, l = now + lease, e = now + keep, u = now, tag = 49, n = nonce, p = fp, r = ''})
-    if v then return {1, v} end
-  end
   local r = load(k)
   if r and r.st == 1 and (r.tag == 49 or r.tag == 50) and r.n == nonce and r.e > now then
     return {r.tag - 48, packed(r)} -- this call's own claim, taken by an earlier run of the script

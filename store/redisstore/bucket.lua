@@ -238,19 +238,6 @@ end
 -- load that did not find the record in b asked b's expiry already (k.ttl):
 -- nothing between changes it but this HSET, which can only make b (-2, and
 -- then no TTL: both extend).
--- extend makes the TTL of b, which holds r now, reach r.e + 2 span (span
--- = r.e - r.u, so the next writes need not extend it again) or the latest
--- record adopt moves in from o, and k.o the marker with the same expiry.
-local function extend(k, r, span)
-  local t = math.max(r.e + 2 * span, adopt(k, r.u))
-  t = sformat('%d', t) -- see record.lua's save
-  rcall('PEXPIREAT', k.b, t)
-  if MARK_PREVIOUS then
-    rcall('SET', k.o, MARKER, 'PXAT', t)
-  else
-    rcall('DEL', k.o) -- adopt moved it if it was a bucket: a marker, or nothing
-  end
-end
 save = function(k, r)
   local span = r.e - r.u
   -- k.ttl is -2 where load asked and b does not exist (see load).
@@ -272,41 +259,16 @@ save = function(k, r)
   if rcall('HSET', k.b, k.f, v) == 1 and r.f % 8 == 0 then sweepBucket(k.b, r.u) end
   k.inb = true
   if k.str then rcall('DEL', k.s); k.str = false end
-  if ask and (k.ttl or rcall('PEXPIRETIME', k.b)) < r.e + span then extend(k, r, span) end
-  return v
-end
--- claimNew (acquire's first step; see record.lua) writes claim r, fenced
--- as for a key with no record, with HSETNX: for a new key, most
--- acquisitions, the write without the read of the field before it (one
--- Redis call and one search of the listpack fewer; a key with a record
--- pays the HSETNX that finds it). A field absent from b is not yet a key
--- without a record: it may be in o (only while b did not exist: b has no
--- TTL, made by this HSETNX) or in its own key; where either may hold it,
--- the claim is taken back in the same script (no one sees it) and acquire
--- loads the record as before. Else, as save: the sweep's look, the TTL.
--- The HSETNX is the acquisition's first write: refused on a full server
--- (OOM), it leaves acquire's load to answer a duplicate from the record
--- (a new claim is then refused by save's HSET). Not with WRITE_PREVIOUS,
--- where a key whose b does not exist goes into o.
-claimNew = function(k, r)
-  if WRITE_PREVIOUS or #k.f > 64 then return nil end
-  local v = bpack(r, true) -- flag 8: the TTL is made to reach r.e + span below
-  if not v then return nil end
-  local ok, new = pcall(rcall, 'HSETNX', k.b, k.f, v)
-  if not ok or new == 0 then return nil end
-  local ttl = rcall('PEXPIRETIME', k.b)
-  local inPrevious = false
-  if ttl == -1 then
-    local got, w = pcall(rcall, 'HGET', k.o, k.f)
-    inPrevious = got and w
+  if ask and (k.ttl or rcall('PEXPIRETIME', k.b)) < r.e + span then
+    local t = math.max(r.e + 2 * span, adopt(k, r.u))
+    t = sformat('%d', t) -- see record.lua's save
+    rcall('PEXPIREAT', k.b, t)
+    if MARK_PREVIOUS then
+      rcall('SET', k.o, MARKER, 'PXAT', t)
+    else
+      rcall('DEL', k.o) -- adopt moved it if it was a bucket: a marker, or nothing
+    end
   end
-  if inPrevious or rcall('EXISTS', k.s) == 1 then
-    rcall('HDEL', k.b, k.f)
-    return nil
-  end
-  if r.f % 8 == 0 then sweepBucket(k.b, r.u) end
-  local span = r.e - r.u
-  if ttl < r.e + span then extend(k, r, span) end
   return v
 end
 -- remove deletes the record of k from its bucket, its own key and the

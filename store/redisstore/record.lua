@@ -57,16 +57,3 @@ end
 local function packed(r)
   return r.raw or pack(r)
 end
--- claimNew, acquire's first step, writes claim r (fenced as for a key with
--- no record) where the key has none and returns what it wrote, else nil:
--- then acquire loads the record. Here one SET NX where a new key's load and
--- save were a GET and a SET; a key with a record pays the SET NX that finds
--- it. pcall: refused on a full server (OOM), the SET NX leaves acquire's
--- load to answer a duplicate from its record (and its save to refuse a new
--- claim). bucket.lua has its own.
-local function claimNew(k, r)
-  local v = pack(r)
-  local ok, set = pcall(rcall, 'SET', k, v, 'NX', 'PXAT', sformat('%d', r.e))
-  if ok and set then return v end
-  return nil
-end
