@@ -692,13 +692,13 @@ func TestBucketAcquisitionCalls(t *testing.T) {
 	}
 }
 
-// TestBucketNewKeyBesideItsOwnKey: a key whose record is still in its own
+// TestRecordInItsOwnKeyBesideItsBucket: a key whose record is still in its own
 // key (written before buckets were on) while its bucket exists — so
 // nothing in the bucket says the record is elsewhere: the acquisition
 // finds the record in its own key and answers it (replayed, in flight,
 // taken over once its lease ran out), and writes no claim into the bucket
 // beside it.
-func TestBucketNewKeyBesideItsOwnKey(t *testing.T) {
+func TestRecordInItsOwnKeyBesideItsBucket(t *testing.T) {
 	prefix := testenv.RandomName("idemtest:") + ":"
 	before := testenv.OpenRedis(t, prefix)
 	after := openBuckets(t, prefix)
