@@ -39,6 +39,8 @@ cd "$(dirname "$0")/.."
 secs=${1:-8}
 preload=${2:-20}
 port=${3:-6398}
+phase=${PHASE:-lifecycle}
+case $phase in lifecycle | replay) ;; *) echo "PHASE is $phase, want lifecycle or replay" >&2; exit 2 ;; esac
 tmp=$(mktemp -d)
 cleanup() {
 	redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
@@ -52,7 +54,6 @@ builds=("$tmp/idem")
 url="redis://127.0.0.1:$port/0?pool_size=32"
 key="&idem_prefix=idemkey:"
 bkt="&idem_prefix=idembkt:&idem_buckets=${BUCKETS:-16384}"
-phase=${PHASE:-lifecycle}
 bench() { # BUILD URL SECONDS [PHASE]: prints the lifecycles (or replays) run
 	"$1" bench --store "$2" --mode "${4:-lifecycle}" --keys 100 --concurrency 32 --duration "${3}s" --retention 2h --quiet --json |
 		tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]]["ops"])' "${4:-lifecycle}"
@@ -111,9 +112,8 @@ layout, coalesce, name, ops, total, hs, phase = sys.argv[1:]
 ops, total, hs = int(ops), int(total), int(hs)
 lay = {"key": "a key per record", "bkt": "buckets"}[layout]
 mode = {"1": "coalesced", "0": "not coalesced"}[coalesce]
-what = {"lifecycle": "lifecycle", "replay": "replay"}[phase]
 sweeps = f"  ({hs} sweeps)" if layout == "bkt" else ""
-print(f"{lay:17} {mode:13} {total / ops:9,.0f} instructions a {what} ({ops} {what}s){sweeps}  {name}")' \
+print(f"{lay:17} {mode:13} {total / ops:9,.0f} instructions a {phase} ({ops} {phase}s){sweeps}  {name}")' \
 				"$layout" "$coalesce" "$name" "$ops" "$total" "$((h1 - h0))" "$phase"
 		done
 	done
