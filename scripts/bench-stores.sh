@@ -3,7 +3,7 @@
 # the server's own benchmark tool doing the same round trips at the same
 # concurrency, and prints the ratios.
 #
-#   Redis:      idem bench --mode lifecycle   vs  redis-benchmark EVALSHA of the same two scripts,
+#   Redis:      idem bench --mode lifecycle   vs  redis-benchmark FCALL of the same two functions,
 #               and idem with records in buckets (idem_buckets) vs a key per record
 #   PostgreSQL: idem bench --mode lifecycle   vs  pgbench -f of the same two statements
 #
@@ -25,8 +25,9 @@ trap 'rm -rf "$tmp"' EXIT
 
 go build -o "$tmp/idem" ./cmd/idem
 (cd scripts && go run ./benchscripts pgbench idem_bench) >"$tmp/lifecycle.sql"
-(cd scripts && go run ./benchscripts redis-acquire) >"$tmp/acquire.lua"
-(cd scripts && go run ./benchscripts redis-owned) >"$tmp/owned.lua"
+(cd scripts && go run ./benchscripts redis-library) >"$tmp/library.lua"
+acq_fn=$(cd scripts && go run ./benchscripts redis-function acquire)
+own_fn=$(cd scripts && go run ./benchscripts redis-function settle)
 ncpu=$(nproc)
 echo "== $secs s per run, $conc concurrent workers, $ncpu cores"
 
@@ -88,23 +89,24 @@ buckets_pairs_single=$(pairs "$redis_url?pool_size=$conc&idem_prefix=idembench:&
 redis_p50=$(bench "$redis_url?idem_prefix=idembench:" 1 p50_us)
 redis_p50_single=$(bench "$redis_url?idem_prefix=idembench:&idem_coalesce=0" 1 p50_us)
 redis_clean
-acq_sha=$(redis-cli -u "$redis_url" SCRIPT LOAD "$(cat "$tmp/acquire.lua")")
-own_sha=$(redis-cli -u "$redis_url" SCRIPT LOAD "$(cat "$tmp/owned.lua")")
+# idem calls its transitions as Redis functions (redisstore.Config.NoFunctions):
+# the same library, loaded here (idem's runs above loaded it already).
+redis-cli -u "$redis_url" -x FUNCTION LOAD REPLACE <"$tmp/library.lua" >/dev/null
 n=$((secs * 30000))
 # Acquire of fresh keys (a keyspace far larger than the requests), then
 # complete with fence 1 over a keyspace the acquire run filled.
 rb_acq=$(redis-benchmark -u "$redis_url" -c "$conc" -n "$n" -r "$n" -q \
-	EVALSHA "$acq_sha" 1 "idembench:{rb:__rand_int__}" bench 60000 3600000 0 n__rand_int__ | rps)
+	FCALL "$acq_fn" 1 "idembench:{rb:__rand_int__}" bench 60000 3600000 0 n__rand_int__ | rps)
 rb_cmp=$(redis-benchmark -u "$redis_url" -c "$conc" -n "$n" -r "$n" -q \
-	EVALSHA "$own_sha" 1 "idembench:{rb:__rand_int__}" c 1 3600000 '{"status":"ok"}' n__rand_int__ | rps)
+	FCALL "$own_fn" 1 "idembench:{rb:__rand_int__}" c 1 3600000 '{"status":"ok"}' n__rand_int__ | rps)
 redis_clean
-# The same, pipelined 16 deep: the server's ceiling for these scripts when
+# The same, pipelined 16 deep: the server's ceiling for these functions when
 # the network costs nothing (the complete runs with a stale fence, the
 # cheaper path, so the ceiling is if anything too high).
 rb_acq_p=$(redis-benchmark -u "$redis_url" -c "$conc" -n "$((n * 2))" -r "$n" -P 16 -q \
-	EVALSHA "$acq_sha" 1 "idembench:{rbp:__rand_int__}" bench 60000 3600000 0 n__rand_int__ | rps)
+	FCALL "$acq_fn" 1 "idembench:{rbp:__rand_int__}" bench 60000 3600000 0 n__rand_int__ | rps)
 rb_cmp_p=$(redis-benchmark -u "$redis_url" -c "$conc" -n "$((n * 2))" -r "$n" -P 16 -q \
-	EVALSHA "$own_sha" 1 "idembench:{rbp:__rand_int__}" c 1 3600000 '{"status":"ok"}' n__rand_int__ | rps)
+	FCALL "$own_fn" 1 "idembench:{rbp:__rand_int__}" c 1 3600000 '{"status":"ok"}' n__rand_int__ | rps)
 redis_clean
 
 # --- PostgreSQL --------------------------------------------------------------

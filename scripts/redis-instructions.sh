@@ -86,7 +86,7 @@ valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.%p.out" \
 	redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >"$tmp/valgrind.log" 2>&1 &
 vg=$!
 wait_up
-for build in "${builds[@]}"; do # the scripts' first run (SCRIPT LOAD, its SHA1) outside the counts
+for build in "${builds[@]}"; do # the scripts' first run (SCRIPT LOAD, its SHA1; FUNCTION LOAD) outside the counts
 	bench "$build" "$url$key" 1 >/dev/null
 	bench "$build" "$url$bkt" 1 >/dev/null
 done

@@ -6,4 +6,6 @@
 //	benchscripts pgbench-batch SCHEMA > batch.sql # the same for 16 keys, as coalescing sends them
 //	benchscripts redis-acquire > acquire.lua      # the Lua scripts of redisstore
 //	benchscripts redis-owned > owned.lua
+//	benchscripts redis-library > library.lua      # the same as Redis functions (FUNCTION LOAD), as idem calls them
+//	benchscripts redis-function acquire|settle    # the name of each in that library (FCALL)
 package main

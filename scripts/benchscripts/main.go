@@ -11,7 +11,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: benchscripts pgbench SCHEMA | pgbench-batch SCHEMA | redis-acquire | redis-owned")
+		fmt.Fprintln(os.Stderr, "usage: benchscripts pgbench SCHEMA | pgbench-batch SCHEMA | redis-acquire | redis-owned | redis-library | redis-function acquire|settle")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -46,6 +46,20 @@ func main() {
 		fmt.Print(redisstore.AcquireScript())
 	case "redis-owned":
 		fmt.Print(redisstore.OwnedScript())
+	case "redis-library":
+		source, _, _ := redisstore.FunctionLibrary()
+		fmt.Print(source)
+	case "redis-function":
+		_, acquire, settle := redisstore.FunctionLibrary()
+		switch {
+		case len(os.Args) == 3 && os.Args[2] == "acquire":
+			fmt.Println(acquire)
+		case len(os.Args) == 3 && os.Args[2] == "settle":
+			fmt.Println(settle)
+		default:
+			fmt.Fprintln(os.Stderr, "usage: benchscripts redis-function acquire|settle")
+			os.Exit(2)
+		}
 	default:
 		fmt.Fprintf(os.Stderr, "benchscripts: unknown script %q\n", os.Args[1])
 		os.Exit(2)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -307,20 +306,16 @@ func (s *Store) runBatchScript(ctx context.Context, calls []scriptCall, out []an
 		many = s.settleBatchScript
 	}
 	var cmd, wait *redis.Cmd
-	for try := 0; ; try++ {
-		run := many.EvalSha
-		if try > 0 {
-			run = many.Eval // with its source
-		}
+	for st := s.firstMode(many); ; {
 		if s.waitReplicas == 0 {
-			cmd = run(ctx, s.c, keys, args...)
+			cmd = s.send(ctx, s.c, st, many, keys, args)
 		} else {
 			pipe := s.c.Pipeline()
-			cmd = run(ctx, pipe, keys, args...)
+			cmd = s.send(ctx, pipe, st, many, keys, args)
 			wait = pipe.Do(ctx, "WAIT", s.waitReplicas, s.waitTimeout.Milliseconds())
 			_, _ = pipe.Exec(ctx)
 		}
-		if err := cmd.Err(); err == nil || try > 0 || !strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		if !s.again(&st, cmd.Err(), func() error { return s.loadLibrary(ctx, s.c, keys) }) {
 			break
 		}
 	}
@@ -407,18 +402,30 @@ func (s *Store) runPipeline(ctx context.Context, node redis.Cmdable, calls []scr
 // (followRedirects; redirects is how many were followed to get here).
 func (s *Store) sendPipeline(ctx context.Context, node redis.Cmdable, send pipelined, idx []int, out []*redis.Cmd, asking bool, redirects int) {
 	pending := idx
-	for try := 0; ; try++ {
+	sts := make([]sending, len(out)) // how each call goes (functions.go)
+	// The library is loaded on node once, however many of its calls found
+	// it missing (cur: the call at hand).
+	var loaded bool
+	var loadErr error
+	var cur int
+	load := func() error {
+		if !loaded {
+			_, keys, _ := send(cur)
+			loaded, loadErr = true, s.loadLibrary(ctx, node, keys)
+		}
+		return loadErr
+	}
+	for round := 0; ; round++ {
 		pipe := node.Pipeline()
 		for _, i := range pending {
 			script, keys, args := send(i)
 			if asking {
 				pipe.Do(ctx, "ASKING")
 			}
-			if try == 0 {
-				out[i] = script.EvalSha(ctx, pipe, keys, args...)
-			} else {
-				out[i] = script.Eval(ctx, pipe, keys, args...) // with its source
+			if round == 0 {
+				sts[i] = s.firstMode(script)
 			}
+			out[i] = s.send(ctx, pipe, sts[i], script, keys, args)
 		}
 		var wait *redis.Cmd
 		if s.waitReplicas > 0 {
@@ -427,7 +434,8 @@ func (s *Store) sendPipeline(ctx context.Context, node redis.Cmdable, send pipel
 		_, _ = pipe.Exec(ctx)
 		var again []int
 		for _, i := range pending {
-			if err := out[i].Err(); err != nil && try == 0 && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			cur = i
+			if s.again(&sts[i], out[i].Err(), load) {
 				again = append(again, i)
 			}
 		}

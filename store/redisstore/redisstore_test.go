@@ -236,9 +236,11 @@ func TestConformanceUncoalesced(t *testing.T) {
 
 // TestCoalescedPipelinesCarryManyCalls: 16 goroutines running lifecycles
 // share pipelines, and every lifecycle ends as it would alone; a script the
-// server has forgotten (SCRIPT FLUSH) is sent again with its source.
+// server has forgotten (SCRIPT FLUSH) is sent again with its source (the
+// store sends scripts, as on a server without functions: Config.NoFunctions;
+// TestFunctionsLoadedWhereMissing is this test with functions).
 func TestCoalescedPipelinesCarryManyCalls(t *testing.T) {
-	s := newStore(t).(*redisstore.Store)
+	s := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", NoFunctions: true})
 	done, flushed := make(chan struct{}), make(chan int)
 	go func() { // the server forgets the scripts again and again meanwhile
 		n := 0
