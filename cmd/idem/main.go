@@ -19,6 +19,7 @@ import (
 	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 	"github.com/idemgo/idem/store/pgstore"
+	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/sqlitestore"
 	"github.com/idemgo/idem/store/storeurl"
 )
@@ -87,7 +88,13 @@ process of the previous release is left, deploy it without: the next write into 
 it. A marker is a key of ~170–210 bytes a bucket (3.4 bytes a record at ~61 records a bucket); once no
 process of the previous release will run on the prefix again, a rollback included, a third step
 may drop them: idem_buckets_previous=retired (redisstore.Config.PreviousReleaseRetired) leaves
-none, and deletes those left earlier as each bucket next extends its TTL.`
+none, and deletes those left earlier as each bucket next extends its TTL.
+This release calls its transitions as Redis functions (FCALL) where earlier releases sent scripts
+(EVALSHA): a library named idem_ and a digest of its source, loaded by idem migrate on every master
+(FUNCTION LOAD) and by each process on a server where a call finds it missing. A user the ACL denies
+FCALL or FUNCTION gets the scripts as before; redisstore.Config.NoFunctions sends only scripts. The
+libraries of earlier releases may be deleted (FUNCTION DELETE) once no process of them runs: one
+that still does loads its own again.`
 
 // pgLayoutNote is what the packed layout of the PostgreSQL records table
 // changes.
@@ -163,6 +170,13 @@ a PostgreSQL with fsync off, …).`,
 			}
 			defer s.Close()
 			logServerWarnings(ctx, s, migrateLogger(cmd))
+			if rs, ok := s.(*redisstore.Store); ok {
+				if err := rs.LoadFunctions(ctx); err != nil {
+					migrateLogger(cmd).Printf("warning: the function library was not loaded (%v): each process loads it where its calls find it missing, or sends scripts where its user may not", err)
+				} else {
+					fmt.Fprintln(cmd.OutOrStdout(), "The function library of this store's transitions is loaded.")
+				}
+			}
 			return nil
 		default:
 			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate\n", *store)

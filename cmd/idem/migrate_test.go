@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem/internal/testenv"
 )
@@ -112,16 +113,63 @@ func TestMigrateStatus(t *testing.T) {
 // says what an upgrade changes there instead (records rewritten packed on
 // their next transition; upgrade the processes of a prefix together; how
 // buckets are turned on; the two steps of an upgrade from the previous
-// release's buckets, and the optional third that drops the markers).
+// release's buckets, and the optional third that drops the markers; the
+// function library and what to do with earlier releases' ones).
 func TestMigrateSaysWhatChangesOnRedis(t *testing.T) {
 	out, err := run(t, "migrate", "--store", "redis://127.0.0.1:6379/0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"no schema to migrate", "rewritten packed", "upgrade every process that shares a key prefix together", "moved into their bucket", "hash-max-listpack-value", "idem_buckets_previous=1", "idem_buckets_previous=retired"} {
+	for _, want := range []string{"no schema to migrate", "rewritten packed", "upgrade every process that shares a key prefix together", "moved into their bucket", "hash-max-listpack-value", "idem_buckets_previous=1", "idem_buckets_previous=retired", "Redis functions (FCALL)", "FUNCTION DELETE"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("idem migrate on Redis says %q, without %q", out, want)
 		}
+	}
+}
+
+// TestMigrateLoadsTheFunctionLibrary: idem migrate on Redis loads the
+// library the store's transitions are called in (one for a key per record,
+// another for buckets), so processes whose user may not load it find it
+// there; where its own user may not, it warns and fails nothing.
+func TestMigrateLoadsTheFunctionLibrary(t *testing.T) {
+	srv := testenv.StartRedisServer(t)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	libraries := func() []string {
+		t.Helper()
+		libs, err := c.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, l := range libs {
+			names = append(names, l.Name)
+		}
+		return names
+	}
+	for i, store := range []string{"redis://" + srv.Addr + "/0", "redis://" + srv.Addr + "/0?idem_buckets=1"} {
+		out, err := run(t, "migrate", "--store", store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if names := libraries(); len(names) != i+1 || !strings.HasPrefix(names[i], "idem_") || !strings.Contains(out, "function library") {
+			t.Fatalf("idem migrate --store %s: libraries %q, said %q", store, names, out)
+		}
+	}
+	if err := c.Do(ctx, "ACL", "SETUSER", "nofunctions", "on", ">pw", "~*", "&*", "+@all", "-function").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := newRootCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs([]string{"migrate", "--store", "redis://nofunctions:pw@" + srv.Addr + "/0?idem_buckets=1&idem_buckets_previous=retired"})
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(errOut.String(), "function library was not loaded") || len(libraries()) != 2 {
+		t.Errorf("idem migrate by a user denied FUNCTION: warned %q, libraries %q", errOut.String(), libraries())
 	}
 }
 

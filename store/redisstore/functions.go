@@ -206,3 +206,18 @@ func (s *Store) runScript(ctx context.Context, c redis.Cmdable, script *redis.Sc
 		}
 	}
 }
+
+// LoadFunctions loads the store's function library on every node that
+// holds records (each master of a Cluster), where it is not loaded yet: so
+// that processes whose user may call functions (FCALL) but not load them
+// (FUNCTION LOAD) call them all the same. idem migrate runs it. The store
+// loads the library itself wherever a call finds it missing; nil where the
+// store calls no functions (Config.NoFunctions, a Ring).
+func (s *Store) LoadFunctions(ctx context.Context) error {
+	if s.lib == nil {
+		return nil
+	}
+	return s.forEachNode(ctx, func(ctx context.Context, c *redis.Client) error {
+		return s.loadLibrary(ctx, c, nil)
+	})
+}
