@@ -9,10 +9,14 @@
 // the first release (a hash per record) are read and decided on as before,
 // and rewritten packed by their next transition; a process of the first
 // release meeting a packed record fails closed (WRONGTYPE), so upgrade every
-// process of a prefix together. Each transition is one Lua script (EVALSHA,
-// falling back to EVAL when the server does not have it cached), times come
-// from the server (TIME), and every key gets a TTL (PXAT at the record's
-// expiry): no key lives forever, and Sweep has nothing to do.
+// process of a prefix together. Each transition is one call of a Redis
+// function (FCALL; the store loads its library, FUNCTION LOAD, where a call
+// finds it missing, and idem migrate loads it on every master) or, where
+// the server has no functions or the ACL denies them, or with
+// Config.NoFunctions, of the same Lua as a script (EVALSHA, falling back to
+// EVAL when the server does not have it cached). Times come from the
+// server (TIME), and every key gets a TTL (PXAT at the record's expiry): no
+// key lives forever, and Sweep has nothing to do.
 //
 // With Config.Buckets, records live many to a hash instead (bucket.lua): a
 // bucket in the slot of its records' own key names, a packed value per

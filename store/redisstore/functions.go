@@ -46,7 +46,8 @@ type library struct {
 func newLibrary(defs string, c callShape, scripts transitionScripts) *library {
 	// The server loads a library where only redis.register_function
 	// exists: the library functions the scripts keep as locals are taken
-	// at each call instead (record.lua's two lines).
+	// by the first call instead (record.lua's two lines; they stay the
+	// same functions for as long as the library is loaded).
 	for _, line := range [2]string{
 		"local sbyte, ssub, schar, sformat = string.byte, string.sub, string.char, string.format\n",
 		"local spack, sunpack, rcall = struct.pack, struct.unpack, redis.call\n",
@@ -67,8 +68,10 @@ func newLibrary(defs string, c callShape, scripts transitionScripts) *library {
 	register := func(script *redis.Script, fn, body string, allowOOM bool) {
 		lib.fn[script] = name + "_" + fn
 		b.WriteString("redis.register_function{function_name = '" + name + "_" + fn + "', callback = function(KEYS, ARGV)\n")
-		b.WriteString("sbyte, ssub, schar, sformat = string.byte, string.sub, string.char, string.format\n")
-		b.WriteString("spack, sunpack, rcall = struct.pack, struct.unpack, redis.call\n")
+		b.WriteString("if not rcall then\n")
+		b.WriteString("  sbyte, ssub, schar, sformat = string.byte, string.sub, string.char, string.format\n")
+		b.WriteString("  spack, sunpack, rcall = struct.pack, struct.unpack, redis.call\n")
+		b.WriteString("end\n")
 		b.WriteString(clockLua)
 		b.WriteString(body)
 		b.WriteString("end")
