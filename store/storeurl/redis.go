@@ -28,6 +28,8 @@ import (
 //	                   prefix again: no marker under a bucket's previous name (redisstore.Config.PreviousReleaseRetired)
 //	idem_coalesce=0    every call its own round trip (default 1: calls that wait
 //	                   for the store together share a pipeline; redisstore.Config.NoCoalesce)
+//	idem_functions=0   transitions sent as scripts (EVALSHA) only (default 1: as Redis
+//	                   functions, FCALL, where the server has them; redisstore.Config.NoFunctions)
 //
 // Unless the URL sets max_retries, go-redis's resending of a command whose
 // connection broke is turned off (see redisstore.Config.Client).
@@ -72,6 +74,15 @@ func init() {
 			return nil, err
 		}
 		q.Del("idem_coalesce")
+		var noFunctions bool
+		switch f := q.Get("idem_functions"); f {
+		case "", "1", "true":
+		case "0", "false":
+			noFunctions = true
+		default:
+			return nil, fmt.Errorf("idem: store URL: idem_functions is %q, want 1 or 0", f)
+		}
+		q.Del("idem_functions")
 		u.RawQuery = q.Encode()
 		var c redis.UniversalClient
 		switch cluster {
@@ -103,7 +114,7 @@ func init() {
 			return nil, fmt.Errorf("%w: redis at %s: %v", idem.ErrStoreUnavailable, u.Host, err)
 		}
 		s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait, NoCoalesce: noCoalesce,
-			Buckets: buckets, WritePreviousBuckets: writePrevious, PreviousReleaseRetired: retired})
+			NoFunctions: noFunctions, Buckets: buckets, WritePreviousBuckets: writePrevious, PreviousReleaseRetired: retired})
 		if err != nil {
 			c.Close() // the store that would have closed it was refused
 			return nil, err

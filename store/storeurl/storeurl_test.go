@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
 )
 
@@ -121,4 +124,41 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("unknown kind %q from %q", spec.Kind, s)
 		}
 	})
+}
+
+// TestRedisURLFunctions: idem_functions=0 sends the transitions as scripts
+// (EVALSHA), the default as Redis functions (FCALL); another value is
+// refused.
+func TestRedisURLFunctions(t *testing.T) {
+	srv := testenv.StartRedisServer(t)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	for _, tc := range []struct{ query, sent, notSent string }{
+		{"idem_functions=0", "cmdstat_evalsha:", "cmdstat_fcall:"},
+		{"idem_functions=1", "cmdstat_fcall:", "cmdstat_evalsha:"},
+		{"", "cmdstat_fcall:", "cmdstat_evalsha:"},
+	} {
+		if err := c.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		s, err := Open(ctx, "redis://"+srv.Addr+"/0?"+tc.query, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k-" + tc.query, Lease: time.Minute, Retention: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		stats, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(stats, tc.sent) || strings.Contains(stats, tc.notSent) {
+			t.Errorf("%q: want %s and no %s, the server counted:\n%s", tc.query, tc.sent, tc.notSent, stats)
+		}
+	}
+	if _, err := Open(ctx, "redis://"+srv.Addr+"/0?idem_functions=yes", nil); err == nil || !strings.Contains(err.Error(), "idem_functions") {
+		t.Errorf("idem_functions=yes: %v, want it refused", err)
+	}
 }
