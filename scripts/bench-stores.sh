@@ -5,6 +5,7 @@
 #
 #   Redis:      idem bench --mode lifecycle   vs  redis-benchmark FCALL of the same two functions,
 #               and idem with records in buckets (idem_buckets) vs a key per record
+#               (as Redis functions both, and vs a key per record sent as scripts)
 #   PostgreSQL: idem bench --mode lifecycle   vs  pgbench -f of the same two statements
 #
 # idem runs with coalescing (the default: calls that wait share a round trip)
@@ -86,6 +87,9 @@ pairs() { # URL-BUCKETS URL-KEYS
 buckets="idem_buckets=32768&idem_buckets_previous=retired"
 buckets_pairs=$(pairs "$redis_url?pool_size=$conc&idem_prefix=idembench:&$buckets" "$redis_url?pool_size=$conc&idem_prefix=idembench:")
 buckets_pairs_single=$(pairs "$redis_url?pool_size=$conc&idem_prefix=idembench:&$buckets&idem_coalesce=0" "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_coalesce=0")
+# And against a key per record as releases before functions ran it (its
+# scripts sent with EVALSHA: idem_functions=0), coalesced.
+buckets_pairs_scripts=$(pairs "$redis_url?pool_size=$conc&idem_prefix=idembench:&$buckets" "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_functions=0")
 redis_p50=$(bench "$redis_url?idem_prefix=idembench:" 1 p50_us)
 redis_p50_single=$(bench "$redis_url?idem_prefix=idembench:&idem_coalesce=0" 1 p50_us)
 redis_clean
@@ -144,7 +148,7 @@ python3 - "$idem_redis" "$idem_redis_single" "$rb_acq" "$rb_cmp" "$idem_pg" "$id
 	"$redis_p50" "$redis_p50_single" "$pg_p50" "$pg_p50_single" "$rb_acq_p" "$rb_cmp_p" \
 	"$buckets_pairs" "$buckets_pairs_single" \
 	"$redis_client_us" "$redis_server_us" "$redis_client_us_single" "$redis_server_us_single" "$ncpu" \
-	"$idem_pg_text" "$idem_pg_text_single" "$buckets" <<'PY'
+	"$idem_pg_text" "$idem_pg_text_single" "$buckets" "$buckets_pairs_scripts" <<'PY'
 import statistics, sys
 args = sys.argv[1:]
 pairs = [list(map(float, a.split())) for a in args[13:15]]
@@ -152,6 +156,7 @@ pairs = [list(map(float, a.split())) for a in args[13:15]]
  rp50, rp50s, pp50, pp50s, rb_acq_p, rb_cmp_p,
  rc_us, rs_us, rc_us1, rs_us1, ncpu, idem_pg_text, idem_pg_text_single) = map(float, args[:13] + args[15:22])
 bucket_layout = args[22]
+pairs_scripts = list(map(float, args[23].split()))
 def buckets(rates):  # buckets, keys, buckets, keys, ...: "B/s vs K/s: ratios (median)"
     ratios = [rates[i] / rates[i + 1] for i in range(0, len(rates), 2)]
     return (f"{statistics.mean(rates[0::2]):.0f}/s vs {statistics.mean(rates[1::2]):.0f}/s, pairs "
@@ -167,7 +172,8 @@ print(f"Redis      CPU per lifecycle: coalesced {rc_us:.1f} µs idem + {rs_us:.1
       f" not {rc_us1:.1f} + {rs_us1:.1f} = {rc_us1 + rs_us1:.1f} ({(rc_us1 + rs_us1) / (rc_us + rs_us):.2f}x);"
       f" {ncpu:.0f} cores used whole would allow {ncpu * 1e6 / (rc_us + rs_us):.0f} / {ncpu * 1e6 / (rc_us1 + rs_us1):.0f} lifecycles/s")
 print(f"Redis      records in buckets ({bucket_layout}) against a key per record, three pairs back to back (target ≥ 0.90):"
-      f" coalesced {buckets(pairs[0])}; not {buckets(pairs[1])}")
+      f" coalesced {buckets(pairs[0])}; not {buckets(pairs[1])};"
+      f" against a key per record sent as scripts (idem_functions=0), coalesced {buckets(pairs_scripts)}")
 print(f"PostgreSQL idem bench lifecycle {idem_pg:8.0f}/s coalesced, {idem_pg_single:8.0f}/s not ({idem_pg / idem_pg_single:.2f}x)"
       f" | pgbench same two statements {pgb:.0f}/s | ratio {idem_pg / pgb:.2f} coalesced (target ≥ 2), {idem_pg_single / pgb:.2f} not")
 print(f"PostgreSQL the text layout of earlier releases' tables: {idem_pg_text:8.0f}/s coalesced, {idem_pg_text_single:8.0f}/s not"
