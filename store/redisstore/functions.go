@@ -41,8 +41,8 @@ type library struct {
 }
 
 // newLibrary makes the library of scripts: defs are the scripts' shared
-// definitions (the record encoding and the transitions), head what a batch
-// script makes once before its calls (callShape.batchHead).
+// definitions (the record encoding and the transitions), c their shape.
+// Its name, and so its functions', carries a digest of all the rest of it.
 func newLibrary(defs string, c callShape, scripts transitionScripts) *library {
 	// The server loads a library where only redis.register_function
 	// exists: the library functions the scripts keep as locals are taken
@@ -57,17 +57,15 @@ func newLibrary(defs string, c callShape, scripts transitionScripts) *library {
 		}
 		defs = strings.Replace(defs, line, "", 1)
 	}
-	sum := sha1.Sum([]byte(defs + c.batchHead + batchTail(c) + oneTail("acquire", acquireArgs, c) + oneTail("owned", ownedArgs, c)))
-	name := "idem_" + hex.EncodeToString(sum[:10])
+	const unnamed = "IDEM_LIBRARY"
 	var b strings.Builder
-	b.WriteString("#!lua name=" + name + "\n")
 	b.WriteString("local sbyte, ssub, schar, sformat, spack, sunpack, rcall\n")
 	b.WriteString(defs)
 	b.WriteString(c.batchHead)
-	lib := &library{fn: map[*redis.Script]string{}}
+	fns := map[*redis.Script]string{}
 	register := func(script *redis.Script, fn, body string, allowOOM bool) {
-		lib.fn[script] = name + "_" + fn
-		b.WriteString("redis.register_function{function_name = '" + name + "_" + fn + "', callback = function(KEYS, ARGV)\n")
+		fns[script] = fn
+		b.WriteString("redis.register_function{function_name = '" + unnamed + "_" + fn + "', callback = function(KEYS, ARGV)\n")
 		b.WriteString("if not rcall then\n")
 		b.WriteString("  sbyte, ssub, schar, sformat = string.byte, string.sub, string.char, string.format\n")
 		b.WriteString("  spack, sunpack, rcall = struct.pack, struct.unpack, redis.call\n")
@@ -86,7 +84,12 @@ func newLibrary(defs string, c callShape, scripts transitionScripts) *library {
 	register(scripts.batch, "batch", batch, false)
 	register(scripts.settle, "settle", oneTail("owned", ownedArgs, c), true)
 	register(scripts.settleBatch, "settle_batch", batch, true)
-	lib.source = b.String()
+	sum := sha1.Sum([]byte(b.String()))
+	name := "idem_" + hex.EncodeToString(sum[:10])
+	lib := &library{source: "#!lua name=" + name + "\n" + strings.ReplaceAll(b.String(), unnamed+"_", name+"_"), fn: fns}
+	for script, fn := range fns {
+		fns[script] = name + "_" + fn
+	}
 	return lib
 }
 
