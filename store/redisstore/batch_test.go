@@ -176,6 +176,33 @@ func TestPackAllocations(t *testing.T) {
 // then run the work again.
 func TestBatchCallsKeepTheirOwnBucketTTL(t *testing.T) {
 	s := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1})
+	callsKeepTheirOwnBucketTTL(t, s, s.Batch)
+}
+
+// TestLoneCallsKeepTheirOwnBucketTTL is TestBatchCallsKeepTheirOwnBucketTTL
+// with each call alone, one after another: as functions, a bucket's lone
+// calls share one location table too (functions.go).
+func TestLoneCallsKeepTheirOwnBucketTTL(t *testing.T) {
+	s := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, NoCoalesce: true})
+	callsKeepTheirOwnBucketTTL(t, s, func(ctx context.Context, keys []string, fences []uint64, result []byte) ([]idem.Outcome, []error) {
+		outcomes, errs := make([]idem.Outcome, len(keys)), make([]error, len(keys))
+		for i, k := range keys {
+			if fences[i] == 0 {
+				var a idem.Acquisition
+				a, errs[i] = s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+				outcomes[i] = a.Outcome
+			} else {
+				errs[i] = s.Complete(ctx, k, fences[i], result, time.Hour)
+			}
+		}
+		return outcomes, errs
+	})
+}
+
+// callsKeepTheirOwnBucketTTL runs the calls of TestBatchCallsKeepTheirOwnBucketTTL
+// through run: an acquisition (for an hour) where the fence is 0, else a
+// completion for an hour.
+func callsKeepTheirOwnBucketTTL(t *testing.T, s *redisstore.Store, run func(ctx context.Context, keys []string, fences []uint64, result []byte) ([]idem.Outcome, []error)) {
 	ctx := context.Background()
 	bucketOf := func(key string) string { keys, _ := s.Locate(key); return keys[1] }
 	claim := func(key string, retention time.Duration) uint64 {
@@ -210,7 +237,7 @@ func TestBatchCallsKeepTheirOwnBucketTTL(t *testing.T) {
 	wFence := claim(w, time.Hour)   // w: an hour's claim, its value flagged so
 	bucketWith(z, time.Minute)      // z: new, in a bucket with minutes left
 	keys := []string{x, y, w, z}
-	outcomes, errs := s.Batch(ctx, keys, []uint64{0, yFence, wFence, 0}, []byte("done")) // completions for an hour
+	outcomes, errs := run(ctx, keys, []uint64{0, yFence, wFence, 0}, []byte("done")) // completions for an hour
 	for i := range keys {
 		if errs[i] != nil {
 			t.Fatalf("call %d (%s): %v", i, keys[i], errs[i])

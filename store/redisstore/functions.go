@@ -79,10 +79,12 @@ func newLibrary(defs string, c callShape, scripts transitionScripts) *library {
 		b.WriteString("}\n")
 	}
 	batch := strings.TrimPrefix(batchTail(c), c.batchHead)
-	register(scripts.acquire, "acquire", oneTail("acquire", acquireArgs, c), false)
-	register(scripts.owned, "owned", oneTail("owned", ownedArgs, c), false)
+	lone := c
+	lone.loc = c.libraryLoc
+	register(scripts.acquire, "acquire", oneTail("acquire", acquireArgs, lone), false)
+	register(scripts.owned, "owned", oneTail("owned", ownedArgs, lone), false)
 	register(scripts.batch, "batch", batch, false)
-	register(scripts.settle, "settle", oneTail("owned", ownedArgs, c), true)
+	register(scripts.settle, "settle", oneTail("owned", ownedArgs, lone), true)
 	register(scripts.settleBatch, "settle_batch", batch, true)
 	sum := sha1.Sum([]byte(b.String()))
 	name := "idem_" + hex.EncodeToString(sum[:10])

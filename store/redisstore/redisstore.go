@@ -113,17 +113,21 @@ const (
 // arguments: keys per call, the location its function gets, and j (the
 // index of its first argument less one); in a batch, batchHead is run
 // once before the calls, and batchLoc is the location, f the field read
-// from the packed argument.
-type callShape struct{ keys, loc, j, batchHead, batchLoc string }
+// from the packed argument; libraryLoc is a lone call's location in a
+// function library (functions.go), which runs batchHead once, at its load.
+type callShape struct{ keys, loc, j, batchHead, batchLoc, libraryLoc string }
 
 var (
-	plainCall  = callShape{keys: "1", loc: "KEYS[i]", j: "(i - 1) * 5", batchLoc: "KEYS[i]"}
+	plainCall  = callShape{keys: "1", loc: "KEYS[i]", j: "(i - 1) * 5", batchLoc: "KEYS[i]", libraryLoc: "KEYS[i]"}
 	bucketCall = callShape{keys: "3", loc: "{s = KEYS[3 * i - 2], b = KEYS[3 * i - 1], o = KEYS[3 * i], f = ARGV[(i - 1) * 6 + 1]}", j: "(i - 1) * 6 + 1",
-		batchHead: bucketBatchHead, batchLoc: "at(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], f)"}
+		batchHead: bucketBatchHead, batchLoc: "at(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], f)",
+		// A library makes the batch head once, for its lone calls too.
+		libraryLoc: "at(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[(i - 1) * 6 + 1])"}
 )
 
 // bucketBatchHead makes one location table (bucket.lua) for all the calls
-// of a batch, each call's written into it by at: a table made per call,
+// of a batch (in a function library, for all its calls: functions.go),
+// each call's written into it by at: a table made per call,
 // and grown as its load adds fields, is allocations that Lua's GC then
 // frees (0.5–2% of a coalesced lifecycle's instructions, docs/benchmarks.md).
 // Its fields are reset to false, never nil: Lua may drop a field set to
