@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -555,17 +554,8 @@ func TestBucketTTLAskedOncePerLifecycle(t *testing.T) {
 	ctx := context.Background()
 	c := s.Client()
 	pexpiretimes := func() int {
-		info, err := c.Info(ctx, "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(info, "\r\n") {
-			if rest, ok := strings.CutPrefix(line, "cmdstat_pexpiretime:calls="); ok {
-				n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-				return n
-			}
-		}
-		return 0
+		calls, _ := commandStats(t, c)
+		return calls["pexpiretime"]
 	}
 	lifecycle := func(key string, claim, settle time.Duration) {
 		t.Helper()

@@ -15,7 +15,7 @@ import (
 // the one call it makes. A library (FUNCTION LOAD) makes those once, when
 // the server loads it, and each call (FCALL) runs only its function: a
 // lifecycle then costs redis-server 6% fewer instructions coalesced and 15%
-// fewer alone with a key per record, 12% and 25% in buckets
+// fewer alone with a key per record, 12% and 24% in buckets
 // (scripts/redis-instructions.sh; docs/benchmarks.md, 2026-12-04). The
 // library is the scripts' own Lua, the functions named after a digest of
 // it, so each release (and each bucket variant) has a library of its own
@@ -141,8 +141,9 @@ func (s *Store) again(st *sending, err error, load func() error) bool {
 	msg := err.Error()
 	switch st.mode {
 	case byFunction:
+		notFound := strings.HasPrefix(msg, "ERR Function not found")
 		switch {
-		case strings.HasPrefix(msg, "ERR Function not found") && !st.loaded:
+		case notFound && !st.loaded:
 			st.loaded = true
 			lerr := load()
 			if lerr == nil {
@@ -153,8 +154,7 @@ func (s *Store) again(st *sending, err error, load func() error) bool {
 			}
 		case functionsUnavailable(err):
 			s.noFunctions.Store(true)
-		case strings.HasPrefix(msg, "ERR Function not found"), refusedBeforeRun(msg):
-		default:
+		case !notFound && !refusedBeforeRun(msg):
 			return false
 		}
 		st.mode = bySHA

@@ -293,7 +293,7 @@ type Config struct {
 	// NoFunctions sends the scripts by EVALSHA only. By default a store
 	// calls its transitions as Redis functions (FCALL of a library it loads
 	// on each server that lacks it: FUNCTION LOAD), which costs the server
-	// 6–25% fewer instructions a lifecycle, and falls back to EVALSHA where
+	// 6–24% fewer instructions a lifecycle, and falls back to EVALSHA where
 	// the server has no functions (before Redis 7.0) or the ACL denies
 	// them (NOPERM). Not on a Ring: it sends EVALSHA. The store's user
 	// needs FUNCTION LOAD and FCALL (the @scripting category), as it needs
