@@ -107,8 +107,14 @@ func signDetached(content []byte, cert *x509.Certificate, key crypto.Signer, h c
 // verifyDetached checks a detached CMS signature (DER or BER) over content
 // against the partner's certificate itself: a certificate carried in the
 // message, even one with the same issuer and serial number, is not trusted.
+// The signature is re-encoded first (berToDER, nesting bounded), so no
+// input reaches the CMS library's recursive reader deeper than that bound.
 func verifyDetached(signature, content []byte, partner *x509.Certificate) error {
-	p7, err := pkcs7.Parse(signature)
+	der, _, err := berElement(signature, 0)
+	if err != nil {
+		return fmt.Errorf("as2: the signature is not CMS SignedData: %w", err)
+	}
+	p7, err := pkcs7.Parse(der)
 	if err != nil {
 		return fmt.Errorf("as2: the signature is not CMS SignedData: %w", err)
 	}
@@ -120,9 +126,10 @@ func verifyDetached(signature, content []byte, partner *x509.Certificate) error 
 	return nil
 }
 
-// decrypt opens a CMS EnvelopedData (DER or BER; RSA PKCS#1 v1.5 or
-// RSAES-OAEP key transport) or AuthEnvelopedData with AES-GCM, addressed
-// to cert.
+// decrypt opens a CMS EnvelopedData with DES-EDE3-CBC or AES-CBC, or an
+// AuthEnvelopedData with AES-GCM (DER or BER; RSA PKCS#1 v1.5 or
+// RSAES-OAEP key transport), addressed to cert. Its errors are details for
+// the log (see Failure).
 func decrypt(der []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, error) {
 	typ, content, err := contentInfoOf(der)
 	if err != nil {
@@ -132,23 +139,9 @@ func decrypt(der []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, err
 	case typ.Equal(oidAuthEnvelopedData):
 		return decryptGCM(content, cert, key)
 	case typ.Equal(oidEnvelopedData):
-		if out, ok, err := decryptAES192CBC(content, cert, key); ok {
-			return out, err
-		}
+		return decryptCBC(content, cert, key)
 	}
-	p7, err := pkcs7.Parse(der)
-	if err != nil {
-		return nil, fmt.Errorf("as2: not CMS EnvelopedData: %w", err)
-	}
-	dk, ok := key.(crypto.Decrypter)
-	if !ok {
-		return nil, errors.New("as2: the private key cannot decrypt")
-	}
-	out, err := p7.Decrypt(cert, dk)
-	if err != nil {
-		return nil, fmt.Errorf("as2: decrypt: %w", err)
-	}
-	return out, nil
+	return nil, fmt.Errorf("as2: CMS content of type %v, not enveloped data", typ)
 }
 
 // The EnvelopedData structures (RFC 5652 §6) idem writes itself: the

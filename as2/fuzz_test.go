@@ -23,6 +23,12 @@ func FuzzUnpack(f *testing.F) {
 	f.Add(so.Header.Get("Content-Type"), "", so.Body)
 	f.Add(`multipart/signed; boundary="b"`, "", []byte("--b\r\nContent-Type: text/plain\r\n\r\nx\r\n--b\r\n\r\n--b--"))
 	f.Add("application/pkcs7-mime", "base64", []byte("MIAGCSqGSIb3DQEHA6CAMIACAQA="))
+	// What overflowed the stack of the CMS library's BER reader: a
+	// signature of 4,000,000 nested indefinite-length SEQUENCEs, and the
+	// same as an encrypted body.
+	deepCT, deepBody := signedWith([]byte(interchange), deepBER(4_000_000))
+	f.Add(deepCT, "", deepBody)
+	f.Add("application/pkcs7-mime", "binary", deepBER(4_000_000))
 	f.Fuzz(func(t *testing.T, contentType, transfer string, body []byte) {
 		h := out.Header.Clone()
 		h.Set("Content-Type", contentType)
@@ -42,7 +48,9 @@ func FuzzUnpack(f *testing.F) {
 	})
 }
 
-// FuzzParseMDN: arbitrary MDN bodies are parsed or refused, never a panic.
+// FuzzParseMDN: arbitrary MDN bodies are parsed or refused, never a panic
+// and never a crash (a signed MDN's signature goes through the same bounded
+// BER reader as a message's).
 func FuzzParseMDN(f *testing.F) {
 	idem, partner, _, _ := pair(f, Partner{Sign: crypto.SHA256, MDN: MDNSync, MDNSign: crypto.SHA256})
 	out, _ := idem.Pack(idem.Partners["PARTNER"], "fuzz@idem", "application/edi-x12", []byte(interchange), "Mon, 30 Nov 2026 08:00:00 GMT")
@@ -56,6 +64,8 @@ func FuzzParseMDN(f *testing.F) {
 	unsigned.MDNSign = 0
 	h2, body2, _ := partner.BuildMDN(&unsigned, nil, time.Unix(0, 0))
 	f.Add(h2.Get("Content-Type"), body2)
+	deepCT, deepBody := signedWith(body2, deepBER(4_000_000))
+	f.Add(deepCT, deepBody)
 	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
 		hh := http.Header{}
 		hh.Set("Content-Type", contentType)
@@ -78,6 +88,7 @@ func FuzzBERToDER(f *testing.F) {
 	}
 	f.Add([]byte{0x30, 0x80, 0x04, 0x02, 'h', 'i', 0x00, 0x00})
 	f.Add([]byte{0x24, 0x80, 0x04, 0x01, 'a', 0x04, 0x01, 'b', 0x00, 0x00})
+	f.Add(deepBER(4_000_000))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		out, err := berToDER(b)
 		if err != nil {

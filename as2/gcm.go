@@ -4,8 +4,10 @@ import (
 	"crypto"
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/des"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/subtle"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
@@ -138,13 +140,19 @@ func decryptGCM(content []byte, cert *x509.Certificate, key crypto.Signer) ([]by
 	if len(ad.AuthAttrs.FullBytes) > 0 {
 		return nil, errors.New("as2: AuthEnvelopedData with authenticated attributes is not supported")
 	}
-	contentKey, err := contentKeyFor(ad.RecipientInfos, cert, key)
+	eci := ad.AuthEncryptedContentInfo
+	keySize := 0
+	switch alg := eci.ContentEncryptionAlgorithm.Algorithm; {
+	case alg.Equal(oidAES128GCM):
+		keySize = 16
+	case alg.Equal(oidAES256GCM):
+		keySize = 32
+	default:
+		return nil, fmt.Errorf("as2: content encryption %v is not supported", alg)
+	}
+	contentKey, err := contentKeyFor(ad.RecipientInfos, cert, key, keySize)
 	if err != nil {
 		return nil, err
-	}
-	eci := ad.AuthEncryptedContentInfo
-	if !eci.ContentEncryptionAlgorithm.Algorithm.Equal(oidAES128GCM) && !eci.ContentEncryptionAlgorithm.Algorithm.Equal(oidAES256GCM) {
-		return nil, fmt.Errorf("as2: content encryption %v is not supported", eci.ContentEncryptionAlgorithm.Algorithm)
 	}
 	var params gcmParameters
 	if _, err := asn1.Unmarshal(eci.ContentEncryptionAlgorithm.Parameters.FullBytes, &params); err != nil {
@@ -183,10 +191,13 @@ func decryptGCM(content []byte, cert *x509.Certificate, key crypto.Signer) ([]by
 	return plain, nil
 }
 
-// contentKeyFor decrypts the content key of the recipient that is cert
-// (issuer and serial number), transported with RSA PKCS#1 v1.5 or
-// RSAES-OAEP.
-func contentKeyFor(ris []keyTransRecipientInfo, cert *x509.Certificate, key crypto.Signer) ([]byte, error) {
+// contentKeyFor decrypts the content key, of size bytes, of the recipient
+// that is cert (issuer and serial number), transported with RSA PKCS#1 v1.5
+// or RSAES-OAEP. A key that does not decrypt is replaced by random bytes
+// of the right size (implicit rejection, RFC 3218 §2.3.2): the content then
+// fails to decrypt like any other tampered content, and the answer tells
+// nothing about the RSA padding.
+func contentKeyFor(ris []keyTransRecipientInfo, cert *x509.Certificate, key crypto.Signer, size int) ([]byte, error) {
 	priv, ok := key.(*rsa.PrivateKey)
 	if !ok {
 		return nil, errors.New("as2: the private key is not RSA")
@@ -196,67 +207,109 @@ func contentKeyFor(ris []keyTransRecipientInfo, cert *x509.Certificate, key cryp
 			string(ri.IssuerAndSerialNumber.IssuerName.FullBytes) != string(cert.RawIssuer) {
 			continue
 		}
-		var contentKey []byte
-		var err error
+		contentKey := make([]byte, size)
+		if _, err := rand.Read(contentKey); err != nil {
+			return nil, err
+		}
 		switch alg := ri.KeyEncryptionAlgorithm; {
 		case alg.Algorithm.Equal(oidRSAEncryption):
-			contentKey, err = rsa.DecryptPKCS1v15(nil, priv, ri.EncryptedKey)
-		case alg.Algorithm.Equal(oidRSAESOAEP):
-			h, mgf, herr := oaepHashes(alg.Parameters.FullBytes)
-			if herr != nil {
-				return nil, herr
+			// Leaves contentKey random unless the padding is right and the
+			// key has the size asked for.
+			if err := rsa.DecryptPKCS1v15SessionKey(nil, priv, ri.EncryptedKey, contentKey); err != nil {
+				return nil, fmt.Errorf("as2: the content key: %w", err)
 			}
-			contentKey, err = priv.Decrypt(nil, ri.EncryptedKey, &rsa.OAEPOptions{Hash: h, MGFHash: mgf})
+		case alg.Algorithm.Equal(oidRSAESOAEP):
+			h, mgf, err := oaepHashes(alg.Parameters.FullBytes)
+			if err != nil {
+				return nil, err
+			}
+			if k, err := priv.Decrypt(nil, ri.EncryptedKey, &rsa.OAEPOptions{Hash: h, MGFHash: mgf}); err == nil && len(k) == size {
+				contentKey = k
+			}
 		default:
 			return nil, fmt.Errorf("as2: key transport %v is not supported", alg.Algorithm)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("as2: the content key: %w", err)
 		}
 		return contentKey, nil
 	}
 	return nil, errors.New("as2: no recipient of the message is our certificate")
 }
 
-// decryptAES192CBC opens an EnvelopedData with AES-192-CBC, which the
-// library does not read; ok is false for any other content.
-func decryptAES192CBC(content []byte, cert *x509.Certificate, key crypto.Signer) (out []byte, ok bool, err error) {
+// cbcAlgorithms are the content encryptions of an EnvelopedData idem
+// reads: the cipher and its key size.
+var cbcAlgorithms = []struct {
+	oid      asn1.ObjectIdentifier
+	keySize  int
+	newBlock func([]byte) (cipher.Block, error)
+}{
+	{oidDESEDE3CBC, 24, des.NewTripleDESCipher},
+	{oidAES128CBC, 16, aes.NewCipher},
+	{oidAES192CBC, 24, aes.NewCipher},
+	{oidAES256CBC, 32, aes.NewCipher},
+}
+
+// decryptCBC opens an EnvelopedData with DES-EDE3-CBC or AES-CBC and
+// removes its padding. The padding is checked over the whole last block
+// without branching on its bytes, and every way it can be wrong is the same
+// error.
+func decryptCBC(content []byte, cert *x509.Certificate, key crypto.Signer) ([]byte, error) {
 	var ed envelopedDataIn
-	if _, err := asn1.Unmarshal(content, &ed); err != nil ||
-		!ed.EncryptedContentInfo.ContentEncryptionAlgorithm.Algorithm.Equal(oidAES192CBC) {
-		return nil, false, nil
+	if _, err := asn1.Unmarshal(content, &ed); err != nil {
+		return nil, fmt.Errorf("as2: EnvelopedData: %w", err)
 	}
-	contentKey, err := contentKeyFor(ed.RecipientInfos, cert, key)
-	if err != nil {
-		return nil, true, err
-	}
-	var iv []byte
-	if _, err := asn1.Unmarshal(ed.EncryptedContentInfo.ContentEncryptionAlgorithm.Parameters.FullBytes, &iv); err != nil {
-		return nil, true, fmt.Errorf("as2: the AES-192-CBC IV: %w", err)
-	}
-	block, err := aes.NewCipher(contentKey)
-	if err != nil {
-		return nil, true, err
-	}
-	data, err := ed.EncryptedContentInfo.content()
-	if err != nil {
-		return nil, true, err
-	}
-	data = append([]byte(nil), data...)
-	if len(iv) != block.BlockSize() || len(data) == 0 || len(data)%block.BlockSize() != 0 {
-		return nil, true, errors.New("as2: malformed AES-192-CBC content")
-	}
-	cipher.NewCBCDecrypter(block, iv).CryptBlocks(data, data)
-	pad := int(data[len(data)-1])
-	if pad == 0 || pad > block.BlockSize() || pad > len(data) {
-		return nil, true, errors.New("as2: bad AES-192-CBC padding")
-	}
-	for _, b := range data[len(data)-pad:] {
-		if int(b) != pad {
-			return nil, true, errors.New("as2: bad AES-192-CBC padding")
+	eci := ed.EncryptedContentInfo
+	alg := -1
+	for i, a := range cbcAlgorithms {
+		if eci.ContentEncryptionAlgorithm.Algorithm.Equal(a.oid) {
+			alg = i
 		}
 	}
-	return data[:len(data)-pad], true, nil
+	if alg < 0 {
+		return nil, fmt.Errorf("as2: content encryption %v is not supported", eci.ContentEncryptionAlgorithm.Algorithm)
+	}
+	contentKey, err := contentKeyFor(ed.RecipientInfos, cert, key, cbcAlgorithms[alg].keySize)
+	if err != nil {
+		return nil, err
+	}
+	block, err := cbcAlgorithms[alg].newBlock(contentKey)
+	if err != nil {
+		return nil, err
+	}
+	var iv []byte
+	if _, err := asn1.Unmarshal(eci.ContentEncryptionAlgorithm.Parameters.FullBytes, &iv); err != nil || len(iv) != block.BlockSize() {
+		return nil, errors.New("as2: the CBC IV is not one block")
+	}
+	data, err := eci.content()
+	if err != nil {
+		return nil, err
+	}
+	bs := block.BlockSize()
+	if len(data) == 0 || len(data)%bs != 0 {
+		return nil, errors.New("as2: the encrypted content is not whole blocks")
+	}
+	data = append([]byte(nil), data...)
+	cipher.NewCBCDecrypter(block, iv).CryptBlocks(data, data)
+	n, ok := unpad(data, bs)
+	if !ok {
+		return nil, errors.New("as2: the decrypted content is not padded")
+	}
+	return data[:n], nil
+}
+
+// unpad checks the PKCS#7 padding of data (a whole number of blocks of bs
+// bytes) and returns the length without it. It reads the whole last block
+// whatever the pad length, and never indexes by an unchecked pad byte.
+func unpad(data []byte, bs int) (int, bool) {
+	last := data[len(data)-bs:]
+	pad := int(last[bs-1])
+	bad := subtle.ConstantTimeEq(int32(pad), 0) | (1 - subtle.ConstantTimeLessOrEq(pad, bs))
+	for i := 0; i < bs; i++ {
+		inPad := subtle.ConstantTimeLessOrEq(bs-i, pad) // the last pad bytes
+		bad |= inPad & (1 - subtle.ConstantTimeByteEq(last[i], byte(pad)))
+	}
+	if bad != 0 {
+		return 0, false
+	}
+	return len(data) - pad, true
 }
 
 // oaepHashes reads RSAES-OAEP-params: the hash and the MGF1 hash (SHA-1

@@ -150,22 +150,47 @@ func unquoteName(s string) string {
 
 // Failure is why an incoming message was refused, as the disposition
 // modifier of the error MDN names it (RFC 4130 §7.4.3).
+//
+// Err is the detail, for the log only: it may quote a cryptographic
+// library, and what a library says about a failed decryption is exactly
+// what a padding-oracle attack needs. Text is what may be told to the
+// sender.
 type Failure struct {
 	// Modifier is authentication-failed, decryption-failed,
-	// integrity-check-failed or unexpected-processing-error.
+	// insufficient-message-security, integrity-check-failed or
+	// unexpected-processing-error.
 	Modifier string
 	Err      error
 }
 
+// Error is the modifier and the detail, for the log.
 func (f *Failure) Error() string { return f.Modifier + ": " + f.Err.Error() }
 func (f *Failure) Unwrap() error { return f.Err }
 
+// Text is the answer for the sender: the modifier and a fixed sentence
+// that depends on nothing else, so two failures of one kind cannot be told
+// apart from outside.
+func (f *Failure) Text() string {
+	switch f.Modifier {
+	case AuthenticationFailed:
+		return f.Modifier + ": the message could not be authenticated"
+	case DecryptionFailed:
+		return f.Modifier + ": the message could not be decrypted"
+	case InsufficientMessageSecurity:
+		return f.Modifier + ": the message lacks the signature or the encryption the agreement requires"
+	case IntegrityCheckFailed:
+		return f.Modifier + ": the message failed its integrity check"
+	}
+	return UnexpectedProcessingError + ": the message could not be processed"
+}
+
 // The disposition modifiers of a failed message.
 const (
-	AuthenticationFailed      = "authentication-failed"
-	DecryptionFailed          = "decryption-failed"
-	IntegrityCheckFailed      = "integrity-check-failed"
-	UnexpectedProcessingError = "unexpected-processing-error"
+	AuthenticationFailed        = "authentication-failed"
+	DecryptionFailed            = "decryption-failed"
+	InsufficientMessageSecurity = "insufficient-message-security"
+	IntegrityCheckFailed        = "integrity-check-failed"
+	UnexpectedProcessingError   = "unexpected-processing-error"
 )
 
 func fail(modifier string, err error) *Failure { return &Failure{Modifier: modifier, Err: err} }
@@ -188,16 +213,30 @@ type Incoming struct {
 	// MDNSign is the MIC algorithm of the signed MDN asked for (0: unsigned).
 	MDNSign crypto.Hash
 	// ReceiptTo is where to send an asynchronous MDN ("" for a synchronous
-	// one).
+	// one), as the sender asked: an address the partner's agreement must
+	// allow (Partner.AsyncMDNURLs) before anything is sent there.
 	ReceiptTo string
+	// Authenticated is true when the message came from Partner as well as
+	// the agreement can tell: signed by the partner's certificate when the
+	// agreement says sign, encrypted when it says encrypt. A partner that
+	// neither signs nor encrypts is known by its AS2-From name alone.
+	Authenticated bool
 }
 
 // Unpack opens an AS2 message posted to us: it finds the partner by
 // AS2-From, decrypts, verifies the partner's signature against the
-// partner's configured certificate, computes the MIC and returns the
-// payload. Whatever fails is a *Failure naming the MDN disposition modifier;
-// the Incoming returned with it carries what was read before the failure
-// (at least the Message-ID and the MDN request when they were present).
+// partner's configured certificate, computes the MIC, enforces the
+// agreement (a partner configured to sign must sign, one configured to
+// encrypt must encrypt) and returns the payload with Authenticated set.
+// Whatever fails is a *Failure naming the MDN disposition modifier; the
+// Incoming returned with it carries what was read before the failure (at
+// least the Message-ID and the MDN request when they were present). An
+// unknown AS2-From or AS2-To leaves Incoming.Partner nil.
+//
+// Every failure inside an encrypted message — the envelope, the padding,
+// the decrypted content, its signature — is decryption-failed, so that
+// nothing about the plaintext can be learnt from the answers to altered
+// copies of a captured message (a padding oracle).
 func (p *Profile) Unpack(h http.Header, body []byte) (*Incoming, error) {
 	in := &Incoming{
 		MessageID: strings.Trim(strings.TrimSpace(h.Get("Message-ID")), "<>"),
@@ -207,76 +246,102 @@ func (p *Profile) Unpack(h http.Header, body []byte) (*Incoming, error) {
 		ReceiptTo: strings.TrimSpace(h.Get("Receipt-Delivery-Option")),
 	}
 	in.MDNSign, in.MICAlg = requestedMICAlg(h.Get("Disposition-Notification-Options"))
-	if in.MessageID == "" {
-		return in, fail(UnexpectedProcessingError, errors.New("no Message-ID"))
-	}
 	if in.To != p.AS2ID {
 		return in, fail(AuthenticationFailed, fmt.Errorf("AS2-To %q is not us (%q)", in.To, p.AS2ID))
 	}
-	in.Partner = p.Partners[in.From]
-	if in.Partner == nil {
+	partner := p.Partners[in.From]
+	if partner == nil {
 		return in, fail(AuthenticationFailed, fmt.Errorf("AS2-From %q is no partner of ours", in.From))
 	}
+	in.Partner = partner
+	if in.MessageID == "" {
+		return in, fail(UnexpectedProcessingError, errors.New("no Message-ID"))
+	}
+	encrypted, err := p.open(in, h, body)
+	if err != nil {
+		if encrypted {
+			return in, fail(DecryptionFailed, err)
+		}
+		return in, err
+	}
+	switch {
+	case partner.Encrypt != EncryptNone && !in.Encrypted:
+		return in, fail(InsufficientMessageSecurity, fmt.Errorf("the agreement with %s asks for encryption; the message is not encrypted", partner.AS2ID))
+	case partner.Sign != 0 && !in.Signed:
+		f := fail(InsufficientMessageSecurity, fmt.Errorf("the agreement with %s asks for a signature; the message is not signed", partner.AS2ID))
+		if in.Encrypted {
+			f = fail(DecryptionFailed, f)
+		}
+		return in, f
+	}
+	in.Authenticated = true
+	return in, nil
+}
+
+// open decrypts, verifies and decodes the message into in; encrypted
+// reports whether the message was an encrypted one, whatever failed.
+func (p *Profile) open(in *Incoming, h http.Header, body []byte) (encrypted bool, _ error) {
 	var micData []byte     // what the MIC covers, once known
 	var sigAlg crypto.Hash // the signature's micalg
 	ent := entity(h.Get("Content-Type"), body, "Content-Transfer-Encoding", h.Get("Content-Transfer-Encoding"))
 	hdr, raw, err := splitEntity(ent)
 	if err != nil {
-		return in, fail(UnexpectedProcessingError, err)
-	}
-	data, err := decodeBody(hdr, raw)
-	if err != nil {
-		return in, fail(UnexpectedProcessingError, err)
+		return false, fail(UnexpectedProcessingError, err)
 	}
 	mt, params, err := mediaType(hdr.Get("Content-Type"))
 	if err != nil {
-		return in, fail(UnexpectedProcessingError, err)
+		return false, fail(UnexpectedProcessingError, err)
 	}
-	if mt == "application/pkcs7-mime" || mt == "application/x-pkcs7-mime" {
+	encrypted = mt == "application/pkcs7-mime" || mt == "application/x-pkcs7-mime"
+	data, err := decodeBody(hdr, raw)
+	if err != nil {
+		return encrypted, fail(UnexpectedProcessingError, err)
+	}
+	if encrypted {
 		plain, err := decrypt(data, p.Certificate, p.Key)
 		if err != nil {
-			return in, fail(DecryptionFailed, err)
+			return true, fail(DecryptionFailed, err)
 		}
 		in.Encrypted = true
 		micData = plain
 		ent = plain
 		if hdr, raw, err = splitEntity(ent); err != nil {
-			return in, fail(UnexpectedProcessingError, err)
+			return true, fail(UnexpectedProcessingError, err)
 		}
 		if data, err = decodeBody(hdr, raw); err != nil {
-			return in, fail(UnexpectedProcessingError, err)
+			return true, fail(UnexpectedProcessingError, err)
 		}
 		if mt, params, err = mediaType(hdr.Get("Content-Type")); err != nil {
-			return in, fail(UnexpectedProcessingError, err)
+			return true, fail(UnexpectedProcessingError, err)
 		}
 	}
 	if mt == "multipart/signed" {
 		parts, err := splitMultipart(data, params["boundary"])
 		if err != nil || len(parts) != 2 {
-			return in, fail(IntegrityCheckFailed, fmt.Errorf("a multipart/signed body with %d parts: %v", len(parts), err))
+			return encrypted, fail(IntegrityCheckFailed, fmt.Errorf("a multipart/signed body with %d parts: %v", len(parts), err))
 		}
 		sh, sraw, err := splitEntity(parts[1])
 		if err != nil {
-			return in, fail(IntegrityCheckFailed, err)
+			return encrypted, fail(IntegrityCheckFailed, err)
 		}
 		sig, err := decodeBody(sh, sraw)
 		if err != nil {
-			return in, fail(IntegrityCheckFailed, err)
+			return encrypted, fail(IntegrityCheckFailed, err)
 		}
 		if err := verifyDetached(sig, parts[0], in.Partner.Certificate); err != nil {
-			return in, fail(AuthenticationFailed, err)
+			return encrypted, fail(AuthenticationFailed, err)
 		}
 		in.Signed = true
 		sigAlg, _ = parseHash(params["micalg"])
 		micData = parts[0]
 		if hdr, raw, err = splitEntity(parts[0]); err != nil {
-			return in, fail(UnexpectedProcessingError, err)
+			return encrypted, fail(UnexpectedProcessingError, err)
 		}
 		if data, err = decodeBody(hdr, raw); err != nil {
-			return in, fail(UnexpectedProcessingError, err)
+			return encrypted, fail(UnexpectedProcessingError, err)
 		}
 		if mt, _, err = mediaType(hdr.Get("Content-Type")); err != nil {
-			return in, fail(UnexpectedProcessingError, err)
+			return encrypted, fail(UnexpectedProcessingError, err)
 		}
 	}
 	if micData == nil {
@@ -285,7 +350,7 @@ func (p *Profile) Unpack(h http.Header, body []byte) (*Incoming, error) {
 	in.MICAlg = micAlgFor(in.MICAlg, sigAlg)
 	in.MIC = mic(micData, in.MICAlg)
 	in.Payload, in.ContentType = data, hdr.Get("Content-Type")
-	return in, nil
+	return encrypted, nil
 }
 
 // requestedMICAlg reads Disposition-Notification-Options: whether a signed

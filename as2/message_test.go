@@ -108,7 +108,20 @@ func TestRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	check("impostor's signature", fake.Header, fake.Body, partner, AuthenticationFailed)
+	// Inside an encrypted message every failure is decryption-failed (no
+	// oracle); signed only, the signature's failure is named.
+	check("impostor's signature, encrypted", fake.Header, fake.Body, partner, DecryptionFailed)
+	signedOnly := ag
+	signedOnly.Encrypt = EncryptNone
+	idem2, partner2, _, _ := pair(t, signedOnly)
+	impostor2, _, _, _ := pair(t, signedOnly)
+	impostor2.Partners["PARTNER"].Certificate = partner2.Certificate
+	fake2, err := impostor2.Pack(impostor2.Partners["PARTNER"], "msg-2@idem", "application/edi-x12", []byte(interchange), "Mon, 30 Nov 2026 08:00:00 GMT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = idem2
+	check("impostor's signature", fake2.Header, fake2.Body, partner2, AuthenticationFailed)
 }
 
 // TestMDNChecks: a receipt is an ack only for our message id, a processed
