@@ -259,8 +259,8 @@ func (p *Profile) Unpack(h http.Header, body []byte) (*Incoming, error) {
 	}
 	encrypted, err := p.open(in, h, body)
 	if err != nil {
-		if encrypted {
-			return in, fail(DecryptionFailed, err)
+		if f := err.(*Failure); encrypted && f.Modifier != DecryptionFailed {
+			return in, fail(DecryptionFailed, f)
 		}
 		return in, err
 	}

@@ -47,8 +47,43 @@ type Partner struct {
 	// MDN is the receipt we ask for: MDNNone, MDNSync or MDNAsync.
 	MDN string
 	// MDNSign is the MIC algorithm of the signed MDN we ask for (0: an
-	// unsigned MDN).
+	// unsigned MDN). It is also the partner's MDN policy for us: where it
+	// is set, an MDN from the partner changes an outbox row only when
+	// signed by the partner's certificate.
 	MDNSign crypto.Hash
+	// EDISenders are the interchange sender ids this partner may send: an
+	// entry "ID" allows ID under any qualifier, "QUALIFIER:ID" (split at
+	// the first colon) only under that qualifier (UNB S002 0004 and 0007;
+	// ISA06 and ISA05). An interchange from any other sender id is refused,
+	// so one partner can never use, and so block, another's control
+	// numbers.
+	EDISenders []string
+	// AsyncMDNURLs are the addresses an asynchronous MDN to this partner
+	// may be sent to (exact matches). A Receipt-Delivery-Option outside
+	// them is not followed: the MDN is answered synchronously instead.
+	AsyncMDNURLs []string
+}
+
+// AllowsEDISender reports whether the agreement lists the interchange
+// sender id under qualifier.
+func (pt *Partner) AllowsEDISender(qualifier, id string) bool {
+	for _, s := range pt.EDISenders {
+		q, i, qualified := strings.Cut(s, ":")
+		if !qualified && s == id || qualified && q == qualifier && i == id {
+			return true
+		}
+	}
+	return false
+}
+
+// AllowsAsyncMDNURL reports whether an asynchronous MDN may be sent to u.
+func (pt *Partner) AllowsAsyncMDNURL(u string) bool {
+	for _, a := range pt.AsyncMDNURLs {
+		if a == u {
+			return true
+		}
+	}
+	return false
 }
 
 // The receipts a partner may be asked for.
@@ -68,13 +103,15 @@ type profileFile struct {
 }
 
 type partnerFile struct {
-	AS2ID       string `yaml:"as2_id"`
-	URL         string `yaml:"url"`
-	Certificate string `yaml:"certificate"`
-	Sign        string `yaml:"sign"`
-	Encrypt     string `yaml:"encrypt"`
-	MDN         string `yaml:"mdn"`
-	MDNSign     string `yaml:"mdn_sign"`
+	AS2ID       string   `yaml:"as2_id"`
+	URL         string   `yaml:"url"`
+	Certificate string   `yaml:"certificate"`
+	Sign        string   `yaml:"sign"`
+	Encrypt     string   `yaml:"encrypt"`
+	MDN         string   `yaml:"mdn"`
+	MDNSign     string   `yaml:"mdn_sign"`
+	EDISenders  []string `yaml:"edi_senders"`
+	AsyncMDNURL []string `yaml:"async_mdn_urls"`
 }
 
 // LoadProfile reads and checks a profile file:
@@ -91,6 +128,8 @@ type partnerFile struct {
 //	    encrypt: aes256-cbc         # none | des3 | aes128-cbc | aes192-cbc | aes256-cbc | aes128-gcm | aes256-gcm
 //	    mdn: sync                   # none | sync | async
 //	    mdn_sign: sha256            # none, or the MIC algorithm of the signed MDN to request
+//	    edi_senders: [BUYER, "ZZ:BUYER2"]   # the interchange sender ids the partner may use
+//	    async_mdn_urls: [https://partner.example/as2/mdn]   # where its asynchronous MDNs may go
 //
 // A bad file — an unknown field, a missing or unreadable key or
 // certificate, a key that does not match its certificate, a certificate
@@ -182,6 +221,18 @@ func (pf *partnerFile) check(dir string, now time.Time) (*Partner, error) {
 	if pt.MDNSign, err = parseHash(pf.MDNSign); err != nil {
 		return nil, fmt.Errorf("mdn_sign: %w", err)
 	}
+	for i, s := range pf.EDISenders {
+		if strings.TrimSpace(s) != s || s == "" || strings.HasPrefix(s, ":") || strings.HasSuffix(s, ":") {
+			return nil, fmt.Errorf("edi_senders[%d]: %q: want ID or QUALIFIER:ID", i, s)
+		}
+	}
+	pt.EDISenders = pf.EDISenders
+	for i, a := range pf.AsyncMDNURL {
+		if u, err := url.Parse(a); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("async_mdn_urls[%d] %q: want an http(s) URL", i, a)
+		}
+	}
+	pt.AsyncMDNURLs = pf.AsyncMDNURL
 	return pt, nil
 }
 

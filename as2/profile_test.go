@@ -38,6 +38,8 @@ partners:
     encrypt: aes256-cbc
     mdn: async
     mdn_sign: sha-256
+    edi_senders: [BUYER, "ZZ:BUYER2"]
+    async_mdn_urls: [https://partner.example/as2/mdn]
 `
 	write := func(body string) string {
 		path := filepath.Join(dir, "as2.yaml")
@@ -54,6 +56,17 @@ partners:
 	if p.AS2ID != "IDEMCO" || pt == nil || pt.Sign != crypto.SHA256 || pt.Encrypt != EncryptAES256CBC || pt.MDN != MDNAsync || pt.MDNSign != crypto.SHA256 {
 		t.Fatalf("loaded %+v, partner %+v", p, pt)
 	}
+	for _, c := range []struct {
+		qual, id string
+		want     bool
+	}{{"ZZ", "BUYER", true}, {"01", "BUYER", true}, {"ZZ", "BUYER2", true}, {"01", "BUYER2", false}, {"ZZ", "OTHER", false}} {
+		if got := pt.AllowsEDISender(c.qual, c.id); got != c.want {
+			t.Errorf("sender %s:%s allowed %v, want %v", c.qual, c.id, got, c.want)
+		}
+	}
+	if !pt.AllowsAsyncMDNURL("https://partner.example/as2/mdn") || pt.AllowsAsyncMDNURL("http://127.0.0.1:29555/internal/admin") {
+		t.Error("async_mdn_urls not applied")
+	}
 	// Each refusal names its field.
 	for field, change := range map[string][2]string{
 		"colour":                  {"sign: sha256\n", "sign: sha256\n    colour: blue\n"},
@@ -64,6 +77,8 @@ partners:
 		"partners[0].mdn":         {"mdn: async", "mdn: sometimes"},
 		"private_key: open":       {"private_key: idem.key", "private_key: missing.key"},
 		"async needs mdn_url":     {"mdn_url: http://127.0.0.1:8080/as2/mdn\n", ""},
+		"edi_senders[1]":          {`"ZZ:BUYER2"`, `"ZZ:"`},
+		"async_mdn_urls[0]":       {"[https://partner.example/as2/mdn]", "[file:///etc/passwd]"},
 	} {
 		_, err := LoadProfile(write(strings.Replace(good, change[0], change[1], 1)), time.Now())
 		if err == nil || !strings.Contains(err.Error(), field) {

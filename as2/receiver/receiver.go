@@ -13,10 +13,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/textproto"
-	"strings"
 	"time"
+
+	"golang.org/x/sync/semaphore"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/as2"
@@ -26,11 +28,14 @@ import (
 // Delivery is one interchange to hand on.
 type Delivery struct {
 	// Key is the interchange key (edi.Interchange.Key), or the scoped
-	// Message-ID when the payload is not EDI.
+	// Message-ID when the payload is not EDI. Interchange keys are
+	// deduplicated per partner.
 	Key string
 	// Message is the AS2 message that carried it.
 	Message *as2.Incoming
-	// Data is the interchange's bytes.
+	// Data is the interchange's bytes: the payload itself when it holds
+	// one interchange; pieces that join to the payload when it holds
+	// several.
 	Data []byte
 }
 
@@ -46,26 +51,52 @@ type Config struct {
 	// partner's retransmission (the message is answered 503, no MDN), an
 	// error marked idem.Permanent is answered with an error MDN.
 	Deliver func(ctx context.Context, d Delivery) error
-	// Reject keeps a message that could not be opened, for an operator.
-	// Required: nothing refused is lost.
+	// Reject keeps a refused message of an identified partner, for an
+	// operator: one whose sender the agreement authenticates (signed,
+	// encrypted, as it says) and that was then refused (an interchange
+	// sender id the agreement does not list, a reused control reference,
+	// a permanent delivery failure), or any refused message of a partner
+	// whose agreement asks for neither signature nor encryption. Messages
+	// of senders that are not authenticated are never kept: anyone can
+	// send them. An error answers 503 (the partner sends again), so
+	// nothing refused is lost. Required.
 	Reject func(ctx context.Context, header http.Header, body []byte, why *as2.Failure) error
 	// MaxBytes bounds a message; a larger one is answered 413 before it is
 	// read. Defaults to 64 MiB.
 	MaxBytes int64
+	// MaxInFlight bounds the messages handled at once; one more is
+	// answered 503 with Retry-After. Defaults to 16.
+	MaxInFlight int
+	// MaxMemory bounds the memory the messages in flight may take: each
+	// reserves four times its length (the body, its decoded, decrypted and
+	// delivered copies) — MaxBytes when its length is not declared — and a
+	// message that finds no room is answered 503 with Retry-After.
+	// Defaults to 256 MiB; raised to 4 × MaxBytes when smaller.
+	MaxMemory int64
 	// Now tells the time of MDN Date headers. Defaults to time.Now.
 	Now func() time.Time
+	// Logger receives what the partner is not told: the detail of every
+	// refusal. Defaults to slog.Default().
+	Logger *slog.Logger
 	// SendMDN, if set, sends the MDN of a message that asked for an
 	// asynchronous one (Receipt-Delivery-Option) to that address — through
 	// an outbox, so it is retried, the same MDN every time; the message is
-	// then answered with a bare 200. mdn is the serialized MDN: header
-	// lines, a blank line, the body. An error answers 503 (the partner
-	// sends again, and gets the same MDN sent again). Unset, every MDN is
+	// then answered with a bare 200. It is called only for an
+	// authenticated message and only with an address the partner's
+	// agreement lists (as2.Partner.AsyncMDNURLs); any other MDN is
+	// answered synchronously. mdn is the serialized MDN: header lines, a
+	// blank line, the body. An error answers 503 (the partner sends
+	// again, and gets the same MDN sent again). Unset, every MDN is
 	// answered synchronously.
 	SendMDN func(ctx context.Context, to string, in *as2.Incoming, mdn []byte) error
 }
 
 // Receiver is the http.Handler of POST /as2.
-type Receiver struct{ cfg Config }
+type Receiver struct {
+	cfg      Config
+	inFlight chan struct{}
+	memory   *semaphore.Weighted
+}
 
 // New checks cfg and returns a Receiver.
 func New(cfg Config) (*Receiver, error) {
@@ -75,16 +106,36 @@ func New(cfg Config) (*Receiver, error) {
 	if cfg.MaxBytes <= 0 {
 		cfg.MaxBytes = 64 << 20
 	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 16
+	}
+	if cfg.MaxMemory <= 0 {
+		cfg.MaxMemory = 256 << 20
+	}
+	cfg.MaxMemory = max(cfg.MaxMemory, memoryFactor*cfg.MaxBytes)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Receiver{cfg: cfg}, nil
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Receiver{cfg: cfg, inFlight: make(chan struct{}, cfg.MaxInFlight), memory: semaphore.NewWeighted(cfg.MaxMemory)}, nil
 }
+
+// memoryFactor is how many times its length a message may take in memory
+// while it is opened and delivered.
+const memoryFactor = 4
 
 // SetSendMDN sets Config.SendMDN after New (for an outbox opened later);
 // call it before serving.
 func (rv *Receiver) SetSendMDN(send func(ctx context.Context, to string, in *as2.Incoming, mdn []byte) error) {
 	rv.cfg.SendMDN = send
+}
+
+// busy answers 503 with Retry-After.
+func busy(w http.ResponseWriter, msg string) {
+	w.Header().Set("Retry-After", "5")
+	http.Error(w, msg, http.StatusServiceUnavailable)
 }
 
 // ServeHTTP handles one AS2 message.
@@ -97,6 +148,23 @@ func (rv *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("the message is %d bytes; the limit is %d", r.ContentLength, rv.cfg.MaxBytes), http.StatusRequestEntityTooLarge)
 		return
 	}
+	select {
+	case rv.inFlight <- struct{}{}:
+		defer func() { <-rv.inFlight }()
+	default:
+		busy(w, "too many messages in flight")
+		return
+	}
+	reserve := rv.cfg.MaxBytes
+	if r.ContentLength >= 0 {
+		reserve = r.ContentLength
+	}
+	reserve = max(memoryFactor*reserve, 1)
+	if !rv.memory.TryAcquire(reserve) {
+		busy(w, "no memory for the message now")
+		return
+	}
+	defer rv.memory.Release(reserve)
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, rv.cfg.MaxBytes))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
@@ -104,16 +172,28 @@ func (rv *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, fmt.Sprintf("the message exceeds the limit of %d bytes", rv.cfg.MaxBytes), http.StatusRequestEntityTooLarge)
 			return
 		}
-		http.Error(w, "reading the message: "+err.Error(), http.StatusBadRequest)
+		http.Error(w, "the message could not be read", http.StatusBadRequest)
 		return
 	}
 	ctx := r.Context()
 	in, err := rv.cfg.Profile.Unpack(r.Header, body)
 	var failure *as2.Failure
 	if errors.As(err, &failure) {
+		log := rv.cfg.Logger.With("message_id", in.MessageID, "as2_from", in.From, "as2_to", in.To, "remote", r.RemoteAddr)
+		if in.Partner == nil {
+			log.Warn("idem as2: refused a message from no partner", "error", failure)
+			http.Error(w, "not a partner of this endpoint", http.StatusForbidden)
+			return
+		}
+		if !identified(in) {
+			log.Warn("idem as2: refused an unauthenticated message (not kept)", "error", failure)
+			rv.reply(w, ctx, in, rv.mdn(in, failure), failure)
+			return
+		}
+		log.Warn("idem as2: refused a message", "error", failure)
 		if err := rv.cfg.Reject(context.WithoutCancel(ctx), r.Header.Clone(), body, failure); err != nil {
-			// Not kept: let the partner send it again rather than lose it.
-			http.Error(w, "could not keep the refused message: "+err.Error(), http.StatusServiceUnavailable)
+			log.Error("idem as2: the refused message could not be kept", "error", err)
+			busy(w, "the refused message could not be kept; send it again later")
 			return
 		}
 		rv.reply(w, ctx, in, rv.mdn(in, failure), failure)
@@ -121,34 +201,57 @@ func (rv *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := rv.cfg.Guard.Run(ctx, idem.Key{Scope: "as2-message:" + in.From, ID: in.MessageID},
 		&idem.RunOptions{Fingerprint: idem.Fingerprint([]byte(in.MIC))},
-		func(ctx context.Context, _ uint64) ([]byte, error) { return rv.deliver(ctx, in) })
+		func(ctx context.Context, _ uint64) ([]byte, error) { return rv.deliver(ctx, in, r.Header, body) })
 	switch {
 	case err != nil:
-		w.Header().Set("Retry-After", "5")
-		http.Error(w, "not delivered yet, send it again: "+err.Error(), http.StatusServiceUnavailable)
+		rv.cfg.Logger.Error("idem as2: not delivered yet", "message_id", in.MessageID, "as2_from", in.From, "error", err)
+		busy(w, "not delivered yet, send it again")
 	case res.Outcome == idem.Replayed || res.Outcome.Owns():
 		rv.reply(w, ctx, in, res.Value, nil)
 	case res.Outcome == idem.InProgress:
-		w.Header().Set("Retry-After", "5")
-		http.Error(w, "the same message is being delivered", http.StatusServiceUnavailable)
+		busy(w, "the same message is being delivered")
 	default:
 		f := &as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: fmt.Errorf("the message is %v", res.Outcome)}
 		if res.Outcome == idem.Mismatch {
 			f.Err = errors.New("this Message-ID came before with other content")
 		}
+		rv.cfg.Logger.Warn("idem as2: refused a message", "message_id", in.MessageID, "as2_from", in.From, "error", f)
 		rv.reply(w, ctx, in, rv.mdn(in, f), f)
 	}
 }
 
-// deliver hands on every interchange of the message once (by interchange
-// key), and returns the serialized MDN to store and replay: processed, or an
-// error MDN when an interchange cannot be delivered at all (a permanent
-// failure, or its control reference reused with other content) — settled
-// too, so a duplicate gets the same answer. A transient failure is an
-// error: nothing is stored, the partner's retransmission tries again.
-func (rv *Receiver) deliver(ctx context.Context, in *as2.Incoming) ([]byte, error) {
-	for _, d := range split(in) {
-		res, err := rv.cfg.Guard.Run(ctx, idem.Key{Scope: "as2-interchange", ID: d.Key},
+// identified reports whether a refused message can be held to be its
+// partner's: authenticated as the agreement asks, or from a partner whose
+// agreement asks for neither signature nor encryption (known by name only).
+func identified(in *as2.Incoming) bool {
+	if in.Partner == nil {
+		return false
+	}
+	return in.Authenticated || in.Partner.Sign == 0 && in.Partner.Encrypt == as2.EncryptNone
+}
+
+// deliver hands on every interchange of the message once (by partner and
+// interchange key), and returns the serialized MDN to store and replay:
+// processed, or an error MDN when an interchange cannot be delivered at all
+// (its sender id is not the partner's, a permanent failure, or its control
+// reference reused with other content) — settled too, so a duplicate gets
+// the same answer, and the message kept through Reject. A transient
+// failure is an error: nothing is stored, the partner's retransmission
+// tries again.
+func (rv *Receiver) deliver(ctx context.Context, in *as2.Incoming, h http.Header, body []byte) ([]byte, error) {
+	refuse := func(f *as2.Failure) ([]byte, error) {
+		rv.cfg.Logger.Warn("idem as2: refused a message", "message_id", in.MessageID, "as2_from", in.From, "error", f)
+		if err := rv.cfg.Reject(context.WithoutCancel(ctx), h.Clone(), body, f); err != nil {
+			return nil, fmt.Errorf("keeping the refused message: %w", err)
+		}
+		return rv.mdn(in, f), nil
+	}
+	deliveries, err := split(in)
+	if err != nil {
+		return refuse(&as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: err})
+	}
+	for _, d := range deliveries {
+		res, err := rv.cfg.Guard.Run(ctx, idem.Key{Scope: "as2-interchange:" + in.From, ID: d.Key},
 			&idem.RunOptions{Fingerprint: idem.Fingerprint(d.Data)},
 			func(ctx context.Context, _ uint64) ([]byte, error) { return nil, rv.cfg.Deliver(ctx, d) })
 		if err != nil && res.Disposition != idem.Fail {
@@ -156,10 +259,10 @@ func (rv *Receiver) deliver(ctx context.Context, in *as2.Incoming) ([]byte, erro
 		}
 		switch {
 		case err != nil || res.Failed:
-			return rv.mdn(in, &as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: fmt.Errorf("interchange %s cannot be delivered: %s", d.Key, res.Value)}), nil
+			return refuse(&as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: fmt.Errorf("interchange %s cannot be delivered: %s", d.Key, res.Value)})
 		case res.Outcome == idem.Acquired, res.Outcome == idem.TakenOver, res.Outcome == idem.Replayed:
 		case res.Outcome == idem.Mismatch:
-			return rv.mdn(in, &as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: fmt.Errorf("interchange %s came before with other content", d.Key)}), nil
+			return refuse(&as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: fmt.Errorf("interchange %s came before with other content", d.Key)})
 		case res.Outcome == idem.InProgress:
 			return nil, fmt.Errorf("interchange %s is being delivered from another message", d.Key)
 		default:
@@ -169,22 +272,32 @@ func (rv *Receiver) deliver(ctx context.Context, in *as2.Incoming) ([]byte, erro
 	return rv.mdn(in, nil), nil
 }
 
-// split cuts the payload into its interchanges; a payload that is not EDI
-// is one delivery keyed by its Message-ID.
-func split(in *as2.Incoming) []Delivery {
+// split cuts the payload into its interchanges, each from its start to the
+// next one's (the first from the payload's start, the last to its end), so
+// the pieces join to the payload byte for byte; a payload that is not EDI
+// is one delivery keyed by its Message-ID. An interchange whose sender id
+// the partner's agreement does not list is an error: nothing of the
+// message is delivered.
+func split(in *as2.Incoming) ([]Delivery, error) {
 	ics, err := edi.ReadAll(in.Payload)
 	if err != nil || len(ics) == 0 {
-		return []Delivery{{Key: "as2:" + in.From + "/" + in.MessageID, Message: in, Data: in.Payload}}
+		return []Delivery{{Key: "as2:" + in.From + "/" + in.MessageID, Message: in, Data: in.Payload}}, nil
 	}
 	out := make([]Delivery, len(ics))
 	for i, ic := range ics {
-		end := int64(len(in.Payload))
+		if !in.Partner.AllowsEDISender(ic.SenderQualifier, ic.Sender) {
+			return nil, fmt.Errorf("interchange %s: sender id %q (qualifier %q) is not among partner %s's edi_senders %q", ic.Key(), ic.Sender, ic.SenderQualifier, in.From, in.Partner.EDISenders)
+		}
+		start, end := ic.Offset, int64(len(in.Payload))
+		if i == 0 {
+			start = 0
+		}
 		if i+1 < len(ics) {
 			end = ics[i+1].Offset
 		}
-		out[i] = Delivery{Key: ic.Key(), Message: in, Data: bytes.TrimRight(in.Payload[ic.Offset:end], "\r\n \t")}
+		out[i] = Delivery{Key: ic.Key(), Message: in, Data: in.Payload[start:end]}
 	}
-	return out
+	return out, nil
 }
 
 // mdn serializes the MDN for in (header lines, blank line, body), or nil
@@ -204,22 +317,30 @@ func (rv *Receiver) mdn(in *as2.Incoming, failure *as2.Failure) []byte {
 	return b.Bytes()
 }
 
-// reply answers with the serialized MDN: in the response, or sent to the
-// address of an asynchronous one with a bare 200 here. With no MDN (none
-// was asked for), a failure is a plain 400 and a success a bare 200.
+// reply answers with the serialized MDN: in the response, or — for an
+// authenticated message whose partner's agreement lists the address it
+// asked for — sent there, with a bare 200 here. With no MDN (none was
+// asked for), a failure is a plain 400 with the failure's fixed text and a
+// success a bare 200.
 func (rv *Receiver) reply(w http.ResponseWriter, ctx context.Context, in *as2.Incoming, mdn []byte, failure *as2.Failure) {
+	async := len(mdn) > 0 && rv.cfg.SendMDN != nil && in.ReceiptTo != ""
+	if async && !(in.Authenticated && in.Partner.AllowsAsyncMDNURL(in.ReceiptTo)) {
+		rv.cfg.Logger.Warn("idem as2: an asynchronous MDN not sent: answered synchronously", "message_id", in.MessageID,
+			"as2_from", in.From, "receipt_delivery_option", in.ReceiptTo, "authenticated", in.Authenticated)
+		async = false
+	}
 	switch {
-	case len(mdn) > 0 && rv.cfg.SendMDN != nil && (strings.HasPrefix(in.ReceiptTo, "http://") || strings.HasPrefix(in.ReceiptTo, "https://")):
+	case async:
 		if err := rv.cfg.SendMDN(context.WithoutCancel(ctx), in.ReceiptTo, in, mdn); err != nil {
-			w.Header().Set("Retry-After", "5")
-			http.Error(w, "the asynchronous MDN could not be queued: "+err.Error(), http.StatusServiceUnavailable)
+			rv.cfg.Logger.Error("idem as2: the asynchronous MDN could not be queued", "message_id", in.MessageID, "error", err)
+			busy(w, "the asynchronous MDN could not be queued")
 			return
 		}
 		w.WriteHeader(http.StatusOK)
 	case len(mdn) > 0:
 		writeStored(w, mdn)
 	case failure != nil:
-		http.Error(w, failure.Error(), http.StatusBadRequest)
+		http.Error(w, failure.Text(), http.StatusBadRequest)
 	default:
 		w.WriteHeader(http.StatusOK)
 	}

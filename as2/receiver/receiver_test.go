@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -34,8 +35,8 @@ func profiles(t *testing.T, receiverURL string) (buyer, supplier *as2.Profile) {
 	as2test.NewParty(t, dir, "supplier", 2)
 	write := func(name, us, cert, key, them, themCert string) *as2.Profile {
 		path := filepath.Join(dir, name)
-		yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s\nprivate_key: %s\npartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s\n    sign: sha256\n    encrypt: aes256-cbc\n    mdn: sync\n    mdn_sign: sha256\n",
-			us, cert, key, them, receiverURL, themCert)
+		yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s\nprivate_key: %s\npartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s\n    sign: sha256\n    encrypt: aes256-cbc\n    mdn: sync\n    mdn_sign: sha256\n    edi_senders: [%s]\n",
+			us, cert, key, them, receiverURL, themCert, them)
 		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -53,10 +54,34 @@ func profiles(t *testing.T, receiverURL string) (buyer, supplier *as2.Profile) {
 // rejects; fail, if set, decides the outcome of each delivery.
 type endpoint struct {
 	srv       *httptest.Server
+	rv        *receiver.Receiver
 	mu        sync.Mutex
 	delivered map[string][][]byte
 	rejected  []string
+	rejectErr error // what Reject answers, when set
 	fail      func(receiver.Delivery) error
+}
+
+// newReceiver serves a receiver for supplier on a memory store, with
+// Deliver and Reject that accept everything, as set changes them.
+func newReceiver(t *testing.T, supplier *as2.Profile, set func(*receiver.Config)) *httptest.Server {
+	s := memstore.New(memstore.Config{})
+	t.Cleanup(func() { s.Close() })
+	g, err := idem.NewGuard(idem.Config{Store: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := receiver.Config{Profile: supplier, Guard: g, Logger: slog.New(slog.DiscardHandler),
+		Deliver: func(context.Context, receiver.Delivery) error { return nil },
+		Reject:  func(context.Context, http.Header, []byte, *as2.Failure) error { return nil }}
+	set(&cfg)
+	rv, err := receiver.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(rv)
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 func newEndpoint(t *testing.T, supplier *as2.Profile, maxBytes int64) *endpoint {
@@ -67,7 +92,7 @@ func newEndpoint(t *testing.T, supplier *as2.Profile, maxBytes int64) *endpoint 
 		t.Fatal(err)
 	}
 	e := &endpoint{delivered: map[string][][]byte{}}
-	rv, err := receiver.New(receiver.Config{Profile: supplier, Guard: g, MaxBytes: maxBytes,
+	rv, err := receiver.New(receiver.Config{Profile: supplier, Guard: g, MaxBytes: maxBytes, Logger: slog.New(slog.DiscardHandler),
 		Deliver: func(_ context.Context, d receiver.Delivery) error {
 			e.mu.Lock()
 			defer e.mu.Unlock()
@@ -82,12 +107,16 @@ func newEndpoint(t *testing.T, supplier *as2.Profile, maxBytes int64) *endpoint 
 		Reject: func(_ context.Context, h http.Header, body []byte, why *as2.Failure) error {
 			e.mu.Lock()
 			defer e.mu.Unlock()
+			if e.rejectErr != nil {
+				return e.rejectErr
+			}
 			e.rejected = append(e.rejected, why.Modifier)
 			return nil
 		}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.rv = rv
 	e.srv = httptest.NewServer(rv)
 	t.Cleanup(e.srv.Close)
 	return e
@@ -170,30 +199,39 @@ func TestDeliversEachInterchangeOnce(t *testing.T) {
 	}
 }
 
-func TestRefusedMessagesAreKeptAndAnswered(t *testing.T) {
+// TestRefusedMessagesOfPartnersAreKept: a partner's authenticated message
+// that is refused (its control reference reused with other content) is
+// kept through Reject and answered with an error MDN; when it cannot be
+// kept, it is answered 503 and its retransmission is refused and kept.
+func TestRefusedMessagesOfPartnersAreKept(t *testing.T) {
 	buyer, supplier := profiles(t, "http://unused")
 	e := newEndpoint(t, supplier, 0)
-	out, err := buyer.Pack(buyer.Partners["SUPPLIER"], "bad@buyer", "application/edi-x12", []byte(x12), "Mon, 30 Nov 2026 08:00:00 GMT")
-	if err != nil {
-		t.Fatal(err)
+	pack := func(id, payload string) *as2.Outgoing {
+		out, err := buyer.Pack(buyer.Partners["SUPPLIER"], id, "application/edi-x12", []byte(payload), "Mon, 30 Nov 2026 08:00:00 GMT")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
 	}
-	out.Header.Set("AS2-From", "STRANGER")
-	status, _, body := post(t, e.srv.URL, out)
-	if status != http.StatusOK || !bytes.Contains(body, []byte("processed/error: authentication-failed")) {
-		t.Fatalf("unknown partner: %d %s", status, body)
+	receipt(t, e, buyer, pack("first@buyer", x12), "first@buyer")
+	e.mu.Lock()
+	e.rejectErr = errors.New("the rejected directory is full")
+	e.mu.Unlock()
+	reused := pack("reused@buyer", strings.Replace(x12, "ORD-1", "ORD-2", 1))
+	if status, _, body := post(t, e.srv.URL, reused); status != http.StatusServiceUnavailable {
+		t.Fatalf("a refusal that cannot be kept: %d %s", status, body)
 	}
-	out.Header.Set("AS2-From", "BUYER")
-	out.Body = append([]byte{}, out.Body...)
-	out.Body[len(out.Body)/2] ^= 0xff // a damaged envelope
-	status, h, body := post(t, e.srv.URL, out)
-	m, err := as2.ParseMDN(h, body, buyer.Partners["SUPPLIER"])
-	if status != http.StatusOK || err != nil || m.Processed() {
-		t.Fatalf("damaged message: %d %v %+v", status, err, m)
+	e.mu.Lock()
+	e.rejectErr = nil
+	e.mu.Unlock()
+	m, _ := receipt(t, e, buyer, reused, "reused@buyer")
+	if m.Processed() || !strings.Contains(m.Modifier(), as2.UnexpectedProcessingError) {
+		t.Fatalf("a reused control reference: %q", m.Disposition)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if len(e.rejected) != 2 || e.rejected[0] != as2.AuthenticationFailed || len(e.delivered) != 0 {
-		t.Fatalf("rejected %v, delivered %d", e.rejected, len(e.delivered))
+	if len(e.rejected) != 1 || e.rejected[0] != as2.UnexpectedProcessingError {
+		t.Fatalf("rejected %v", e.rejected)
 	}
 }
 

@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -34,8 +36,9 @@ func newAS2Cmd() *cobra.Command {
 }
 
 func newAS2ServeCmd() *cobra.Command {
-	var listen, as2File, dir, forward, outboxURL string
-	var maxBytes int64
+	var listen, as2File, dir, forward, outboxURL, rejectedDir string
+	var maxBytes, maxMemory, rejectedMaxBytes int64
+	var maxInFlight, rejectedMaxFiles int
 	var forwardTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "serve --as2 FILE --store URL (--dir DIR | --forward URL)",
@@ -47,8 +50,15 @@ duplicate too; the same control reference with other content gets an error MDN).
 Each interchange is delivered once: --dir writes one file per interchange (atomically),
 --forward posts it upstream with Idempotency-Key set to the interchange key and the
 AS2 headers. The answer is a synchronous MDN, signed when asked, the same again for a
-duplicate. A message that cannot be opened gets an error MDN and is kept: in
-DIR/rejected, or in the store (scope as2-rejected) with --forward.
+duplicate.
+
+The partner's agreement is enforced: a partner configured with sign: must sign with its
+own certificate, one with encrypt: must encrypt, and each interchange's sender id must be
+one of the partner's edi_senders. An unknown AS2-From or AS2-To is answered 403. A
+refused message of an authenticated partner is kept in --rejected-dir (default: DIR.rejected
+beside --dir; required with --forward), bounded by --rejected-max-files and
+--rejected-max-bytes (past them the message is answered 503 and the partner sends it
+again); a message whose sender is not authenticated is answered and not kept.
 
 With --outbox URL (the outbox idem relay --as2 sends from): POST /as2/mdn takes the
 asynchronous MDNs of our own messages (verified, checked, and the row acked or refused),
@@ -65,6 +75,12 @@ outbox (every destination, as2:// under this profile), beside any idem relay.`,
 	f.StringVar(&forward, "forward", "", "deliver each interchange by POST to this URL")
 	f.DurationVar(&forwardTimeout, "forward-timeout", 30*time.Second, "timeout of one forward")
 	f.Int64Var(&maxBytes, "max-bytes", 64<<20, "largest message accepted (413 above it, before decryption)")
+	f.IntVar(&maxInFlight, "max-in-flight", 16, "messages handled at once (503 with Retry-After beyond)")
+	f.Int64Var(&maxMemory, "max-memory", 256<<20, "memory the messages in flight may take, at 4x each message's length (503 with Retry-After beyond)")
+	f.StringVar(&rejectedDir, "rejected-dir", "", "keep refused messages of authenticated partners here (default: DIR.rejected with --dir; never inside --dir)")
+	f.IntVar(&rejectedMaxFiles, "rejected-max-files", 1000, "most refused messages kept in --rejected-dir")
+	f.Int64Var(&rejectedMaxBytes, "rejected-max-bytes", 1<<30, "most bytes kept in --rejected-dir")
+	timeouts := listenerTimeoutFlags(cmd, 2*time.Minute)
 	f.StringVar(&outboxURL, "outbox", "", "outbox store: receive our asynchronous MDNs on /as2/mdn and send partners' through it")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if as2File == "" || (dir == "") == (forward == "") {
@@ -84,22 +100,41 @@ outbox (every destination, as2:// under this profile), beside any idem relay.`,
 		if err != nil {
 			return err
 		}
-		cfg := receiver.Config{Profile: profile, Guard: g, MaxBytes: maxBytes}
-		if dir != "" {
-			if err := os.MkdirAll(filepath.Join(dir, "rejected"), 0o755); err != nil {
-				return err
+		if rejectedDir == "" && dir != "" {
+			rejectedDir = filepath.Clean(dir) + ".rejected"
+		}
+		if rejectedDir == "" {
+			return errors.New("idem as2 serve --forward needs --rejected-dir DIR (where refused messages of partners are kept)")
+		}
+		if dir != "" && within(rejectedDir, dir) {
+			return fmt.Errorf("--rejected-dir %s is inside --dir %s, where a pickup of deliveries would see refused messages", rejectedDir, dir)
+		}
+		for _, d := range []string{dir, rejectedDir} {
+			if d != "" {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					return err
+				}
 			}
-			cfg.Deliver = func(_ context.Context, d receiver.Delivery) error { return writeFileOnce(dir, d.Key, ".edi", d.Data) }
-			cfg.Reject = func(_ context.Context, h http.Header, body []byte, why *as2.Failure) error {
-				return writeFileOnce(filepath.Join(dir, "rejected"), h.Get("Message-ID")+"\x00"+fmt.Sprint(time.Now().UnixNano()), ".as2", rawMessage(h, body, why))
+		}
+		for _, pt := range profile.Partners {
+			if len(pt.EDISenders) == 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "idem as2 serve: partner %s lists no edi_senders: its EDI interchanges will be refused\n", pt.AS2ID)
+			}
+		}
+		rejected := &boundedDir{dir: rejectedDir, maxFiles: rejectedMaxFiles, maxBytes: rejectedMaxBytes}
+		cfg := receiver.Config{Profile: profile, Guard: g, MaxBytes: maxBytes, MaxInFlight: maxInFlight, MaxMemory: maxMemory,
+			Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)),
+			Reject: func(_ context.Context, h http.Header, body []byte, why *as2.Failure) error {
+				return rejected.write(h.Get("AS2-From")+"\x00"+h.Get("Message-ID")+"\x00"+fmt.Sprint(time.Now().UnixNano()), ".as2", rawMessage(h, body, why))
+			}}
+		if dir != "" {
+			cfg.Deliver = func(_ context.Context, d receiver.Delivery) error {
+				return writeFileOnce(dir, d.Message.From+"\x00"+d.Key, ".edi", d.Data)
 			}
 		} else {
 			client := &http.Client{Timeout: forwardTimeout}
 			cfg.Deliver = func(ctx context.Context, d receiver.Delivery) error {
 				return forwardInterchange(ctx, client, forward, d)
-			}
-			cfg.Reject = func(ctx context.Context, h http.Header, body []byte, why *as2.Failure) error {
-				return keepInStore(ctx, s, g.Retention(), h, body, why)
 			}
 		}
 		rv, err := receiver.New(cfg)
@@ -140,7 +175,7 @@ outbox (every destination, as2:// under this profile), beside any idem relay.`,
 			}()
 		}
 		mux.Handle("POST /as2", rv)
-		return serveUntilDone(ctx, listen, mux, 30*time.Second, func(addr net.Addr) {
+		return serveUntilDone(ctx, listen, mux, 30*time.Second, *timeouts, func(addr net.Addr) {
 			fmt.Fprintf(cmd.ErrOrStderr(), "idem as2 serve: %s on http://%s/as2\n", profile.AS2ID, addr)
 		})
 	}
@@ -182,6 +217,47 @@ func writeFileOnce(dir, key, ext string, data []byte) error {
 	return os.Rename(tmp.Name(), final)
 }
 
+// within reports whether path is dir or inside it.
+func within(path, dir string) bool {
+	p, err1 := filepath.Abs(path)
+	d, err2 := filepath.Abs(dir)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	rel, err := filepath.Rel(d, p)
+	return err == nil && (rel == "." || !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && rel != "..")
+}
+
+// boundedDir is a directory of refused messages that holds at most
+// maxFiles files and maxBytes bytes: a write past either bound is an
+// error (the message is answered 503 and the partner sends it again).
+type boundedDir struct {
+	dir      string
+	maxFiles int
+	maxBytes int64
+	mu       sync.Mutex
+}
+
+func (b *boundedDir) write(key, ext string, data []byte) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	entries, err := os.ReadDir(b.dir)
+	if err != nil {
+		return err
+	}
+	files, size := 0, int64(len(data))
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil && info.Mode().IsRegular() {
+			files++
+			size += info.Size()
+		}
+	}
+	if files+1 > b.maxFiles || size > b.maxBytes {
+		return fmt.Errorf("%s is full (%d files, %d bytes with this one; the bounds are %d files and %d bytes)", b.dir, files, size, b.maxFiles, b.maxBytes)
+	}
+	return writeFileOnce(b.dir, key, ext, data)
+}
+
 // rawMessage is a refused message as kept for an operator: why, the HTTP
 // headers, a blank line, the body as received.
 func rawMessage(h http.Header, body []byte, why *as2.Failure) []byte {
@@ -191,21 +267,6 @@ func rawMessage(h http.Header, body []byte, why *as2.Failure) []byte {
 	b.WriteString("\r\n")
 	b.Write(body)
 	return b.Bytes()
-}
-
-// keepInStore records a refused message in the store as a failed record of
-// scope as2-rejected whose result is the raw message (idem keys ls shows
-// it; it expires with the retention).
-func keepInStore(ctx context.Context, s idem.Store, retention time.Duration, h http.Header, body []byte, why *as2.Failure) error {
-	key := idem.Key{Scope: "as2-rejected", ID: strings.Trim(h.Get("Message-ID"), "<>") + "@" + time.Now().UTC().Format(time.RFC3339Nano)}.Storage(false)
-	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: retention})
-	if err != nil {
-		return err
-	}
-	if !a.Outcome.Owns() {
-		return fmt.Errorf("keeping the refused message: %s is %v", key, a.Outcome)
-	}
-	return s.Fail(ctx, key, a.Fence, rawMessage(h, body, why), retention)
 }
 
 // forwardInterchange posts one interchange upstream with Idempotency-Key

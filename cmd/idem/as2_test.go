@@ -47,8 +47,8 @@ func (w *as2World) path(name string) string { return filepath.Join(w.dir, name) 
 // top (extra top-level lines), and returns its path.
 func (w *as2World) profile(us, them, themURL, agreement, top string) string {
 	path := w.path(strings.ToLower(us) + ".yaml")
-	yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s.pem\nprivate_key: %s.key\n%spartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s.pem\n%s",
-		us, strings.ToLower(us), strings.ToLower(us), top, them, themURL, strings.ToLower(them), agreement)
+	yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s.pem\nprivate_key: %s.key\n%spartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s.pem\n    edi_senders: [%s]\n%s",
+		us, strings.ToLower(us), strings.ToLower(us), top, them, themURL, strings.ToLower(them), them, agreement)
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		w.t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestAS2EndToEnd(t *testing.T) {
 	if got, _ := os.ReadFile(files[0]); string(got) != as2Interchange {
 		t.Fatalf("delivered %q", got)
 	}
-	if rejected, _ := filepath.Glob(filepath.Join(inbox, "rejected", "*")); len(rejected) != 0 {
+	if rejected, _ := filepath.Glob(filepath.Join(inbox+".rejected", "*")); len(rejected) != 0 {
 		t.Fatalf("rejected %v", rejected)
 	}
 	if posts.Load() != 2 {
@@ -190,7 +190,7 @@ func TestAS2EndToEnd(t *testing.T) {
 func TestAS2AsynchronousMDN(t *testing.T) {
 	w := newAS2World(t)
 	buyerAddr, supplierAddr := freeAddr(t), freeAddr(t)
-	async := "    sign: sha256\n    encrypt: aes128-cbc\n    mdn: async\n    mdn_sign: sha256\n"
+	async := "    sign: sha256\n    encrypt: aes128-cbc\n    mdn: async\n    mdn_sign: sha256\n    async_mdn_urls: [http://" + buyerAddr + "/as2/mdn]\n"
 	mdnURL := "mdn_url: http://" + buyerAddr + "/as2/mdn\n"
 	buyer := w.profile("BUYER", "SUPPLIER", "http://"+supplierAddr+"/as2", async, mdnURL)
 	supplier := w.profile("SUPPLIER", "BUYER", "http://"+buyerAddr+"/as2", async, mdnURL)
@@ -214,8 +214,7 @@ func TestAS2AsynchronousMDN(t *testing.T) {
 // TestAS2Forward: `idem as2 serve --forward` posts each interchange upstream
 // with Idempotency-Key set to its interchange key and the AS2 headers; an
 // upstream 503 is answered 503 (nothing stored), so the relay's retry
-// delivers it; a message from a stranger is kept in the store (scope
-// as2-rejected) and answered with an error MDN.
+// delivers it; a message from a stranger is answered 403 and not kept.
 func TestAS2Forward(t *testing.T) {
 	w := newAS2World(t)
 	var calls atomic.Int64
@@ -236,7 +235,9 @@ func TestAS2Forward(t *testing.T) {
 	defer upstream.Close()
 	gcm := "    sign: sha256\n    encrypt: aes256-gcm\n    mdn: sync\n    mdn_sign: sha256\n"
 	supplierStore := "sqlite:" + w.path("supplier.db")
-	serve := startAS2Serve(t, "--as2", w.profile("SUPPLIER", "BUYER", "http://127.0.0.1:1/as2", gcm, ""), "--store", supplierStore, "--forward", upstream.URL)
+	rejectedDir := w.path("rejected")
+	serve := startAS2Serve(t, "--as2", w.profile("SUPPLIER", "BUYER", "http://127.0.0.1:1/as2", gcm, ""), "--store", supplierStore,
+		"--forward", upstream.URL, "--rejected-dir", rejectedDir)
 
 	store := "sqlite:" + w.path("outbox.db")
 	w.enqueue(store, "PO-7")
@@ -248,7 +249,7 @@ func TestAS2Forward(t *testing.T) {
 	if first != second || !strings.Contains(first, "X12|ZZ|BUYER|ZZ|SUPPLIER|000000905") || calls.Load() != 2 {
 		t.Fatalf("upstream saw keys %q and %q in %d calls", first, second, calls.Load())
 	}
-	// A stranger's message: an error MDN, and the raw message kept.
+	// A stranger's message: refused, nothing kept.
 	req, _ := http.NewRequest(http.MethodPost, serve+"/as2", strings.NewReader("not a message"))
 	req.Header.Set("Content-Type", "application/edi-x12")
 	req.Header.Set("Message-ID", "<stranger-1@nowhere>")
@@ -259,13 +260,12 @@ func TestAS2Forward(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mdn, _ := io.ReadAll(resp.Body)
+	answer, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !bytes.Contains(mdn, []byte("processed/error: authentication-failed")) {
-		t.Fatalf("a stranger got %d %s", resp.StatusCode, mdn)
+	if resp.StatusCode != http.StatusForbidden || bytes.Contains(answer, []byte("processed")) {
+		t.Fatalf("a stranger got %d %s", resp.StatusCode, answer)
 	}
-	out, err := run(t, "keys", "ls", "--store", supplierStore)
-	if err != nil || !strings.Contains(out, "as2-rejected/stranger-1@nowhere") {
-		t.Fatalf("the refused message is not in the store: %v\n%s", err, out)
+	if kept, _ := os.ReadDir(rejectedDir); len(kept) != 0 {
+		t.Fatalf("kept %d files of a stranger's", len(kept))
 	}
 }

@@ -49,6 +49,7 @@ On loopback (the default) writes need no token; elsewhere --admin-token.`,
 	store := storeFlag(cmd)
 	token := adminTokenFlag(cmd)
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8090", "address to serve on")
+	timeouts := listenerTimeoutFlags(cmd, time.Minute)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
 		s, err := storeurl.Open(ctx, *store, &storeurl.Options{SkipMigrate: true})
@@ -75,7 +76,7 @@ On loopback (the default) writes need no token; elsewhere --admin-token.`,
 		if err := mountConsole(mux, listen, cfg); err != nil {
 			return err
 		}
-		return serveUntilDone(ctx, listen, mux, 5*time.Second, func(addr net.Addr) {
+		return serveUntilDone(ctx, listen, mux, 5*time.Second, *timeouts, func(addr net.Addr) {
 			fmt.Fprintf(cmd.ErrOrStderr(), "idem console on http://%s\n", addr)
 		})
 	}
@@ -84,12 +85,12 @@ On loopback (the default) writes need no token; elsewhere --admin-token.`,
 
 // serveUntilDone serves handler on addr until ctx ends, then shuts down
 // within grace; started hears the address once it listens.
-func serveUntilDone(ctx context.Context, addr string, handler http.Handler, grace time.Duration, started func(net.Addr)) error {
+func serveUntilDone(ctx context.Context, addr string, handler http.Handler, grace time.Duration, timeouts listenerTimeouts, started func(net.Addr)) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	srv := timeouts.server(handler)
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), grace)

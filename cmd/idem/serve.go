@@ -37,6 +37,7 @@ type serveOpts struct {
 	fenceHeader                    string
 	principal                      string
 	storeSetCookie                 bool
+	timeouts                       *listenerTimeouts
 }
 
 func newServeCmd() *cobra.Command {
@@ -70,7 +71,15 @@ under a fence below the largest it applied refuses a gateway paused past its lea
 	f.StringVar(&o.keyFrom, "key-from", "header", "where keys come from: header (Idempotency-Key only), or edi (also the interchange's dedup key for EDI bodies posted without the header)")
 	f.StringVar(&o.fenceHeader, "fence-header", httpidem.FenceHeader, "request header that hands the upstream each execution's fencing token, which grows with every execution of a key (a client's own is replaced, or removed from requests without a key); empty: none")
 	f.StringVar(&o.problemBase, "problem-type-base", httpidem.DefaultProblemTypeBase, "prefix of the type links in problem+json answers")
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), o) }
+	o.timeouts = listenerTimeoutFlags(cmd, 0)
+	f.Lookup("write-timeout").Usage += " (0: --upstream-timeout + 30s)"
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if o.timeouts.write == 0 {
+			// The answer may wait for the upstream as long as it is given.
+			o.timeouts.write = o.timeout + 30*time.Second
+		}
+		return runServe(cmd.Context(), o)
+	}
 	return cmd
 }
 
@@ -277,7 +286,8 @@ func runServe(ctx context.Context, o serveOpts) error {
 		}
 		defer sw.Stop(context.Background())
 	}
-	srv := &http.Server{Handler: mw(newProxy(up, o.timeout, o.fenceHeader, logger)), ReadHeaderTimeout: 10 * time.Second, ErrorLog: logger}
+	srv := o.timeouts.server(mw(newProxy(up, o.timeout, o.fenceHeader, logger)))
+	srv.ErrorLog = logger
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 	var adminSrv *http.Server
@@ -303,7 +313,8 @@ func runServe(ctx context.Context, o serveOpts) error {
 			aln.Close()
 			return err
 		}
-		adminSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		adminSrv = o.timeouts.server(mux)
+		adminSrv.WriteTimeout = time.Minute
 		go func() { errc <- adminSrv.Serve(aln) }()
 		logger.Printf("admin on http://%s (the console at /, /metrics, /healthz)", aln.Addr())
 	}
