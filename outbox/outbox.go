@@ -183,7 +183,7 @@ CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
 }
 
 type queries struct {
-	insert, insertAlone, existing, counter, claim, extend, sent, unclaim, failed, ack, retry, list, get, getExternal, refuse, purge string
+	insert, insertAlone, existing, counter, claim, extend, sent, unclaim, failed, ack, ackSent, retry, list, get, getExternal, refuse, purge string
 }
 
 func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store {
@@ -220,6 +220,7 @@ WHERE claimed_by = $1 AND status = 'pending' AND `,
 	next_attempt_at = ` + s.d.NowPlusMillis("$4") + `, claimed_by = NULL, claimed_until = NULL
 WHERE claimed_by = $1 AND id = $2 AND status = 'pending'`,
 		ack:   `UPDATE ` + tbl + ` SET status = 'acked', acked_at = ` + s.d.Now() + ` WHERE key = $1 AND status IN ('pending', 'sent', 'acked')`,
+		ackSent: `UPDATE ` + tbl + ` SET status = 'acked', acked_at = coalesce(acked_at, ` + s.d.Now() + `) WHERE key = $1 AND status IN ('sent', 'acked')`,
 		retry: `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.d.Now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,
 		// $1 after id, $2 status or '', $3 limit, $4 destination prefix or ''
 		list: `SELECT ` + cols + ` FROM ` + tbl + ` WHERE id > $1 AND ($2 = '' OR status = $2)
@@ -517,6 +518,21 @@ func (s *Store) Ack(ctx context.Context, key string) error {
 	}
 	if n == 0 {
 		return fmt.Errorf("%w (or it is dead): %s", ErrNotFound, key)
+	}
+	return nil
+}
+
+// AckSent marks a sent message acked: the receipt of what was delivered
+// (an asynchronous AS2 MDN). Unlike Ack, it changes only a sent row (an
+// acked one is a no-op): a pending row was never delivered, and a receipt
+// for it proves nothing; that, a dead or an unknown row is ErrNotFound.
+func (s *Store) AckSent(ctx context.Context, key string) error {
+	n, err := s.db.Exec(ctx, s.q.ackSent, key)
+	if err != nil {
+		return fmt.Errorf("idem/outbox: ack %s: %w", key, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w (or it is not sent): %s", ErrNotFound, key)
 	}
 	return nil
 }

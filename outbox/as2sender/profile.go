@@ -29,7 +29,8 @@ import (
 // it arrives (AsyncMDNHandler). Otherwise last_error says why: a negative disposition that
 // retrying cannot cure (authentication-failed, decryption-failed, failed/…)
 // makes the row dead; a wrong MIC, a bad signature, an unreadable MDN or any
-// other error is retried.
+// other error is retried. A negative MDN makes the row dead only when it
+// passes the partner's MDN policy (signed, where mdn_sign asks for it).
 type ProfileSender struct {
 	profile *as2.Profile
 	client  *http.Client
@@ -130,7 +131,7 @@ func (s *ProfileSender) Send(ctx context.Context, m *outbox.Message) outbox.Resu
 	}
 	if err := out.Check(mdn, id, partner); err != nil {
 		status := outbox.Pending
-		if !mdn.Processed() && mdn.OriginalMessageID == id && hopeless(mdn) {
+		if !mdn.Processed() && mdn.OriginalMessageID == id && hopeless(mdn) && (partner.MDNSign == 0 || mdn.Signed) {
 			status = outbox.Dead
 		}
 		return outbox.Result{Status: status, Err: err}
@@ -167,54 +168,77 @@ func contentType(m *outbox.Message) string {
 }
 
 // AsyncMDNHandler receives the asynchronous MDNs of rows a ProfileSender
-// sent (serve it at the profile's mdn_url, POST): the MDN must verify
-// against the certificate of the partner named in AS2-From; its
-// Original-Message-ID finds the row (Message.ExternalID), which must be
-// addressed to that partner; then it is checked as a synchronous receipt
-// is — our MIC, processed — and the row is acked, or refused with the
-// reason in last_error: dead when the disposition cannot be cured by
-// sending again, else sent again. An MDN that does not verify changes no
-// row (answered 400).
+// sent (serve it at the profile's mdn_url, POST). An MDN changes a row only
+// when all of these hold, and otherwise is refused and changes nothing:
+//
+//   - AS2-From names a partner of the profile (else 403);
+//   - the MDN passes the partner's MDN policy: signed by the partner's
+//     certificate where the agreement asks for signed MDNs (mdn_sign), and
+//     a signature it carries verifies (else 400);
+//   - its Original-Message-ID names a row (Message.ExternalID) addressed to
+//     that partner (else 404 or 403);
+//   - the row is sent: a pending row was never delivered, and an acked or
+//     dead one is settled (else 409).
+//
+// Then it is checked as a synchronous receipt is — our MIC, processed —
+// and the row is acked, or refused with the reason in last_error: dead when
+// the disposition cannot be cured by sending again, else sent again.
 func AsyncMDNHandler(profile *as2.Profile, store *outbox.Store) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
 		from := strings.Trim(strings.TrimSpace(r.Header.Get("AS2-From")), `"`)
 		partner := profile.Partners[from]
 		if partner == nil {
-			http.Error(w, fmt.Sprintf("AS2-From %q is no partner of ours", from), http.StatusForbidden)
+			http.Error(w, "not a partner of this endpoint", http.StatusForbidden)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err != nil {
+			http.Error(w, "the MDN could not be read", http.StatusBadRequest)
 			return
 		}
 		mdn, err := as2.ParseMDN(r.Header, body, partner)
 		if err != nil {
-			http.Error(w, "the MDN is not accepted: "+err.Error(), http.StatusBadRequest)
+			http.Error(w, "the MDN is not accepted: it could not be read or verified", http.StatusBadRequest)
+			return
+		}
+		if partner.MDNSign != 0 && !mdn.Signed {
+			http.Error(w, "the MDN is not accepted: the agreement asks for signed MDNs", http.StatusBadRequest)
 			return
 		}
 		ctx := r.Context()
 		row, err := store.GetByExternalID(ctx, mdn.OriginalMessageID)
 		if err != nil {
-			http.Error(w, "no message "+mdn.OriginalMessageID+" of ours", http.StatusNotFound)
+			http.Error(w, "no such message of ours", http.StatusNotFound)
 			return
 		}
 		if row.Destination != "as2://"+url.PathEscape(from) && row.Destination != "as2://"+from {
-			http.Error(w, "message "+mdn.OriginalMessageID+" was not sent to "+from, http.StatusForbidden)
+			http.Error(w, "no such message sent to this partner", http.StatusForbidden)
+			return
+		}
+		if row.Status != outbox.Sent {
+			http.Error(w, "the message is not awaiting a receipt", http.StatusConflict)
 			return
 		}
 		out := &as2.Outgoing{}
 		out.MIC, out.MICAlg = as2.ExpectedMIC(partner, contentType(&row.Message), row.Payload)
 		if err := out.Check(mdn, mdn.OriginalMessageID, partner); err != nil {
-			if rerr := store.Refuse(ctx, row.Key, err.Error(), !mdn.Processed() && hopeless(mdn)); rerr != nil && !errors.Is(rerr, outbox.ErrNotFound) {
-				http.Error(w, rerr.Error(), http.StatusServiceUnavailable)
+			if rerr := store.Refuse(ctx, row.Key, err.Error(), !mdn.Processed() && hopeless(mdn)); rerr != nil {
+				if errors.Is(rerr, outbox.ErrNotFound) {
+					http.Error(w, "the message is not awaiting a receipt", http.StatusConflict)
+					return
+				}
+				http.Error(w, "the receipt could not be recorded", http.StatusServiceUnavailable)
 				return
 			}
 			w.WriteHeader(http.StatusOK) // received; the row says why it was no ack
 			return
 		}
-		if err := store.Ack(ctx, row.Key); err != nil && !errors.Is(err, outbox.ErrNotFound) {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		if err := store.AckSent(ctx, row.Key); err != nil {
+			if errors.Is(err, outbox.ErrNotFound) {
+				http.Error(w, "the message is not awaiting a receipt", http.StatusConflict)
+				return
+			}
+			http.Error(w, "the receipt could not be recorded", http.StatusServiceUnavailable)
 			return
 		}
 		w.WriteHeader(http.StatusOK)

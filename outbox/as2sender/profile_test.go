@@ -31,8 +31,8 @@ func twoProfiles(t *testing.T, url, agreement string) (buyer, supplier *as2.Prof
 	as2test.NewParty(t, dir, "buyer", 1)
 	as2test.NewParty(t, dir, "supplier", 2)
 	load := func(name, us, them, themURL string) *as2.Profile {
-		yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s.pem\nprivate_key: %s.key\nmdn_url: http://127.0.0.1:1/as2/mdn\npartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s.pem\n%s",
-			us, strings.ToLower(us), strings.ToLower(us), them, themURL, strings.ToLower(them), agreement)
+		yaml := fmt.Sprintf("as2_id: %s\ncertificate: %s.pem\nprivate_key: %s.key\nmdn_url: http://127.0.0.1:1/as2/mdn\npartners:\n  - as2_id: %s\n    url: %s\n    certificate: %s.pem\n    edi_senders: [%s]\n%s",
+			us, strings.ToLower(us), strings.ToLower(us), them, themURL, strings.ToLower(them), them, agreement)
 		path := filepath.Join(dir, name)
 		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 			t.Fatal(err)
@@ -129,6 +129,9 @@ func TestProfileSenderRefusesBadReceipts(t *testing.T) {
 		{"wrong MIC", mdnFor("other content", nil, false), outbox.Pending, "MIC"},
 		{"unsigned", mdnFor(x12, nil, true), outbox.Pending, "not signed"},
 		{"decryption failed", mdnFor(x12, &as2.Failure{Modifier: as2.DecryptionFailed, Err: fmt.Errorf("x")}, false), outbox.Dead, "decryption-failed"},
+		// Unsigned where the agreement signs MDNs: anyone could have said
+		// it, so it cannot make the row dead.
+		{"decryption failed, unsigned", mdnFor(x12, &as2.Failure{Modifier: as2.DecryptionFailed, Err: fmt.Errorf("x")}, true), outbox.Pending, "not signed"},
 		{"processing error", mdnFor(x12, &as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: fmt.Errorf("x")}, false), outbox.Pending, "unexpected-processing-error"},
 	} {
 		srv := httptest.NewServer(c.handler)

@@ -396,6 +396,13 @@ func testAsyncReceipts[TTx any](t *testing.T, b Backend[TTx]) {
 	if err := b.Outbox.Refuse(ctx, "e1", "not sent yet", false); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("refusing a pending row: %v", err)
 	}
+	// A receipt acks only a sent row: a pending one was never delivered.
+	if err := b.Outbox.AckSent(ctx, "e1"); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("a receipt acking a pending row: %v", err)
+	}
+	if row, _ := b.Outbox.Get(ctx, "e1"); row.Status != outbox.Pending {
+		t.Fatalf("a pending row after a receipt: %+v", row)
+	}
 	s := newSink()
 	r := relay(t, b.Outbox.Store, s, outbox.RelayConfig{})
 	r.RunOnce(ctx)
@@ -421,8 +428,18 @@ func testAsyncReceipts[TTx any](t *testing.T, b Backend[TTx]) {
 	if row, _ := b.Outbox.Get(ctx, "e2"); row.Status != outbox.Dead {
 		t.Fatalf("after a hopeless receipt: %+v", row)
 	}
-	if err := b.Outbox.Ack(ctx, "e1"); err != nil {
+	if err := b.Outbox.AckSent(ctx, "e2"); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("a receipt acking a dead row: %v", err)
+	}
+	r.RunOnce(ctx) // e1 sent again
+	if err := b.Outbox.AckSent(ctx, "e1"); err != nil {
 		t.Fatal(err)
+	}
+	if err := b.Outbox.AckSent(ctx, "e1"); err != nil {
+		t.Fatalf("the same receipt again: %v", err)
+	}
+	if row, _ := b.Outbox.Get(ctx, "e1"); row.Status != outbox.Acked {
+		t.Fatalf("after its receipt: %+v", row)
 	}
 	if err := b.Outbox.Refuse(ctx, "e1", "late", false); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("refusing an acked row: %v", err)
