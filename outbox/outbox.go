@@ -219,9 +219,9 @@ WHERE claimed_by = $1 AND status = 'pending' AND `,
 		failed: `UPDATE ` + tbl + ` SET status = $5, tries = tries + 1, last_error = $3,
 	next_attempt_at = ` + s.d.NowPlusMillis("$4") + `, claimed_by = NULL, claimed_until = NULL
 WHERE claimed_by = $1 AND id = $2 AND status = 'pending'`,
-		ack:   `UPDATE ` + tbl + ` SET status = 'acked', acked_at = ` + s.d.Now() + ` WHERE key = $1 AND status IN ('pending', 'sent', 'acked')`,
+		ack:     `UPDATE ` + tbl + ` SET status = 'acked', acked_at = ` + s.d.Now() + ` WHERE key = $1 AND status IN ('pending', 'sent', 'acked')`,
 		ackSent: `UPDATE ` + tbl + ` SET status = 'acked', acked_at = coalesce(acked_at, ` + s.d.Now() + `) WHERE key = $1 AND status IN ('sent', 'acked')`,
-		retry: `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.d.Now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,
+		retry:   `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.d.Now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,
 		// $1 after id, $2 status or '', $3 limit, $4 destination prefix or ''
 		list: `SELECT ` + cols + ` FROM ` + tbl + ` WHERE id > $1 AND ($2 = '' OR status = $2)
 	AND ($4 = '' OR substr(destination, 1, length($4)) = $4) ORDER BY id LIMIT $3`,
