@@ -30,6 +30,7 @@ func ExampleNew() {
 	for range 2 { // the client retries after a timeout, with the same key
 		req, _ := http.NewRequest("POST", srv.URL+"/charges", strings.NewReader("amount=2500"))
 		req.Header.Set("Idempotency-Key", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`)
+		req.Header.Set("Authorization", "Bearer sk_test_alice") // the response is alice's alone
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			panic(err)

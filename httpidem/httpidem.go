@@ -28,7 +28,26 @@ const (
 	// was larger than Config.MaxResponseBytes: the request ran, its status
 	// and headers are replayed, its body was not kept.
 	BodyOmittedHeader = "Idempotent-Body-Omitted"
+	// HeadersOmittedHeader is "too-large" on a replay of a response whose
+	// headers took more than MaxStoredHeaderBytes: the request ran, its
+	// status is replayed, its headers and body were not kept.
+	HeadersOmittedHeader = "Idempotent-Headers-Omitted"
 )
+
+// MaxStoredHeaderBytes bounds the headers of a stored response, as they
+// are encoded. A response with more is stored with its status alone
+// (HeadersOmittedHeader), so that its key is settled at once instead of
+// staying in flight until its lease runs out.
+const MaxStoredHeaderBytes = 64 << 10
+
+// knownMethods are the request methods of RFC 9110 and RFC 5789. Methods
+// are case-sensitive: "post" is none of them.
+var knownMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodPost: true, http.MethodPut: true, http.MethodPatch: true,
+	http.MethodDelete: true, http.MethodConnect: true, http.MethodOptions: true, http.MethodTrace: true,
+}
+
+const ()
 
 // OversizedBody says what to do with a request body over MaxBodyBytes.
 type OversizedBody uint8
@@ -67,10 +86,14 @@ type Config struct {
 	MaxKeyBytes int
 	// Principal names the caller; keys are scoped by method, path and
 	// principal, so a stored response is replayed only to the principal
-	// that caused it. Defaults to DefaultPrincipal: the Authorization
-	// header, else the request's cookies, else anonymous. See
-	// ParsePrincipal for the other choices (a header set by an auth proxy,
-	// one session cookie, none).
+	// that caused it. "" means no principal can be derived from the
+	// request: it is then neither stored nor replayed, but passed through
+	// as if it had no key (Event outcome "unscoped"), for a caller without
+	// credentials must not be replayed, or even told of, another's
+	// response. Defaults to DefaultPrincipal: the Authorization header,
+	// else the request's cookies. See ParsePrincipal for the other choices
+	// (the header the service authenticates with, one session cookie, or
+	// none: one scope shared by every caller).
 	Principal func(*http.Request) string
 	// StoreSetCookie stores (and so replays) the response's Set-Cookie
 	// fields. Defaults to false: a retry never receives a session cookie
@@ -128,8 +151,9 @@ const DefaultProblemTypeBase = "https://github.com/idemgo/idem/blob/main/httpide
 // Event reports what the middleware did with one request.
 type Event struct {
 	// Outcome is executed, replayed, conflict (in flight), mismatch,
-	// rejected (bad key or body), unavailable (store failure) or bypassed
-	// (no key, or an oversized body passed through).
+	// rejected (bad key or body, unknown method), unavailable (store
+	// failure), bypassed (no key, or an oversized body passed through) or
+	// unscoped (a key, but no principal: passed through unprotected).
 	Outcome string
 	// Status is the status sent to the client.
 	Status int
@@ -235,12 +259,12 @@ func New(cfg Config) (func(http.Handler) http.Handler, error) {
 	return m.wrap, nil
 }
 
-// AuthorizationPrincipal is a hash of the Authorization header, or
-// "anonymous" without one. The credential itself is never stored.
+// AuthorizationPrincipal is a hash of the Authorization header, or "" (no
+// principal) without one. The credential itself is never stored.
 func AuthorizationPrincipal(r *http.Request) string {
 	a := r.Header.Get("Authorization")
 	if a == "" {
-		return "anonymous"
+		return ""
 	}
 	return "auth:" + digest(a)
 }
@@ -273,8 +297,8 @@ func decided(d idem.Disposition, reason string) error {
 	return idem.WithDisposition(d, &dispositionError{d, reason})
 }
 
-func (m *middleware) scope(r *http.Request) string {
-	s := r.Method + " " + r.URL.EscapedPath() + " " + m.cfg.Principal(r)
+func (m *middleware) scope(r *http.Request, principal string) string {
+	s := r.Method + " " + r.URL.EscapedPath() + " " + principal
 	if len(s) > idem.MaxScopeBytes || strings.ContainsFunc(s, func(c rune) bool { return c < 0x20 || c == 0x7f }) {
 		sum := sha256.Sum256([]byte(s))
 		s = "sha256:" + hex.EncodeToString(sum[:])
@@ -291,10 +315,25 @@ func (m *middleware) observe(e Event) {
 func (m *middleware) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !m.methods[r.Method] {
+			if !knownMethods[r.Method] && len(r.Header.Values(HeaderName)) > 0 {
+				// A method the middleware does not know ("post" is not
+				// POST) with a key: refused rather than run unprotected.
+				m.problem(w, http.StatusNotImplemented, "unknown-method", "Unknown method",
+					"The method is not one this service knows; methods are case-sensitive.", nil)
+				return
+			}
 			next.ServeHTTP(w, r)
 			return
 		}
 		values := r.Header.Values(HeaderName)
+		principal := ""
+		if len(values) > 0 || m.cfg.KeyFromBody != nil {
+			if principal = m.cfg.Principal(r); principal == "" {
+				m.observe(Event{Outcome: "unscoped"})
+				next.ServeHTTP(w, r)
+				return
+			}
+		}
 		if len(values) == 0 && m.cfg.KeyFromBody != nil {
 			body, tooBig, err := readBody(r, m.cfg.MaxBodyBytes)
 			if err == nil && !tooBig {
@@ -304,7 +343,7 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 							fmt.Sprintf("The key derived from the body is %d bytes, the limit is %d.", len(id), m.cfg.MaxKeyBytes), nil)
 						return
 					}
-					m.serve(w, r, next, idem.Key{Scope: m.scope(r), ID: id}, body)
+					m.serve(w, r, next, idem.Key{Scope: m.scope(r, principal), ID: id}, body)
 					return
 				}
 			}
@@ -343,7 +382,7 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 				fmt.Sprintf("Requests with an Idempotency-Key may carry at most %d bytes.", m.cfg.MaxBodyBytes), nil)
 			return
 		}
-		m.serve(w, r, next, idem.Key{Scope: m.scope(r), ID: id}, body)
+		m.serve(w, r, next, idem.Key{Scope: m.scope(r, principal), ID: id}, body)
 	})
 }
 
@@ -407,7 +446,13 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return encodeResponse(rec.status, h, nil), storeResponse
 		}
 		if d == idem.Complete {
-			return encodeResponse(rec.status, storable(rec.header, m.cfg.StoreSetCookie), rec.body.Bytes()), storeResponse
+			h := storable(rec.header, m.cfg.StoreSetCookie)
+			if headerBytes(h) > MaxStoredHeaderBytes {
+				// The request ran: keep its status, so a retry is answered
+				// at once and not run again.
+				return encodeResponse(rec.status, http.Header{HeadersOmittedHeader: {"too-large"}}, nil), storeResponse
+			}
+			return encodeResponse(rec.status, h, rec.body.Bytes()), storeResponse
 		}
 		return nil, decided(d, "status "+strconv.Itoa(rec.status))
 	}
@@ -488,6 +533,17 @@ func (m *middleware) problem(w http.ResponseWriter, status int, slug, title, det
 // hopByHop are never stored: they describe one connection, not the response.
 var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Date", ReplayedHeader}
+
+// headerBytes is about what h takes encoded: names, values and separators.
+func headerBytes(h http.Header) int {
+	n := 0
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
+}
 
 func storable(h http.Header, setCookie bool) http.Header {
 	if !setCookie {

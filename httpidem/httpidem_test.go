@@ -53,6 +53,9 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func serve(t *testing.T, h http.Handler, cfg httpidem.Config) *httptest.Server {
 	t.Helper()
+	if cfg.Principal == nil {
+		cfg.Principal = sharedAnonymous
+	}
 	if cfg.Store == nil && cfg.Guard == nil {
 		s := memstore.New(memstore.Config{})
 		t.Cleanup(func() { s.Close() })
@@ -65,6 +68,16 @@ func serve(t *testing.T, h http.Handler, cfg httpidem.Config) *httptest.Server {
 	srv := httptest.NewServer(mw(h))
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// sharedAnonymous is DefaultPrincipal with one shared scope, "anonymous",
+// for requests without credentials: the tests that are not about
+// principals send their keys without any.
+func sharedAnonymous(r *http.Request) string {
+	if p := httpidem.DefaultPrincipal(r); p != "" {
+		return p
+	}
+	return "anonymous"
 }
 
 type reply struct {

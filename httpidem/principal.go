@@ -13,8 +13,10 @@ import (
 
 // DefaultPrincipal is the default Config.Principal: a hash of the
 // Authorization header; without one, a hash of the request's cookies (all of
-// its Cookie fields); without either, "anonymous". Credentials are never
-// stored, only their hashes.
+// its Cookie fields); without either, "" (no principal: the request is
+// neither stored nor replayed). Credentials are never stored, only their
+// hashes. A service that authenticates callers by another header (an API
+// key in X-Api-Key) names it with HeaderPrincipal.
 //
 // A refreshed bearer token or a changed cookie is a new principal: a retry
 // sent with it is executed as a new request. Where credentials rotate
@@ -28,37 +30,41 @@ func DefaultPrincipal(r *http.Request) string {
 	if c := r.Header.Values("Cookie"); len(c) > 0 {
 		return "cookies:" + digest(strings.Join(c, "; "))
 	}
-	return "anonymous"
+	return ""
 }
 
 // HeaderPrincipal names the caller by one request header (for example
-// X-User-Id set by an authenticating proxy in front of the service);
-// "anonymous" when the header is absent.
+// X-User-Id set by an authenticating proxy in front of the service, or the
+// API key header the service itself checks); "" (no principal) when the
+// header is absent.
 func HeaderPrincipal(name string) func(*http.Request) string {
 	name = textproto.CanonicalMIMEHeaderKey(name)
 	return func(r *http.Request) string {
 		v := r.Header.Get(name)
 		if v == "" {
-			return "anonymous"
+			return ""
 		}
 		return "header:" + digest(v)
 	}
 }
 
-// CookiePrincipal names the caller by one cookie (the session cookie);
-// "anonymous" when the request has none.
+// CookiePrincipal names the caller by one cookie (the session cookie); ""
+// (no principal) when the request has none.
 func CookiePrincipal(name string) func(*http.Request) string {
 	return func(r *http.Request) string {
 		c, err := r.Cookie(name)
 		if err != nil || c.Value == "" {
-			return "anonymous"
+			return ""
 		}
 		return "cookie:" + digest(c.Value)
 	}
 }
 
 // NoPrincipal puts every caller in one scope: for services where the key
-// alone identifies the intent (machine-to-machine, one client).
+// alone identifies the intent (machine-to-machine, one client). Whoever
+// sends a key is replayed its stored response, and one who sends it with
+// another request learns that it exists (422): choose it only where every
+// caller may see every other's responses.
 func NoPrincipal(*http.Request) string { return "anyone" }
 
 // ParsePrincipal reads a principal choice, as idem serve --principal takes

@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -63,7 +64,7 @@ under a fence below the largest it applied refuses a gateway paused past its lea
 	f.DurationVar(&o.lease, "lease", time.Minute, "how long a request may run before a retry may take it over (heartbeats extend it)")
 	f.DurationVar(&o.retention, "retention", 24*time.Hour, "how long responses are replayed")
 	f.DurationVar(&o.timeout, "upstream-timeout", 30*time.Second, "wait this long for the upstream's response headers, and let the upstream call run this long after the client left (its answer is stored for the retry); then 504 and the key is held until its lease expires")
-	f.StringVar(&o.principal, "principal", "default", "who a stored response belongs to: default (Authorization, else cookies, else anonymous), header:NAME (e.g. header:X-User-Id behind an auth proxy), cookie:NAME (the session cookie) or none")
+	f.StringVar(&o.principal, "principal", "default", "who a stored response belongs to: default (Authorization, else cookies; a keyed request with neither is forwarded unprotected, never stored or replayed), header:NAME (the header the upstream authenticates with, e.g. header:X-Api-Key, or header:X-User-Id behind an auth proxy), cookie:NAME (the session cookie) or none (one scope shared by every caller)")
 	f.BoolVar(&o.storeSetCookie, "store-set-cookie", false, "store and replay the upstream's Set-Cookie (by default a retry never receives the first response's cookies)")
 	f.DurationVar(&o.sweep, "sweep-interval", time.Minute, "delete records past their retention this often (0: never; Redis expires them by itself)")
 	f.BoolVar(&o.requireKey, "require-key", false, "answer 400 to POST and PATCH without an Idempotency-Key")
@@ -97,7 +98,7 @@ func newGatewayMetrics() *gatewayMetrics {
 	m := &gatewayMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_http_requests_total",
-			Help: "Requests with an Idempotency-Key by outcome: executed, replayed, conflict, mismatch, rejected, unavailable, bypassed.",
+			Help: "Requests by outcome: executed, replayed, conflict, mismatch, rejected, unavailable, bypassed (no key), unscoped (a key but no principal: forwarded unprotected).",
 		}, []string{"outcome"}),
 		storeTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idem_store_operation_seconds",
@@ -215,6 +216,37 @@ func newProxy(upstream *url.URL, timeout time.Duration, fenceHeader string, logg
 	}
 }
 
+// framing refuses, before anything else sees it, a request whose
+// Connection header names the key, Authorization, Cookie or the principal's
+// header (the proxy would strip them before the upstream while the scope was
+// computed from them: 400), and closes the connection after any request
+// sent with a Transfer-Encoding: net/http drops a Content-Length sent beside
+// it, so a request that carried both (RFC 9112 §6.1) cannot be told apart,
+// and the connection must not carry a pipelined request on.
+func framing(next http.Handler, principalSpec string) http.Handler {
+	guarded := map[string]bool{"idempotency-key": true, "authorization": true, "cookie": true}
+	if kind, name, ok := strings.Cut(principalSpec, ":"); ok && (kind == "header" || kind == "cookie") {
+		if kind == "header" {
+			guarded[strings.ToLower(name)] = true
+		}
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.TransferEncoding) > 0 {
+			w.Header().Set("Connection", "close")
+		}
+		for _, v := range r.Header.Values("Connection") {
+			for _, name := range strings.Split(v, ",") {
+				if guarded[strings.ToLower(strings.TrimSpace(name))] {
+					w.Header().Set("Connection", "close")
+					http.Error(w, "the Connection header names "+strings.TrimSpace(name)+", which the gateway needs end to end", http.StatusBadRequest)
+					return
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // hideFromRetries moves the key headers to their lower-case names (see
 // newProxy).
 func hideFromRetries(h http.Header) {
@@ -250,11 +282,21 @@ func runServe(ctx context.Context, o serveOpts) error {
 	// The upstream call is finished without the client (FinishTimeout): a
 	// client that gives up after the request reached the upstream gets the
 	// stored answer on its retry instead of a second execution.
+	var unscopedOnce sync.Once
 	cfg := httpidem.Config{
 		Store: store, Lease: o.lease, Retention: o.retention, RequireKey: o.requireKey,
 		MaxBodyBytes: o.maxBody, ProblemTypeBase: o.problemBase,
 		Principal: principal, StoreSetCookie: o.storeSetCookie, FinishTimeout: o.timeout,
-		Observer: metrics.request, StoreObserver: metrics.store,
+		Observer: func(e httpidem.Event) {
+			metrics.request(e)
+			if e.Outcome == "unscoped" {
+				unscopedOnce.Do(func() {
+					logger.Printf("a request with an Idempotency-Key but no principal (--principal %s) was forwarded unprotected; "+
+						"this is logged once, idem_http_requests_total{outcome=\"unscoped\"} counts them: name the header your upstream authenticates with (--principal header:NAME)", o.principal)
+				})
+			}
+		},
+		StoreObserver: metrics.store,
 	}
 	switch o.keyFrom {
 	case "header":
@@ -286,7 +328,7 @@ func runServe(ctx context.Context, o serveOpts) error {
 		}
 		defer sw.Stop(context.Background())
 	}
-	srv := o.timeouts.server(mw(newProxy(up, o.timeout, o.fenceHeader, logger)))
+	srv := o.timeouts.server(framing(mw(newProxy(up, o.timeout, o.fenceHeader, logger)), o.principal))
 	srv.ErrorLog = logger
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()

@@ -67,6 +67,11 @@ type gateway struct {
 func startGateway(t *testing.T, args ...string) *gateway {
 	t.Helper()
 	g := &gateway{addr: freeAddr(t), admin: freeAddr(t)}
+	if !slices.Contains(args, "--principal") {
+		// The tests that are not about principals send keys without
+		// credentials: one shared scope.
+		args = append(args, "--principal", "none")
+	}
 	g.cmd = exec.Command(os.Args[0], append([]string{"serve", "--listen", g.addr, "--admin", g.admin}, args...)...)
 	g.cmd.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
 	g.cmd.Stderr = os.Stderr

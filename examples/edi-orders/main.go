@@ -113,7 +113,9 @@ func run(ctx context.Context, out io.Writer, dbPath string, orders int) (bool, e
 	p := &partner{booked: map[string]int{}, attempts: map[string]int{}, ids: map[string]string{}, same: true}
 	store := memstore.New(memstore.Config{})
 	defer store.Close()
-	mw, err := httpidem.New(httpidem.Config{Store: store,
+	// The partners' posts carry no credentials here: one scope for all
+	// (a real endpoint names the header its callers authenticate with).
+	mw, err := httpidem.New(httpidem.Config{Store: store, Principal: httpidem.NoPrincipal,
 		KeyFromBody: func(_ *http.Request, body []byte) (string, bool) { return edi.KeyOf(body) }})
 	if err != nil {
 		return false, err

@@ -35,7 +35,7 @@ func TestConformance(t *testing.T) {
 				mu.Unlock()
 				w.WriteHeader(http.StatusCreated)
 			})
-			mw, err := httpidem.New(httpidem.Config{Store: memstore.New(memstore.Config{})})
+			mw, err := httpidem.New(httpidem.Config{Store: memstore.New(memstore.Config{}), Principal: httpidem.NoPrincipal})
 			if err != nil {
 				t.Fatal(err)
 			}
