@@ -6,9 +6,12 @@
 // error is escaped) and readable without JavaScript; a small embedded
 // script refreshes the overview. Lists page by keyset (after the last key
 // or id shown), so a page costs the same on a million rows. Every write is
-// a POST carrying a CSRF token; unless the console is served on a loopback
-// listener, a write also needs the admin token, given once on /login and
-// kept in the browser session.
+// a POST carrying a CSRF token. On a loopback listener the console answers
+// only requests addressed to a loopback name (or one of AllowedHosts), so a
+// web page that rebinds its own name to 127.0.0.1 gets nothing from it.
+// Off loopback every page but /login and its assets needs the admin token,
+// given once on /login (attempts are rate-limited) and kept in the browser
+// session.
 package console
 
 import (
@@ -27,6 +30,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -57,8 +61,18 @@ type Config struct {
 	// write, unless Loopback.
 	Token string
 	// Loopback is true when the console is served on a loopback address
-	// only: writes then need no token (the CSRF token still applies).
+	// only: pages and writes then need no token (the CSRF token still
+	// applies to writes), and requests addressed to any Host but a
+	// loopback name or AllowedHosts are refused (421).
 	Loopback bool
+	// AllowedHosts are host names, besides localhost and loopback
+	// addresses, a loopback console answers to (a name in /etc/hosts, an
+	// SSH tunnel's). Off loopback the admin token guards every page and
+	// Host is not checked.
+	AllowedHosts []string
+	// SecureCookies marks the session and CSRF cookies Secure: set it when
+	// the console is served over TLS.
+	SecureCookies bool
 	// History, if set, is the process's own outcomes per minute, drawn on
 	// the overview (idem serve: requests; idem relay: sends).
 	History *History
@@ -76,6 +90,7 @@ type Console struct {
 	secret []byte // signs sessions
 	pages  map[string]*template.Template
 	mux    *http.ServeMux
+	logins loginLimiter
 }
 
 // New checks cfg and returns the console. A console that is not on
@@ -116,14 +131,14 @@ func New(cfg Config) (*Console, error) {
 	m.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/static/favicon.svg", http.StatusMovedPermanently)
 	})
-	m.HandleFunc("GET /{$}", c.overview)
-	m.HandleFunc("GET /keys", c.keys)
+	m.HandleFunc("GET /{$}", c.read(c.overview))
+	m.HandleFunc("GET /keys", c.read(c.keys))
 	m.HandleFunc("POST /keys/forget", c.write(c.forget))
-	m.HandleFunc("GET /outbox", c.outboxList)
-	m.HandleFunc("GET /outbox/row", c.outboxRow)
+	m.HandleFunc("GET /outbox", c.read(c.outboxList))
+	m.HandleFunc("GET /outbox/row", c.read(c.outboxRow))
 	m.HandleFunc("POST /outbox/retry", c.write(c.retry))
 	m.HandleFunc("POST /outbox/retry-dead", c.write(c.retryDead))
-	m.HandleFunc("GET /find", c.find)
+	m.HandleFunc("GET /find", c.read(c.find))
 	m.HandleFunc("GET /login", c.loginForm)
 	m.HandleFunc("POST /login", c.login)
 	c.mux = m
@@ -132,11 +147,56 @@ func New(cfg Config) (*Console, error) {
 
 // ServeHTTP implements http.Handler.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if c.cfg.Loopback && !LoopbackHost(r.Host, c.cfg.AllowedHosts) {
+		misdirected(w)
+		return
+	}
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	c.mux.ServeHTTP(w, r)
+}
+
+// LoopbackHost reports whether host (a Host header: name or address,
+// with or without a port) is localhost, a loopback address, or one of
+// allowed.
+func LoopbackHost(host string, allowed []string) bool {
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	}
+	name = strings.TrimSuffix(strings.TrimPrefix(name, "["), "]")
+	if strings.EqualFold(name, "localhost") {
+		return true
+	}
+	if ip := net.ParseIP(name); ip != nil && ip.IsLoopback() {
+		return true
+	}
+	for _, a := range allowed {
+		if strings.EqualFold(name, a) {
+			return true
+		}
+	}
+	return false
+}
+
+// LoopbackHostOnly serves next only to requests addressed to a loopback
+// name or one of allowed (LoopbackHost), and answers any other 421: for
+// every handler on a loopback listener, which a page in the operator's
+// browser can reach by rebinding its own name to 127.0.0.1.
+func LoopbackHostOnly(next http.Handler, allowed []string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !LoopbackHost(r.Host, allowed) {
+			misdirected(w)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func misdirected(w http.ResponseWriter) {
+	http.Error(w, "this listener answers only to loopback names", http.StatusMisdirectedRequest)
 }
 
 // IsLoopback reports whether addr (host:port) listens on loopback only.
@@ -211,8 +271,52 @@ func (c *Console) csrfToken(w http.ResponseWriter, r *http.Request) string {
 	var b [32]byte
 	_, _ = rand.Read(b[:])
 	tok := hex.EncodeToString(b[:])
-	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: tok, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: tok, Path: "/", HttpOnly: true, Secure: c.cfg.SecureCookies, SameSite: http.SameSiteStrictMode})
 	return tok
+}
+
+// read wraps a page: off loopback it needs a session signed in with the
+// admin token.
+func (c *Console) read(h func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !c.cfg.Loopback && !c.session(r) {
+			http.Redirect(w, r, "/login", http.StatusSeeOther)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// loginLimiter allows loginBurst sign-in attempts at once and one more
+// every loginEvery: a token bucket over every attempt, right or wrong, so
+// guessing the token costs time whoever asks.
+type loginLimiter struct {
+	mu     sync.Mutex
+	tokens float64
+	last   time.Time
+}
+
+const (
+	loginBurst = 5
+	loginEvery = 10 * time.Second
+)
+
+// allow takes an attempt at now, or tells how long until the next one.
+func (l *loginLimiter) allow(now time.Time) (bool, time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last.IsZero() {
+		l.tokens, l.last = loginBurst, now
+	}
+	if now.After(l.last) {
+		l.tokens = min(loginBurst, l.tokens+float64(now.Sub(l.last))/float64(loginEvery))
+		l.last = now
+	}
+	if l.tokens < 1 {
+		return false, time.Duration((1 - l.tokens) * float64(loginEvery))
+	}
+	l.tokens--
+	return true, 0
 }
 
 // write wraps a POST handler: the CSRF token must match the cookie, and off
@@ -242,12 +346,17 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the form's CSRF token does not match: reload the page and try again", http.StatusForbidden)
 		return
 	}
+	if ok, wait := c.logins.allow(c.cfg.Now()); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
+		http.Error(w, "too many sign-in attempts: wait and try again", http.StatusTooManyRequests)
+		return
+	}
 	if c.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(r.PostFormValue("token")), []byte(c.cfg.Token)) != 1 {
 		c.render(w, r, "login", "Sign in", errors.New("that is not the admin token"))
 		return
 	}
 	exp := strconv.FormatInt(c.cfg.Now().Add(12*time.Hour).Unix(), 10)
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: exp + "." + c.sign("session:"+exp), Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: exp + "." + c.sign("session:"+exp), Path: "/", HttpOnly: true, Secure: c.cfg.SecureCookies, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 

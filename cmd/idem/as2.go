@@ -175,7 +175,7 @@ outbox (every destination, as2:// under this profile), beside any idem relay.`,
 			}()
 		}
 		mux.Handle("POST /as2", rv)
-		return serveUntilDone(ctx, listen, mux, 30*time.Second, *timeouts, func(addr net.Addr) {
+		return serveUntilDone(ctx, listen, mux, 30*time.Second, *timeouts, nil, func(addr net.Addr) {
 			fmt.Fprintf(cmd.ErrOrStderr(), "idem as2 serve: %s on http://%s/as2\n", profile.AS2ID, addr)
 		})
 	}

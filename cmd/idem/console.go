@@ -22,9 +22,10 @@ func adminTokenFlag(cmd *cobra.Command) *string {
 }
 
 // mountConsole serves the console at / of mux, beside /metrics and
-// /healthz, for a listener on addr.
-func mountConsole(mux *http.ServeMux, addr string, cfg console.Config) error {
+// /healthz, for a listener on addr reached as al says.
+func mountConsole(mux *http.ServeMux, addr string, al *adminListener, cfg console.Config) error {
 	cfg.Loopback = console.IsLoopback(addr)
+	cfg.AllowedHosts, cfg.SecureCookies = al.allowedHosts, al.tlsCert != ""
 	c, err := console.New(cfg)
 	if err != nil {
 		return fmt.Errorf("the console on %s: %w (set --admin-token or IDEM_ADMIN_TOKEN, or listen on loopback)", addr, err)
@@ -43,14 +44,20 @@ keys (filter by scope, prefix and state; forget or release one), the outbox (fil
 status and destination; retry one, or every dead message to a destination), a message's
 page, and a search that shows everything known of a key. A SQL store URL (sqlite:,
 postgres://) shows its records, its outbox and its inbox (processed_events) together.
-On loopback (the default) writes need no token; elsewhere --admin-token.`,
+On loopback (the default) it answers only to loopback host names (and --allowed-host)
+and needs no token; elsewhere every page but the sign-in needs --admin-token, sign-in
+attempts are rate-limited, and --tls-cert/--tls-key serve it over TLS with Secure cookies.`,
 		Args: cobra.NoArgs,
 	}
 	store := storeFlag(cmd)
 	token := adminTokenFlag(cmd)
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8090", "address to serve on")
 	timeouts := listenerTimeoutFlags(cmd, time.Minute)
+	al := adminListenerFlags(cmd, "")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := al.check(); err != nil {
+			return err
+		}
 		ctx := cmd.Context()
 		s, err := storeurl.Open(ctx, *store, &storeurl.Options{SkipMigrate: true})
 		if err != nil {
@@ -73,11 +80,11 @@ On loopback (the default) writes need no token; elsewhere --admin-token.`,
 			cfg.Inbox = ib
 		}
 		mux := http.NewServeMux()
-		if err := mountConsole(mux, listen, cfg); err != nil {
+		if err := mountConsole(mux, listen, al, cfg); err != nil {
 			return err
 		}
-		return serveUntilDone(ctx, listen, mux, 5*time.Second, *timeouts, func(addr net.Addr) {
-			fmt.Fprintf(cmd.ErrOrStderr(), "idem console on http://%s\n", addr)
+		return serveUntilDone(ctx, listen, al.handler(listen, mux), 5*time.Second, *timeouts, al, func(addr net.Addr) {
+			fmt.Fprintf(cmd.ErrOrStderr(), "idem console on %s://%s\n", al.scheme(), addr)
 		})
 	}
 	return cmd
@@ -85,7 +92,7 @@ On loopback (the default) writes need no token; elsewhere --admin-token.`,
 
 // serveUntilDone serves handler on addr until ctx ends, then shuts down
 // within grace; started hears the address once it listens.
-func serveUntilDone(ctx context.Context, addr string, handler http.Handler, grace time.Duration, timeouts listenerTimeouts, started func(net.Addr)) error {
+func serveUntilDone(ctx context.Context, addr string, handler http.Handler, grace time.Duration, timeouts listenerTimeouts, al *adminListener, started func(net.Addr)) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
@@ -98,7 +105,11 @@ func serveUntilDone(ctx context.Context, addr string, handler http.Handler, grac
 		_ = srv.Shutdown(sctx)
 	}()
 	started(ln.Addr())
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	serve := srv.Serve
+	if al != nil {
+		serve = func(ln net.Listener) error { return al.serve(srv, ln) }
+	}
+	if err := serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

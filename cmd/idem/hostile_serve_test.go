@@ -2,15 +2,20 @@ package main
 
 import (
 	"bufio"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemgo/idem/as2/as2test"
 )
 
 // apiKeyUpstream authenticates by X-Api-Key and counts what it runs.
@@ -126,5 +131,71 @@ func TestGatewayFraming(t *testing.T) {
 		if resp.StatusCode != http.StatusBadRequest {
 			t.Fatalf("Connection: %s: %d", conn, resp.StatusCode)
 		}
+	}
+}
+
+// TestAdminListenerRebindingAndTLS: the gateway's loopback admin listener
+// answers only to loopback names (a rebound name gets 421 on the console
+// and on /metrics alike); served off loopback with TLS, every console page
+// needs the admin token, /healthz stays open, and the cookies are Secure.
+func TestAdminListenerRebindingAndTLS(t *testing.T) {
+	up := httptest.NewServer(&upstream{})
+	defer up.Close()
+	g := startGateway(t, "--upstream", up.URL, "--store", "sqlite:"+t.TempDir()+"/g.db")
+	for _, path := range []string{"/", "/keys", "/metrics"} {
+		req, _ := http.NewRequest("GET", "http://"+g.admin+path, nil)
+		req.Host = "rebind.attacker.example"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusMisdirectedRequest {
+			t.Fatalf("GET %s with a rebound Host: %d", path, resp.StatusCode)
+		}
+	}
+
+	dir := t.TempDir()
+	party := as2test.NewParty(t, dir, "admin", 9)
+	admin := "0.0.0.0:" + strings.Split(freeAddr(t), ":")[1]
+	cmd := exec.Command(os.Args[0], "serve", "--listen", freeAddr(t), "--upstream", up.URL, "--store", "sqlite:"+dir+"/t.db",
+		"--admin", admin, "--admin-token", "s3cret", "--admin-tls-cert", party.CertPath, "--admin-tls-key", party.KeyPath)
+	cmd.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	base := "https://127.0.0.1:" + strings.Split(admin, ":")[1]
+	client := &http.Client{
+		Transport:     &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	waitListening(t, strings.TrimPrefix(base, "https://"))
+	resp, err := client.Get(base + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/healthz over TLS: %d", resp.StatusCode)
+	}
+	for _, path := range []string{"/", "/keys", "/find?q=x"} {
+		resp, err := client.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/login" {
+			t.Fatalf("GET %s without the token: %d %s", path, resp.StatusCode, resp.Header.Get("Location"))
+		}
+	}
+	resp, err = client.Get(base + "/login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if len(resp.Cookies()) == 0 || !resp.Cookies()[0].Secure {
+		t.Fatalf("cookies over TLS: %v", resp.Cookies())
 	}
 }

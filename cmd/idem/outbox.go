@@ -339,7 +339,9 @@ a destination names the server and subject only.`,
 	f.DurationVar(&cfg.PollInterval, "poll", time.Second, "longest idle wait (PostgreSQL wakes the relay at once)")
 	f.StringVar(&admin, "admin", "", "address for the console (/), /metrics and /healthz")
 	f.StringVar(&as2File, "as2", "", "AS2 profile file (YAML): sends as2://PARTNER destinations")
-	f.StringVar(&adminToken, "admin-token", os.Getenv("IDEM_ADMIN_TOKEN"), "token for console writes off loopback (default $IDEM_ADMIN_TOKEN)")
+	f.StringVar(&adminToken, "admin-token", os.Getenv("IDEM_ADMIN_TOKEN"), "token the console asks for off loopback, for every page but /healthz and /metrics (default $IDEM_ADMIN_TOKEN)")
+	adminTimeouts := listenerTimeoutFlags(cmd, time.Minute)
+	al := adminListenerFlags(cmd, "admin-")
 	f.StringVar(&natsCreds, "nats-creds", "", "NATS credentials file (JWT and NKey seed) for every nats:// destination")
 	f.StringVar(&natsToken, "nats-token", os.Getenv("IDEM_NATS_TOKEN"), "NATS authentication token for every nats:// destination (default $IDEM_NATS_TOKEN)")
 	f.StringVar(&httpHeaders, "http-headers", "", "YAML file of headers to set on every HTTP(S) request to a host, e.g. its credentials: {HOST[:PORT]: {Authorization: Bearer …}}")
@@ -414,6 +416,9 @@ a destination names the server and subject only.`,
 			return err
 		}
 		logf := func(format string, args ...any) { fmt.Fprintf(cmd.ErrOrStderr(), "idem relay: "+format+"\n", args...) }
+		if err := al.check(); err != nil {
+			return err
+		}
 		if admin != "" {
 			ln, err := net.Listen("tcp", admin)
 			if err != nil {
@@ -428,14 +433,14 @@ a destination names the server and subject only.`,
 				}
 				fmt.Fprintln(w, "ok")
 			})
-			if err := mountConsole(mux, admin, console.Config{Outbox: s, Token: adminToken, History: m.history, HistoryTitle: "Sends"}); err != nil {
+			if err := mountConsole(mux, admin, al, console.Config{Outbox: s, Token: adminToken, History: m.history, HistoryTitle: "Sends"}); err != nil {
 				ln.Close()
 				return err
 			}
-			srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-			go srv.Serve(ln)
+			srv := adminTimeouts.server(al.handler(admin, mux))
+			go al.serve(srv, ln)
 			defer srv.Close()
-			logf("admin on http://%s (the console at /, /metrics, /healthz)", ln.Addr())
+			logf("admin on %s://%s (the console at /, /metrics, /healthz)", al.scheme(), ln.Addr())
 		}
 		if err := r.Start(ctx, func(err error) { logf("%v", err) }); err != nil {
 			return err

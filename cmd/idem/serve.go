@@ -39,6 +39,7 @@ type serveOpts struct {
 	principal                      string
 	storeSetCookie                 bool
 	timeouts                       *listenerTimeouts
+	adminListener                  *adminListener
 }
 
 func newServeCmd() *cobra.Command {
@@ -60,7 +61,8 @@ under a fence below the largest it applied refuses a gateway paused past its lea
 	f.StringVar(&o.upstream, "upstream", "", "base URL of the service behind the gateway (required)")
 	f.StringVar(&o.store, "store", "sqlite:idem.db", "store URL")
 	f.StringVar(&o.admin, "admin", "", "address for the console (/), /metrics (Prometheus) and /healthz; empty: none")
-	f.StringVar(&o.adminToken, "admin-token", os.Getenv("IDEM_ADMIN_TOKEN"), "token for console writes off loopback (default $IDEM_ADMIN_TOKEN)")
+	f.StringVar(&o.adminToken, "admin-token", os.Getenv("IDEM_ADMIN_TOKEN"), "token the console asks for off loopback, for every page but /healthz and /metrics (default $IDEM_ADMIN_TOKEN)")
+	o.adminListener = adminListenerFlags(cmd, "admin-")
 	f.DurationVar(&o.lease, "lease", time.Minute, "how long a request may run before a retry may take it over (heartbeats extend it)")
 	f.DurationVar(&o.retention, "retention", 24*time.Hour, "how long responses are replayed")
 	f.DurationVar(&o.timeout, "upstream-timeout", 30*time.Second, "wait this long for the upstream's response headers, and let the upstream call run this long after the client left (its answer is stored for the retry); then 504 and the key is held until its lease expires")
@@ -259,6 +261,9 @@ func hideFromRetries(h http.Header) {
 }
 
 func runServe(ctx context.Context, o serveOpts) error {
+	if err := o.adminListener.check(); err != nil {
+		return err
+	}
 	if o.upstream == "" {
 		return errors.New("--upstream is required")
 	}
@@ -350,15 +355,15 @@ func runServe(ctx context.Context, o serveOpts) error {
 			}
 			fmt.Fprintln(w, "ok")
 		})
-		if err := mountConsole(mux, o.admin, console.Config{Store: store, Token: o.adminToken, History: metrics.history, HistoryTitle: "Requests"}); err != nil {
+		if err := mountConsole(mux, o.admin, o.adminListener, console.Config{Store: store, Token: o.adminToken, History: metrics.history, HistoryTitle: "Requests"}); err != nil {
 			srv.Close()
 			aln.Close()
 			return err
 		}
-		adminSrv = o.timeouts.server(mux)
+		adminSrv = o.timeouts.server(o.adminListener.handler(o.admin, mux))
 		adminSrv.WriteTimeout = time.Minute
-		go func() { errc <- adminSrv.Serve(aln) }()
-		logger.Printf("admin on http://%s (the console at /, /metrics, /healthz)", aln.Addr())
+		go func() { errc <- o.adminListener.serve(adminSrv, aln) }()
+		logger.Printf("admin on %s://%s (the console at /, /metrics, /healthz)", o.adminListener.scheme(), aln.Addr())
 	}
 	logger.Printf("listening on http://%s → %s (store %s)", ln.Addr(), up, o.store)
 	select {
