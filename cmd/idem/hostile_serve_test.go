@@ -199,3 +199,63 @@ func TestAdminListenerRebindingAndTLS(t *testing.T) {
 		t.Fatalf("cookies over TLS: %v", resp.Cookies())
 	}
 }
+
+// TestGatewayRefusesSmuggling: the framings request smuggling relies on
+// are refused before the upstream runs (net/http's parser, kept as it is):
+// two different Content-Lengths, a Transfer-Encoding other than chunked,
+// a space before the colon. (A header folded over two lines is joined with
+// a space, as RFC 9112 §5.2 allows.)
+func TestGatewayRefusesSmuggling(t *testing.T) {
+	up := &apiKeyUpstream{}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	g := startGateway(t, "--upstream", srv.URL, "--store", "sqlite:"+t.TempDir()+"/g.db", "--principal", "header:X-Api-Key")
+	head := "POST /orders HTTP/1.1\r\nHost: x\r\nX-Api-Key: alice\r\nIdempotency-Key: \"s\"\r\n"
+	for name, req := range map[string]string{
+		"two Content-Lengths":   head + "Content-Length: 1\r\nContent-Length: 2\r\n\r\nxy",
+		"Transfer-Encoding xyz": head + "Transfer-Encoding: xchunked\r\n\r\n1\r\nx\r\n0\r\n\r\n",
+		"chunked, identity":     head + "Transfer-Encoding: chunked, identity\r\n\r\n1\r\nx\r\n0\r\n\r\n",
+		"a space before colon":  head + "Content-Length : 1\r\n\r\nx",
+	} {
+		c, err := net.Dial("tcp", g.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprint(c, req)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if resp.StatusCode != http.StatusBadRequest && resp.StatusCode != http.StatusNotImplemented {
+			t.Errorf("%s: %d", name, resp.StatusCode)
+		}
+	}
+	if up.runs.Load() != 0 {
+		t.Fatalf("the upstream ran %d times", up.runs.Load())
+	}
+}
+
+// TestDeliveredFileNamesStayInTheDirectory: keys from the wire (a
+// Message-ID, an interchange's ids) with path separators and dot-dot name
+// one file inside the directory, never outside it.
+func TestDeliveredFileNamesStayInTheDirectory(t *testing.T) {
+	dir := t.TempDir()
+	inner := dir + "/inner"
+	if err := os.Mkdir(inner, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"../../etc/passwd", "BUYER\x00X12|ZZ|../..|ZZ|/tmp/x|1", "..", "a/../../b", `..\..\win`} {
+		if err := writeFileOnce(inner, key, ".edi", []byte("x")); err != nil {
+			t.Fatalf("%q: %v", key, err)
+		}
+	}
+	files, _ := os.ReadDir(inner)
+	if len(files) != 5 {
+		t.Fatalf("%d files in the directory, want 5", len(files))
+	}
+	if outside, _ := os.ReadDir(dir); len(outside) != 1 {
+		t.Fatalf("files written outside the directory: %v", outside)
+	}
+}

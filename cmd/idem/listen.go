@@ -39,7 +39,7 @@ func (t listenerTimeouts) server(handler http.Handler) *http.Server {
 // listener of idem serve) is reached: the host names it answers to on
 // loopback, and TLS.
 type adminListener struct {
-	allowedHosts     []string
+	allowedHosts    []string
 	tlsCert, tlsKey string
 }
 
