@@ -227,10 +227,8 @@ func newProxy(upstream *url.URL, timeout time.Duration, fenceHeader string, logg
 // and the connection must not carry a pipelined request on.
 func framing(next http.Handler, principalSpec string) http.Handler {
 	guarded := map[string]bool{"idempotency-key": true, "authorization": true, "cookie": true}
-	if kind, name, ok := strings.Cut(principalSpec, ":"); ok && (kind == "header" || kind == "cookie") {
-		if kind == "header" {
-			guarded[strings.ToLower(name)] = true
-		}
+	if kind, name, ok := strings.Cut(principalSpec, ":"); ok && kind == "header" {
+		guarded[strings.ToLower(name)] = true
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(r.TransferEncoding) > 0 {
