@@ -57,6 +57,9 @@ type Config struct {
 	Outbox *outbox.Store
 	// Inbox holds processed keys.
 	Inbox Inbox
+	// StoreURL, with its password redacted, is named in the hint shown
+	// where a table of idem's is missing (run idem migrate --store URL).
+	StoreURL string
 	// Token is the admin token a browser presents (on /login) before a
 	// write, unless Loopback.
 	Token string
@@ -114,6 +117,8 @@ func New(cfg Config) (*Console, error) {
 		"display": idem.DisplayKey,
 		"redact":  outbox.RedactDestination,
 		"preview": preview,
+		"result":  resultSummary,
+		"detail":  resultDetail,
 		"since":   func(t time.Time) string { return humanDuration(c.cfg.Now().Sub(t)) },
 		"until":   func(t time.Time) string { return humanDuration(t.Sub(c.cfg.Now())) },
 		"stamp":   func(t time.Time) string { return stamp(t) },
@@ -229,7 +234,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title str
 	p := page{Title: title, CSRF: c.csrfToken(w, r), CanWrite: c.cfg.Loopback || c.session(r),
 		Flash: r.URL.Query().Get("done"), HasStore: c.cfg.Store != nil, HasOutbox: c.cfg.Outbox != nil, HasInbox: c.cfg.Inbox != nil, Data: data}
 	if err, ok := data.(error); ok {
-		p.Error, p.Data = err.Error(), nil
+		p.Error, p.Data = c.describe(err), nil
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := c.pages[name].Execute(w, p); err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/console"
+	"github.com/idemgo/idem/httpidem"
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/sqldriver"
@@ -342,5 +343,64 @@ func TestPasswordsInDestinationsAreNotShown(t *testing.T) {
 	}
 	if row, err := f.outbox.Get(ctx, "ORD-1"); err != nil || row.Destination != dest {
 		t.Fatalf("the row's destination is %q (%v), want it unchanged", row.Destination, err)
+	}
+}
+
+// TestStoredResponsesAreShownAsResponses: a record written by the HTTP
+// middleware shows as its status, headers and body (JSON pretty-printed)
+// on the find page, and as its status and body on the keys page — not as
+// bytes of binary.
+func TestStoredResponsesAreShownAsResponses(t *testing.T) {
+	f := newFixture(t, console.Config{Loopback: true})
+	mw, err := httpidem.New(httpidem.Config{Store: f.store, Principal: httpidem.NoPrincipal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"ch_1","amount":2500}`)
+	}))
+	req := httptest.NewRequest("POST", "/charges", strings.NewReader("amount=2500"))
+	req.Header.Set("Idempotency-Key", `"order-77"`)
+	rec := httptest.NewRecorder()
+	api.ServeHTTP(rec, req)
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("the request: %d %s", rec.Code, rec.Body)
+	}
+	keys := f.get(t, "/keys")
+	if !strings.Contains(keys, "201 Created · {&#34;id&#34;:&#34;ch_1&#34;") || strings.Contains(keys, "binary") {
+		t.Fatalf("the keys page shows the response as %s", keys)
+	}
+	recs, err := f.store.List(context.Background(), "", 10)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("records: %v %v", recs, err)
+	}
+	found := f.get(t, "/find?q="+url.QueryEscape(recs[0].Key))
+	for _, want := range []string{"HTTP 201 Created", "Content-Type: application/json", "{\n  &#34;id&#34;: &#34;ch_1&#34;,\n  &#34;amount&#34;: 2500\n}"} {
+		if !strings.Contains(found, want) {
+			t.Fatalf("the find page of %q has no %q: %s", recs[0].Key, want, found)
+		}
+	}
+}
+
+// TestMissingTablesSayWhatToRun: a database without idem's tables shows,
+// in each panel, which table is missing and what creates it, with the
+// store's URL — not the SQL error alone, and not a failed page.
+func TestMissingTablesSayWhatToRun(t *testing.T) {
+	f := newFixture(t, console.Config{Loopback: true, StoreURL: "sqlite:app.db"})
+	if _, err := f.db.Exec(`DROP TABLE idem_outbox; DROP TABLE processed_events`); err != nil {
+		t.Fatal(err)
+	}
+	overview := f.get(t, "/")
+	if !strings.Contains(overview, "No idem_outbox table in this database: run idem migrate --store sqlite:app.db to create it.") ||
+		!strings.Contains(overview, "Idempotency records") {
+		t.Fatalf("the overview: %s", overview)
+	}
+	if page := f.get(t, "/outbox"); !strings.Contains(page, "run idem migrate --store sqlite:app.db") {
+		t.Fatalf("the outbox page: %s", page)
+	}
+	if page := f.get(t, "/find?q=k"); !strings.Contains(page, "No processed_events table in this database: the transactional inbox creates it") {
+		t.Fatalf("the find page: %s", page)
 	}
 }

@@ -29,6 +29,8 @@ type overviewData struct {
 	Outbox       []stateCount
 	OldestAge    string
 	OutboxStatus error
+	// StatesError and OutboxError say why a panel has nothing to show.
+	StatesError, OutboxError string
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
@@ -45,8 +47,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		if sc, ok := c.cfg.Store.(idem.StateCounter); ok {
 			counts, err := sc.CountStates(ctx)
 			if err != nil {
-				c.render(w, r, "overview", "Overview", err)
-				return
+				d.StatesError = c.describe(err)
 			}
 			for _, st := range []idem.State{idem.StateInFlight, idem.StateCompleted, idem.StateFailed, idem.StateReleased, idem.StatePoisoned} {
 				d.States = append(d.States, stateCount{st.String(), counts[st]})
@@ -57,20 +58,19 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	if c.cfg.Outbox != nil {
 		st, err := c.cfg.Outbox.Stats(ctx)
+		var counts map[outbox.Status]int64
+		if err == nil {
+			counts, err = c.cfg.Outbox.CountByStatus(ctx)
+		}
 		if err != nil {
-			c.render(w, r, "overview", "Overview", err)
-			return
-		}
-		counts, err := c.cfg.Outbox.CountByStatus(ctx)
-		if err != nil {
-			c.render(w, r, "overview", "Overview", err)
-			return
-		}
-		for _, s := range []outbox.Status{outbox.Pending, outbox.Sent, outbox.Acked, outbox.Dead} {
-			d.Outbox = append(d.Outbox, stateCount{string(s), counts[s]})
-		}
-		if !st.OldestPending.IsZero() {
-			d.OldestAge = humanDuration(c.cfg.Now().Sub(st.OldestPending))
+			d.OutboxError = c.describe(err)
+		} else {
+			for _, s := range []outbox.Status{outbox.Pending, outbox.Sent, outbox.Acked, outbox.Dead} {
+				d.Outbox = append(d.Outbox, stateCount{string(s), counts[s]})
+			}
+			if !st.OldestPending.IsZero() {
+				d.OldestAge = humanDuration(c.cfg.Now().Sub(st.OldestPending))
+			}
 		}
 	}
 	c.render(w, r, "overview", "Overview", d)
@@ -350,7 +350,7 @@ func (c *Console) find(w http.ResponseWriter, r *http.Request) {
 			case err == nil:
 				d.Records = append(d.Records, recordView{Record: rec, Display: idem.DisplayKey(rec.Key)})
 			case !errors.Is(err, idem.ErrNotFound):
-				d.Errors = append(d.Errors, err.Error())
+				d.Errors = append(d.Errors, c.describe(err))
 			}
 		}
 	}
@@ -358,13 +358,13 @@ func (c *Console) find(w http.ResponseWriter, r *http.Request) {
 		if row, err := c.cfg.Outbox.Get(ctx, q); err == nil {
 			d.Rows = append(d.Rows, row)
 		} else if !errors.Is(err, outbox.ErrNotFound) {
-			d.Errors = append(d.Errors, err.Error())
+			d.Errors = append(d.Errors, c.describe(err))
 		}
 	}
 	if c.cfg.Inbox != nil {
 		rows, err := c.cfg.Inbox.Find(ctx, q)
 		if err != nil {
-			d.Errors = append(d.Errors, err.Error())
+			d.Errors = append(d.Errors, c.describe(err))
 		}
 		d.Inbox = rows
 	}

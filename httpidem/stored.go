@@ -39,6 +39,25 @@ func encodeResponse(status int, h http.Header, body []byte) []byte {
 
 var errCorrupt = errors.New("idem/httpidem: stored response is corrupt")
 
+// StoredResponse is a response as the middleware and the gateway keep it
+// in a record's result, to replay it.
+type StoredResponse struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// DecodeStoredResponse reads a record's result written by the middleware
+// or the gateway (for operators' tools: the console shows it). It fails on
+// anything else.
+func DecodeStoredResponse(result []byte) (StoredResponse, error) {
+	status, h, body, err := decodeResponse(result)
+	if err != nil {
+		return StoredResponse{}, err
+	}
+	return StoredResponse{Status: status, Header: h, Body: body}, nil
+}
+
 func decodeResponse(b []byte) (status int, h http.Header, body []byte, err error) {
 	if len(b) < 1 || b[0] != storedVersion {
 		return 0, nil, nil, errCorrupt

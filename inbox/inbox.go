@@ -169,9 +169,9 @@ CREATE TABLE IF NOT EXISTS ` + i.cfg.VersionTable + ` (
 );`
 }
 
-// Migrations returns the inbox's numbered migrations (version 1 is the
-// schema as first released, so tables created before versioning are
-// adopted as they are).
+// Migrations returns the inbox's numbered migrations. Version 1 creates the
+// tables (Schema, written with IF NOT EXISTS: tables created from it by
+// hand are adopted as they are).
 func (i *Inbox[TTx]) Migrations() []sqlmigrate.Step {
 	return []sqlmigrate.Step{{Version: 1, Name: "processed events and entity versions", SQL: i.Schema()}}
 }

@@ -410,8 +410,8 @@ func TestBadEvents(t *testing.T) {
 	}
 }
 
-// TestMigrateAdoptsAndRunsConcurrently: tables made by the first release's
-// Migrate (the same DDL, without a version table) are adopted as version 1
+// TestMigrateAdoptsAndRunsConcurrently: tables a user created from Schema()
+// (the same DDL, without a version table) are adopted as version 1
 // with their rows, and eight inboxes migrating a fresh schema at once all
 // succeed.
 func TestMigrateAdoptsAndRunsConcurrently(t *testing.T) {
@@ -423,7 +423,7 @@ func TestMigrateAdoptsAndRunsConcurrently(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The first release created the tables with Schema() directly.
+	// The tables created by hand from Schema().
 	if _, err := pool.Exec(ctx, first.Schema()); err != nil {
 		t.Fatal(err)
 	}
@@ -438,7 +438,7 @@ func TestMigrateAdoptsAndRunsConcurrently(t *testing.T) {
 		t.Fatalf("version 1 recorded %d times (%v)", n, err)
 	}
 	if out, err := first.Process(ctx, inbox.Event{Consumer: "c", CorrelationID: "PAY-old"}, func(context.Context, pgx.Tx) error { return nil }); err != nil || out != inbox.Duplicate {
-		t.Fatalf("a key of the first release: %v %v, want duplicate", out, err)
+		t.Fatalf("a key of the hand-made table: %v %v, want duplicate", out, err)
 	}
 
 	// Eight starts at once on a fresh schema.

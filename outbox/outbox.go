@@ -169,9 +169,11 @@ func (s *Store) Schema() string {
 	sent_at         ` + ts + `,
 	acked_at        ` + ts + `,
 	claimed_by      text,                   -- the relay batch holding the row
-	claimed_until   ` + ts + `                -- its lease; a dead relay's claim expires
+	claimed_until   ` + ts + `,               -- its lease; a dead relay's claim expires
+	external_id     text                    -- the protocol's own id (an AS2 Message-ID), where it has one
 );
 ` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_due", "idem_outbox", "(next_attempt_at) WHERE status = 'pending'") + `;
+` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_external_id", "idem_outbox", "(external_id)") + `;
 CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
 	name  text PRIMARY KEY,
 	value bigint NOT NULL
@@ -237,15 +239,11 @@ WHERE key = $1 AND status = 'sent'`,
 	return s
 }
 
-// Migrations returns the outbox's numbered migrations (version 1 is the
-// schema as first released, so a database created before versioning is
-// adopted as it is).
+// Migrations returns the outbox's numbered migrations. Version 1 creates
+// the tables (Schema, written with IF NOT EXISTS: tables created from it
+// by hand are adopted as they are).
 func (s *Store) Migrations() []sqlmigrate.Step {
-	return []sqlmigrate.Step{
-		{Version: 1, Name: "outbox and counters", SQL: s.Schema()},
-		{Version: 2, Name: "external ids (AS2 Message-IDs)", SQL: `ALTER TABLE ` + s.t("idem_outbox") + ` ADD COLUMN external_id text;
-` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_external_id", "idem_outbox", "(external_id)") + `;`},
-	}
+	return []sqlmigrate.Step{{Version: 1, Name: "outbox and counters", SQL: s.Schema()}}
 }
 
 // Migrate creates or upgrades the outbox's tables: the missing numbered

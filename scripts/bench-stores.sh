@@ -83,12 +83,11 @@ pairs() { # URL-BUCKETS URL-KEYS
 	done
 }
 # The bucket layout that keeps a completed record within 100 bytes at
-# 1,000,000 records (99.2: ~31 records a bucket, no markers; README).
-buckets="idem_buckets=32768&idem_buckets_previous=retired"
+# 1,000,000 records (~31 records a bucket; docs/store-redis.md).
+buckets="idem_buckets=32768"
 buckets_pairs=$(pairs "$redis_url?pool_size=$conc&idem_prefix=idembench:&$buckets" "$redis_url?pool_size=$conc&idem_prefix=idembench:")
 buckets_pairs_single=$(pairs "$redis_url?pool_size=$conc&idem_prefix=idembench:&$buckets&idem_coalesce=0" "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_coalesce=0")
-# And against a key per record as releases before functions ran it (its
-# scripts sent with EVALSHA: idem_functions=0), coalesced.
+# And against a key per record sent as scripts (EVALSHA: idem_functions=0), coalesced.
 buckets_pairs_scripts=$(pairs "$redis_url?pool_size=$conc&idem_prefix=idembench:&$buckets" "$redis_url?pool_size=$conc&idem_prefix=idembench:&idem_functions=0")
 redis_p50=$(bench "$redis_url?idem_prefix=idembench:" 1 p50_us)
 redis_p50_single=$(bench "$redis_url?idem_prefix=idembench:&idem_coalesce=0" 1 p50_us)
@@ -115,14 +114,6 @@ redis_clean
 
 # --- PostgreSQL --------------------------------------------------------------
 "$tmp/idem" migrate --store "$pg_url&idem_schema=idem_bench" >/dev/null
-# The table of releases before the packed layout (keys and fingerprints as
-# text), which idem keeps using where it exists: the same runs on it.
-psql "$pg_url" -q -v ON_ERROR_STOP=1 -c "SET client_min_messages = warning; DROP SCHEMA IF EXISTS idem_bench_text CASCADE; CREATE SCHEMA idem_bench_text;
-	CREATE TABLE idem_bench_text.idem_records (k text PRIMARY KEY, state smallint NOT NULL, fence bigint NOT NULL,
-		fp text NOT NULL DEFAULT '', attempts integer NOT NULL, result bytea, lease_until timestamptz NOT NULL,
-		expires_at timestamptz NOT NULL, updated_at timestamptz NOT NULL, outcome smallint NOT NULL) WITH (fillfactor = 90);
-	CREATE INDEX idem_records_expires_at ON idem_bench_text.idem_records (expires_at)"
-"$tmp/idem" migrate --store "$pg_url&idem_schema=idem_bench_text" >/dev/null
 # A table in use, analyzed: a statement prepared on an empty table may keep
 # a plan that scans it whole (for idem and pgbench alike) until the next
 # ANALYZE. No TRUNCATE between the runs, for the same reason.
@@ -133,30 +124,27 @@ pg_fill() { # SCHEMA KEY-EXPRESSION (of i)
 	FROM generate_series(1, 100000) i; ANALYZE $1.idem_records"
 }
 pg_fill idem_bench "'\\x00'::bytea || convert_to('fill-' || i, 'UTF8')"
-pg_fill idem_bench_text "'fill-' || i"
 idem_pg=$(bench "$pg_url&pool_max_conns=$conc&idem_schema=idem_bench" "$conc" ops_per_sec)
 idem_pg_single=$(bench "$pg_url&pool_max_conns=$conc&idem_schema=idem_bench&idem_coalesce=0" "$conc" ops_per_sec)
-idem_pg_text=$(bench "$pg_url&pool_max_conns=$conc&idem_schema=idem_bench_text" "$conc" ops_per_sec)
-idem_pg_text_single=$(bench "$pg_url&pool_max_conns=$conc&idem_schema=idem_bench_text&idem_coalesce=0" "$conc" ops_per_sec)
 pg_p50=$(bench "$pg_url&idem_schema=idem_bench" 1 p50_us)
 pg_p50_single=$(bench "$pg_url&idem_schema=idem_bench&idem_coalesce=0" 1 p50_us)
 pgb=$(pgbench "$pg_url" -n -M prepared -c "$conc" -j "$ncpu" -T "$secs" -f "$tmp/lifecycle.sql" 2>&1 |
 	awk '/^tps = / {print $3; exit}')
-psql "$pg_url" -qc 'SET client_min_messages = warning; DROP SCHEMA idem_bench CASCADE; DROP SCHEMA idem_bench_text CASCADE'
+psql "$pg_url" -qc 'SET client_min_messages = warning; DROP SCHEMA idem_bench CASCADE'
 
 python3 - "$idem_redis" "$idem_redis_single" "$rb_acq" "$rb_cmp" "$idem_pg" "$idem_pg_single" "$pgb" \
 	"$redis_p50" "$redis_p50_single" "$pg_p50" "$pg_p50_single" "$rb_acq_p" "$rb_cmp_p" \
 	"$buckets_pairs" "$buckets_pairs_single" \
 	"$redis_client_us" "$redis_server_us" "$redis_client_us_single" "$redis_server_us_single" "$ncpu" \
-	"$idem_pg_text" "$idem_pg_text_single" "$buckets" "$buckets_pairs_scripts" <<'PY'
+	"$buckets" "$buckets_pairs_scripts" <<'PY'
 import statistics, sys
 args = sys.argv[1:]
 pairs = [list(map(float, a.split())) for a in args[13:15]]
 (idem_redis, idem_redis_single, rb_acq, rb_cmp, idem_pg, idem_pg_single, pgb,
  rp50, rp50s, pp50, pp50s, rb_acq_p, rb_cmp_p,
- rc_us, rs_us, rc_us1, rs_us1, ncpu, idem_pg_text, idem_pg_text_single) = map(float, args[:13] + args[15:22])
-bucket_layout = args[22]
-pairs_scripts = list(map(float, args[23].split()))
+ rc_us, rs_us, rc_us1, rs_us1, ncpu) = map(float, args[:13] + args[15:20])
+bucket_layout = args[20]
+pairs_scripts = list(map(float, args[21].split()))
 def buckets(rates):  # buckets, keys, buckets, keys, ...: "B/s vs K/s: ratios (median)"
     ratios = [rates[i] / rates[i + 1] for i in range(0, len(rates), 2)]
     return (f"{statistics.mean(rates[0::2]):.0f}/s vs {statistics.mean(rates[1::2]):.0f}/s, pairs "
@@ -176,8 +164,6 @@ print(f"Redis      records in buckets ({bucket_layout}) against a key per record
       f" against a key per record sent as scripts (idem_functions=0), coalesced {buckets(pairs_scripts)}")
 print(f"PostgreSQL idem bench lifecycle {idem_pg:8.0f}/s coalesced, {idem_pg_single:8.0f}/s not ({idem_pg / idem_pg_single:.2f}x)"
       f" | pgbench same two statements {pgb:.0f}/s | ratio {idem_pg / pgb:.2f} coalesced (target ≥ 2), {idem_pg_single / pgb:.2f} not")
-print(f"PostgreSQL the text layout of earlier releases' tables: {idem_pg_text:8.0f}/s coalesced, {idem_pg_text_single:8.0f}/s not"
-      f" | the packed layout reaches {idem_pg / idem_pg_text:.2f} of it coalesced, {idem_pg_single / idem_pg_text_single:.2f} not (target ≥ 0.90)")
 print(f"1 worker, p50 of a lifecycle: Redis {rp50:.0f} µs coalesced, {rp50s:.0f} µs not ({rp50 / rp50s:.2f}x, target ≤ 1.10);"
       f" PostgreSQL {pp50:.0f} µs coalesced, {pp50s:.0f} µs not ({pp50 / pp50s:.2f}x)")
 PY

@@ -24,12 +24,10 @@
 #
 # Usage: scripts/redis-buckets.sh [SECONDS] [CONCURRENCY] [FILL] [ROUNDS] [BUCKETS]
 #   (defaults: 5 32 20 10 16384,65536; BUCKETS: the bucket counts to run
-#   beside a key per record, comma-separated). Buckets run without markers
-#   (idem_buckets_previous=retired: the least memory; the markers cost no
-#   throughput, written only when a bucket's TTL is extended).
+#   beside a key per record, comma-separated).
 # Ten rounds take ~15 minutes; on a 2-core VM three rounds' medians moved
 # by more than the 10% in question (0.82–0.98), ten on a quiet machine
-# agreed within 2% (docs/benchmarks.md, 2026-12-04).
+# agreed within 2%.
 # Needs redis-cli and python3; Redis 7.0 or later on 127.0.0.1
 # (IDEM_TEST_REDIS_URL to override).
 set -euo pipefail
@@ -61,7 +59,7 @@ server_cpu() { redis-cli -u "$redis_url" INFO cpu | tr -d '\r' | awk -F: '/^used
 # share them, so the lifecycles/s is bound by the two CPU costs together).
 run() {
 	local url="$redis_url?pool_size=$conc&idem_prefix=$prefix" before n after c0 c1 client
-	(($1 > 0)) && url="$url&idem_buckets=$1&idem_buckets_previous=retired"
+	(($1 > 0)) && url="$url&idem_buckets=$1"
 	clean
 	before=$(used)
 	n=$("$tmp/idem" bench --store "$url" --mode lifecycle --concurrency "$conc" --duration "${fill}s" --retention 1h --quiet --json | field lifecycle.ops)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"time"
 
@@ -43,7 +44,9 @@ func newConsoleCmd() *cobra.Command {
 keys (filter by scope, prefix and state; forget or release one), the outbox (filter by
 status and destination; retry one, or every dead message to a destination), a message's
 page, and a search that shows everything known of a key. A SQL store URL (sqlite:,
-postgres://) shows its records, its outbox and its inbox (processed_events) together.
+postgres://) shows its records, its outbox and its inbox (processed_events) together;
+like every command that opens a SQL store, it first creates or upgrades idem's tables there
+(records and outbox: idem migrate).
 On loopback (the default) it answers only to loopback host names (and --allowed-host)
 and needs no token; elsewhere every page but the sign-in needs --admin-token, sign-in
 attempts are rate-limited, and --tls-cert/--tls-key serve it over TLS with Secure cookies.`,
@@ -59,18 +62,21 @@ attempts are rate-limited, and --tls-cert/--tls-key serve it over TLS with Secur
 			return err
 		}
 		ctx := cmd.Context()
-		s, err := storeurl.Open(ctx, *store, &storeurl.Options{SkipMigrate: true})
+		s, err := storeurl.Open(ctx, *store, nil) // migrates the records
 		if err != nil {
 			return err
 		}
 		defer s.Close()
-		cfg := console.Config{Store: s, Token: *token}
+		cfg := console.Config{Store: s, Token: *token, StoreURL: redactStoreURL(*store)}
 		if spec, err := storeurl.Parse(*store); err == nil && (spec.Kind == storeurl.SQLite || spec.Kind == storeurl.Postgres) {
 			ob, closeOutbox, err := openOutbox(ctx, *store)
 			if err != nil {
 				return err
 			}
 			defer closeOutbox()
+			if err := ob.Migrate(ctx); err != nil {
+				return err
+			}
 			cfg.Outbox = ob
 			ib, closeInbox, err := openInbox(ctx, *store, "")
 			if err != nil {
@@ -113,4 +119,14 @@ func serveUntilDone(ctx context.Context, addr string, handler http.Handler, grac
 		return err
 	}
 	return nil
+}
+
+// redactStoreURL is a store URL with its password, if any, replaced by
+// xxxxx, to show on a page.
+func redactStoreURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	return u.Redacted()
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -66,48 +65,15 @@ func openStore(ctx context.Context, url string) (idem.Store, error) {
 	return storeurl.Open(ctx, url, nil)
 }
 
-// redisEncodingNote is what an upgrade changes on Redis.
-const redisEncodingNote = `Since this release a Redis record is one packed string, no longer a hash
-of named fields: records written in the first encoding are read as they are and rewritten packed
-by their next transition, so nothing needs migrating; but a process of the first release fails
-closed (WRONGTYPE) on a packed record, so upgrade every process that shares a key prefix together.
-Buckets (idem_buckets=N in the store URL, redisstore.Config.Buckets) keep many records per hash:
-once every process of a prefix runs this release, turn them on in all of them at once; records
-written before are read where they are and moved into their bucket by their next transition. A
-process without buckets does not see bucketed records, so there is no way back, and N must not
-change afterwards (like the prefix, it says where a record is). Records with results longer than
-28 bytes need the server's hash-max-listpack-value raised to 128 for the compact layout.
-This release names buckets anew and packs their values 3 bytes shorter (format 3): a bucket of the
-previous release is read where it is, and this release's first write into it moves its records
-and leaves under its old name a marker on which a process of the previous release fails closed
-(WRONGTYPE). To upgrade from the previous release with buckets one process at a time, do it in
-two steps: first deploy this release with idem_buckets_previous=1 in the store URL
-(redisstore.Config.WritePreviousBuckets) — it then writes into the previous release's buckets as
-that release does, so processes of both work side by side and every claim settles — and, once no
-process of the previous release is left, deploy it without: the next write into each bucket moves
-it. A marker is a key of ~170–210 bytes a bucket (3.4 bytes a record at ~61 records a bucket); once no
-process of the previous release will run on the prefix again, a rollback included, a third step
-may drop them: idem_buckets_previous=retired (redisstore.Config.PreviousReleaseRetired) leaves
-none, and deletes those left earlier as each bucket next extends its TTL.
-This release calls its transitions as Redis functions (FCALL) where earlier releases sent scripts
-(EVALSHA): a library named idem_ and a digest of its source, loaded by idem migrate on every master
-(FUNCTION LOAD) and by each process on a server where a call finds it missing. A user the ACL denies
-FCALL or FUNCTION gets the scripts as before; redisstore.Config.NoFunctions sends only scripts. The
-libraries of earlier releases may be deleted (FUNCTION DELETE) once no process of them runs: one
-that still does loads its own again.`
-
-// pgLayoutNote is what the packed layout of the PostgreSQL records table
-// changes.
-const pgLayoutNote = `Since this release a PostgreSQL records table is created with keys and
-fingerprints packed as bytea (a compact key as its 16 bytes, a request digest as 17) and its
-columns ordered without padding: a completed record with a compact key takes 160 bytes of row and
-key index entry instead of 202. A table created by an earlier release keeps the text layout, and
-the store reads which layout a table has and works on either, so an upgrade needs no migration
-and processes of both releases share such a table. To pack such a table, stop the processes of
-earlier releases and run idem migrate --pack-records: it converts the table in place, locked while
-PostgreSQL rewrites it (every call waits); a process of this release that read the text layout
-before fails its first call on the packed table closed and reads the layout again. A process of an
-earlier release fails closed on a table of the packed layout (its statements are refused).`
+// redisNote is what idem migrate says of a Redis store.
+const redisNote = `Its records expire by themselves (a TTL each), and each
+transition is one call of a Redis function: idem migrate loads the function library on every
+master (FUNCTION LOAD), and a process loads it too where a call finds it missing; a user the ACL
+denies FCALL or FUNCTION gets the same Lua as scripts (EVALSHA). Buckets (idem_buckets=N in the
+store URL) keep many records per hash: turn them on in every process that shares a key prefix at
+once, and keep N (like the prefix, it says where a record is); records written before are moved
+into their bucket by their next transition. Records with results longer than 28 bytes need the
+server's hash-max-listpack-value raised to 128 for the compact layout.`
 
 // migrateLogger writes idem migrate's warnings to the command's standard
 // error.
@@ -125,9 +91,7 @@ SQLite), and prints the versions recorded in idem_migrations. Any number of proc
 at once. Every other command that opens a SQL store migrates it the same way at start, so
 containers that start together all succeed; --status only prints.
 
-` + pgLayoutNote + `
-
-Redis has no schema. ` + redisEncodingNote + `
+Redis has no schema. ` + redisNote + `
 
 It also reads the server's settings and warns, on standard error, of those under which a crash
 loses acknowledged records (the store's ServerWarnings: a Redis without an append-only file,
@@ -136,7 +100,6 @@ a PostgreSQL with fsync off, …).`,
 	}
 	store := storeFlag(cmd)
 	status := cmd.Flags().Bool("status", false, "print the applied versions without migrating")
-	pack := cmd.Flags().Bool("pack-records", false, "PostgreSQL: convert a records table of the text layout to the packed one in place (locks the table while it is rewritten; stop processes of earlier releases first)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
 		spec, err := storeurl.Parse(*store)
@@ -145,7 +108,6 @@ a PostgreSQL with fsync off, …).`,
 		}
 		var conn sqlmigrate.Conn
 		var schema string
-		var pg *pgstore.Store
 		switch spec.Kind {
 		case storeurl.SQLite:
 			db, err := sqlitestore.OpenDB(ctx, spec.Path, sqlitestore.DBOptions{Synchronous: spec.Query.Get("synchronous"), BusyTimeout: 10 * time.Second})
@@ -160,10 +122,10 @@ a PostgreSQL with fsync off, …).`,
 				return err
 			}
 			defer s.Close()
-			pg = s.(*pgstore.Store)
+			pg := s.(*pgstore.Store)
 			conn, schema = pgxv5.New(pg.Pool()), pg.Schema()
 		case storeurl.Redis:
-			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate. %s\n", *store, redisEncodingNote)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate. %s\n", *store, redisNote)
 			s, err := openStore(ctx, *store)
 			if err != nil {
 				return err
@@ -208,29 +170,6 @@ a PostgreSQL with fsync off, …).`,
 		}
 		for _, a := range applied {
 			fmt.Fprintf(w, "%-8s %3d  %-22s applied %s\n", a.Component, a.Version, a.Name, a.AppliedAt.Format(time.RFC3339))
-		}
-		if *pack && pg == nil {
-			return errors.New("idem migrate: --pack-records is for a PostgreSQL store")
-		}
-		if *pack && !*status {
-			converted, err := pg.PackRecords(ctx)
-			if err != nil {
-				return err
-			}
-			if converted {
-				fmt.Fprintln(w, "records: converted from the text layout to the packed layout")
-			}
-		}
-		if pg != nil && len(applied) > 0 {
-			packed, err := pg.PackedLayout(ctx)
-			if err != nil {
-				return err
-			}
-			if packed {
-				fmt.Fprintln(w, "records: packed layout (keys and fingerprints as bytea)")
-			} else {
-				fmt.Fprintln(w, "records: text layout (keys and fingerprints as text: a table created by a release before the packed layout, kept as it is; --pack-records converts it)")
-			}
 		}
 		return nil
 	}

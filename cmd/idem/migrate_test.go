@@ -110,17 +110,14 @@ func TestMigrateStatus(t *testing.T) {
 }
 
 // TestMigrateSaysWhatChangesOnRedis: Redis has no schema, and idem migrate
-// says what an upgrade changes there instead (records rewritten packed on
-// their next transition; upgrade the processes of a prefix together; how
-// buckets are turned on; the two steps of an upgrade from the previous
-// release's buckets, and the optional third that drops the markers; the
-// function library and what to do with earlier releases' ones).
+// says what matters there instead (the function library; how buckets are
+// turned on and what they need of the server).
 func TestMigrateSaysWhatChangesOnRedis(t *testing.T) {
 	out, err := run(t, "migrate", "--store", "redis://127.0.0.1:6379/0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"no schema to migrate", "rewritten packed", "upgrade every process that shares a key prefix together", "moved into their bucket", "hash-max-listpack-value", "idem_buckets_previous=1", "idem_buckets_previous=retired", "Redis functions (FCALL)", "FUNCTION DELETE"} {
+	for _, want := range []string{"no schema to migrate", "function library", "every process that shares a key prefix", "moved into their bucket", "hash-max-listpack-value"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("idem migrate on Redis says %q, without %q", out, want)
 		}
@@ -164,7 +161,7 @@ func TestMigrateLoadsTheFunctionLibrary(t *testing.T) {
 	var out, errOut bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&errOut)
-	cmd.SetArgs([]string{"migrate", "--store", "redis://nofunctions:pw@" + srv.Addr + "/0?idem_buckets=1&idem_buckets_previous=retired"})
+	cmd.SetArgs([]string{"migrate", "--store", "redis://nofunctions:pw@" + srv.Addr + "/0?idem_buckets=1"})
 	if err := cmd.ExecuteContext(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -201,49 +198,5 @@ func TestMigrateWarnsOfUnsafeSettings(t *testing.T) {
 	unsynced := testenv.StartPostgres(t, "fsync=off")
 	if got := migrate(t, unsynced.URL); !strings.Contains(got, "fsync is off") {
 		t.Errorf("on a PostgreSQL with fsync off idem migrate warns %q", got)
-	}
-}
-
-// TestMigrateSaysThePostgresLayout: idem migrate says which layout the
-// PostgreSQL records table has — packed where it creates the table, text
-// where a table of an earlier release exists.
-func TestMigrateSaysThePostgresLayout(t *testing.T) {
-	testenv.ProbePostgres(t)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testenv.PostgresURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	fresh, old := testenv.RandomName("idemtest_"), testenv.RandomName("idemtest_")
-	t.Cleanup(func() {
-		for _, schema := range []string{fresh, old} {
-			_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-		}
-	})
-	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{old}.Sanitize()+`;
-		CREATE TABLE `+pgx.Identifier{old, "idem_records"}.Sanitize()+` (k text PRIMARY KEY, state smallint NOT NULL, fence bigint NOT NULL,
-			fp text NOT NULL DEFAULT '', attempts integer NOT NULL, result bytea, lease_until timestamptz NOT NULL,
-			expires_at timestamptz NOT NULL, updated_at timestamptz NOT NULL, outcome smallint NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	for schema, want := range map[string]string{fresh: "records: packed layout", old: "records: text layout"} {
-		out, err := run(t, "migrate", "--store", testenv.PostgresURL+"&idem_schema="+schema)
-		if err != nil || !strings.Contains(out, want) {
-			t.Errorf("idem migrate on %s: %q %v, want %q", schema, out, err, want)
-		}
-	}
-	// --pack-records converts the table of the text layout, once.
-	store := testenv.PostgresURL + "&idem_schema=" + old
-	if out, err := run(t, "migrate", "--pack-records", "--store", store); err != nil ||
-		!strings.Contains(out, "converted from the text layout") || !strings.Contains(out, "records: packed layout") {
-		t.Fatalf("idem migrate --pack-records: %q %v", out, err)
-	}
-	if out, err := run(t, "migrate", "--pack-records", "--store", store); err != nil ||
-		strings.Contains(out, "converted") || !strings.Contains(out, "records: packed layout") {
-		t.Fatalf("idem migrate --pack-records again: %q %v", out, err)
-	}
-	if _, err := run(t, "migrate", "--pack-records", "--store", "sqlite:"+filepath.Join(t.TempDir(), "m.db")); err == nil {
-		t.Fatal("--pack-records on SQLite was accepted")
 	}
 }

@@ -90,37 +90,23 @@ func isLowerHex(s string) bool {
 	return true
 }
 
-// Columns is how a SQL table keeps keys and fingerprints: packed (binary
-// columns holding AppendKey's and Fingerprint's forms) or as text. Its
-// methods give the statements' arguments and read the columns back.
-type Columns struct{ Packed bool }
+// The SQL stores keep keys and fingerprints in binary columns holding
+// AppendKey's and AppendFingerprint's forms. KeyArg, FingerprintArg,
+// KeysArg, FingerprintsArg and CursorArg give their statements' arguments;
+// Key and UnpackFingerprint read the columns back.
 
-// Key is the argument for a storage key: its packed form, or the key.
-func (c Columns) Key(k string) any {
-	if c.Packed {
-		return AppendKey(nil, k)
-	}
-	return k
-}
+// KeyArg is the argument for a storage key: its packed form.
+func KeyArg(k string) []byte { return AppendKey(nil, k) }
 
-// Fingerprint is the argument for a fingerprint.
-func (c Columns) Fingerprint(fp string) any {
-	if c.Packed {
-		return AppendFingerprint(nil, fp)
-	}
-	return fp
-}
+// FingerprintArg is the argument for a fingerprint: its packed form.
+func FingerprintArg(fp string) []byte { return AppendFingerprint(nil, fp) }
 
-// Keys and Fingerprints are the arguments for arrays of them ([][]byte
-// packed, else the strings as they are).
-func (c Columns) Keys(keys []string) any { return c.all(keys, AppendKey) }
+// KeysArg and FingerprintsArg are the arguments for arrays of them.
+func KeysArg(keys []string) [][]byte { return packAll(keys, AppendKey) }
 
-func (c Columns) Fingerprints(fps []string) any { return c.all(fps, AppendFingerprint) }
+func FingerprintsArg(fps []string) [][]byte { return packAll(fps, AppendFingerprint) }
 
-func (c Columns) all(xs []string, pack func([]byte, string) []byte) any {
-	if !c.Packed {
-		return xs
-	}
+func packAll(xs []string, pack func([]byte, string) []byte) [][]byte {
 	out := make([][]byte, len(xs))
 	for i, x := range xs {
 		out[i] = pack(nil, x)
@@ -128,27 +114,11 @@ func (c Columns) all(xs []string, pack func([]byte, string) []byte) any {
 	return out
 }
 
-// Cursor is the argument for a key to page after: "" (from the first key)
-// or a storage key.
-func (c Columns) Cursor(after string) any {
-	if c.Packed && after == "" {
+// CursorArg is the argument for a key to page after: "" (from the first
+// key: the empty bytes, below every packed key) or a storage key.
+func CursorArg(after string) []byte {
+	if after == "" {
 		return []byte{}
 	}
-	return c.Key(after)
-}
-
-// ReadKey and ReadFingerprint read a key and a fingerprint as the columns
-// hold them.
-func (c Columns) ReadKey(b []byte) string {
-	if c.Packed {
-		return Key(string(b))
-	}
-	return string(b)
-}
-
-func (c Columns) ReadFingerprint(b []byte) string {
-	if c.Packed {
-		return UnpackFingerprint(string(b))
-	}
-	return string(b)
+	return KeyArg(after)
 }

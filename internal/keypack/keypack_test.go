@@ -60,22 +60,17 @@ func TestDigestPacksTo17Bytes(t *testing.T) {
 	}
 }
 
-// TestColumns: text columns take and give the strings as they are; packed
-// columns take the packed forms and read them back.
-func TestColumns(t *testing.T) {
+// TestArgs: the statements' arguments are the packed forms, and read back.
+func TestArgs(t *testing.T) {
 	key, fp := idem.CompactKey(idem.Key{Scope: "s", ID: "id"}), idem.Fingerprint([]byte("body"))
-	text, packed := keypack.Columns{}, keypack.Columns{Packed: true}
-	if text.Key(key) != key || text.Fingerprint(fp) != fp || text.Cursor("") != "" {
-		t.Fatal("text columns changed a key, a fingerprint or the cursor")
-	}
-	k, f := packed.Key(key).([]byte), packed.Fingerprint(fp).([]byte)
-	if len(k) != 16 || len(f) != 17 || packed.ReadKey(k) != key || packed.ReadFingerprint(f) != fp {
+	k, f := keypack.KeyArg(key), keypack.FingerprintArg(fp)
+	if len(k) != 16 || len(f) != 17 || keypack.Key(string(k)) != key || keypack.UnpackFingerprint(string(f)) != fp {
 		t.Fatalf("packed: key %x, fingerprint %x", k, f)
 	}
-	if c := packed.Cursor("").([]byte); len(c) != 0 {
-		t.Fatalf("packed cursor from the first key: %x", c)
+	if c := keypack.CursorArg(""); c == nil || len(c) != 0 {
+		t.Fatalf("cursor from the first key: %x", c)
 	}
-	if ks := packed.Keys([]string{key, "k"}).([][]byte); len(ks) != 2 || packed.ReadKey(ks[1]) != "k" {
+	if ks := keypack.KeysArg([]string{key, "k"}); len(ks) != 2 || keypack.Key(string(ks[1])) != "k" {
 		t.Fatalf("packed keys: %x", ks)
 	}
 }

@@ -7,8 +7,8 @@
 // that first takes the migration lock — pg_advisory_xact_lock on
 // PostgreSQL, BEGIN IMMEDIATE on SQLite — so concurrent starters wait for
 // the first one and then find nothing left to do. Migration 1 of each
-// component is the schema as first released, written with IF NOT EXISTS, so
-// a database created before versioning is adopted as version 1.
+// component creates its tables with IF NOT EXISTS, so tables a user created
+// from the component's published schema are adopted as version 1.
 package sqlmigrate
 
 import (

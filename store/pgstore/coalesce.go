@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/keypack"
 )
 
 // maxBatch bounds the calls of one shared statement. An acquisition holds
@@ -71,20 +72,14 @@ func (s *Store) acquireGroup(ctx context.Context, calls []acquireCall, idx []int
 		out[idx[0]], errs[idx[0]] = s.acquireOne(ctx, calls[idx[0]])
 		return
 	}
-	st, err := s.statements(ctx)
-	if err != nil {
-		for _, i := range idx {
-			out[i], errs[i] = idem.Acquisition{}, err
-		}
-		return
-	}
+	st := &s.sql
 	keys, fps := make([]string, len(idx)), make([]string, len(idx))
 	for j, i := range idx {
 		keys[j], fps[j] = calls[i].key, calls[i].fp
 	}
 	first := &calls[idx[0]]
-	err = func() error {
-		rows, err := s.pool.Query(ctx, st.acquireMany, st.cols.Keys(keys), st.cols.Fingerprints(fps), first.lease, first.keep, first.maxAttempts)
+	err := func() error {
+		rows, err := s.pool.Query(ctx, st.acquireMany, keypack.KeysArg(keys), keypack.FingerprintsArg(fps), first.lease, first.keep, first.maxAttempts)
 		if err != nil {
 			return err
 		}
@@ -120,7 +115,7 @@ func (s *Store) acquireGroup(ctx context.Context, calls []acquireCall, idx []int
 		}
 		return
 	}
-	err = s.wrap("acquire", err)
+	err = wrap("acquire", err)
 	for _, i := range idx {
 		out[i], errs[i] = idem.Acquisition{}, err
 	}
@@ -135,13 +130,7 @@ func (s *Store) settleMany(ctx context.Context, calls []settleCall, _ []struct{}
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(calls[a].key, calls[b].key) })
-	st, err := s.statements(ctx)
-	if err != nil {
-		for i := range errs {
-			errs[i] = err
-		}
-		return
-	}
+	st := &s.sql
 	keys := make([]string, len(calls))
 	fences := make([]int64, len(calls))
 	keeps := make([]int64, len(calls))
@@ -152,8 +141,8 @@ func (s *Store) settleMany(ctx context.Context, calls []settleCall, _ []struct{}
 		keys[j], fences[j], keeps[j], states[j], results[j] = c.key, c.fence, c.keep, c.state, c.result
 	}
 	settled := make([]bool, len(calls))
-	err = func() error {
-		rows, err := s.pool.Query(ctx, st.settleMany, st.cols.Keys(keys), fences, keeps, states, results)
+	err := func() error {
+		rows, err := s.pool.Query(ctx, st.settleMany, keypack.KeysArg(keys), fences, keeps, states, results)
 		if err != nil {
 			return err
 		}
@@ -164,7 +153,7 @@ func (s *Store) settleMany(ctx context.Context, calls []settleCall, _ []struct{}
 			if err := rows.Scan(&packed, &applied); err != nil {
 				return err
 			}
-			k := st.cols.ReadKey(packed)
+			k := keypack.Key(string(packed))
 			j, found := slices.BinarySearch(keys, k)
 			if !found {
 				return fmt.Errorf("the statement settled key %q, not asked", k)
@@ -185,7 +174,7 @@ func (s *Store) settleMany(ctx context.Context, calls []settleCall, _ []struct{}
 			_, errs[i] = s.settleOne(ctx, calls[i])
 		}
 	default:
-		err = s.wrap("settle", err)
+		err = wrap("settle", err)
 		for i := range errs {
 			errs[i] = err
 		}

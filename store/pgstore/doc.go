@@ -23,15 +23,12 @@
 // settle within the second of its acquire leaves expires_at, the indexed
 // column, unchanged and PostgreSQL updates the row in place (a HOT update:
 // no second index entry, the old version pruned from its page without
-// VACUUM); the table keeps 10% of each page free for that (fillfactor 90,
-// migration 2). Shorter retentions are exact.
+// VACUUM); the table keeps 10% of each page free for that (fillfactor 90).
+// Shorter retentions are exact.
 //
-// A records table created by this release keeps keys and fingerprints
-// packed, as bytea (internal/keypack: a compact key as its 16 bytes, a
-// request digest as 17 bytes), its columns ordered so that a row has no
-// padding: a completed record with a compact key and a 28-byte result takes
-// 160 bytes of row and key index entry, 202 in the text layout of tables
-// created by earlier releases. Such a table keeps its layout; the store
-// reads the layout from the catalog at first use and runs the statements of
-// either, so an upgrade needs no migration (PackedLayout says which).
+// The records table keeps keys and fingerprints packed, as bytea
+// (internal/keypack: a compact key as its 16 bytes, a request digest as 17
+// bytes), its columns ordered so that a row has no padding: a completed
+// record with a compact key and a 28-byte result takes 160 bytes of row
+// and key index entry.
 package pgstore

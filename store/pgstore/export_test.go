@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/keypack"
 )
 
 // AcquireBatch runs reqs as one coalesced batch, as the Store does with
@@ -32,11 +33,11 @@ func CompleteBatch(ctx context.Context, s *Store, keys []string, fences []uint64
 
 // DeleteStatement is the statement Delete runs ($1 the key), for a test that
 // holds a delete's transaction open.
-func (s *Store) DeleteStatement() string { return s.layout.Load().del }
+func (s *Store) DeleteStatement() string { return s.sql.del }
 
 // KeyArg is the argument of key in the store's statements (its packed
-// form in a packed table).
-func (s *Store) KeyArg(key string) any { return s.layout.Load().cols.Key(key) }
+// form).
+func (s *Store) KeyArg(key string) any { return keypack.KeyArg(key) }
 
 // WritesDurably reports whether the store's writes raise a
 // synchronous_commit of off for their own transactions.

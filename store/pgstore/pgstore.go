@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -123,13 +122,11 @@ type Store struct {
 	table  string
 	schema string
 	limits idem.Limits
-	// text and packed hold the statements for each layout of the records
-	// table: those that commit durably (buildSQL), unless Open's
-	// connection string chose the sessions' synchronous_commit; durably
-	// says which. layout points to the table's, once read (see statements).
-	text, packed statements
-	layout       atomic.Pointer[statements]
-	durably      bool
+	// sql holds the statements on the records table: those that commit
+	// durably (buildSQL), unless Open's connection string chose the
+	// sessions' synchronous_commit; durably says which.
+	sql     statements
+	durably bool
 
 	acquires *coalesce.Group[acquireCall, idem.Acquisition] // nil: NoCoalesce
 	settles  *coalesce.Group[settleCall, struct{}]
@@ -139,108 +136,6 @@ type statements struct {
 	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive string
 	acquireMany, settleMany                                                               string
 	awaitArchives                                                                         string
-	// cols: the table keeps keys and fingerprints packed, as bytea
-	// (keypack); else as text (tables created before the packed layout).
-	cols keypack.Columns
-}
-
-// statements returns the statements for the records table's layout, read
-// from the catalog on first use: a table created by this release keeps
-// keys and fingerprints packed (bytea), one created by an earlier release
-// keeps them as text, and the store works on either. Where the table does
-// not exist yet, it answers the packed layout's (what Migrate creates),
-// and reads the catalog again next time.
-func (s *Store) statements(ctx context.Context) (*statements, error) {
-	if st := s.layout.Load(); st != nil {
-		return st, nil
-	}
-	var packed bool
-	err := s.pool.QueryRow(ctx, layoutSQL, s.table).Scan(&packed)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return &s.packed, nil
-	}
-	if err != nil {
-		return nil, wrap("read the records table's layout", err)
-	}
-	st := &s.text
-	if packed {
-		st = &s.packed
-	}
-	s.layout.Store(st)
-	return st, nil
-}
-
-// layoutSQL answers whether the table named $1 keeps its keys as bytea
-// (no row: there is no such table).
-const layoutSQL = `SELECT atttypid = 'bytea'::regtype FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'k'`
-
-// PackRecords converts a records table of the text layout (created by a
-// release before the packed layout) to the packed layout in place: every
-// key and fingerprint packed as this release packs them (fences, states,
-// results and expiries as they were), in one transaction that holds the
-// table locked (ACCESS EXCLUSIVE: every call of every process waits for it)
-// while PostgreSQL rewrites the table and its indexes — minutes for tens of
-// millions of rows. The columns keep their order, so a converted row keeps
-// padding a new table's does not (144 bytes against 128 for a completed
-// record with a compact key and a 28-byte result). It reports whether it
-// converted the table (false: it was packed already). Run it where no
-// process of an earlier release is left (on a packed table they fail
-// closed). Other processes of this release that read the text layout
-// before fail their first call on the packed table closed, and read the
-// layout again for the next.
-func (s *Store) PackRecords(ctx context.Context) (bool, error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return false, wrap("pack records", err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `LOCK TABLE `+s.table+` IN ACCESS EXCLUSIVE MODE`); err != nil {
-		return false, wrap("pack records", err)
-	}
-	var packed bool
-	if err := tx.QueryRow(ctx, layoutSQL, s.table).Scan(&packed); err != nil {
-		return false, wrap("pack records", err)
-	}
-	if !packed {
-		if _, err := tx.Exec(ctx, `ALTER TABLE `+s.table+` ALTER COLUMN k TYPE bytea USING `+packKeySQL(`k`)+`,
-	ALTER COLUMN fp DROP DEFAULT, ALTER COLUMN fp TYPE bytea USING `+packFingerprintSQL(`fp`)+`, ALTER COLUMN fp SET DEFAULT ''::bytea`); err != nil {
-			return false, wrap("pack records", err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return false, wrap("pack records", err)
-	}
-	s.layout.Store(&s.packed)
-	return !packed, nil
-}
-
-// packKeySQL and packFingerprintSQL pack a text key and fingerprint in SQL
-// exactly as keypack.AppendKey and keypack.Fingerprint do: a compact key
-// ("1~" and 22 base64url digits whose last holds no bits past the 16
-// bytes) as its 16 bytes; a key of 15 bytes as 1, the key and 1; any other
-// as 0 and the key; a 32-digit lowercase hex digest as 1 and its 16 bytes,
-// any other fingerprint as 0 and the string.
-func packKeySQL(k string) string {
-	return `(CASE WHEN ` + k + ` ~ '^1~[A-Za-z0-9_-]{21}[AQgw]$' THEN decode(translate(substr(` + k + `, 3), '-_', '+/') || '==', 'base64')
-		WHEN octet_length(` + k + `) = 15 THEN '\x01'::bytea || convert_to(` + k + `, 'UTF8') || '\x01'::bytea
-		ELSE '\x00'::bytea || convert_to(` + k + `, 'UTF8') END)`
-}
-
-func packFingerprintSQL(fp string) string {
-	return `(CASE WHEN ` + fp + ` ~ '^[0-9a-f]{32}$' THEN '\x01'::bytea || decode(` + fp + `, 'hex')
-		ELSE '\x00'::bytea || convert_to(` + fp + `, 'UTF8') END)`
-}
-
-// PackedLayout reports whether the records table keeps keys and
-// fingerprints packed (bytea: the layout Migrate creates since the packed
-// layout) rather than as text (a table created by an earlier release, which
-// keeps its layout; the store works on either).
-func (s *Store) PackedLayout(ctx context.Context) (bool, error) {
-	st, err := s.statements(ctx)
-	if err != nil {
-		return false, err
-	}
-	return st.cols.Packed, nil
 }
 
 // Open connects a pool from cfg.ConnString (or uses cfg.Pool) and migrates
@@ -358,7 +253,7 @@ func New(cfg Config) (*Store, error) {
 
 func newStore(pool *pgxpool.Pool, schema string, limits idem.Limits, coalesced, durably bool) *Store {
 	s := &Store{pool: pool, table: tableOf(schema), schema: schema, limits: limits.WithDefaults()}
-	s.text, s.packed, s.durably = buildSQL(s.table, durably, false), buildSQL(s.table, durably, true), durably
+	s.sql, s.durably = buildSQL(s.table, durably), durably
 	if coalesced {
 		s.acquires = coalesce.New(coalesce.Config[acquireCall]{MaxBatch: maxBatch,
 			Key: func(c acquireCall) string { return c.key }}, s.acquireOne, s.acquireMany)
@@ -379,8 +274,7 @@ func (s *Store) Table() string { return s.table }
 
 // Statements returns the acquire and settle statements for the records table
 // of schema ("" for the search_path), as the store runs them by default
-// (their durability condition included: see New) on a table this release
-// creates (keys and fingerprints packed, bytea), for review and for
+// (their durability condition included: see New), for review and for
 // benchmarking them with the server's own tools. Acquire takes $1 key, $2 fingerprint, $3 lease ms,
 // $4 retention ms, $5 max attempts; settle takes $1 key, $2 fence, $3
 // retention ms, $4 state, $5 result.
@@ -399,7 +293,7 @@ func BatchStatements(schema string) (acquire, settle string) {
 	return st.acquireMany, st.settleMany
 }
 
-func statementsOf(schema string) statements { return buildSQL(tableOf(schema), true, true) }
+func statementsOf(schema string) statements { return buildSQL(tableOf(schema), true) }
 
 // tableOf is the quoted name of the records table of schema.
 func tableOf(schema string) string {
@@ -425,23 +319,20 @@ func expiryAfter(ms string) string {
 const recordCols = `k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at`
 
 // buildSQL returns the statements on table, whose keys and fingerprints
-// are bytea (packed) or text. With durably, every statement
+// are packed (internal/keypack) as bytea. With durably, every statement
 // that writes a record also makes its transaction commit durably where the
 // session would acknowledge the commit before its WAL is on disk or on the
 // synchronous standbys (synchronous_commit off or local:
 // sqldriver.Postgres.Durably, a condition that raises it for the
 // transaction, evaluated before any row is written).
-func buildSQL(table string, durably, packed bool) statements {
+func buildSQL(table string, durably bool) statements {
 	// and is the condition the writing statements add to their WHERE.
 	and := ""
 	if durably {
 		and = ` AND ` + sqldriver.Postgres.Durably()
 	}
 	// kt is the type of keys and fingerprints.
-	kt := "text"
-	if packed {
-		kt = "bytea"
-	}
+	const kt = "bytea"
 	// The key's advisory lock (a 64-bit hash of the key, seeded by the
 	// table's name), held until the transaction ends. Taken exclusively by
 	// what removes a row or archives one (Delete, DeleteUpTo, a sweep — which
@@ -453,10 +344,7 @@ func buildSQL(table string, durably, packed bool) statements {
 	// meanwhile (TestFenceGrowsAfterAnAcquireWaitedOnDeletes). A
 	// collision with another key's hash only makes one wait for the other.
 	lockOf := func(key string) string {
-		if packed {
-			key = `encode(` + key + `, 'hex')`
-		}
-		return `hashtextextended(` + key + `, ` + strconv.FormatInt(int64(fnv64(table)), 10) + `)`
+		return `hashtextextended(encode(` + key + `, 'hex'), ` + strconv.FormatInt(int64(fnv64(table)), 10) + `)`
 	}
 	keyLock := lockOf(`$1::` + kt)
 	// locked is a CTE that takes the key's lock exclusively (the deletes'
@@ -500,7 +388,6 @@ ON CONFLICT (k) DO UPDATE SET
 RETURNING outcome, ` + recordCols
 	insert := `INSERT INTO ` + table + ` AS r (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)`
 	return statements{
-		cols: keypack.Columns{Packed: packed},
 		// $1 key, $2 fingerprint, $3 lease ms, $4 unsettled retention ms, $5 max attempts
 		// The fence floor is read after the key's lock is taken.
 		acquire: insert + `
@@ -582,12 +469,10 @@ func fnv64(s string) uint64 {
 }
 
 // Migrations returns the numbered migrations of the records table. Version
-// 1 creates the table where there is none (a table created before
-// versioning is adopted as it is): since the packed layout, with keys and
-// fingerprints packed (internal/keypack) as bytea, and the columns ordered
-// so that a row has no padding — 49 bytes less a completed record than the
-// text layout of earlier releases, which an existing table keeps (the
-// store reads the layout: see statements).
+// 1 creates the table: keys and fingerprints packed (internal/keypack) as
+// bytea, the columns ordered so that a row has no padding, and room on
+// each page for a settle's new row version (fillfactor 90), so that it is
+// written in place (see expiryAfter).
 func (s *Store) Migrations() []sqlmigrate.Step {
 	idx := pgx.Identifier{"idem_records_expires_at"}.Sanitize()
 	return []sqlmigrate.Step{{Version: 1, Name: "idempotency records", SQL: `CREATE TABLE IF NOT EXISTS ` + s.table + ` (
@@ -601,12 +486,8 @@ func (s *Store) Migrations() []sqlmigrate.Step {
 		k           bytea       PRIMARY KEY,
 		fp          bytea       NOT NULL DEFAULT '',
 		result      bytea
-	);
-	CREATE INDEX IF NOT EXISTS ` + idx + ` ON ` + s.table + ` (expires_at)`},
-		// Room on each page for the settle's new row version, so that it is
-		// written in place (see expiryAfter). Only pages written from now on
-		// keep it; the lock taken does not block reads or writes.
-		{Version: 2, Name: "room for in-place settles (fillfactor 90)", SQL: `ALTER TABLE ` + s.table + ` SET (fillfactor = 90)`}}
+	) WITH (fillfactor = 90);
+	CREATE INDEX IF NOT EXISTS ` + idx + ` ON ` + s.table + ` (expires_at)`}}
 }
 
 // Migrate creates or upgrades the schema: the missing numbered migrations,
@@ -617,8 +498,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := sqlmigrate.Apply(ctx, pgxv5.New(s.pool), s.schema, "records", s.Migrations()); err != nil {
 		return wrap("migrate", err)
 	}
-	_, err := s.statements(ctx)
-	return err
+	return nil
 }
 
 // wrap maps pgx errors to idem's, keeping pgx's error in the chain
@@ -639,23 +519,6 @@ func wrap(op string, err error) error {
 		return fmt.Errorf("idem/pgstore: %s: %w", op, err)
 	}
 	return fmt.Errorf("%w: postgres %s: %w", idem.ErrStoreUnavailable, op, err)
-}
-
-// wrap is wrap for the statements on the records table. Where PostgreSQL
-// refused one for the types of the table's columns (42804, 42883, or 0A000:
-// a prepared statement's result types changed) — its layout changed since
-// the store read it: PackRecords, run by another process — the call fails
-// as ErrStoreUnavailable (nothing was written; a retry may succeed), and
-// the next reads the layout again. Every statement types its key
-// parameter, so that none runs on the other layout's column: it would
-// look for another key.
-func (s *Store) wrap(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42804" || pgErr.Code == "42883" || pgErr.Code == "0A000") {
-		s.layout.Store(nil)
-		return fmt.Errorf("%w: postgres %s: the records table's layout changed since the store read it (read again for the next call): %w", idem.ErrStoreUnavailable, op, err)
-	}
-	return wrap(op, err)
 }
 
 // transient reports whether a SQLSTATE says the server may serve the same
@@ -683,7 +546,7 @@ func (st *statements) scanRecord(row pgx.Row, extra ...any) (idem.Record, error)
 	if err := row.Scan(dest...); err != nil {
 		return idem.Record{}, err
 	}
-	r.Key, r.Fingerprint = st.cols.ReadKey(key), st.cols.ReadFingerprint(fp)
+	r.Key, r.Fingerprint = keypack.Key(string(key)), keypack.UnpackFingerprint(string(fp))
 	r.State, r.Fence, r.Attempts = idem.State(state), uint64(fence), int(attempts)
 	if r.State == idem.StateInFlight {
 		r.LeaseUntil = lease
@@ -707,14 +570,11 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 }
 
 func (s *Store) acquireOne(ctx context.Context, c acquireCall) (idem.Acquisition, error) {
-	st, err := s.statements(ctx)
-	if err != nil {
-		return idem.Acquisition{}, err
-	}
+	st := &s.sql
 	var outcome int16
-	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.acquire, st.cols.Key(c.key), st.cols.Fingerprint(c.fp), c.lease, c.keep, c.maxAttempts), &outcome)
+	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.acquire, keypack.KeyArg(c.key), keypack.FingerprintArg(c.fp), c.lease, c.keep, c.maxAttempts), &outcome)
 	if err != nil {
-		return idem.Acquisition{}, s.wrap("acquire", err)
+		return idem.Acquisition{}, wrap("acquire", err)
 	}
 	return acquisition(outcome, rec), nil
 }
@@ -731,14 +591,11 @@ func acquisition(outcome int16, rec idem.Record) idem.Acquisition {
 // storage key (a string), which it turns into the layout's argument in
 // place (no second slice of arguments).
 func (s *Store) exec(ctx context.Context, op string, sql func(*statements) string, args ...any) error {
-	st, err := s.statements(ctx)
-	if err != nil {
-		return err
-	}
-	args[0] = st.cols.Key(args[0].(string))
+	st := &s.sql
+	args[0] = keypack.KeyArg(args[0].(string))
 	tag, err := s.pool.Exec(ctx, sql(st), args...)
 	if err != nil {
-		return s.wrap(op, err)
+		return wrap(op, err)
 	}
 	if tag.RowsAffected() == 0 {
 		return idem.ErrStaleFence
@@ -809,15 +666,12 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return idem.Record{}, err
 	}
-	st, err := s.statements(ctx)
-	if err != nil {
-		return idem.Record{}, err
-	}
-	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.get, st.cols.Key(key)))
+	st := &s.sql
+	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.get, keypack.KeyArg(key)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	return rec, s.wrap("get", err)
+	return rec, wrap("get", err)
 }
 
 // GetAwaitingArchives implements idem.ArchiveAwaiter: Get that first waits
@@ -835,13 +689,11 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 	}
 	// One implicit transaction: the lock is released at its end, and the
 	// read, a statement of its own, takes its snapshot after the lock.
-	st, err := s.statements(ctx)
-	if err != nil {
-		return idem.Record{}, err
-	}
+	st := &s.sql
+	var err error
 	b := &pgx.Batch{}
-	b.Queue(st.awaitArchives, st.cols.Key(key))
-	b.Queue(st.get, st.cols.Key(key))
+	b.Queue(st.awaitArchives, keypack.KeyArg(key))
+	b.Queue(st.get, keypack.KeyArg(key))
 	br := s.pool.SendBatch(ctx, b)
 	_, err = br.Exec()
 	var rec idem.Record
@@ -856,27 +708,19 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	return rec, s.wrap("get", err)
+	return rec, wrap("get", err)
 }
 
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	st, err := s.statements(ctx)
-	if err != nil {
-		return err
-	}
-	_, err = s.pool.Exec(ctx, st.del, st.cols.Key(key))
-	return s.wrap("delete", err)
+	_, err := s.pool.Exec(ctx, s.sql.del, keypack.KeyArg(key))
+	return wrap("delete", err)
 }
 
 // DeleteUpTo implements idem.FencedDeleter.
 func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
-	st, err := s.statements(ctx)
-	if err != nil {
-		return err
-	}
-	_, err = s.pool.Exec(ctx, st.delUpTo, st.cols.Key(key), int64(fence))
-	return s.wrap("delete", err)
+	_, err := s.pool.Exec(ctx, s.sql.delUpTo, keypack.KeyArg(key), int64(fence))
+	return wrap("delete", err)
 }
 
 // Sweep implements idem.Store: it deletes up to limit expired records (1000
@@ -891,16 +735,13 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		limit = 1000
 	}
-	st, err := s.statements(ctx)
-	if err != nil {
-		return 0, err
-	}
+	st := &s.sql
 	swept := 0
 	for swept < limit {
 		n := min(sweepChunk, limit-swept)
 		tag, err := s.pool.Exec(ctx, st.sweep, n)
 		if err != nil {
-			return swept, s.wrap("sweep", err)
+			return swept, wrap("sweep", err)
 		}
 		swept += int(tag.RowsAffected())
 		if tag.RowsAffected() < int64(n) {
@@ -919,24 +760,21 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	if limit <= 0 {
 		limit = 1000
 	}
-	st, err := s.statements(ctx)
+	st := &s.sql
+	rows, err := s.pool.Query(ctx, st.list, keypack.CursorArg(after), limit)
 	if err != nil {
-		return nil, err
-	}
-	rows, err := s.pool.Query(ctx, st.list, st.cols.Cursor(after), limit)
-	if err != nil {
-		return nil, s.wrap("list", err)
+		return nil, wrap("list", err)
 	}
 	defer rows.Close()
 	var out []idem.Record
 	for rows.Next() {
 		r, err := st.scanRecord(rows)
 		if err != nil {
-			return nil, s.wrap("list", err)
+			return nil, wrap("list", err)
 		}
 		out = append(out, r)
 	}
-	return out, s.wrap("list", rows.Err())
+	return out, wrap("list", rows.Err())
 }
 
 // Archive implements idem.Archiver with one statement.
@@ -964,18 +802,16 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 	if d, ok := ctx.Deadline(); ok {
 		deadline = &d
 	}
-	st, err := s.statements(ctx)
-	if err != nil {
-		return false, err
-	}
+	st := &s.sql
+	var err error
 	var inTime bool
 	var stored int64
-	err = s.pool.QueryRow(ctx, st.archive, st.cols.Key(rec.Key), int16(rec.State), int64(rec.Fence), st.cols.Fingerprint(rec.Fingerprint), int32(rec.Attempts), result,
+	err = s.pool.QueryRow(ctx, st.archive, keypack.KeyArg(rec.Key), int16(rec.State), int64(rec.Fence), keypack.FingerprintArg(rec.Fingerprint), int32(rec.Attempts), result,
 		retention.Milliseconds(), deadline).Scan(&inTime, &stored)
 	if err == nil && !inTime {
 		return false, ErrArchiveLate
 	}
-	return err == nil && stored > 0, s.wrap("archive", err)
+	return err == nil && stored > 0, wrap("archive", err)
 }
 
 // ErrArchiveLate: an archive reached the database after its context's

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -166,27 +165,6 @@ func openThroughFaults(t testing.TB, location string, cfg pgstore.Config) idem.S
 	return s
 }
 
-// TestUpgradeFromFirstRelease: a schema made by the first release (no
-// idem_migrations) is adopted as version 1, and its records stay readable.
-func TestUpgradeFromFirstRelease(t *testing.T) {
-	ctx := context.Background()
-	schema := testenv.RandomName("idemtest_")
-	conn := textTable(t, schema)
-	if _, err := conn.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "idem_records"}.Sanitize()+
-		` VALUES ('old', 2, 7, 'fp', 1, 'kept', now(), now() + interval '1 day', now(), 1)`); err != nil {
-		t.Fatal(err)
-	}
-	s := testenv.OpenPostgres(t, schema, pgstore.Config{})
-	rec, err := s.Get(ctx, "old")
-	if err != nil || string(rec.Result) != "kept" || rec.Fence != 7 {
-		t.Fatalf("record of the first release: %+v, %v", rec, err)
-	}
-	var versions int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "idem_migrations"}.Sanitize()+` WHERE component = 'records'`).Scan(&versions); err != nil || versions != len(s.Migrations()) {
-		t.Fatalf("recorded versions: %d, %v", versions, err)
-	}
-}
-
 // TestSchemaErrorsKeepTheirCause: a missing table is not "unavailable" (a
 // retry will not help), and pgx's error stays reachable with errors.As.
 func TestSchemaErrorsKeepTheirCause(t *testing.T) {
@@ -285,45 +263,6 @@ func TestCoalescedStatementsCarryManyCalls(t *testing.T) {
 	t.Logf("%d shared statements carried %d calls", statements, calls)
 	if statements == 0 || calls < 2*statements {
 		t.Fatalf("16 goroutines at once shared %d statements carrying %d calls", statements, calls)
-	}
-}
-
-// TestABatchIsolatesARefusedKey: a key PostgreSQL cannot store (a NUL byte
-// in a table of the text layout) fails alone; the other calls of its batch
-// are decided.
-func TestABatchIsolatesARefusedKey(t *testing.T) {
-	s := openText(t, pgstore.Config{})
-	ctx := context.Background()
-	var reqs []idem.AcquireRequest
-	for _, k := range []string{"good-1", "bad-\x00", "good-2", "good-3"} {
-		reqs = append(reqs, idem.AcquireRequest{Key: k, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
-	}
-	reqs = append(reqs, idem.AcquireRequest{Key: "good-4", Fingerprint: "fp", Lease: 2 * time.Minute, Retention: time.Hour}) // another group
-	out, errs := pgstore.AcquireBatch(ctx, s, reqs)
-	for i, r := range reqs {
-		if r.Key == "bad-\x00" {
-			if errs[i] == nil || errors.Is(errs[i], idem.ErrStoreUnavailable) {
-				t.Errorf("the refused key: %v, want the server's refusal", errs[i])
-			}
-			continue
-		}
-		if errs[i] != nil || out[i].Outcome != idem.Acquired || out[i].Record.Key != r.Key {
-			t.Errorf("%s: %+v %v", r.Key, out[i], errs[i])
-		}
-	}
-	keys := []string{"good-1", "good-2", "bad-\x00", "good-3"}
-	fences := []uint64{out[0].Fence, out[2].Fence, 1, out[3].Fence - 1} // good-3's fence is stale
-	errs = pgstore.CompleteBatch(ctx, s, keys, fences, []byte("done"))
-	if errs[0] != nil || errs[1] != nil || errs[2] == nil || errors.Is(errs[2], idem.ErrStoreUnavailable) || !errors.Is(errs[3], idem.ErrStaleFence) {
-		t.Fatalf("settles: %v", errs)
-	}
-	for _, k := range []string{"good-1", "good-2"} {
-		if rec, err := s.Get(ctx, k); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "done" {
-			t.Errorf("%s: %+v %v", k, rec, err)
-		}
-	}
-	if rec, err := s.Get(ctx, "good-3"); err != nil || rec.State != idem.StateInFlight {
-		t.Errorf("good-3 settled with a stale fence: %+v %v", rec, err)
 	}
 }
 

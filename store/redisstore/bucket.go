@@ -18,17 +18,13 @@ import (
 //
 //	prefix + "{" + slotTag(slot) + "}$" + n
 //
-// where slotTag(slot) is the shortest name Redis hashes to that slot. The
-// previous release's bucket (format 2) had "#" for "$": a script reads it
-// while the bucket does not exist, and the bucket's first write leaves it a
-// marker string that fails the previous release's scripts closed.
+// where slotTag(slot) is the shortest name Redis hashes to that slot.
 const clusterSlots = 16384
 
 // locateInBucket returns the own key name of key's record, its bucket's
-// name (see above), the previous release's name of that bucket and its
-// field, cut from one string: one allocation for the four (they are made
-// for every transition).
-func (s *Store) locateInBucket(key string) (name, bucket, previous, field string) {
+// name (see above) and its field, cut from one string: one allocation for
+// the three (they are made for every transition).
+func (s *Store) locateInBucket(key string) (name, bucket, field string) {
 	var fb [64]byte
 	f := keypack.AppendKey(fb[:0], key)
 	n := uint32(0)
@@ -36,44 +32,28 @@ func (s *Store) locateInBucket(key string) (name, bucket, previous, field string
 		n = fnv32(f) % uint32(s.bucketsPerSlot)
 	}
 	const maxDigits = 10
-	b := make([]byte, 0, 3*len(s.prefix)+len(key)+len(f)+2*maxDigits+24)
+	b := make([]byte, 0, 2*len(s.prefix)+len(key)+len(f)+maxDigits+12)
 	b = append(b, s.prefix...)
 	b = append(b, '{')
 	b = append(b, key...)
 	b = append(b, '}')
 	nameEnd := len(b)
 	tag := slotTags()[keySlot(b[:nameEnd])]
-	var ends [2]int // of the bucket's name, of the previous one's
-	for i, mark := range [2]string{bucketMark, previousBucketMark} {
-		b = append(b, s.prefix...)
-		b = append(b, '{')
-		b = append(b, tag...)
-		b = append(b, '}')
-		b = append(b, mark...)
-		b = strconv.AppendUint(b, uint64(n), 10)
-		ends[i] = len(b)
-	}
-	bucketEnd, previousEnd := ends[0], ends[1]
+	b = append(b, s.prefix...)
+	b = append(b, '{')
+	b = append(b, tag...)
+	b = append(b, "}$"...)
+	b = strconv.AppendUint(b, uint64(n), 10)
+	bucketEnd := len(b)
 	b = append(b, f...)
 	all := unsafe.String(unsafe.SliceData(b), len(b)) // b is not written again
-	return all[:nameEnd], all[nameEnd:bucketEnd], all[bucketEnd:previousEnd], all[previousEnd:]
+	return all[:nameEnd], all[nameEnd:bucketEnd], all[bucketEnd:]
 }
-
-// The character after a bucket's hash tag: this release's buckets, and the
-// previous release's (format 2; see bucket.lua).
-const bucketMark, previousBucketMark = "$", "#"
 
 // isBucket: name, found under the prefix, is a bucket (a record's own key
-// ends with its hash tag's "}"): this release's, or the previous release's
-// (a hash during a rollout, else a marker string).
+// ends with its hash tag's "}").
 func (s *Store) isBucket(name string) bool {
 	return !strings.HasSuffix(name, "}")
-}
-
-// isPreviousBucket: name, a bucket (isBucket), is the previous release's.
-func isPreviousBucket(name string) bool {
-	i := strings.LastIndexByte(name, '}')
-	return i >= 0 && strings.HasPrefix(name[i+1:], previousBucketMark)
 }
 
 func fnv32[T string | []byte](s T) uint32 {
@@ -146,9 +126,7 @@ var slotTags = sync.OnceValue(func() *[clusterSlots]string {
 	return &tags
 })
 
-// decodeBucketRecord reads a record of a bucket's encoding (bucket.lua):
-// format 3, or format 2 (the flags byte has 128 added and the fence is
-// always 7 bytes).
+// decodeBucketRecord reads a record of a bucket's encoding (bucket.lua).
 func decodeBucketRecord(key, v string) (rec idem.Record, ok bool) {
 	const head, offsetHead = 19, 16 // flags … expires at less updated at
 	if len(v) < offsetHead+1 {
@@ -157,7 +135,7 @@ func decodeBucketRecord(key, v string) (rec idem.Record, ok bool) {
 	fl := v[0]
 	var fence uint64
 	pos := 1
-	offset := fl&0x80 == 0 && fl&16 != 0
+	offset := fl&16 != 0
 	if offset {
 		fence = uint64(binary.BigEndian.Uint32([]byte(v[1:5])))
 		pos = 5

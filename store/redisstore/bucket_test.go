@@ -23,10 +23,7 @@ func openBuckets(t testing.TB, prefix string) *redisstore.Store {
 }
 
 // TestConformanceBuckets runs the suite on records kept in buckets
-// (Config.Buckets), coalesced and not, and as during a rolling upgrade
-// from the previous release (Config.WritePreviousBuckets: on a new prefix
-// every record then goes into the previous release's buckets), and after
-// it (Config.PreviousReleaseRetired: no markers).
+// (Config.Buckets), coalesced and not.
 func TestConformanceBuckets(t *testing.T) {
 	caps := storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}
 	t.Run("Coalesced", func(t *testing.T) {
@@ -35,16 +32,6 @@ func TestConformanceBuckets(t *testing.T) {
 	t.Run("Uncoalesced", func(t *testing.T) {
 		storetest.Run(t, caps, func(t testing.TB) idem.Store {
 			return testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, NoCoalesce: true})
-		})
-	})
-	t.Run("WritingPrevious", func(t *testing.T) {
-		storetest.Run(t, caps, func(t testing.TB) idem.Store {
-			return testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, WritePreviousBuckets: true})
-		})
-	})
-	t.Run("PreviousReleaseRetired", func(t *testing.T) {
-		storetest.Run(t, caps, func(t testing.TB) idem.Store {
-			return testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, PreviousReleaseRetired: true})
 		})
 	})
 }
@@ -391,7 +378,7 @@ func TestBucketsFromTheStoreURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys, field := s.Locate("k")
-	if len(keys) != 3 || !strings.HasSuffix(keys[1], "$0") && !strings.HasSuffix(keys[1], "$1") {
+	if len(keys) != 2 || !strings.HasSuffix(keys[1], "$0") && !strings.HasSuffix(keys[1], "$1") {
 		t.Fatalf("idem_buckets=20000: keys %q, want a bucket of the slot's two", keys)
 	}
 	if in, err := s.Client().HExists(ctx, keys[1], field).Result(); err != nil || !in {
@@ -400,43 +387,6 @@ func TestBucketsFromTheStoreURL(t *testing.T) {
 	for _, bad := range []string{"x", "-1"} {
 		if _, err := storeurl.Open(ctx, testenv.RedisURL+"?idem_buckets="+bad, nil); err == nil || !strings.Contains(err.Error(), "idem_buckets") {
 			t.Errorf("idem_buckets=%s: %v, want it refused", bad, err)
-		}
-	}
-
-	// acquireByURL opens the store of URL query q on a prefix of its own
-	// (tag), acquires key k there and returns the names (own, bucket,
-	// previous) and field of its record.
-	acquireByURL := func(q, tag string) (keys []string, field string) {
-		t.Helper()
-		st, err := storeurl.Open(ctx, testenv.RedisURL+q+"&idem_prefix="+prefix+tag+":", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
-		testenv.OpenRedis(t, prefix+tag+":") // its keys deleted at the end
-		if _, err := st.Acquire(ctx, idem.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour}); err != nil {
-			t.Fatal(err)
-		}
-		return st.(*redisstore.Store).Locate("k")
-	}
-	// idem_buckets_previous=1: records go into the previous release's
-	// buckets (Config.WritePreviousBuckets); it needs idem_buckets.
-	keys, field = acquireByURL("?idem_buckets=1&idem_buckets_previous=1", "p")
-	if in, err := s.Client().HExists(ctx, keys[2], field).Result(); err != nil || !in {
-		t.Fatalf("idem_buckets_previous=1: the record is not in the previous release's bucket %s: %v %v", keys[2], in, err)
-	}
-	// idem_buckets_previous=retired: no marker under a bucket's previous
-	// name (Config.PreviousReleaseRetired); it needs idem_buckets too.
-	keys, field = acquireByURL("?idem_buckets=1&idem_buckets_previous=retired", "r")
-	if in, err := s.Client().HExists(ctx, keys[1], field).Result(); err != nil || !in {
-		t.Fatalf("idem_buckets_previous=retired: the record is not in its bucket %s: %v %v", keys[1], in, err)
-	}
-	if n, err := s.Client().Exists(ctx, keys[2]).Result(); err != nil || n != 0 {
-		t.Fatalf("idem_buckets_previous=retired: %s exists (%d, %v), want no marker", keys[2], n, err)
-	}
-	for _, bad := range []string{"?idem_buckets=1&idem_buckets_previous=x", "?idem_buckets_previous=1", "?idem_buckets_previous=retired"} {
-		if _, err := storeurl.Open(ctx, testenv.RedisURL+bad, nil); err == nil || !strings.Contains(err.Error(), "Previous") && !strings.Contains(err.Error(), "previous") {
-			t.Errorf("%s: %v, want it refused", bad, err)
 		}
 	}
 }
@@ -507,8 +457,7 @@ func TestBucketSweepIsBounded(t *testing.T) {
 	t.Logf("3,000 expired records swept in the course of %d new records", len(live))
 }
 
-// TestLocate: a record's own key, its bucket, the previous release's name
-// of its bucket and its field, cut from one string, are what KeyName, the
+// TestLocate: a record's own key, its bucket and its field, cut from one string, are what KeyName, the
 // slot's tag and BucketField say, and the field maps back to the key.
 func TestLocate(t *testing.T) {
 	s := openBuckets(t, testenv.RandomName("idemtest:")+":")
@@ -516,7 +465,7 @@ func TestLocate(t *testing.T) {
 		keys, field := s.Locate(k)
 		name := s.KeyName(k)
 		bucket := strings.TrimSuffix(s.KeyName(""), "{}") + "{" + redisstore.SlotTag(redisstore.KeySlot(name)) + "}"
-		want := []string{name, bucket + "$0", bucket + "#0"}
+		want := []string{name, bucket + "$0"}
 		if !slices.Equal(keys, want) || field != redisstore.BucketField(k) || redisstore.FieldKey(field) != k {
 			t.Errorf("%q: keys %q field %q; want %q and %q", k, keys, field, want, redisstore.BucketField(k))
 		}
@@ -528,7 +477,7 @@ func TestLocate(t *testing.T) {
 }
 
 // TestLocateAllocations: locating a record in its bucket allocates the
-// keys' slice and one string for the four names.
+// keys' slice and one string for the three names.
 func TestLocateAllocations(t *testing.T) {
 	if raceDetector {
 		t.Skip("the race detector allocates on its own account; .ci/run runs this without it")
@@ -545,8 +494,8 @@ func TestLocateAllocations(t *testing.T) {
 // TTL long enough for its settle (a retention no longer than the claim's),
 // and says so in the value (flag 8), so the settle does not ask the TTL
 // again: one PEXPIRETIME a lifecycle, not two. A settle that needs more
-// (a longer retention), or whose claim was saved without the flag (by the
-// previous release), asks and extends. Every record ends inside its
+// (a longer retention), or whose claim was saved without the flag, asks
+// and extends. Every record ends inside its
 // bucket's TTL. A server of its own: the counts are the server's.
 func TestBucketTTLAskedOncePerLifecycle(t *testing.T) {
 	srv := testenv.StartRedisServer(t)
@@ -585,7 +534,8 @@ func TestBucketTTLAskedOncePerLifecycle(t *testing.T) {
 		t.Errorf("a settle of 48 h after a claim of 2 min: %d asks, want 2", got)
 	}
 
-	// A claim saved without the flag, as the previous release saved it.
+	// A claim saved without the flag (as where its save knew the TTL to
+	// reach its expiry, not its retention twice over).
 	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "unflagged", Lease: time.Minute, Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -625,8 +575,8 @@ return 1`, []string{keys[1]}, field).Err(); err != nil {
 
 // TestBucketAcquisitionCalls: a bucketed acquisition reads before it writes, as
 // a key per record's does (TestAcquisitionCalls): a new key's is TIME, HGET,
-// PEXPIRETIME (the bucket's TTL, which the claim's write needs), GET (the
-// record's own key, where a record may still be), HSET, plus the sweep's
+// GET (the record's own key, where a record may still be), HSET and
+// PEXPIRETIME (the bucket's TTL, which the claim's write may extend), plus the sweep's
 // look at its time for one new field in eight (by fence); a duplicate's is
 // TIME and HGET alone.
 func TestBucketAcquisitionCalls(t *testing.T) {

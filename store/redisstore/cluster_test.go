@@ -49,17 +49,6 @@ func TestCluster(t *testing.T) {
 			})
 		}
 	})
-	t.Run("ConformanceBucketsWritingPrevious", func(t *testing.T) {
-		// As during a rolling upgrade (WritePreviousBuckets): every record
-		// in the previous release's bucket, its name in the same slot.
-		storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
-			s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, WritePreviousBuckets: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return s
-		})
-	})
 	t.Run("ConformanceWaitingForAReplica", func(t *testing.T) {
 		// Coalesced pipelines on a Cluster with WaitReplicas: one per master,
 		// each ending with its WAIT.
@@ -299,8 +288,8 @@ func fill(t *testing.T, s *redisstore.Store, n int) {
 func TestClusterCampaign(t *testing.T) { clusterCampaign(t, "TestClusterCampaign", 0, 0) }
 
 // TestClusterCampaignBuckets: the same with records in buckets, whose
-// scripts take three keys of one slot (own key, bucket, the previous
-// release's bucket name) and meet those keys split by a slot's move.
+// scripts take two keys of one slot (own key, bucket) and meet those keys
+// split by a slot's move.
 func TestClusterCampaignBuckets(t *testing.T) {
 	clusterCampaign(t, "TestClusterCampaignBuckets", 0, 1)
 }

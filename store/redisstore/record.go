@@ -8,8 +8,7 @@ import (
 )
 
 // A record is one Redis string in the packed encoding record.lua writes
-// (format 1); see there for the layout. Records of the first encoding (a
-// hash per record) are still read, and rewritten on their next transition.
+// (format 1); see there for the layout.
 const (
 	recordFormat = 1
 	headerLen    = 33 // format … tag
@@ -19,8 +18,8 @@ func be48(s string) int64 {
 	return int64(s[0])<<40 | int64(s[1])<<32 | int64(s[2])<<24 | int64(s[3])<<16 | int64(s[4])<<8 | int64(s[5])
 }
 
-// decodeRecord reads a packed record of either encoding (its own key's,
-// or a bucket's); ok is false for anything else.
+// decodeRecord reads a packed record, its own key's or a bucket's (whose
+// first byte, its flags, is never 1); ok is false for anything else.
 func decodeRecord(key, v string) (rec idem.Record, ok bool) {
 	if len(v) > 0 && v[0] != recordFormat {
 		return decodeBucketRecord(key, v)

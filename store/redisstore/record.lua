@@ -7,31 +7,17 @@
 -- (Acquired or TakenOver), 83 ('S') the settle. The fingerprint is as the
 -- client encodes it (1 + 16 bytes for a 32-digit hex digest, 0 + the string
 -- otherwise). The key's TTL is the expiry (PXAT).
--- A record of the first encoding (a hash with fields s f p a l e u r n) is
--- read as well, and written in this encoding on its next transition.
 -- The library functions the scripts call, as locals: a global's lookup is
 -- two table reads on every call (~0.5 µs of a bucket lifecycle's ~25 µs of
 -- server CPU; docs/benchmarks.md).
 local sbyte, ssub, schar, sformat = string.byte, string.sub, string.char, string.format
 local spack, sunpack, rcall = struct.pack, struct.unpack, redis.call
 local FMT = '>BBI8I4I6I6I6BBc0Bc0'
-local function unhex(h)
-  return (h:gsub('..', function(c) return schar(tonumber(c, 16)) end))
-end
 local function load(k)
-  local ok, v = pcall(rcall, 'GET', k)
-  if ok then
-    if not v then return nil end
-    local _, st, f, a, l, e, u, tag, n, p, pos = sunpack(FMT, v)
-    return {st = st, f = f, a = a, l = l, e = e, u = u, tag = tag, n = n, p = p, r = ssub(v, pos), raw = v}
-  end
-  local h = rcall('HMGET', k, 's', 'f', 'p', 'a', 'l', 'e', 'u', 'r', 'n')
-  if not h[1] then return nil end
-  local p = h[3] or ''
-  if #p == 32 and not p:find('[^0-9a-f]') then p = '\1' .. unhex(p) else p = '\0' .. p end
-  local n = h[9] or ''
-  return {st = tonumber(h[1]), f = tonumber(h[2]), a = tonumber(h[4]), l = tonumber(h[5]) or 0,
-    e = tonumber(h[6]), u = tonumber(h[7]) or 0, tag = sbyte(n, 1) or 0, n = ssub(n, 2), p = p, r = h[8] or ''}
+  local v = rcall('GET', k)
+  if not v then return nil end
+  local _, st, f, a, l, e, u, tag, n, p, pos = sunpack(FMT, v)
+  return {st = st, f = f, a = a, l = l, e = e, u = u, tag = tag, n = n, p = p, r = ssub(v, pos), raw = v}
 end
 local function pack(r)
   return spack(FMT, 1, r.st, r.f, r.a, r.l, r.e, r.u, r.tag, #r.n, r.n, #r.p, r.p) .. r.r

@@ -50,9 +50,8 @@ var deleteUpToBody string
 // of the batch script, which holds both transitions and calls one per call
 // of the batch, each under pcall so an error answers its own call only
 // (batchTail: as a string, which no call answers otherwise). A call is one
-// key and five arguments, or with buckets (bucket.lua) three keys (the
-// record's own, its bucket's and the previous release's name of its bucket)
-// and six arguments (its field first); a
+// key and five arguments, or with buckets (bucket.lua) two keys (the
+// record's own and its bucket's) and six arguments (its field first); a
 // batch's calls are packed in its one argument (scriptCall.appendPacked).
 // Settles have scripts of their own besides, which may run on a full
 // server (allowOOM).
@@ -119,10 +118,10 @@ type callShape struct{ keys, loc, j, batchHead, batchLoc, libraryLoc string }
 
 var (
 	plainCall  = callShape{keys: "1", loc: "KEYS[i]", j: "(i - 1) * 5", batchLoc: "KEYS[i]", libraryLoc: "KEYS[i]"}
-	bucketCall = callShape{keys: "3", loc: "{s = KEYS[3 * i - 2], b = KEYS[3 * i - 1], o = KEYS[3 * i], f = ARGV[(i - 1) * 6 + 1]}", j: "(i - 1) * 6 + 1",
-		batchHead: bucketBatchHead, batchLoc: "at(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], f)",
+	bucketCall = callShape{keys: "2", loc: "{s = KEYS[2 * i - 1], b = KEYS[2 * i], f = ARGV[(i - 1) * 6 + 1]}", j: "(i - 1) * 6 + 1",
+		batchHead: bucketBatchHead, batchLoc: "at(KEYS[2 * i - 1], KEYS[2 * i], f)",
 		// A library makes the batch head once, for its lone calls too.
-		libraryLoc: "at(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[(i - 1) * 6 + 1])"}
+		libraryLoc: "at(KEYS[2 * i - 1], KEYS[2 * i], ARGV[(i - 1) * 6 + 1])"}
 )
 
 // bucketBatchHead makes one location table (bucket.lua) for all the calls
@@ -132,10 +131,10 @@ var (
 // frees (0.5–2% of a coalesced lifecycle's instructions, docs/benchmarks.md).
 // Its fields are reset to false, never nil: Lua may drop a field set to
 // nil, and adding it again grows the table.
-const bucketBatchHead = `local loc = {s = false, b = false, o = false, f = false, inb = false, ino = false, str = false, room = false, ttl = false}
-local function at(s, b, o, f)
+const bucketBatchHead = `local loc = {s = false, b = false, f = false, inb = false, str = false, room = false}
+local function at(s, b, f)
   local k = loc
-  k.s, k.b, k.o, k.f, k.inb, k.ino, k.str, k.room, k.ttl = s, b, o, f, false, false, false, false, false
+  k.s, k.b, k.f, k.inb, k.str, k.room = s, b, f, false, false, false
   return k
 end
 `
@@ -178,19 +177,15 @@ var (
 	// A key per record's transitions.
 	plainScripts = newPlainScripts()
 
-	// The bucketed store's transitions, as bucket.lua is, with
-	// Config.WritePreviousBuckets and with Config.PreviousReleaseRetired.
-	bucketScripts          = newBucketScripts("", "")
-	writingPreviousScripts = newBucketScripts("local WRITE_PREVIOUS = false\n", "local WRITE_PREVIOUS = true\n")
-	retiredPreviousScripts = newBucketScripts("local MARK_PREVIOUS = true\n", "local MARK_PREVIOUS = false\n")
+	// The bucketed store's transitions.
+	bucketScripts = newBucketScripts()
 
 	deleteUpToScript       = redis.NewScript(deleteUpToLua)
 	bucketDeleteUpToScript = redis.NewScript(bucketDeleteUpToLua)
 	bucketDeleteScript     = redis.NewScript(bucketDeleteLua)
 	// peekScript reads a record of a bucketed store, KEYS and ARGV[1] as a
 	// bucket call's, wherever it is (bucket.lua's load): it answers the
-	// record packed (a bucket's value as stored; a record of the first
-	// encoding in the second), or false if there is none or it is past its
+	// record packed (as stored), or false if there is none or it is past its
 	// expiry.
 	peekScript = redis.NewScript(recordLua + bucketLua + clockLua + "local i = 1\nlocal r = load(" + bucketCall.loc + `)
 if not r or r.e <= now then return false end
@@ -214,21 +209,11 @@ func newPlainScripts() transitionScripts {
 	return t
 }
 
-// newBucketScripts returns the bucketed store's transition scripts with the
-// line off of bucket.lua replaced by on (none if off is "").
-func newBucketScripts(off, on string) transitionScripts {
-	with := func(src string) string {
-		if off != "" {
-			if strings.Count(src, off) != 1 {
-				panic("idem/redisstore: bucket.lua does not have the line " + strconv.Quote(off) + " once")
-			}
-			src = strings.Replace(src, off, on, 1)
-		}
-		return src
-	}
-	script := func(src string) *redis.Script { return redis.NewScript(with(src)) }
-	t := transitionScripts{script(bucketAcquireLua), script(bucketOwnedLua), script(bucketBatchLua), script(bucketSettleLua), script(bucketSettleBatchLua), nil}
-	t.lib = newLibrary(with(recordLua+bucketLua+acquireBody+ownedBody), bucketCall, t)
+// newBucketScripts returns the bucketed store's transition scripts.
+func newBucketScripts() transitionScripts {
+	t := transitionScripts{redis.NewScript(bucketAcquireLua), redis.NewScript(bucketOwnedLua), redis.NewScript(bucketBatchLua),
+		redis.NewScript(bucketSettleLua), redis.NewScript(bucketSettleBatchLua), nil}
+	t.lib = newLibrary(recordLua+bucketLua+acquireBody+ownedBody, bucketCall, t)
 	return t
 }
 
@@ -301,25 +286,21 @@ type Config struct {
 	NoFunctions bool
 	// Buckets > 0 keeps records in hashes, many records per hash (its
 	// bucket), instead of a key per record: a completed record with a
-	// compact key and a 28-byte result then takes 98 bytes of Redis memory
-	// instead of 257, 95 with PreviousReleaseRetired (measured at 1,000,000
-	// records, ~61 a bucket; a key costs ~150 bytes before its value).
-	// There are 16,384 × ceil(Buckets / 16,384) buckets (one or more per
-	// cluster slot); size them to the records kept at once ÷ 64 for the
-	// least memory, ÷ 32 for 99 bytes a record with PreviousReleaseRetired
-	// (104.8 without), or ÷ 12 for speed: a bucket's transition runs more
-	// Lua than a key's, and Redis searches and rewrites a bucket whole, so
-	// it costs more the more records its bucket holds (among 1,000,000
-	// records, ten rounds of scripts/redis-buckets.sh on a quiet machine:
-	// ~50 a bucket made 0.87 of a key per record's lifecycles/s, ~12 a
-	// bucket 0.90, at ~98 and ~108 bytes a record). A
+	// compact key and a 28-byte result then takes ~95 bytes of Redis memory
+	// instead of 257 (measured at 1,000,000 records, ~61 a bucket; a key
+	// costs ~150 bytes before its value). There are 16,384 ×
+	// ceil(Buckets / 16,384) buckets (one or more per cluster slot); size
+	// them to the records kept at once ÷ 64 for the least memory, or ÷ 12
+	// for speed: a bucket's transition runs more Lua than a key's, and
+	// Redis searches and rewrites a bucket whole, so it costs more the more
+	// records its bucket holds (docs/store-redis.md has the figures). A
 	// bucket stays one compact listpack while its values are no longer than
-	// the server's hash-max-listpack-value: such a record is 64
-	// bytes, the default; a longer result (up to 92 bytes) needs it raised
-	// to 128, else it turns its bucket into a hash table (162 bytes per
-	// record). A record that does not fit (a key over 63 bytes, a result
-	// over 92 bytes, over 255 attempts, a retention over 49 days) keeps a
-	// key of its own.
+	// the server's hash-max-listpack-value: such a record is 64 bytes, the
+	// default; a longer result (up to 92 bytes) needs it raised to 128,
+	// else it turns its bucket into a hash table (162 bytes per record). A
+	// record that does not fit (a key over 63 bytes, a result over 92
+	// bytes, over 255 attempts, a retention over 49 days) keeps a key of
+	// its own.
 	//
 	// Redis 7.0 cannot expire a field: an expired record is absent to every
 	// call, a bucket deletes its expired records when new records arrive a
@@ -328,46 +309,13 @@ type Config struct {
 	// latest record's expiry, so an idle bucket goes whole (at most three
 	// retentions after its last write).
 	//
-	// Records written before buckets were on are read and moved into their
-	// bucket by their next transition. A bucket of the previous release
-	// (its values in format 2) is read as it is until this release first
-	// writes into it, which moves its records and leaves, under its name, a
-	// marker on which the previous release's calls fail (WRONGTYPE): closed,
-	// but failing, and a claim the previous release held there cannot be
-	// settled by it (taken over once its lease ends) — so upgrade the
-	// processes of a prefix together, or one by one in the two steps of
-	// WritePreviousBuckets. A process
-	// without buckets does not see bucketed records, so turn buckets on in
-	// every process sharing the prefix at once, and never change the
-	// number (like Prefix, it says where a key's record is). Needs Redis
-	// 7.0; not on a Ring, and not with a "{" or "}" in Prefix.
+	// Records written before buckets were turned on are read and moved
+	// into their bucket by their next transition. A process without
+	// buckets does not see bucketed records, so turn buckets on in every
+	// process sharing the prefix at once, and never change the number
+	// (like Prefix, it says where a key's record is). Needs Redis 7.0; not
+	// on a Ring, and not with a "{" or "}" in Prefix.
 	Buckets int
-	// WritePreviousBuckets is for a rolling upgrade from the previous
-	// release with Buckets: a record whose bucket is still the previous
-	// release's is written there, in that release's format, instead of
-	// moving the bucket, so that processes of the previous release running
-	// meanwhile keep working (their claims settle; they read what this one
-	// wrote). First deploy with it on every process, then — once no process
-	// of the previous release is left — without it: the next write into
-	// each bucket then moves it. (A bucket already moved is written as
-	// usual.) Meanwhile a completed record's value is 3 bytes longer (67:
-	// its bucket is a hash table under the default hash-max-listpack-value
-	// of 64), and ServerWarnings says the option is on.
-	WritePreviousBuckets bool
-	// PreviousReleaseRetired says that no process of the previous release
-	// will run with Buckets on this prefix again — a rollback included —
-	// (the upgrade's optional third step, after WritePreviousBuckets' two):
-	// a bucket then keeps no marker under its previous name, and deletes
-	// one left earlier the next time it extends its TTL. A marker is a key
-	// of ~170–210 bytes a bucket: a completed record takes 95 bytes instead of
-	// 98 at ~61 records a bucket (measured at 1,000,000 records; more the
-	// fewer records a bucket holds). A previous release's bucket is
-	// still read and moved into this release's. Not with
-	// WritePreviousBuckets. Its risk is the one the markers exist for: a
-	// process of the previous release started on the prefix afterwards
-	// would not see this release's records and could take a second claim
-	// on a key.
-	PreviousReleaseRetired bool
 }
 
 // ErrReplicationShortfall: fewer replicas than Config.WaitReplicas
@@ -396,8 +344,7 @@ type Store struct {
 	waitReplicas int
 	waitTimeout  time.Duration
 
-	bucketsPerSlot int  // 0: a key per record
-	writePrevious  bool // Config.WritePreviousBuckets
+	bucketsPerSlot int // 0: a key per record
 
 	acquireScript, ownedScript, batchScript *redis.Script
 	settleScript, settleBatchScript         *redis.Script                       // ownedScript and a batch of it, with allowOOM
@@ -440,12 +387,6 @@ func New(cfg Config) (*Store, error) {
 		// Ring places them by their names' hashes, apart.
 		return nil, errors.New("idem/redisstore: Config.Buckets is not supported on a Ring")
 	}
-	if cfg.WritePreviousBuckets && cfg.Buckets <= 0 {
-		return nil, errors.New("idem/redisstore: Config.WritePreviousBuckets needs Config.Buckets")
-	}
-	if cfg.PreviousReleaseRetired && (cfg.Buckets <= 0 || cfg.WritePreviousBuckets) {
-		return nil, errors.New("idem/redisstore: Config.PreviousReleaseRetired needs Config.Buckets, and not Config.WritePreviousBuckets (a rollout's first step, which needs the markers)")
-	}
 	if cfg.Buckets > 0 && strings.ContainsAny(cfg.Prefix, "{}") {
 		return nil, errors.New("idem/redisstore: Config.Buckets needs a Prefix without { or } (the hash tag that places a bucket)")
 	}
@@ -460,17 +401,12 @@ func New(cfg Config) (*Store, error) {
 	}
 	s := &Store{c: client, given: cfg.Client, ownRing: own, prefix: cfg.Prefix, limits: cfg.Limits.WithDefaults(), close: cfg.CloseClient,
 		waitReplicas: cfg.WaitReplicas, waitTimeout: cfg.WaitTimeout,
-		bucketsPerSlot: (cfg.Buckets + clusterSlots - 1) / clusterSlots, writePrevious: cfg.WritePreviousBuckets}
+		bucketsPerSlot: (cfg.Buckets + clusterSlots - 1) / clusterSlots}
 	if _, err := rand.Read(s.process[:]); err != nil {
 		return nil, fmt.Errorf("idem/redisstore: %w", err)
 	}
 	scripts := plainScripts
-	switch {
-	case s.bucketsPerSlot > 0 && cfg.WritePreviousBuckets:
-		scripts = writingPreviousScripts
-	case s.bucketsPerSlot > 0 && cfg.PreviousReleaseRetired:
-		scripts = retiredPreviousScripts
-	case s.bucketsPerSlot > 0:
+	if s.bucketsPerSlot > 0 {
 		scripts = bucketScripts
 	}
 	s.acquireScript, s.ownedScript, s.batchScript = scripts.acquire, scripts.owned, scripts.batch
@@ -740,8 +676,7 @@ func ownSlots(ctx context.Context, node redis.Cmdable) (string, error) {
 }
 
 // bucketRecords reads the live records of buckets on node: one pipeline
-// of their HGETALLs, with the server's TIME. A previous release's bucket
-// that is a marker (bucket.lua) holds none.
+// of their HGETALLs, with the server's TIME.
 func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, buckets []string) ([]idem.Record, error) {
 	pipe := node.Pipeline()
 	now := pipe.Time(ctx)
@@ -754,8 +689,8 @@ func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, buckets [
 		return nil, err
 	}
 	var recs []idem.Record
-	for i, cmd := range all {
-		if err := bucketErr(buckets[i], cmd.Err()); err != nil {
+	for _, cmd := range all {
+		if err := cmd.Err(); err != nil {
 			return nil, err
 		}
 		for f, v := range cmd.Val() {
@@ -771,26 +706,12 @@ func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, buckets [
 	return recs, nil
 }
 
-// bucketErr is err, the error of a read of bucket, unless that is the
-// WRONGTYPE of a previous release's bucket that is a marker (bucket.lua).
-func bucketErr(bucket string, err error) error {
-	if err != nil && isPreviousBucket(bucket) && strings.HasPrefix(err.Error(), "WRONGTYPE") {
-		return nil
-	}
-	return err
-}
-
-// errFirstEncoding: the key holds a record of the first encoding (a hash).
-var errFirstEncoding = errors.New("a record of the first encoding")
-
 // decodeGet reads the answer of a GET of key: found is false when the key
-// is gone; errFirstEncoding asks for an HMGET of the hash.
+// is gone.
 func (s *Store) decodeGet(key, v string, err error) (rec idem.Record, found bool, _ error) {
 	switch {
 	case errors.Is(err, redis.Nil):
 		return idem.Record{}, false, nil
-	case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
-		return idem.Record{}, false, errFirstEncoding
 	case err != nil:
 		return idem.Record{}, false, err
 	}
@@ -801,8 +722,7 @@ func (s *Store) decodeGet(key, v string, err error) (rec idem.Record, found bool
 }
 
 // read gets the records of keys in one pipeline, skipping those gone (a
-// record that expired since a scan); the records of the first encoding
-// (hashes) in a second one.
+// record that expired since a scan).
 func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -817,29 +737,13 @@ func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) 
 	}
 	_, _ = pipe.Exec(ctx)
 	recs := make([]idem.Record, len(keys)) // Key "" where none was found
-	var hashes []int
 	for i, k := range keys {
 		rec, found, err := s.decodeGet(k, gets[i].Val(), gets[i].Err())
 		switch {
-		case errors.Is(err, errFirstEncoding):
-			hashes = append(hashes, i)
 		case err != nil:
 			return nil, wrap("read", err)
 		case found:
 			recs[i] = rec
-		}
-	}
-	if len(hashes) > 0 {
-		hmgets := make([]*redis.SliceCmd, len(hashes))
-		pipe = s.c.Pipeline()
-		for j, i := range hashes {
-			hmgets[j] = pipe.HMGet(ctx, s.KeyName(keys[i]), fields...)
-		}
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, wrap("read", err)
-		}
-		for j, i := range hashes {
-			recs[i], _ = s.parseFields(keys[i], hmgets[j].Val())
 		}
 	}
 	out := recs[:0]
@@ -912,14 +816,13 @@ func (s *Store) runOnce(ctx context.Context, script *redis.Script, keys []string
 }
 
 // locate returns the keys of key's record as a script takes them: its own
-// key, and with buckets its bucket and the previous release's name of it,
-// then its field (the first argument).
+// key, and with buckets its bucket, then its field (the first argument).
 func (s *Store) locate(key string) (keys []string, field string) {
 	if s.bucketsPerSlot == 0 {
 		return []string{s.KeyName(key)}, ""
 	}
-	name, bucket, previous, field := s.locateInBucket(key)
-	return []string{name, bucket, previous}, field
+	name, bucket, field := s.locateInBucket(key)
+	return []string{name, bucket}, field
 }
 
 // transition runs c (a transition of key's record, its arguments set) on
@@ -1040,29 +943,7 @@ func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 	return s.owned(ctx, "unclaim", "u", key, fence, 0, nil)
 }
 
-// fields are those of the first encoding: a hash per record.
-var fields = []string{"s", "f", "p", "a", "l", "e", "u", "r"}
-
-// parseFields reads a record of the first encoding.
-func (s *Store) parseFields(key string, v []any) (idem.Record, bool) {
-	if len(v) != len(fields) || v[0] == nil {
-		return idem.Record{}, false
-	}
-	rec := idem.Record{
-		Key: key, State: idem.State(toInt(v[0])), Fence: uint64(toInt(v[1])), Fingerprint: toStr(v[2]),
-		Attempts: int(toInt(v[3])), ExpiresAt: msTime(toInt(v[5])), UpdatedAt: msTime(toInt(v[6])),
-	}
-	if rec.State == idem.StateInFlight {
-		rec.LeaseUntil = msTime(toInt(v[4]))
-	}
-	if r, ok := v[7].(string); ok {
-		rec.Result = []byte(r)
-	}
-	return rec, true
-}
-
-// Get implements idem.Store (one GET; an expired record is gone by TTL; a
-// record of the first encoding takes an HMGET more).
+// Get implements idem.Store (one GET; an expired record is gone by TTL).
 func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return idem.Record{}, err
@@ -1081,15 +962,8 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 		}
 		return rec, nil
 	}
-	name := s.KeyName(key)
-	v, err := s.c.Get(ctx, name).Result()
+	v, err := s.c.Get(ctx, s.KeyName(key)).Result()
 	rec, found, err := s.decodeGet(key, v, err)
-	if errors.Is(err, errFirstEncoding) {
-		var h []any
-		if h, err = s.c.HMGet(ctx, name, fields...).Result(); err == nil {
-			rec, found = s.parseFields(key, h)
-		}
-	}
 	if err != nil {
 		return idem.Record{}, wrap("get", err)
 	}
@@ -1175,9 +1049,9 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 			for i, b := range batch {
 				cmds[i] = pipe.HKeys(ctx, b)
 			}
-			_, _ = pipe.Exec(ctx) // each command's error: bucketErr
-			for i, cmd := range cmds {
-				if err := bucketErr(batch[i], cmd.Err()); err != nil {
+			_, _ = pipe.Exec(ctx) // each command's error below
+			for _, cmd := range cmds {
+				if err := cmd.Err(); err != nil {
 					return nil, err
 				}
 				for _, f := range cmd.Val() {

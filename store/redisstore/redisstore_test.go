@@ -82,20 +82,6 @@ func TestCampaignBuckets(t *testing.T) {
 	storetest.Campaign(t, campaignConfig(t, "TestCampaignBuckets", redisstore.Config{Buckets: 1}))
 }
 
-// TestCampaignBucketsWritingPrevious is TestCampaignBuckets as during a
-// rolling upgrade (Config.WritePreviousBuckets): every record goes into
-// the previous release's buckets, in its format.
-func TestCampaignBucketsWritingPrevious(t *testing.T) {
-	storetest.Campaign(t, campaignConfig(t, "TestCampaignBucketsWritingPrevious", redisstore.Config{Buckets: 1, WritePreviousBuckets: true}))
-}
-
-// TestCampaignBucketsRetired is TestCampaignBuckets after a rolling
-// upgrade's last step (Config.PreviousReleaseRetired): no markers, and a
-// bucket's TTL extension deletes the previous release's name.
-func TestCampaignBucketsRetired(t *testing.T) {
-	storetest.Campaign(t, campaignConfig(t, "TestCampaignBucketsRetired", redisstore.Config{Buckets: 1, PreviousReleaseRetired: true}))
-}
-
 // TestGuardCampaign runs guarded work (idem.Guard) under the same faults.
 func TestGuardCampaign(t *testing.T) {
 	storetest.GuardCampaign(t, campaignConfig(t, "TestGuardCampaign", redisstore.Config{}))

@@ -49,8 +49,7 @@ func usedMemory(c redis.UniversalClient) (int64, error) {
 // TestMemoryPerRecordBuckets is TestMemoryPerRecord with records in
 // buckets (Config.Buckets sized to the records, 64 per bucket), under the
 // server's hash-max-listpack-value as it is and at 128, the setting
-// Config.Buckets recommends (restored afterwards), with the markers of the
-// previous release's buckets and without (Config.PreviousReleaseRetired).
+// Config.Buckets recommends (restored afterwards).
 func TestMemoryPerRecordBuckets(t *testing.T) {
 	c := testenv.RedisClient(t)
 	defer c.Close()
@@ -67,16 +66,10 @@ func TestMemoryPerRecordBuckets(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, compact := range []bool{false, true} { // each kind in buckets of its own
-				for _, retired := range []bool{false, true} {
-					what := "Redis used_memory, buckets"
-					if retired {
-						what += ", previous release retired (no markers)"
-					}
-					s := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: storetest.RecordsForBytes() / 64, PreviousReleaseRetired: retired})
-					storetest.MemoryPerRecordOf(t, s, compact, what, func() (int64, error) {
-						return usedMemory(s.Client())
-					})
-				}
+				s := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: storetest.RecordsForBytes() / 64})
+				storetest.MemoryPerRecordOf(t, s, compact, "Redis used_memory, buckets", func() (int64, error) {
+					return usedMemory(s.Client())
+				})
 			}
 		})
 	}

@@ -23,15 +23,13 @@ import (
 // when memory runs short (a duplicate then runs as new); and, with
 // Config.Buckets, a hash-max-listpack-value under 128, which turns buckets
 // holding records with a result over 28 bytes (at the default 64) into hash
-// tables (162 bytes per record instead of 98). It also names a
+// tables (162 bytes per record instead of ~95). It also names a
 // master with replicas where Config.WaitReplicas is 0: Redis replicates
 // after it answers, and a failover to a replica (Sentinel, Cluster) loses
 // the last acknowledged records; or fewer than its replicas: a failover
 // while the master still takes writes (SENTINEL FAILOVER) promotes one
 // replica while another acknowledges the old master's writes, then
-// discards them. With Config.WritePreviousBuckets, it says that the
-// rolling upgrade's second step is still to come (meanwhile records are
-// written in the previous release's longer format). A server that refuses
+// discards them. A server that refuses
 // CONFIG GET or INFO (a managed Redis may) yields its error and no
 // warnings.
 func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
@@ -62,7 +60,7 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 			found = append(found, fmt.Sprintf("%s: maxmemory-policy is %s: when memory runs short Redis may evict an idempotency record before its expiry, and its key then runs again as new; set noeviction", c.Options().Addr, p))
 		}
 		if v, _ := strconv.Atoi(cfg["hash-max-listpack-value"]); s.bucketsPerSlot > 0 && v < 128 {
-			found = append(found, fmt.Sprintf("%s: hash-max-listpack-value is %d: a bucket holding a record over %d bytes becomes a hash table (162 bytes per record instead of 98; at 64 a record of a compact key fits with a result of up to 28 bytes, at 128 up to 92); set it to 128", c.Options().Addr, v, v))
+			found = append(found, fmt.Sprintf("%s: hash-max-listpack-value is %d: a bucket holding a record over %d bytes becomes a hash table (162 bytes per record instead of ~95; at 64 a record of a compact key fits with a result of up to 28 bytes, at 128 up to 92); set it to 128", c.Options().Addr, v, v))
 		}
 		switch n, _ := strconv.Atoi(infoField(replication, "connected_slaves")); {
 		case n > 0 && s.waitReplicas == 0:
@@ -77,9 +75,6 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 	})
 	if err != nil {
 		return nil, wrap("config get", err)
-	}
-	if s.writePrevious {
-		warnings = append(warnings, "Config.WritePreviousBuckets (idem_buckets_previous=1) is on: records whose bucket has not moved are written in the previous release's format (67 bytes a value: a bucket holding one becomes a hash table under hash-max-listpack-value 128); once no process of the previous release is left, turn it off in every process (the upgrade's second step)")
 	}
 	slices.Sort(warnings)
 	return warnings, nil

@@ -15,8 +15,7 @@ import (
 )
 
 // TestServerWarnings: an eviction policy that may drop records is named,
-// and with buckets a hash-max-listpack-value under 128, and
-// WritePreviousBuckets left on; a server set as idem recommends (its
+// and with buckets a hash-max-listpack-value under 128; a server set as idem recommends (its
 // append-only file fsynced always) gives none.
 func TestServerWarnings(t *testing.T) {
 	srv := testenv.StartRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
@@ -25,7 +24,6 @@ func TestServerWarnings(t *testing.T) {
 	ctx := context.Background()
 	plain := testenv.OpenRedisAt(t, srv.Addr, "idemtest:")
 	bucketed := testenv.OpenRedisConfig(t, srv.Addr, redisstore.Config{Prefix: "idemtest:", Buckets: 1})
-	upgrading := testenv.OpenRedisConfig(t, srv.Addr, redisstore.Config{Prefix: "idemtest:", Buckets: 1, WritePreviousBuckets: true})
 	for _, tc := range []struct {
 		policy, value string
 		s             *redisstore.Store
@@ -37,7 +35,6 @@ func TestServerWarnings(t *testing.T) {
 		{"noeviction", "64", bucketed, []string{"hash-max-listpack-value is 64"}},
 		{"allkeys-lru", "128", plain, []string{"maxmemory-policy is allkeys-lru", "set noeviction"}},
 		{"volatile-ttl", "64", bucketed, []string{"hash-max-listpack-value is 64", "maxmemory-policy is volatile-ttl"}},
-		{"noeviction", "128", upgrading, []string{"WritePreviousBuckets", "second step"}},
 	} {
 		if err := c.ConfigSet(ctx, "maxmemory-policy", tc.policy).Err(); err != nil {
 			t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/coalesce"
+	"github.com/idemgo/idem/internal/keypack"
 )
 
 // maxBatch bounds the calls of one shared transaction.
@@ -45,7 +46,7 @@ func (s *Store) runWrite(ctx context.Context, acquire, settle *sql.Stmt, c *writ
 	if c.acquire {
 		return s.acquireWith(ctx, acquire, c)
 	}
-	return idem.Acquisition{}, s.owned(ctx, c.op, settle, s.cols.Key(c.key), c.fence, s.nowMs(), c.keep, c.state, c.result)
+	return idem.Acquisition{}, s.owned(ctx, c.op, settle, keypack.KeyArg(c.key), c.fence, s.nowMs(), c.keep, c.state, c.result)
 }
 
 // writeMany runs calls in one BEGIN IMMEDIATE transaction, each its own

@@ -64,10 +64,6 @@ type Store struct {
 
 	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive *sql.Stmt
 	closed                                                                                atomic.Bool
-	// cols: the table keeps keys and fingerprints packed, as BLOBs
-	// (keypack), in a STRICT table; else as TEXT (a table created before
-	// the packed layout).
-	cols keypack.Columns
 
 	writes *coalesce.Group[writeCall, idem.Acquisition] // nil: NoCoalesce
 }
@@ -91,12 +87,6 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, err
 		}
 	}
-	var keyType string
-	if err := db.QueryRowContext(ctx, `SELECT type FROM pragma_table_info('idem_records') WHERE name = 'k'`).Scan(&keyType); err != nil && !errors.Is(err, sql.ErrNoRows) {
-		db.Close()
-		return nil, s.wrap("read the records table's layout", err)
-	}
-	s.cols = keypack.Columns{Packed: keyType == "BLOB"}
 	if err := s.prepare(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -112,14 +102,8 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 func (s *Store) DB() *sql.DB { return s.db }
 
 // Migrations returns the numbered migrations of the records table. Version
-// 1 creates the table where there is none (a database created before
-// versioning is adopted as it is): since the packed layout, a STRICT table
-// whose keys and fingerprints are packed BLOBs (internal/keypack: a
-// compact key as its 16 bytes, a request digest as 17), so that a process
-// of an earlier release, which writes them as TEXT, is refused instead of
-// writing rows this release would not find. A table created by an earlier
-// release keeps its TEXT layout; the store reads which at Open and works on
-// either.
+// 1 creates it: a STRICT table whose keys and fingerprints are packed BLOBs
+// (internal/keypack: a compact key as its 16 bytes, a request digest as 17).
 func Migrations() []sqlmigrate.Step {
 	return []sqlmigrate.Step{{Version: 1, Name: "idempotency records", SQL: `CREATE TABLE IF NOT EXISTS idem_records (
 		k           BLOB    PRIMARY KEY,
@@ -274,7 +258,7 @@ func (s *Store) scanRecord(sc scanner, extra ...any) (idem.Record, error) {
 	if err := sc.Scan(dest...); err != nil {
 		return idem.Record{}, err
 	}
-	r.Key, r.Fingerprint = s.cols.ReadKey(key), s.cols.ReadFingerprint(fp)
+	r.Key, r.Fingerprint = keypack.Key(string(key)), keypack.UnpackFingerprint(string(fp))
 	r.State = idem.State(state)
 	if r.State == idem.StateInFlight {
 		r.LeaseUntil = ms(lease)
@@ -323,7 +307,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 func (s *Store) acquireWith(ctx context.Context, st *sql.Stmt, c *writeCall) (idem.Acquisition, error) {
 	t := s.clock.Now()
 	var outcome int
-	rec, err := s.scanRecord(st.QueryRowContext(ctx, s.cols.Key(c.key), s.cols.Fingerprint(c.fp), t.UnixMilli(), c.lease, c.keep, c.maxAttempts,
+	rec, err := s.scanRecord(st.QueryRowContext(ctx, keypack.KeyArg(c.key), keypack.FingerprintArg(c.fp), t.UnixMilli(), c.lease, c.keep, c.maxAttempts,
 		int64(fences.Next(t, 0))), &outcome)
 	if err != nil {
 		return idem.Acquisition{}, s.wrap("acquire", err)
@@ -355,7 +339,7 @@ func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease t
 	if err := s.limits.CheckHeartbeat(key, lease); err != nil {
 		return err
 	}
-	return s.owned(ctx, "heartbeat", s.heartbeat, s.cols.Key(key), int64(fence), s.nowMs(), lease.Milliseconds())
+	return s.owned(ctx, "heartbeat", s.heartbeat, keypack.KeyArg(key), int64(fence), s.nowMs(), lease.Milliseconds())
 }
 
 // Complete implements idem.Store.
@@ -384,7 +368,7 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	return s.owned(ctx, "release", s.release, s.cols.Key(key), int64(fence), s.nowMs())
+	return s.owned(ctx, "release", s.release, keypack.KeyArg(key), int64(fence), s.nowMs())
 }
 
 // Unclaim implements idem.Unclaimer with one statement.
@@ -392,7 +376,7 @@ func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return err
 	}
-	return s.owned(ctx, "unclaim", s.unclaim, s.cols.Key(key), int64(fence), s.nowMs())
+	return s.owned(ctx, "unclaim", s.unclaim, keypack.KeyArg(key), int64(fence), s.nowMs())
 }
 
 // Get implements idem.Store.
@@ -400,7 +384,7 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	if err := idem.ValidateStorageKey(key); err != nil {
 		return idem.Record{}, err
 	}
-	rec, err := s.scanRecord(s.get.QueryRowContext(ctx, s.cols.Key(key), s.nowMs()))
+	rec, err := s.scanRecord(s.get.QueryRowContext(ctx, keypack.KeyArg(key), s.nowMs()))
 	if errors.Is(err, sql.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
@@ -409,13 +393,13 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 
 // Delete implements idem.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	_, err := s.del.ExecContext(ctx, s.cols.Key(key))
+	_, err := s.del.ExecContext(ctx, keypack.KeyArg(key))
 	return s.wrap("delete", err)
 }
 
 // DeleteUpTo implements idem.FencedDeleter.
 func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
-	_, err := s.delUpTo.ExecContext(ctx, s.cols.Key(key), int64(fence))
+	_, err := s.delUpTo.ExecContext(ctx, keypack.KeyArg(key), int64(fence))
 	return s.wrap("delete", err)
 }
 
@@ -449,7 +433,7 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	if limit <= 0 {
 		limit = -1
 	}
-	rows, err := s.list.QueryContext(ctx, s.cols.Cursor(after), s.nowMs(), limit)
+	rows, err := s.list.QueryContext(ctx, keypack.CursorArg(after), s.nowMs(), limit)
 	if err != nil {
 		return nil, s.wrap("list", err)
 	}
@@ -500,7 +484,7 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 	if result == nil {
 		result = []byte{}
 	}
-	res, err := s.archive.ExecContext(ctx, s.cols.Key(rec.Key), int(rec.State), int64(rec.Fence), s.cols.Fingerprint(rec.Fingerprint), rec.Attempts, result, s.nowMs(), retention.Milliseconds())
+	res, err := s.archive.ExecContext(ctx, keypack.KeyArg(rec.Key), int(rec.State), int64(rec.Fence), keypack.FingerprintArg(rec.Fingerprint), rec.Attempts, result, s.nowMs(), retention.Milliseconds())
 	if err != nil {
 		return false, s.wrap("archive", err)
 	}

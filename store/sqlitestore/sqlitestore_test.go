@@ -71,43 +71,6 @@ func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
 	return storetest.CampaignConfig{TestName: name, Location: loc, Open: openAt, Processes: 2}
 }
 
-// firstReleaseSchema is what the first released sqlitestore created (before
-// versioned migrations): its own idem_schema table and the records table.
-const firstReleaseSchema = `CREATE TABLE idem_schema (version INTEGER NOT NULL);
-INSERT INTO idem_schema (version) VALUES (1);
-CREATE TABLE idem_records (
-	k TEXT PRIMARY KEY, state INTEGER NOT NULL, fence INTEGER NOT NULL, fp TEXT NOT NULL DEFAULT '',
-	attempts INTEGER NOT NULL, result BLOB, lease_until INTEGER NOT NULL, expires_at INTEGER NOT NULL,
-	updated_at INTEGER NOT NULL, outcome INTEGER NOT NULL);
-CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
-INSERT INTO idem_records VALUES ('old', 2, 7, 'fp', 1, CAST('kept' AS BLOB), 0, 32503680000000, 0, 1);`
-
-// TestUpgradeFromFirstRelease: a database made by the first release is
-// adopted as version 1, and its records stay readable.
-func TestUpgradeFromFirstRelease(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "old.db")
-	db, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(firstReleaseSchema); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-	s := openAt(t, path).(*sqlitestore.Store)
-	rec, err := s.Get(context.Background(), "old")
-	if err != nil || string(rec.Result) != "kept" || rec.Fence != 7 {
-		t.Fatalf("record of the first release: %+v, %v", rec, err)
-	}
-	var versions int
-	if err := s.DB().QueryRow(`SELECT count(*) FROM idem_migrations WHERE component = 'records'`).Scan(&versions); err != nil || versions != len(sqlitestore.Migrations()) {
-		t.Fatalf("recorded versions: %d, %v", versions, err)
-	}
-	if err := s.Migrate(context.Background()); err != nil {
-		t.Fatalf("second Migrate: %v", err)
-	}
-}
-
 // TestErrorsKeepTheirCause: a missing table is not "unavailable", the
 // driver's error stays reachable, and a closed store says ErrClosed.
 func TestErrorsKeepTheirCause(t *testing.T) {

@@ -22,10 +22,6 @@ import (
 //	idem_wait_replicas=N  every transition waits for N replicas (WAIT; redisstore.Config.WaitReplicas)
 //	idem_buckets=N     records in hashes, many per hash (redisstore.Config.Buckets;
 //	                   at least 16,384 hashes: size N to the records kept at once ÷ 64)
-//	idem_buckets_previous=1  for a rolling upgrade from the previous release with
-//	                   buckets: write into its buckets as it does (redisstore.Config.WritePreviousBuckets)
-//	idem_buckets_previous=retired  no process of the previous release will run on the
-//	                   prefix again: no marker under a bucket's previous name (redisstore.Config.PreviousReleaseRetired)
 //	idem_coalesce=0    every call its own round trip (default 1: calls that wait
 //	                   for the store together share a pipeline; redisstore.Config.NoCoalesce)
 //	idem_functions=0   transitions sent as scripts (EVALSHA) only (default 1: as Redis
@@ -54,18 +50,7 @@ func init() {
 				return nil, fmt.Errorf("idem: store URL: idem_buckets is %q, want a number of buckets", b)
 			}
 		}
-		var writePrevious, retired bool
-		switch p := q.Get("idem_buckets_previous"); p {
-		case "", "0", "false":
-		case "1", "true":
-			writePrevious = true
-		case "retired":
-			retired = true
-		default:
-			return nil, fmt.Errorf("idem: store URL: idem_buckets_previous is %q, want 1, 0 or retired", p)
-		}
 		q.Del("idem_buckets")
-		q.Del("idem_buckets_previous")
 		q.Del("idem_prefix")
 		q.Del("idem_cluster")
 		q.Del("idem_wait_replicas")
@@ -114,7 +99,7 @@ func init() {
 			return nil, fmt.Errorf("%w: redis at %s: %v", idem.ErrStoreUnavailable, u.Host, err)
 		}
 		s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait, NoCoalesce: noCoalesce,
-			NoFunctions: noFunctions, Buckets: buckets, WritePreviousBuckets: writePrevious, PreviousReleaseRetired: retired})
+			NoFunctions: noFunctions, Buckets: buckets})
 		if err != nil {
 			c.Close() // the store that would have closed it was refused
 			return nil, err

@@ -69,7 +69,7 @@ func TestOpen(t *testing.T) {
 }
 
 // TestRefusedRedisConfigLeavesNothingOpen: a Redis URL whose options the
-// store refuses (here idem_buckets_previous=retired without idem_buckets)
+// store refuses (here idem_buckets with a brace in the prefix)
 // fails with a nil store — not an interface holding a nil *Store — and
 // leaves no connection open (the client made to ping the server is closed).
 func TestRefusedRedisConfigLeavesNothingOpen(t *testing.T) {
@@ -80,7 +80,7 @@ func TestRefusedRedisConfigLeavesNothingOpen(t *testing.T) {
 	// its finalizer once collected, hiding the leak.
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	name := "idem-refused-" + strings.ReplaceAll(t.Name(), "/", "-")
-	s, err := Open(ctx, testenv.RedisURL+"?idem_buckets_previous=retired&client_name="+name, nil)
+	s, err := Open(ctx, testenv.RedisURL+"?idem_buckets=1&idem_prefix=%7Bp%7D&client_name="+name, nil)
 	if err == nil || s != nil {
 		t.Fatalf("Open = %#v, %v; want nil and the refusal", s, err)
 	}
