@@ -220,6 +220,7 @@ func encrypt(content []byte, recipient *x509.Certificate, alg Encryption) ([]byt
 		sealed[i] = byte(pad)
 	}
 	cipher.NewCBCEncrypter(block, iv).CryptBlocks(sealed, sealed)
+	//lint:ignore SA1019 AS2 partners (RFC 4130, CMS key transport) expect RSA PKCS#1 v1.5; OAEP is what they must agree to first
 	encKey, err := rsa.EncryptPKCS1v15(rand.Reader, pub, key)
 	if err != nil {
 		return nil, err

@@ -68,6 +68,7 @@ func encryptGCM(content []byte, recipient *x509.Certificate, alg Encryption) ([]
 	}
 	sealed := aead.Seal(nil, nonce, content, nil)
 	ciphertext, tag := sealed[:len(content)], sealed[len(content):]
+	//lint:ignore SA1019 AS2 partners (RFC 4130, CMS key transport) expect RSA PKCS#1 v1.5; OAEP is what they must agree to first
 	encKey, err := rsa.EncryptPKCS1v15(rand.Reader, pub, key)
 	if err != nil {
 		return nil, err
@@ -215,6 +216,7 @@ func contentKeyFor(ris []keyTransRecipientInfo, cert *x509.Certificate, key cryp
 		case alg.Algorithm.Equal(oidRSAEncryption):
 			// Leaves contentKey random unless the padding is right and the
 			// key has the size asked for.
+			//lint:ignore SA1019 the partners' PKCS#1 v1.5 key transport, read with implicit rejection (docs/security.md)
 			if err := rsa.DecryptPKCS1v15SessionKey(nil, priv, ri.EncryptedKey, contentKey); err != nil {
 				return nil, fmt.Errorf("as2: the content key: %w", err)
 			}

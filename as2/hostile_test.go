@@ -76,6 +76,7 @@ func TestAgreementIsEnforced(t *testing.T) {
 // key.
 func envelopeCBC(t *testing.T, recipient *x509.Certificate, oid asn1.ObjectIdentifier, key, iv, sealed []byte) []byte {
 	t.Helper()
+	//lint:ignore SA1019 the test encrypts as a partner does
 	encKey, err := rsa.EncryptPKCS1v15(rand.Reader, recipient.PublicKey.(*rsa.PublicKey), key)
 	if err != nil {
 		t.Fatal(err)

@@ -340,7 +340,7 @@ func (p *Profile) open(in *Incoming, h http.Header, body []byte) (encrypted bool
 		if data, err = decodeBody(hdr, raw); err != nil {
 			return encrypted, fail(UnexpectedProcessingError, err)
 		}
-		if mt, _, err = mediaType(hdr.Get("Content-Type")); err != nil {
+		if _, _, err = mediaType(hdr.Get("Content-Type")); err != nil {
 			return encrypted, fail(UnexpectedProcessingError, err)
 		}
 	}

@@ -30,8 +30,8 @@ import (
 )
 
 var (
-	campaignDuration = flag.Duration("e2e.campaign.duration", 8*time.Second, "how long the end-to-end campaign commits transfers and injects faults")
-	campaignSeed     = flag.Uint64("e2e.campaign.seed", 0, "seed of the end-to-end campaign (0: a new one, printed)")
+	campaignDurationFlag = flag.Duration("e2e.campaign.duration", 8*time.Second, "how long the end-to-end campaign commits transfers and injects faults")
+	campaignSeed         = flag.Uint64("e2e.campaign.seed", 0, "seed of the end-to-end campaign (0: a new one, printed)")
 )
 
 const (
@@ -175,7 +175,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	t.Logf("end-to-end campaign seed %d (replay: -e2e.campaign.seed=%d), duration %v", seed, seed, *campaignDuration)
+	t.Logf("end-to-end campaign seed %d (replay: -e2e.campaign.seed=%d), duration %v", seed, seed, campaignDuration())
 	ctx := context.Background()
 	db := testenv.StartPostgres(t)
 	pool, schema := testenv.PostgresSchemaOn(t, db.URL, schemaDDL)
@@ -204,7 +204,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 	dbOutages, brokerOutages := testenv.NewOutages(dbProxy), testenv.NewOutages(brokerProxy)
 	dir := t.TempDir()
 	helpers := func(role string) *fleet.Fleet {
-		return fleet.New(t, testName, readyLine, []string{"-e2e.campaign.duration=" + campaignDuration.String()}, func(n int) []string {
+		return fleet.New(t, testName, readyLine, []string{"-e2e.campaign.duration=" + campaignDuration().String()}, func(n int) []string {
 			conn, brokerAddr := db.URL, brokerURL.Host
 			if n%2 == 1 {
 				conn, brokerAddr = proxiedDB, brokerProxy.Addr()
@@ -218,7 +218,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 		relays.Spawn()
 	}
 
-	deadline := time.Now().Add(*campaignDuration)
+	deadline := time.Now().Add(campaignDuration())
 	var committed, rolledBack, failedInCrash atomic.Int64
 	// dbCrashes counts the starts and ends of PostgreSQL's crashes: odd
 	// while one is under way; dbCrashEnded is when the last one ended (unix
@@ -440,7 +440,7 @@ func runRelay(t *testing.T, tr transport) {
 		t.Fatal(err)
 	}
 	fmt.Println(readyLine)
-	time.Sleep(*campaignDuration + campaignDrain + time.Minute) // the campaign kills it before
+	time.Sleep(campaignDuration() + campaignDrain + time.Minute) // the campaign kills it before
 }
 
 // runConsumer is a consumer process: it books the topic's messages until
@@ -482,7 +482,7 @@ func runConsumer(t *testing.T, tr transport) {
 		},
 	})
 	fmt.Println(readyLine)
-	time.Sleep(*campaignDuration + campaignDrain + time.Minute)
+	time.Sleep(campaignDuration() + campaignDrain + time.Minute)
 }
 
 // checkBooks compares both ends' business rows.
@@ -554,4 +554,10 @@ func decisionsLogged(t *testing.T, dir string) map[string]int {
 		f.Close()
 	}
 	return n
+}
+
+// campaignDuration is how long the campaign runs: -e2e.campaign.duration, or under -short at
+// most fleet.ShortDuration.
+func campaignDuration() time.Duration {
+	return fleet.Duration("e2e.campaign.duration", *campaignDurationFlag)
 }

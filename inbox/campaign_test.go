@@ -30,8 +30,8 @@ import (
 )
 
 var (
-	campaignDuration = flag.Duration("inbox.campaign.duration", 8*time.Second, "how long the inbox's fault campaign injects faults")
-	campaignSeed     = flag.Uint64("inbox.campaign.seed", 0, "seed of the inbox's fault campaign (0: a new one, printed)")
+	campaignDurationFlag = flag.Duration("inbox.campaign.duration", 8*time.Second, "how long the inbox's fault campaign injects faults")
+	campaignSeed         = flag.Uint64("inbox.campaign.seed", 0, "seed of the inbox's fault campaign (0: a new one, printed)")
 )
 
 // The campaign's broker: a message handed out and not acknowledged within
@@ -281,7 +281,7 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	t.Logf("inbox campaign seed %d (replay: -inbox.campaign.seed=%d), duration %v", seed, seed, *campaignDuration)
+	t.Logf("inbox campaign seed %d (replay: -inbox.campaign.seed=%d), duration %v", seed, seed, campaignDuration())
 	ctx := context.Background()
 	db := open(t, location, 0)
 	b := &broker{rng: rand.New(rand.NewPCG(seed, 1)), leased: map[int]time.Time{}, acked: map[int]bool{}, versions: map[string]int64{}, index: map[string]int{}}
@@ -310,7 +310,7 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 
 	var kills, freezes, outages, stalls, crashes int
 	frng := rand.New(rand.NewPCG(seed, 0))
-	deadline := time.Now().Add(*campaignDuration)
+	deadline := time.Now().Add(campaignDuration())
 	for time.Now().Before(deadline) {
 		b.produce(20 + frng.IntN(40))
 		time.Sleep(time.Duration(150+frng.IntN(450)) * time.Millisecond)
@@ -487,4 +487,10 @@ func TestCampaignSQLite(t *testing.T) {
 		loc = filepath.Join(t.TempDir(), "inbox.db")
 	}
 	inboxCampaign(t, "TestCampaignSQLite", loc, "", open, dbFaults{})
+}
+
+// campaignDuration is how long the campaign runs: -inbox.campaign.duration, or under -short at
+// most fleet.ShortDuration.
+func campaignDuration() time.Duration {
+	return fleet.Duration("inbox.campaign.duration", *campaignDurationFlag)
 }

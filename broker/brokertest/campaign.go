@@ -23,8 +23,8 @@ import (
 )
 
 var (
-	campaignDuration = flag.Duration("broker.campaign.duration", 8*time.Second, "how long the broker fault campaign publishes and injects faults")
-	campaignSeed     = flag.Uint64("broker.campaign.seed", 0, "seed of the broker fault campaign (0: a new one, printed)")
+	campaignDurationFlag = flag.Duration("broker.campaign.duration", 8*time.Second, "how long the broker fault campaign publishes and injects faults")
+	campaignSeed         = flag.Uint64("broker.campaign.seed", 0, "seed of the broker fault campaign (0: a new one, printed)")
 )
 
 // Environment of a campaign's consumer process.
@@ -86,7 +86,7 @@ func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	t.Logf("broker campaign seed %d (replay: -broker.campaign.seed=%d), duration %v", seed, seed, *campaignDuration)
+	t.Logf("broker campaign seed %d (replay: -broker.campaign.seed=%d), duration %v", seed, seed, campaignDuration())
 	topic := h.NewTopic(t)
 	dir := t.TempDir()
 	proxied := "sqlite:" + filepath.Join(dir, "records.db")
@@ -105,7 +105,7 @@ func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 		})
 	}
 	stop := consumeForCampaign(t, h, 0, topic, dir, proxied)
-	procs := fleet.New(t, cfg.TestName, campaignReady, []string{"-broker.campaign.duration=" + campaignDuration.String()}, func(n int) []string {
+	procs := fleet.New(t, cfg.TestName, campaignReady, []string{"-broker.campaign.duration=" + campaignDuration().String()}, func(n int) []string {
 		store := direct
 		if n%2 == 1 {
 			store = proxied
@@ -127,7 +127,7 @@ func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 			bodies[key] = append(bodies[key], body)
 		}
 	}
-	deadline := time.Now().Add(*campaignDuration)
+	deadline := time.Now().Add(campaignDuration())
 	frng := rand.New(rand.NewPCG(seed, 2))
 	kills, freezes, cuts, stalls := 0, 0, 0, 0
 	nextFault := time.Now()
@@ -213,7 +213,7 @@ func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 	}
 	checkCampaign(t, procs, runs, decisions, bodies, records, cutOff)
 	if t.Failed() {
-		t.Logf("replay: go test -run '^%s$' -broker.campaign.seed=%d -broker.campaign.duration=%v", cfg.TestName, seed, *campaignDuration)
+		t.Logf("replay: go test -run '^%s$' -broker.campaign.seed=%d -broker.campaign.duration=%v", cfg.TestName, seed, campaignDuration())
 	}
 }
 
@@ -437,4 +437,10 @@ func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, dec
 	if violations > 20 {
 		t.Errorf("… %d violations in all", violations)
 	}
+}
+
+// campaignDuration is how long the campaign runs: -broker.campaign.duration, or under -short at
+// most fleet.ShortDuration.
+func campaignDuration() time.Duration {
+	return fleet.Duration("broker.campaign.duration", *campaignDurationFlag)
 }

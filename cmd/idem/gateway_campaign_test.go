@@ -30,8 +30,8 @@ import (
 )
 
 var (
-	gatewayCampaignDuration = flag.Duration("gateway.campaign.duration", 8*time.Second, "how long the gateway fault campaigns inject faults")
-	gatewayCampaignSeed     = flag.Uint64("gateway.campaign.seed", 0, "seed of the gateway fault campaign (0: a new one, printed)")
+	gatewayCampaignDurationFlag = flag.Duration("gateway.campaign.duration", 8*time.Second, "how long the gateway fault campaigns inject faults")
+	gatewayCampaignSeed         = flag.Uint64("gateway.campaign.seed", 0, "seed of the gateway fault campaign (0: a new one, printed)")
 )
 
 const (
@@ -301,7 +301,6 @@ type gatewayCampaignRun struct {
 	t        *testing.T
 	up       *campaignUpstream
 	procs    *fleet.Fleet
-	proxied  func(n int) bool
 	mu       sync.Mutex
 	addrs    map[int]string // gateway process → its address
 	attempts []*attempt
@@ -384,7 +383,7 @@ func gatewayCampaign(t *testing.T, cfg gatewayCampaignConfig) {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	t.Logf("gateway campaign seed %d (replay: -gateway.campaign.seed=%d), duration %v", seed, seed, *gatewayCampaignDuration)
+	t.Logf("gateway campaign seed %d (replay: -gateway.campaign.seed=%d), duration %v", seed, seed, gatewayCampaignDuration())
 	up := &campaignUpstream{rng: rand.New(rand.NewPCG(seed, 1)), fences: map[[2]string]uint64{}}
 	srv := httptest.NewServer(up)
 	defer srv.Close()
@@ -434,7 +433,7 @@ func gatewayCampaign(t *testing.T, cfg gatewayCampaignConfig) {
 		return ks
 	}
 
-	deadline := time.Now().Add(*gatewayCampaignDuration)
+	deadline := time.Now().Add(gatewayCampaignDuration())
 	var wg sync.WaitGroup
 	for c := range 6 {
 		wg.Add(1)
@@ -518,7 +517,7 @@ func gatewayCampaign(t *testing.T, cfg gatewayCampaignConfig) {
 	// outage for all of them.
 	g.check(keys, stored, cfg.proxy == nil)
 	if t.Failed() {
-		t.Logf("replay: go test ./cmd/idem -run '^%s$' -gateway.campaign.seed=%d -gateway.campaign.duration=%v", cfg.TestName, seed, *gatewayCampaignDuration)
+		t.Logf("replay: go test ./cmd/idem -run '^%s$' -gateway.campaign.seed=%d -gateway.campaign.duration=%v", cfg.TestName, seed, gatewayCampaignDuration())
 	}
 }
 
@@ -737,4 +736,10 @@ func (g *gatewayCampaignRun) otherBodyBefore(a *attempt) bool {
 		}
 	}
 	return false
+}
+
+// gatewayCampaignDuration is how long the campaign runs: -gateway.campaign.duration, or under -short at
+// most fleet.ShortDuration.
+func gatewayCampaignDuration() time.Duration {
+	return fleet.Duration("gateway.campaign.duration", *gatewayCampaignDurationFlag)
 }

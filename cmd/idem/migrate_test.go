@@ -117,7 +117,7 @@ func TestMigrateSaysWhatChangesOnRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"no schema to migrate", "function library", "every process that shares a key prefix", "moved into their bucket", "hash-max-listpack-value"} {
+	for _, want := range []string{"no schema to migrate", "function library", "every process that shares a key prefix", "into their bucket", "hash-max-listpack-value"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("idem migrate on Redis says %q, without %q", out, want)
 		}

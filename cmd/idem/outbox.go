@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
@@ -474,7 +475,7 @@ func newRelayMetrics(s *outbox.Store) *relayMetrics {
 			Help: "Send attempts by result: sent, acked, pending (retry later), dead (dead-lettered).",
 		}, []string{"result"}),
 	}
-	m.registry.MustRegister(m.attempts, outboxCollector{s}, prometheus.NewGoCollector())
+	m.registry.MustRegister(m.attempts, outboxCollector{s}, collectors.NewGoCollector())
 	return m
 }
 

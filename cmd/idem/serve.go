@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
@@ -119,7 +120,7 @@ func newGatewayMetrics() *gatewayMetrics {
 		history:  console.NewHistory(nil),
 	}
 	m.registry.MustRegister(m.requests, m.storeTime, m.storeErrs, m.takeovers,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{"executed", "replayed", "conflict", "mismatch", "rejected", "unavailable", "bypassed"} {
 		m.requests.WithLabelValues(o)
 	}

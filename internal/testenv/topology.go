@@ -114,6 +114,7 @@ func (c *RedisCluster) Masters(t testing.TB) []string {
 func slotOwner(addr string, slot int) string {
 	rc := redis.NewClient(&redis.Options{Addr: addr})
 	defer rc.Close()
+	//lint:ignore SA1019 CLUSTER SLOTS answers on every Redis the tests may start
 	ranges, err := rc.ClusterSlots(context.Background()).Result()
 	if err != nil {
 		return ""
@@ -227,7 +228,7 @@ func (s *RedisSentinel) Failover(t testing.TB) string {
 				return err
 			}
 			if a := m[0] + ":" + m[1]; a == oldAddr || (now != "" && a != now) {
-				return fmt.Errorf("Sentinel %s names %s", addr, a)
+				return fmt.Errorf("sentinel %s names %s", addr, a)
 			} else {
 				now = a
 			}

@@ -27,8 +27,8 @@ import (
 )
 
 var (
-	campaignDuration = flag.Duration("outbox.campaign.duration", 8*time.Second, "how long the outbox's fault campaign injects faults")
-	campaignSeed     = flag.Uint64("outbox.campaign.seed", 0, "seed of the outbox's fault campaign (0: a new one, printed)")
+	campaignDurationFlag = flag.Duration("outbox.campaign.duration", 8*time.Second, "how long the outbox's fault campaign injects faults")
+	campaignSeed         = flag.Uint64("outbox.campaign.seed", 0, "seed of the outbox's fault campaign (0: a new one, printed)")
 )
 
 // The relays' timing in a campaign: short, so that claims run out, and
@@ -136,7 +136,7 @@ func Campaign[TTx any](t *testing.T, cfg CampaignConfig[TTx]) CampaignReport {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	t.Logf("outbox campaign seed %d (replay: -outbox.campaign.seed=%d), duration %v", seed, seed, *campaignDuration)
+	t.Logf("outbox campaign seed %d (replay: -outbox.campaign.seed=%d), duration %v", seed, seed, campaignDuration())
 	rep := CampaignReport{Seed: seed}
 	dir := t.TempDir()
 	ctx := context.Background()
@@ -163,7 +163,7 @@ func Campaign[TTx any](t *testing.T, cfg CampaignConfig[TTx]) CampaignReport {
 	if err := own.Start(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	procs := fleet.New(t, cfg.TestName, relayReadyLine, []string{"-outbox.campaign.duration=" + campaignDuration.String()}, func(n int) []string {
+	procs := fleet.New(t, cfg.TestName, relayReadyLine, []string{"-outbox.campaign.duration=" + campaignDuration().String()}, func(n int) []string {
 		location := cfg.Location
 		if n%2 == 0 && cfg.Direct != "" {
 			location = cfg.Direct
@@ -174,7 +174,7 @@ func Campaign[TTx any](t *testing.T, cfg CampaignConfig[TTx]) CampaignReport {
 		procs.Spawn()
 	}
 
-	deadline := time.Now().Add(*campaignDuration)
+	deadline := time.Now().Add(campaignDuration())
 	p := &producers[TTx]{b: b, orders: orders, dest: dest, committed: map[string]string{}, aloneUnknown: map[string]string{}}
 	var wg sync.WaitGroup
 	for g := range 4 {
@@ -296,7 +296,7 @@ func runRelayProcess[TTx any](t *testing.T, cfg CampaignConfig[TTx], proc int) {
 	}
 	fmt.Println(relayReadyLine)
 	// The campaign kills it; a campaign that died leaves it this long.
-	time.Sleep(*campaignDuration + campaignDrain + time.Minute)
+	time.Sleep(campaignDuration() + campaignDrain + time.Minute)
 }
 
 // sendLog is one relay's record of its sends, a JSON line as each starts
@@ -811,4 +811,10 @@ func (o *operator) retryDead(ctx context.Context, rep *CampaignReport) {
 			rep.Retries++
 		}
 	}
+}
+
+// campaignDuration is how long the campaign runs: -outbox.campaign.duration, or under -short at
+// most fleet.ShortDuration.
+func campaignDuration() time.Duration {
+	return fleet.Duration("outbox.campaign.duration", *campaignDurationFlag)
 }

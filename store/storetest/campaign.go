@@ -29,9 +29,9 @@ import (
 )
 
 var (
-	campaignDuration = flag.Duration("campaign.duration", 8*time.Second, "how long each backend's fault campaign runs")
-	campaignSeed     = flag.Uint64("campaign.seed", 0, "seed of the fault campaign (0: a new one, printed)")
-	campaignCheck    = flag.Duration("campaign.check", time.Minute, "how long the linearizability check of one key's history may take (then: unknown, reported)")
+	campaignDurationFlag = flag.Duration("campaign.duration", 8*time.Second, "how long each backend's fault campaign runs")
+	campaignSeed         = flag.Uint64("campaign.seed", 0, "seed of the fault campaign (0: a new one, printed)")
+	campaignCheck        = flag.Duration("campaign.check", time.Minute, "how long the linearizability check of one key's history may take (then: unknown, reported)")
 )
 
 // Environment of a campaign worker process.
@@ -183,12 +183,12 @@ func Campaign(t *testing.T, cfg CampaignConfig) CampaignReport {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	t.Logf("campaign seed %d (replay: -campaign.seed=%d), duration %v", seed, seed, *campaignDuration)
+	t.Logf("campaign seed %d (replay: -campaign.seed=%d), duration %v", seed, seed, campaignDuration())
 	dir := t.TempDir()
 	rep := CampaignReport{Seed: seed}
 	s := cfg.Open(t, cfg.Location)
 	ledger := openLedger(t, dir)
-	deadline := time.Now().Add(*campaignDuration)
+	deadline := time.Now().Add(campaignDuration())
 
 	logs := &opLog{path: filepath.Join(dir, "ops-0.log"), proc: 0}
 	logs.open(t)
@@ -504,7 +504,7 @@ func (w *worker) execute(key, fp string, fence uint64, lease, ret time.Duration)
 			}
 		}
 		if err == nil {
-			err = tx.Commit()
+			_ = tx.Commit() // an effect that did not commit did not happen: the checks read the ledger
 		} else {
 			_ = tx.Rollback()
 		}
@@ -837,4 +837,10 @@ func segments(h []porcupine.Operation) []segment {
 		}
 	}
 	return append(out, segment{ops: ops[start:], init: init})
+}
+
+// campaignDuration is how long the campaign runs: -campaign.duration, or under -short at
+// most fleet.ShortDuration.
+func campaignDuration() time.Duration {
+	return fleet.Duration("campaign.duration", *campaignDurationFlag)
 }

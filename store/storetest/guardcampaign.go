@@ -87,10 +87,10 @@ func GuardCampaign(t *testing.T, cfg CampaignConfig) {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	t.Logf("guard campaign seed %d (replay: -campaign.seed=%d), duration %v", seed, seed, *campaignDuration)
+	t.Logf("guard campaign seed %d (replay: -campaign.seed=%d), duration %v", seed, seed, campaignDuration())
 	dir := t.TempDir()
 	s := cfg.Open(t, cfg.Location)
-	deadline := time.Now().Add(*campaignDuration)
+	deadline := time.Now().Add(campaignDuration())
 	var rep CampaignReport
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -224,7 +224,7 @@ func runGuardWorkers(t *testing.T, s idem.Store, n, proc int, dir string, deadli
 		// One write per line: whole lines survive a SIGKILL.
 		_, _ = f.WriteString(fmt.Sprintf("%s %s %d %d %s\n", kind, key.ID, fence, time.Now().UnixNano(), rest))
 	}
-	epoch := deadline.Add(-*campaignDuration)
+	epoch := deadline.Add(-campaignDuration())
 	var settles sync.Map // "key fence" → *settleTrail
 	g, err := idem.NewGuard(idem.Config{Store: s, Lease: guardCampaignLease, HeartbeatInterval: guardCampaignLease / 4,
 		Observer: func(e idem.Event) {
