@@ -87,6 +87,9 @@ func TestPgxAsync(t *testing.T) {
 // transaction pooling mode: exec mode (no prepared statements) and no
 // LISTEN (the relay polls).
 func TestThroughPgBouncer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: TestPgx runs the suite; this runs it through PgBouncer")
+	}
 	bouncer := testenv.StartPgBouncer(t)
 	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend[pgx.Tx] {
 		_, schema := pgPool(t) // creates and drops the schema, directly
@@ -95,6 +98,9 @@ func TestThroughPgBouncer(t *testing.T) {
 }
 
 func TestDatabaseSQLPostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: TestPgx and TestSQLite run the suite; this runs it on database/sql over PostgreSQL")
+	}
 	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend[*sql.Tx] {
 		_, schema := pgPool(t)
 		db, err := sql.Open("pgx", testenv.PostgresURL)

@@ -77,6 +77,9 @@ func TestGatewayCampaignRedis(t *testing.T) {
 	if gatewayHelper(t) {
 		return
 	}
+	if testing.Short() {
+		t.Skip("-short: TestGatewayCampaign runs the gateway campaign on PostgreSQL")
+	}
 	proxy := testenv.RedisProxy(t)
 	c := testenv.RedisClient(t)
 	direct := c.Options().Addr
@@ -103,6 +106,9 @@ func TestGatewayCampaignRedis(t *testing.T) {
 func TestGatewayCampaignSQLite(t *testing.T) {
 	if gatewayHelper(t) {
 		return
+	}
+	if testing.Short() {
+		t.Skip("-short: TestGatewayCampaign runs the gateway campaign on PostgreSQL")
 	}
 	store := "sqlite:" + filepath.Join(t.TempDir(), "gateways.db")
 	gatewayCampaign(t, gatewayCampaignConfig{TestName: "TestGatewayCampaignSQLite", Proxied: store, Direct: store})

@@ -32,6 +32,7 @@ type RedisCluster struct {
 // (validity factor 0) within a second of their master's death.
 func StartRedisCluster(t testing.TB, masters, replicas int) *RedisCluster {
 	t.Helper()
+	skipShort(t, "a Redis Cluster")
 	c := &RedisCluster{nodes: map[string]*RedisServer{}}
 	for range masters * (1 + replicas) {
 		n := StartRedisServer(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
@@ -111,6 +112,7 @@ type RedisSentinel struct {
 // the Sentinels know them.
 func StartRedisSentinel(t testing.TB) *RedisSentinel {
 	t.Helper()
+	skipShort(t, "a Redis master, its replicas and Sentinels")
 	dir := t.TempDir() // the Sentinels' configuration files, which they rewrite
 	s := &RedisSentinel{MasterName: "idemmaster", nodes: map[string]*RedisServer{}}
 	start := func(args ...string) string {

@@ -70,6 +70,7 @@ func (c *NATSCluster) start(t testing.TB, pick func(testing.TB) int, bin, dir st
 // waits until the cluster has a JetStream meta leader.
 func StartNATSCluster(t testing.TB, n int) *NATSCluster {
 	t.Helper()
+	skipShort(t, "a NATS cluster")
 	bin, err := exec.LookPath("nats-server")
 	if err != nil {
 		Need(t, "nats-server (for a JetStream cluster)", "PATH", err)

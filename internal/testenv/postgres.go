@@ -68,6 +68,7 @@ func postgresBin() (string, error) {
 // second.
 func StartPostgres(t testing.TB, settings ...string) *Postgres {
 	t.Helper()
+	skipShort(t, "a PostgreSQL server")
 	bin, err := postgresBin()
 	if err != nil {
 		Need(t, "PostgreSQL's programs (initdb, postgres)", "/usr/lib/postgresql/*/bin or PATH", err)

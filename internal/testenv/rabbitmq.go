@@ -58,6 +58,7 @@ func StartRabbitMQTLS(t testing.TB, files TLSFiles) *RabbitMQ { return startRabb
 
 func startRabbitMQ(t testing.TB, tls *TLSFiles) *RabbitMQ {
 	t.Helper()
+	skipShort(t, "a RabbitMQ node")
 	bin, err := rabbitmqServer()
 	if err != nil {
 		Need(t, "rabbitmq-server", "PATH", err)

@@ -28,3 +28,13 @@ func Need(t testing.TB, service, addr string, err error) {
 	}
 	t.Skipf("%s at %s is unreachable (%v); start it or set its URL — with IDEM_TEST_REQUIRE=1 this fails", service, addr, err)
 }
+
+// skipShort skips t under go test -short: it starts servers of its own —
+// seconds each, to crash, fail over or reconfigure them — which .ci/run's
+// full run covers.
+func skipShort(t testing.TB, what string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("-short: this test starts %s of its own (bash .ci/run runs it)", what)
+	}
+}

@@ -35,9 +35,9 @@ type settleCall struct {
 
 // acquireMany decides a batch of acquisitions: one statement per set of
 // equal lease, retention and attempt limit (the statement takes those once;
-// a Guard's calls share them). A statement refused for what one request
-// holds (a key PostgreSQL's text cannot store, say) is retried call by call,
-// so only that call fails; a statement that failed for the store's sake
+// a Guard's calls share them). A statement refused for a value one request
+// holds (a data exception, SQLSTATE class 22) is retried call by call, so
+// only that call fails; a statement that failed for the store's sake
 // fails every call of it, and nothing of it was applied.
 func (s *Store) acquireMany(ctx context.Context, calls []acquireCall, out []idem.Acquisition, errs []error) {
 	order := make([]int, len(calls))

@@ -15,8 +15,8 @@
 // likewise Complete and Fail. A call that finds the store idle runs alone at
 // once, so a lone caller's latency does not change. A shared statement is
 // atomic: it applies to every call or to none; a value the server refuses in
-// one call (a key text cannot hold) makes each call run alone, so only that
-// one fails.
+// one call (a data exception) makes each call run alone, so only that one
+// fails.
 //
 // A retention of a minute or more ends at the next whole second after it
 // (a record is kept up to a second longer than asked, never shorter), so a

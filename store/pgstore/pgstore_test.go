@@ -33,6 +33,9 @@ func TestConformance(t *testing.T) {
 // in transaction pooling mode (started by the test), with the store's
 // PgBouncer option.
 func TestConformanceThroughPgBouncer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: TestConformance runs the suite; this runs it through PgBouncer")
+	}
 	bouncer := testenv.StartPgBouncer(t)
 	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) idem.Store {
 		return testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: bouncer, PgBouncer: true})
@@ -249,6 +252,9 @@ func TestPoolSize(t *testing.T) {
 // TestConformanceUncoalesced runs the suite with every call its own
 // statement (Config.NoCoalesce).
 func TestConformanceUncoalesced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: TestConformance runs the suite; this runs it uncoalesced")
+	}
 	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) idem.Store {
 		return testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{NoCoalesce: true})
 	})

@@ -25,6 +25,9 @@ func openBuckets(t testing.TB, prefix string) *redisstore.Store {
 // TestConformanceBuckets runs the suite on records kept in buckets
 // (Config.Buckets), coalesced and not.
 func TestConformanceBuckets(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: TestConformance runs the suite; this runs it on buckets")
+	}
 	caps := storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}
 	t.Run("Coalesced", func(t *testing.T) {
 		storetest.Run(t, caps, func(t testing.TB) idem.Store { return openBuckets(t, testenv.RandomName("idemtest:")+":") })

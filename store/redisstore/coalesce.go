@@ -25,19 +25,9 @@ const maxBatch = 64
 // lone calls are out, and a queue of eight goes out at once if a slot is
 // free. With fewer calls in the store (a few callers, or a distant server
 // where each round trip is long) a call goes alone whenever one of the 8
-// slots is free, as many at once as before acquisitions and settles shared
-// one group (4 each).
-//
-// Measured on 2026-12-01, 2 cores, idem bench lifecycles, 3 s runs:
-// against Redis on the same host, 32 workers, three alternating rounds,
-// this made 27,200 / 25,800 / 25,500 lifecycles/s where the separate
-// groups made 23,700 / 29,000 / 23,400 and 4 in flight with the same hold
-// (from two batched calls on average) 30,600 / 33,800 / 28,100; through a
-// proxy that delays each direction by about a millisecond, 6 to 24 workers, this
-// matched or beat the separate groups (1,293 against 1,279 lifecycles/s at
-// 6 workers, 1,845 / 1,658 at 8, 3,169 / 3,030 at 16, 4,637 / 4,127 at
-// 24) where that faster local setting lost up to 46% (886 against 1,689
-// at 8 workers): with its 4 slots and the hold it kept too few calls out.
+// slots is free. The numbers were chosen by alternating runs of idem bench
+// against Redis on the same host and through the delaying proxy of
+// BenchmarkRemote: fewer slots kept too few calls out over a slow link.
 const (
 	maxInFlight  = 8
 	loneInFlight = 2
@@ -56,26 +46,10 @@ const (
 // the other's callers). Slower trips (a distant server) keep the settings
 // above, under which the calls of a few callers go out at once.
 //
-// Measured on 2026-12-03, 2 cores, idem bench lifecycles, 4 s runs, three
-// alternating rounds against Redis on the same host: 32 workers 42,097 /
-// 42,319 / 43,042 lifecycles/s against 38,790 / 38,714 / 39,837 (CPU a
-// lifecycle, idem + redis-server, 37.0 / 36.9 / 35.8 µs against 44.1 /
-// 43.9 / 42.6; 0.25 trips a lifecycle against 0.50: a lone call was one
-// trip in two); 16 workers 21,128 / 28,817 / 30,130 against 18,419 /
-// 26,093 / 26,134; 8 workers even (the calls were alone in both: a hold
-// from 4 calls in the store lost 10-30% there, the calls waiting on one
-// another where the cores were not the limit). Through the proxy of
-// BenchmarkRemote nothing changed (8 workers 1,352 / 1,377 against 1,341 /
-// 1,293, 32 workers 4,304 / 3,904 against 3,996 / 4,152): its trips are
-// slow. The gathering from 24 calls, two alternating rounds against the
-// hold without it: 32 workers 38,527 / 43,694 against 33,530 / 40,422
-// lifecycles/s (0.16-0.17 trips a lifecycle against 0.24-0.26), 48
-// workers 48,655 / 33,844 against 44,140 / 31,304, 64 workers 49,984 /
-// 47,622 against 36,831 / 32,958; 24 workers 28,734 / 33,397 against
-// 32,837 / 31,956 (with 24 workers it applies only while all of them
-// wait). Gathering from any load was faster still at 32 workers (41,499 /
-// 52,503) but lost 15-20% at 16 workers, where a queue that cannot fill a
-// batch waited for nothing.
+// Chosen as the settings above: holding calls from fewer than 8 in the
+// store lost throughput where the cores were not the limit, and gathering
+// at any load lost it at 16 workers, where a queue that cannot fill a
+// batch waits for nothing.
 const (
 	fastTrip     = time.Millisecond
 	fastLoadedAt = 8

@@ -16,9 +16,9 @@ import (
 // the server loads it, and each call (FCALL) runs only its function: a
 // lifecycle then costs redis-server 6% fewer instructions coalesced and 15%
 // fewer alone with a key per record, 12% and 24% in buckets
-// (scripts/redis-instructions.sh; docs/benchmarks.md, 2026-12-04). The
-// library is the scripts' own Lua, the functions named after a digest of
-// it, so each release (and each bucket variant) has a library of its own
+// (scripts/redis-instructions.sh; docs/benchmarks.md). The library is the
+// scripts' own Lua, the functions named after a digest of it, so each
+// version of the scripts (and the bucket layout) has a library of its own
 // beside the others'.
 //
 // A server that does not have the library (never loaded, FUNCTION FLUSH, a

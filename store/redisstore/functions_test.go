@@ -163,6 +163,9 @@ func TestFunctionsDeniedFallBackToScripts(t *testing.T) {
 // transitions as scripts (Config.NoFunctions, as on a server without
 // functions): a key per record and buckets, coalesced and not.
 func TestConformanceScripts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: TestConformance runs the suite; this runs it again as scripts")
+	}
 	caps := storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}
 	for _, tc := range []struct {
 		name string

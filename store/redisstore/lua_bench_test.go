@@ -18,8 +18,8 @@ import (
 // at 500,000 lifecycles, -benchtime 500000x, about 30 records per bucket).
 // The loop makes each lifecycle's key names itself, where a script gets
 // them from its call (KEYS): a first loop makes the names alone, and its
-// time is taken off ("µs-names/lifecycle": a bucket's four names cost ~1 µs
-// more than one key's, which was counted as the bucket's until 2026-12-04).
+// time is taken off ("µs-names/lifecycle": a bucket's names cost more than
+// one key's, which is not the scripts' work).
 func BenchmarkLuaLifecycle(b *testing.B) {
 	p := redisstore.LuaParts
 	for _, layout := range []struct {

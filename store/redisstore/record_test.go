@@ -7,18 +7,18 @@ import "testing"
 func FuzzDecodeRecord(f *testing.F) {
 	f.Add("\x01\x02\x00\x06\x41\x7e\x42\xe7\xec\x6a\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x01\xa2\x2c\x9c\xd9\x85\x01\xa2\x2c\x9d\x4e\xb5\x53\x02ab\x03fp1done", "0123456789abcdef0123456789abcdef")
 	f.Add("", "fp")
-	f.Add("\xe2\x00\x06\x41\x7e\x42\xe7\xec\x01\x00\x01\xa2\x2c\x9c\xd9\x00\x36\xee\x80\x00\x00\x00\x02"+"0123456789abcdef"+"done", "fp") // a bucket's (format 2)
-	f.Add("\x72\x00\x00\x03\xe8\x01\x00\x01\xa2\x2c\x9c\xd9\x00\x36\xee\x80\x00\x00\x00\x02"+"0123456789abcdef"+"done", "fp")             // a bucket's (format 3, the fence an offset)
+	f.Add("\xe2\x00\x06\x41\x7e\x42\xe7\xec\x01\x00\x01\xa2\x2c\x9c\xd9\x00\x36\xee\x80\x00\x00\x00\x02"+"0123456789abcdef"+"done", "fp") // high flag bits no encoding writes
+	f.Add("\x72\x00\x00\x03\xe8\x01\x00\x01\xa2\x2c\x9c\xd9\x00\x36\xee\x80\x00\x00\x00\x02"+"0123456789abcdef"+"done", "fp")             // a bucket's value, the fence an offset
 	f.Add("\x14\x00\x00\x00\x01\x01\x00\x01\xa2\x2c\x9c\xd9\x00\x36\xee\x80\x00", "")                                                     // format 3's shortest: poisoned, no fingerprint
 	f.Fuzz(func(t *testing.T, v, _ string) {
 		_, _ = decodeRecord("k", v)
 	})
 }
 
-// TestDecodeBucketRecordOfFormat3: the seeds of format 3 read as the values
-// bucket.lua writes: the fence below the last transition, the shortest
-// value (a poisoned record without a fingerprint) whole.
-func TestDecodeBucketRecordOfFormat3(t *testing.T) {
+// TestDecodeBucketRecord: the seeds of bucket values read as bucket.lua
+// writes them: the fence below the last transition, the shortest value (a
+// poisoned record without a fingerprint) whole.
+func TestDecodeBucketRecord(t *testing.T) {
 	rec, ok := decodeRecord("k", "\x72\x00\x00\x03\xe8\x01\x00\x01\xa2\x2c\x9c\xd9\x00\x36\xee\x80\x00\x00\x00\x02"+"0123456789abcdef"+"done")
 	updated := int64(0x01a22c9cd9) - 0x36ee80
 	if !ok || rec.State != 2 || rec.Fence != uint64(updated+1)*1000-1000 || rec.Attempts != 1 || rec.UpdatedAt.UnixMilli() != updated ||

@@ -198,6 +198,9 @@ func TestClientsDoNotResend(t *testing.T) {
 // TestConformanceUncoalesced runs the suite with every call its own round
 // trip (Config.NoCoalesce).
 func TestConformanceUncoalesced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: TestConformance runs the suite; this runs it uncoalesced")
+	}
 	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
 		prefix := testenv.RandomName("idemtest:") + ":"
 		s, err := redisstore.New(redisstore.Config{Client: testenv.RedisClient(t), Prefix: prefix, CloseClient: true, NoCoalesce: true})
@@ -277,7 +280,7 @@ func scriptCalls(t *testing.T, c redis.Cmdable) (map[string]int, int) {
 // new key's is TIME, GET, SET; a duplicate's — the path a redelivery storm
 // takes — TIME and GET alone, no write tried. (Writing a new key's claim
 // first with SET NX saved 3% of a lifecycle's server instructions and cost
-// a replay 25–44% more: docs/benchmarks.md, 2026-12-04.)
+// a replay 25–44% more.)
 func TestAcquisitionCalls(t *testing.T) {
 	srv := testenv.StartRedisServer(t)
 	s := testenv.OpenRedisConfig(t, srv.Addr, redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":"})

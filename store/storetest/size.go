@@ -67,6 +67,9 @@ func MemoryPerRecord(t *testing.T, s idem.Store, what string, used func() (int64
 // MemoryPerRecordOf is MemoryPerRecord for one kind of key: compact or raw
 // UUID keys.
 func MemoryPerRecordOf(t *testing.T, s idem.Store, compact bool, what string, used func() (int64, error)) {
+	if testing.Short() {
+		t.Skip("-short: a measurement of the store's growth over many records")
+	}
 	ctx := context.Background()
 	n := *recordsForBytes
 	result := []byte(`{"status":201,"id":"B-0001"}`)

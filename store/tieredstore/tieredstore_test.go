@@ -81,6 +81,9 @@ func TestNeedsArchiver(t *testing.T) {
 }
 
 func TestConformanceRedisOverPostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: TestConformanceMemoryOverSQLite runs the suite on two tiers; this runs it on Redis over PostgreSQL")
+	}
 	for _, buckets := range []int{0, 1} { // a key per Redis record, and records in buckets
 		t.Run(fmt.Sprintf("buckets=%d", buckets), func(t *testing.T) {
 			storetest.Run(t, storetest.Capabilities{Persistent: true}, func(t testing.TB) idem.Store {
