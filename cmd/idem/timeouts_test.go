@@ -77,6 +77,7 @@ var shortTimeouts = []string{"--read-timeout", "1s", "--idle-timeout", "1s", "--
 // idem as2 serve and idem console cut off slow and idle connections.
 func TestListenersTimeOut(t *testing.T) {
 	t.Run("serve", func(t *testing.T) {
+		t.Parallel() // each waits out its own timeouts
 		up := httptest.NewServer(&upstream{})
 		t.Cleanup(up.Close)
 		g := startGateway(t, append([]string{"--upstream", up.URL, "--store", "sqlite:" + t.TempDir() + "/g.db"}, shortTimeouts...)...)
@@ -84,12 +85,14 @@ func TestListenersTimeOut(t *testing.T) {
 		cutOff(t, g.admin, "POST", "/login")
 	})
 	t.Run("as2 serve", func(t *testing.T) {
+		t.Parallel() // each waits out its own timeouts
 		w := newAS2World(t)
 		serve := startAS2Serve(t, append([]string{"--as2", w.profile("SUPPLIER", "BUYER", "http://127.0.0.1:1/as2", as2SyncAgreement, ""),
 			"--store", "sqlite:" + w.path("s.db"), "--dir", w.path("inbox")}, shortTimeouts...)...)
 		cutOff(t, strings.TrimPrefix(serve, "http://"), "POST", "/as2")
 	})
 	t.Run("console", func(t *testing.T) {
+		t.Parallel() // each waits out its own timeouts
 		addr := freeAddr(t)
 		cmd := exec.Command(os.Args[0], append([]string{"console", "--listen", addr, "--store", "memory:"}, shortTimeouts...)...)
 		cmd.Env = append(os.Environ(), "IDEM_TEST_MAIN=1")

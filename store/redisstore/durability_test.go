@@ -19,6 +19,9 @@ import (
 // survives depends on its persistence, and is what the README's durability
 // matrix states.
 func TestServerCrash(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: this test crashes a Redis server of its own (bash .ci/run runs it)")
+	}
 	for _, c := range []struct {
 		name             string
 		args             []string

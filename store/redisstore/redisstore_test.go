@@ -84,6 +84,9 @@ func TestCampaignBuckets(t *testing.T) {
 
 // TestGuardCampaign runs guarded work (idem.Guard) under the same faults.
 func TestGuardCampaign(t *testing.T) {
+	if testing.Short() && !storetest.IsChild() {
+		t.Skip("-short: sqlitestore's TestGuardCampaign runs the Guard campaign")
+	}
 	storetest.GuardCampaign(t, campaignConfig(t, "TestGuardCampaign", redisstore.Config{}))
 }
 
