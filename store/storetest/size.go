@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/race"
 )
 
 // RecordBytes completes a typical record under a UUID id and under a
@@ -69,6 +70,9 @@ func MemoryPerRecord(t *testing.T, s idem.Store, what string, used func() (int64
 func MemoryPerRecordOf(t *testing.T, s idem.Store, compact bool, what string, used func() (int64, error)) {
 	if testing.Short() {
 		t.Skip("-short: a measurement of the store's growth over many records")
+	}
+	if race.Enabled {
+		t.Skip("a measurement of the store's growth, slowed past use by -race; .ci/run runs it without")
 	}
 	ctx := context.Background()
 	n := *recordsForBytes
