@@ -24,6 +24,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idemgo/idem/as2"
@@ -142,7 +145,7 @@ func newOutboxEnqueueCmd() *cobra.Command {
 	store := storeFlag(cmd)
 	f := cmd.Flags()
 	f.StringVar(&key, "key", "", "the idempotency key (required)")
-	f.StringVar(&to, "to", "", "destination: http(s)://…, nats://HOST/SUBJECT, amqp://…?exchange=E&routing_key=R, as2://PARTNER (required)")
+	f.StringVar(&to, "to", "", "destination: http(s)://…, nats://HOST/SUBJECT, amqp://…?exchange=E&routing_key=R, kafka://HOST[,HOST…]/TOPIC, as2://PARTNER (required)")
 	f.StringVar(&data, "data", "", "the payload")
 	f.StringVar(&dataFile, "data-file", "", "read the payload from this file")
 	f.StringArrayVar(&headers, "header", nil, "a header NAME=VALUE (repeatable)")
@@ -314,18 +317,21 @@ func newRelayCmd() *cobra.Command {
 	var httpTimeout, keep time.Duration
 	var admin, as2File, adminToken, natsCreds, natsToken, amqpUser, amqpPassword string
 	var natsTLSCA, natsTLSCert, natsTLSKey, httpTLSCA, httpTLSCert, httpTLSKey, httpHeaders string
+	var kafkaTLSCA, kafkaTLSCert, kafkaTLSKey, kafkaSASL, kafkaUser, kafkaPassword string
+	var kafkaTLS bool
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Send outbox messages until SIGTERM, the same key on every attempt",
 		Long: `Claims due outbox rows (several relays may run at once), sends each by its
 destination's scheme — HTTP with Idempotency-Key, NATS JetStream with Nats-Msg-Id,
-AMQP with message-id, AS2 (as2://PARTNER, with --as2: signed and encrypted per the
+AMQP with message-id, Kafka (kafka://HOST[,HOST…]/TOPIC) with Idempotency-Key
+on the idempotent producer, acks from all in-sync replicas, AS2 (as2://PARTNER, with --as2: signed and encrypted per the
 partner's agreement, acked on a verified MDN) — and records the outcome: sent, acked (HTTP 2xx), or a retry
 with exponential backoff and full jitter, dead after --max-tries. A killed relay's
 claims expire after --lease and are retried. SIGTERM finishes the sends in flight.
 
-NATS credentials are the relay's (--nats-creds, --nats-token), not the rows':
-a destination names the server and subject only.`,
+Credentials are the relay's (--nats-creds, --nats-token, --amqp-user, --kafka-user,
+the TLS flags), not the rows': a destination names the server and subject only.`,
 		Args: cobra.NoArgs,
 	}
 	store := storeFlag(cmd)
@@ -354,6 +360,13 @@ a destination names the server and subject only.`,
 	f.StringVar(&natsTLSKey, "nats-tls-key", "", "PEM file of the key of --nats-tls-cert")
 	f.StringVar(&amqpUser, "amqp-user", os.Getenv("IDEM_AMQP_USER"), "AMQP user for every amqp:// destination, in place of the URL's (default $IDEM_AMQP_USER)")
 	f.StringVar(&amqpPassword, "amqp-password", os.Getenv("IDEM_AMQP_PASSWORD"), "AMQP password for --amqp-user (default $IDEM_AMQP_PASSWORD)")
+	f.BoolVar(&kafkaTLS, "kafka-tls", false, "connect to kafka:// destinations over TLS, trusting the system's CAs (implied by the other --kafka-tls flags)")
+	f.StringVar(&kafkaTLSCA, "kafka-tls-ca", "", "PEM file of the CA that signed the Kafka brokers' certificates")
+	f.StringVar(&kafkaTLSCert, "kafka-tls-cert", "", "PEM file of the relay's client certificate, for Kafka brokers that want one (with --kafka-tls-key)")
+	f.StringVar(&kafkaTLSKey, "kafka-tls-key", "", "PEM file of the key of --kafka-tls-cert")
+	f.StringVar(&kafkaUser, "kafka-user", os.Getenv("IDEM_KAFKA_USER"), "SASL user for every kafka:// destination (default $IDEM_KAFKA_USER)")
+	f.StringVar(&kafkaPassword, "kafka-password", os.Getenv("IDEM_KAFKA_PASSWORD"), "SASL password of --kafka-user (default $IDEM_KAFKA_PASSWORD)")
+	f.StringVar(&kafkaSASL, "kafka-sasl", "scram-sha-512", "SASL mechanism of --kafka-user: plain, scram-sha-256 or scram-sha-512")
 	f.DurationVar(&keep, "keep", 7*24*time.Hour, "delete sent and acked messages delivered longer ago than this (every minute; 0 keeps them forever)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
@@ -392,6 +405,9 @@ a destination names the server and subject only.`,
 			return err
 		}
 		sendCfg := senders.Config{HTTP: httpsender.Config{Client: httpClient, HostHeaders: hostHeaders}, NATS: natsOpts}
+		if sendCfg.Kafka.ClientOptions, err = kafkaOptions(kafkaTLS, kafkaTLSCA, kafkaTLSCert, kafkaTLSKey, kafkaSASL, kafkaUser, kafkaPassword); err != nil {
+			return err
+		}
 		if amqpUser != "" {
 			sendCfg.AMQP.SASL = []amqp.Authentication{&amqp.PlainAuth{Username: amqpUser, Password: amqpPassword}}
 		} else if amqpPassword != "" {
@@ -545,33 +561,77 @@ func purgeLoop(ctx context.Context, s *outbox.Store, keep time.Duration, logf fu
 // HTTPS the CA to trust (the system's when caFile is "") and a client
 // certificate to show (none when certFile is "").
 func httpsClient(timeout time.Duration, caFile, certFile, keyFile string) (*http.Client, error) {
+	cfg, err := clientTLS("--http-", caFile, certFile, keyFile)
+	if err != nil || cfg == nil {
+		return &http.Client{Timeout: timeout}, err
+	}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.TLSClientConfig = cfg
+	return &http.Client{Timeout: timeout, Transport: transport}, nil
+}
+
+// clientTLS is the TLS configuration of a client trusting caFile (or the
+// system's CAs) and showing certFile and keyFile if given; nil when neither
+// is. flag is the flags' prefix, for the errors.
+func clientTLS(flag, caFile, certFile, keyFile string) (*tls.Config, error) {
 	if (certFile == "") != (keyFile == "") {
-		return nil, errors.New("--http-tls-cert and --http-tls-key go together")
+		return nil, fmt.Errorf("%stls-cert and %stls-key go together", flag, flag)
 	}
 	if caFile == "" && certFile == "" {
-		return &http.Client{Timeout: timeout}, nil
+		return nil, nil
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
-			return nil, fmt.Errorf("--http-tls-ca: %w", err)
+			return nil, fmt.Errorf("%stls-ca: %w", flag, err)
 		}
 		cfg.RootCAs = x509.NewCertPool()
 		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--http-tls-ca: no certificate in %s", caFile)
+			return nil, fmt.Errorf("%stls-ca: no certificate in %s", flag, caFile)
 		}
 	}
 	if certFile != "" {
 		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 		if err != nil {
-			return nil, fmt.Errorf("--http-tls-cert: %w", err)
+			return nil, fmt.Errorf("%stls-cert: %w", flag, err)
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}
-	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.TLSClientConfig = cfg
-	return &http.Client{Timeout: timeout, Transport: transport}, nil
+	return cfg, nil
+}
+
+// kafkaOptions are the relay's Kafka client options: TLS when --kafka-tls
+// or a certificate file is given, SASL when --kafka-user is.
+func kafkaOptions(useTLS bool, caFile, certFile, keyFile, mechanism, user, password string) ([]kgo.Opt, error) {
+	var opts []kgo.Opt
+	cfg, err := clientTLS("--kafka-", caFile, certFile, keyFile)
+	if err != nil {
+		return nil, err
+	}
+	if cfg == nil && useTLS {
+		cfg = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if cfg != nil {
+		opts = append(opts, kgo.DialTLSConfig(cfg))
+	}
+	if user == "" {
+		if password != "" {
+			return nil, errors.New("--kafka-password needs --kafka-user")
+		}
+		return opts, nil
+	}
+	switch mechanism {
+	case "plain":
+		opts = append(opts, kgo.SASL(plain.Auth{User: user, Pass: password}.AsMechanism()))
+	case "scram-sha-256":
+		opts = append(opts, kgo.SASL(scram.Auth{User: user, Pass: password}.AsSha256Mechanism()))
+	case "scram-sha-512":
+		opts = append(opts, kgo.SASL(scram.Auth{User: user, Pass: password}.AsSha512Mechanism()))
+	default:
+		return nil, fmt.Errorf("--kafka-sasl: want plain, scram-sha-256 or scram-sha-512, got %q", mechanism)
+	}
+	return opts, nil
 }
 
 // loadHostHeaders reads --http-headers: a YAML map of hosts (HOST or

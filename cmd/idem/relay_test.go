@@ -20,6 +20,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
@@ -339,4 +342,48 @@ func rowReaches(t *testing.T, s *outbox.Store, key string, status outbox.Status)
 		}
 		return nil
 	})
+}
+
+// TestRelayKafka: a Kafka cluster (kfake, of the test's own) with TLS from
+// a private CA and SASL/SCRAM-SHA-512. The relay trusts the CA only when
+// told (--kafka-tls-ca; --kafka-tls trusts the system's) and logs in only
+// when given a user (--kafka-user, the password from $IDEM_KAFKA_PASSWORD);
+// until both, the row stays pending with the reason. Then the record reaches the topic
+// with the key in its Idempotency-Key header.
+func TestRelayKafka(t *testing.T) {
+	files := testenv.NewTLSFiles(t)
+	cert, err := tls.LoadX509KeyPair(files.Cert, files.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", "relay", "relay-s3cret"),
+		kfake.TLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}), kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	store, s := oneMessageOutbox(t, "ORD-1", "kafka://"+strings.Join(cluster.ListenAddrs(), ",")+"/orders")
+	pendingWith(t, store, s, "ORD-1", "TLS missing")
+	pendingWith(t, store, s, "ORD-1", "certificate signed by unknown authority", "--kafka-tls")
+	pendingWith(t, store, s, "ORD-1", "SASL", "--kafka-tls-ca", files.CA)
+	t.Setenv("IDEM_KAFKA_PASSWORD", "relay-s3cret")
+	startRelay(t, store, "--max-tries", "1000", "--kafka-tls-ca", files.CA, "--kafka-user", "relay")
+	rowReaches(t, s, "ORD-1", outbox.Sent)
+
+	pool := x509.NewCertPool()
+	ca, _ := os.ReadFile(files.CA)
+	pool.AppendCertsFromPEM(ca)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.DialTLSConfig(&tls.Config{RootCAs: pool}),
+		kgo.SASL(scram.Auth{User: "relay", Pass: "relay-s3cret"}.AsSha512Mechanism()),
+		kgo.ConsumeTopics("orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	recs := cl.PollFetches(ctx).Records()
+	if len(recs) != 1 || len(recs[0].Headers) != 1 || recs[0].Headers[0].Key != "Idempotency-Key" || string(recs[0].Headers[0].Value) != "ORD-1" {
+		t.Fatalf("the topic holds %d records: %+v", len(recs), recs)
+	}
 }

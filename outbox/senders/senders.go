@@ -8,6 +8,7 @@ import (
 	"github.com/idemgo/idem/outbox/amqpsender"
 	"github.com/idemgo/idem/outbox/as2sender"
 	"github.com/idemgo/idem/outbox/httpsender"
+	"github.com/idemgo/idem/outbox/kafkasender"
 	"github.com/idemgo/idem/outbox/natssender"
 )
 
@@ -23,10 +24,13 @@ type Config struct {
 	// take precedence over a destination's user and password, TLS): see
 	// amqpsender.New.
 	AMQP amqp.Config
+	// Kafka configures the Kafka producer (TLS, SASL, the record key): see
+	// kafkasender.Config.
+	Kafka kafkasender.Config
 }
 
-// New returns a router with every transport's sender: HTTP(S), NATS, AMQP
-// and AS2 over HTTP(S). Close the returned closer when done (it closes the
+// New returns a router with every transport's sender: HTTP(S), NATS, AMQP,
+// Kafka and AS2 over HTTP(S). Close the returned closer when done (it closes the
 // broker connections). A program that sends over one transport only
 // builds its own outbox.Router from that transport's package and links
 // nothing of the others.
@@ -34,6 +38,8 @@ func New(cfg Config) (outbox.Router, func()) {
 	h := httpsender.New(cfg.HTTP)
 	n := natssender.New(cfg.NATS...)
 	a := amqpsender.New(cfg.AMQP)
+	k := kafkasender.New(cfg.Kafka)
 	as2 := as2sender.New(h.Client())
-	return outbox.Router{"http": h, "https": h, "nats": n, "amqp": a, "amqps": a, "as2+http": as2, "as2+https": as2}, func() { n.Close(); a.Close() }
+	return outbox.Router{"http": h, "https": h, "nats": n, "amqp": a, "amqps": a, "kafka": k, "as2+http": as2, "as2+https": as2},
+		func() { n.Close(); a.Close(); k.Close() }
 }
