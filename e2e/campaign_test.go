@@ -105,7 +105,7 @@ type transport struct {
 	// broker starts a broker of the campaign's own and returns its URL (its
 	// host:port is what a proxy stands in front of) and a function that
 	// kills it with SIGKILL and starts it again, returning once it is back
-	// (or why it is not).
+	// (or why it is not); nil for a broker that is not the test's to kill.
 	broker func(t testing.TB) (url string, crash func() error)
 	// remove removes topic from the broker at url. The consumers declare
 	// it (as consumers of a queue or stream usually do), so a relay may
@@ -297,7 +297,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 		case f == 7 && !brokerOutages.Busy():
 			brokerOutages.Stall(time.Duration(100+frng.IntN(900)) * time.Millisecond)
 			brokerStalls++
-		case f == 8 && !crashing.Load():
+		case f == 8 && crash != nil && !crashing.Load():
 			// In the background: a broker takes a while to come back
 			// (RabbitMQ some seconds), and the other faults go on meanwhile.
 			crashing.Store(true)

@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -10,14 +11,19 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/broker/amqpidem"
+	"github.com/idemgo/idem/broker/kafkaidem"
 	"github.com/idemgo/idem/broker/natsidem"
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/amqpsender"
+	"github.com/idemgo/idem/outbox/kafkasender"
 	"github.com/idemgo/idem/outbox/natssender"
 )
 
@@ -34,6 +40,21 @@ func TestCampaignNATS(t *testing.T) { campaign(t, "TestCampaignNATS", natsTransp
 // (amqpidem.MessageIDKey) through amqpidem's InboxHandler and
 // InboxBatches.
 func TestCampaignRabbitMQ(t *testing.T) { campaign(t, "TestCampaignRabbitMQ", amqpTransport()) }
+
+// TestCampaignKafka runs it through Kafka — a kfake cluster in a process
+// of its own, killed with SIGKILL and started again on its files: the
+// relays produce every message twice (the idempotent producer keeps both:
+// they are two sends), with the key in the Idempotency-Key header, to a
+// topic of eight partitions; the consumers take it from there through
+// kafkaidem's InboxConsumer, in one consumer group whose members the
+// campaign kills and freezes past their session timeout, so partitions move
+// between them all the time. A proxy stands only in front of the relays'
+// first connection: Kafka clients then connect to the address the broker
+// advertises.
+func TestCampaignKafka(t *testing.T) {
+	testenv.ServeKafka(t)
+	campaign(t, "TestCampaignKafka", kafkaTransport())
+}
 
 // The consumers' policy: transient failures (a cut database) come back
 // soon; a key in progress elsewhere does not occur with the inbox.
@@ -116,6 +137,76 @@ func natsTransport() transport {
 			t.Cleanup(cc.Stop)
 		},
 	}
+}
+
+// kafkaPartitions is how many partitions the campaign's topic has.
+const kafkaPartitions = 8
+
+func kafkaTransport() transport {
+	brokers := func(url string) []string { return []string{strings.TrimPrefix(url, "kafka://")} }
+	return transport{
+		broker: func(t testing.TB) (string, func() error) {
+			if real := testenv.KafkaBrokers(); real != nil {
+				return "kafka://" + real[0], nil // IDEM_KAFKA_BROKERS': not the test's to kill
+			}
+			srv := testenv.StartKafkaServer(t, "TestCampaignKafka")
+			return "kafka://" + srv.Addr, srv.Restart
+		},
+		remove: func(url, topic string) {
+			if cl, err := kgo.NewClient(kgo.SeedBrokers(brokers(url)...)); err == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_, _ = kadm.NewClient(cl).DeleteTopics(ctx, topic, topic+".DLT")
+				cancel()
+				cl.Close()
+			}
+		},
+		destination: func(url, topic string) string { return url + "/" + topic },
+		sender:      func() outbox.Sender { return twice{kafkasender.New(kafkasender.Config{})} },
+		consume: func(t testing.TB, url, topic string, r receiver) {
+			adm := testenv.KafkaAdmin(t, brokers(url))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for _, name := range []string{topic, topic + ".DLT"} {
+				resp, err := adm.CreateTopic(ctx, kafkaPartitions, 1, nil, name)
+				if err == nil {
+					err = resp.Err
+				}
+				if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+					t.Fatalf("creating %s: %v", name, err)
+				}
+			}
+			c, err := kafkaidem.InboxConsumer(kafkaidem.Config{
+				Scope: inboxConsumer, Policy: policy, Concurrency: consumersAtOnce,
+				ClientOptions: append(testenv.KafkaGroupOptions(), kgo.SeedBrokers(brokers(url)...), kgo.ConsumerGroup("credits"),
+					kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())),
+				OnDecision: func(rec *kgo.Record, d broker.Decision) { r.decided(kafkaKey(rec), d) },
+			}, func(ctx context.Context, rec *kgo.Record, key string) (inbox.Outcome, error) {
+				return r.book(ctx, key, rec.Value)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { _ = c.Run(context.Background()) }()
+		},
+	}
+}
+
+func kafkaKey(rec *kgo.Record) string {
+	for _, h := range rec.Headers {
+		if h.Key == kafkaidem.KeyHeader {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// twice sends every message twice: a producer that retries whatever
+// happened (or a relay whose acknowledgement was lost).
+type twice struct{ outbox.Sender }
+
+func (s twice) Send(ctx context.Context, m *outbox.Message) outbox.Result {
+	s.Sender.Send(ctx, m)
+	return s.Sender.Send(ctx, m)
 }
 
 func amqpTransport() transport {

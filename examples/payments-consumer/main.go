@@ -17,11 +17,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/broker/amqpidem"
+	"github.com/idemgo/idem/broker/kafkaidem"
 	"github.com/idemgo/idem/broker/natsidem"
 	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/outbox/kafkasender"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
@@ -52,10 +55,11 @@ CREATE TABLE IF NOT EXISTS accounts (
 );`
 
 func main() {
-	brokerURL := flag.String("broker", "", "nats://… or amqp://… (required)")
+	brokerURL := flag.String("broker", "", "nats://…, amqp://… or kafka://HOST[,HOST…]/TOPIC (required)")
 	dbURL := flag.String("db", "", "postgres://… (required)")
 	ackWait := flag.Duration("ack-wait", 30*time.Second, "JetStream AckWait: a message unacked this long is redelivered")
-	consumer := flag.String("consumer", "credit-transfers", "durable consumer name (and the inbox's consumer)")
+	consumer := flag.String("consumer", "credit-transfers", "durable consumer name, Kafka consumer group (and the inbox's consumer)")
+	session := flag.Duration("session-timeout", 45*time.Second, "Kafka: how long the group waits for a silent member before its partitions move to the others")
 	concurrency := flag.Int("concurrency", 8, "messages processed at once (each in its own transaction)")
 	flag.Parse()
 	if *brokerURL == "" || *dbURL == "" {
@@ -65,12 +69,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logger := log.New(os.Stderr, "payments-consumer: ", log.LstdFlags|log.Lmicroseconds)
-	if err := run(ctx, logger, *brokerURL, *dbURL, *ackWait, *consumer, *concurrency); err != nil {
+	if err := run(ctx, logger, *brokerURL, *dbURL, *ackWait, *session, *consumer, *concurrency); err != nil {
 		logger.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, logger *log.Logger, brokerURL, dbURL string, ackWait time.Duration, consumer string, concurrency int) error {
+func run(ctx context.Context, logger *log.Logger, brokerURL, dbURL string, ackWait, session time.Duration, consumer string, concurrency int) error {
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return fmt.Errorf("--db: %w", err)
@@ -110,8 +114,10 @@ func run(ctx context.Context, logger *log.Logger, brokerURL, dbURL string, ackWa
 		return runNATS(ctx, logger, brokerURL, ackWait, consumer, concurrency, cfg, book)
 	case strings.HasPrefix(brokerURL, "amqp://"), strings.HasPrefix(brokerURL, "amqps://"):
 		return runAMQP(ctx, logger, brokerURL, consumer, concurrency, cfg, book)
+	case strings.HasPrefix(brokerURL, "kafka://"):
+		return runKafka(ctx, logger, brokerURL, session, consumer, concurrency, cfg, book)
 	}
-	return fmt.Errorf("--broker %q: want nats://… or amqp://…", brokerURL)
+	return fmt.Errorf("--broker %q: want nats://…, amqp://… or kafka://…", brokerURL)
 }
 
 // migrate creates the tables once, even with several instances starting.
@@ -199,4 +205,34 @@ func runAMQP(ctx context.Context, logger *log.Logger, url, consumer string, conc
 		},
 		OnError: func(err error) { logger.Printf("%v; connecting again", err) },
 	}, queueName, consumer, h)
+}
+
+// runKafka consumes the topic in the consumer group named consumer. The key
+// is the Idempotency-Key header (what idem's outbox writes), or else the
+// instruction's correlation id.
+func runKafka(ctx context.Context, logger *log.Logger, url string, session time.Duration, consumer string, concurrency int, policy broker.Policy, book bookFunc) error {
+	brokers, topic, err := kafkasender.ParseDestination(url)
+	if err != nil {
+		return fmt.Errorf("--broker: %w", err)
+	}
+	header, body := broker.HeaderKey(kafkaidem.KeyHeader), broker.JSONKey("correlation_id")
+	c, err := kafkaidem.InboxConsumer(kafkaidem.Config{
+		Scope: consumer, Policy: policy, Context: context.WithoutCancel(ctx), Concurrency: concurrency,
+		Key: func(m broker.Message) (string, error) {
+			if id, err := header(m); err == nil {
+				return id, nil
+			}
+			return body(m)
+		},
+		ClientOptions: []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(consumer), kgo.ConsumeTopics(topic),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.SessionTimeout(session), kgo.HeartbeatInterval(session / 4)},
+		OnError: func(err error) { logger.Print(err) },
+	}, func(ctx context.Context, rec *kgo.Record, id string) (inbox.Outcome, error) {
+		return book(ctx, id, rec.Value)
+	})
+	if err != nil {
+		return err
+	}
+	logger.Printf("consuming topic %s as group %s", topic, consumer)
+	return c.Run(ctx) // on SIGTERM: finishes the records in flight, commits, leaves the group
 }

@@ -2,7 +2,11 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -60,17 +64,26 @@ func Kafka(t testing.TB) []string {
 	return brokers
 }
 
+// KafkaBrokers returns the brokers of IDEM_KAFKA_BROKERS when they are a
+// real cluster's (not a kfake cluster a test started), or nil.
+func KafkaBrokers() []string {
+	if v := os.Getenv(envKafkaBrokers); v != "" && !KafkaFake() {
+		return strings.Split(v, ",")
+	}
+	return nil
+}
+
 // KafkaFake reports whether the tests' cluster is a kfake cluster of the
 // test (rather than IDEM_KAFKA_BROKERS').
 func KafkaFake() bool { return os.Getenv(envKafkaFake) == "1" }
 
 // KafkaGroupOptions are the consumer-group timings of the tests: a member
 // that dies (SIGKILL) or freezes (SIGSTOP) loses its partitions after a
-// second on the kfake cluster, after the six seconds a real broker's
-// default group.min.session.timeout.ms allows on a real one.
+// second on a kfake cluster, after the six seconds a real broker's default
+// group.min.session.timeout.ms allows on IDEM_KAFKA_BROKERS'.
 func KafkaGroupOptions() []kgo.Opt {
 	session := time.Second
-	if !KafkaFake() {
+	if KafkaBrokers() != nil {
 		session = 6 * time.Second
 	}
 	return []kgo.Opt{kgo.SessionTimeout(session), kgo.HeartbeatInterval(session / 4),
@@ -86,7 +99,7 @@ func KafkaTopic(t testing.TB, brokers []string, prefix string, partitions int32)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	replication := int16(1)
-	if !KafkaFake() {
+	if KafkaBrokers() != nil {
 		replication = -1 // the cluster's default
 	}
 	for _, topic := range []string{name, name + ".DLT"} {
@@ -115,4 +128,106 @@ func KafkaAdmin(t testing.TB, brokers []string) *kadm.Client {
 	}
 	t.Cleanup(cl.Close)
 	return kadm.NewClient(cl)
+}
+
+// Environment of a kfake server process (ServeKafka).
+const (
+	envKafkaServe = "IDEM_KAFKA_SERVE" // the data directory
+	envKafkaPort  = "IDEM_KAFKA_PORT"
+	kafkaReady    = "KFAKE READY"
+)
+
+// KafkaServer is a kfake cluster of one broker in a process of its own —
+// this test binary re-run, as ServeKafka — keeping its log on disk, so the
+// test can kill it with SIGKILL and start it again on its port and files.
+// Topics are created by request only.
+type KafkaServer struct {
+	Addr     string // host:port
+	testName string
+	dir      string
+	starts   int
+	proc     *server
+}
+
+// StartKafkaServer starts a kfake server process; testName is the calling
+// test, which must call ServeKafka first. It is killed when t ends.
+func StartKafkaServer(t testing.TB, testName string) *KafkaServer {
+	t.Helper()
+	s := &KafkaServer{testName: testName, dir: t.TempDir()}
+	t.Cleanup(s.stop)
+	startOnFreePorts(t, "kfake", func(int) error {
+		s.Addr = "127.0.0.1:" + strconv.Itoa(freePort(t))
+		return s.start()
+	})
+	return s
+}
+
+func (s *KafkaServer) start() error {
+	s.starts++
+	log := filepath.Join(s.dir, fmt.Sprintf("kfake-%d.log", s.starts))
+	out, err := os.Create(log)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	_, port, _ := strings.Cut(s.Addr, ":")
+	cmd := exec.Command(os.Args[0], "-test.run=^"+s.testName+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envKafkaServe+"="+filepath.Join(s.dir, "data"), envKafkaPort+"="+port)
+	cmd.Stdout, cmd.Stderr = out, out
+	p, err := startServer(cmd, log, "")
+	if err != nil {
+		return err
+	}
+	err = p.waitReady(30*time.Second, func() error {
+		if err := p.logSays(kafkaReady); err != nil {
+			return err
+		}
+		return listening(s.Addr)
+	})
+	if err == nil {
+		s.proc = p
+	}
+	return err
+}
+
+func (s *KafkaServer) stop() {
+	if s.proc != nil {
+		s.proc.stop()
+		s.proc = nil
+	}
+}
+
+// Restart kills the server with SIGKILL and starts it again on its port
+// and files, returning why it did not come back.
+func (s *KafkaServer) Restart() error {
+	s.stop()
+	held := holdPorts(s.Addr)
+	err := s.start()
+	held.release()
+	if err != nil {
+		return fmt.Errorf("kfake on %s, after the kill: %w", s.Addr, err)
+	}
+	return nil
+}
+
+// ServeKafka, in a process StartKafkaServer started, runs the cluster
+// until the process is killed; elsewhere it returns at once.
+func ServeKafka(t testing.TB) {
+	dir := os.Getenv(envKafkaServe)
+	if dir == "" {
+		return
+	}
+	port, err := strconv.Atoi(os.Getenv(envKafkaPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites(),
+		kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		fmt.Println("ERROR", err)
+		os.Exit(1)
+	}
+	defer c.Close()
+	fmt.Println(kafkaReady)
+	select {}
 }
