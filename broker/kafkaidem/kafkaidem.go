@@ -353,7 +353,6 @@ func (c *Consumer) handle(p *partition, rec *kgo.Record) bool {
 			c.cfg.OnDecision(rec, d)
 		}
 		if d.Verdict != broker.Retry {
-			c.cl.MarkCommitRecords(rec)
 			return true
 		}
 		wait := time.NewTimer(d.Delay)
@@ -462,12 +461,39 @@ func (p *partition) next() *kgo.Record {
 	}
 }
 
+// markEvery bounds how many settled records a partition's worker runs
+// before it marks the last one for committing (it marks at once when it
+// runs out of records).
+const markEvery = 64
+
+// run takes the partition's records in order and runs each to a settled
+// outcome. It marks the last settled record for committing — settled in
+// order, every record before it is settled too — every markEvery records,
+// whenever the queue runs dry, and before it ends.
 func (p *partition) run() {
 	defer close(p.done)
+	var settled *kgo.Record
+	unmarked := 0
+	defer func() {
+		if settled != nil {
+			p.c.cl.MarkCommitRecords(settled)
+		}
+	}()
 	for {
 		rec := p.next()
 		if rec == nil || !p.c.handle(p, rec) {
 			return
 		}
+		settled = rec
+		if unmarked++; unmarked >= markEvery || p.drained() {
+			p.c.cl.MarkCommitRecords(settled)
+			settled, unmarked = nil, 0
+		}
 	}
+}
+
+func (p *partition) drained() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue) == 0
 }

@@ -1,7 +1,8 @@
-// Command consumebench measures consumption through natsidem and amqpidem
-// next to bare consumption, in one run: the same 20,000 messages on one
-// durable pull consumer (JetStream) or one queue (RabbitMQ), each
-// configuration from a fresh stream or queue.
+// Command consumebench measures consumption through natsidem, amqpidem and
+// kafkaidem next to bare consumption, in one run: the same 20,000 messages
+// on one durable pull consumer (JetStream), one queue (RabbitMQ) or one
+// consumer group of a topic of eight partitions (Kafka), each configuration
+// from a fresh stream, queue or topic.
 //
 //	(cd scripts && go run ./consumebench -n 20000)
 package main
@@ -37,7 +38,8 @@ func main() {
 	pgURL := flag.String("postgres", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL URL (the inbox runs; \"\" skips them)")
 	amqpURL := flag.String("amqp", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL (\"\" skips it)")
 	redisWorkers := flag.Int("redis-workers", 8, "consumers at once in the Redis runs (natsidem and the bare lifecycles alike)")
-	sections := flag.String("sections", "guard,inbox,amqp", "what to run: guard (natsidem over a Guard), inbox (PostgreSQL), amqp")
+	sections := flag.String("sections", "guard,inbox,amqp,kafka", "what to run: guard (natsidem over a Guard), inbox (PostgreSQL), amqp, kafka")
+	kafkaBrokers := flag.String("kafka", "", "Kafka seed brokers, host:port[,…] (\"\": a kfake cluster in this process)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -58,8 +60,16 @@ func main() {
 		return runJS(ctx, js, *n, name, func(done func()) (jetstream.MessageHandler, func()) { return handler(done), func() {} })
 	}
 
+	openRedis := func() idem.Store {
+		s, err := storeurl.Open(ctx, *redisURL+"?pool_size=64&idem_prefix="+fmt.Sprintf("consumebench%d:", time.Now().UnixNano()), nil)
+		check(err)
+		return s
+	}
 	if want("guard") {
-		benchGuard(ctx, js, *n, *url, *redisURL, *redisWorkers, run)
+		benchGuard(ctx, js, *n, *url, openRedis, *redisWorkers, run)
+	}
+	if want("kafka") {
+		benchKafka(ctx, *n, *kafkaBrokers, *redisWorkers, openRedis)
 	}
 	if *pgURL != "" && want("inbox") {
 		benchInbox(ctx, js, *n, *pgURL)
@@ -77,12 +87,7 @@ const benchRetention = 5 * time.Minute
 // benchGuard: bare JetStream consumption, natsidem over a Guard on the
 // memory store (confirmed and plain acks, 1 and 8 at once) and on Redis
 // (against the store's own lifecycles at 8 workers).
-func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url, redisURL string, redisWorkers int, run func(string, func(func()) jetstream.MessageHandler) float64) {
-	openRedis := func() idem.Store {
-		s, err := storeurl.Open(ctx, redisURL+"?pool_size=64&idem_prefix="+fmt.Sprintf("consumebench%d:", time.Now().UnixNano()), nil)
-		check(err)
-		return s
-	}
+func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url string, openRedis func() idem.Store, redisWorkers int, run func(string, func(func()) jetstream.MessageHandler) float64) {
 	guarded := func(concurrency int, confirm bool, open func() idem.Store) func(done func()) jetstream.MessageHandler {
 		return func(done func()) jetstream.MessageHandler {
 			s := open()
@@ -118,12 +123,22 @@ func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url, redisUR
 	}
 	// Redis: natsidem at 8 against the store's own lifecycles at 8 workers.
 	viaNATS := run("redis8", guarded(redisWorkers, false, openRedis))
+	raw, rawCPU := redisLifecycles(ctx, openRedis(), redisWorkers)
+	fmt.Printf("%-62s %8.0f msg/s  %.2f of bare\n", fmt.Sprintf("natsidem+redis, plain acks, %d at once", redisWorkers), viaNATS, viaNATS/bare)
+	fmt.Printf("  %s\n", cpu["redis8"])
+	fmt.Printf("%-62s %8.0f /s     natsidem+redis is %.2f of it\n", fmt.Sprintf("redis lifecycles (Acquire+Complete), %d workers, no broker", redisWorkers), raw, viaNATS/raw)
+	fmt.Printf("  lifecycles: %s\n", rawCPU)
+}
+
+// redisLifecycles runs Acquire+Complete on s with workers goroutines for
+// five seconds, as idem bench does, and returns lifecycles per second and
+// the CPU per lifecycle.
+func redisLifecycles(ctx context.Context, s idem.Store, workers int) (float64, string) {
 	cpu1 := cpuSeconds()
-	s := openRedis()
 	var lifecycles atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
-	for w := range redisWorkers {
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -138,11 +153,7 @@ func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url, redisUR
 	}
 	wg.Wait()
 	raw := float64(lifecycles.Load()) / time.Since(start).Seconds()
-	cpu2 := cpuSeconds()
-	fmt.Printf("%-62s %8.0f msg/s  %.2f of bare\n", fmt.Sprintf("natsidem+redis, plain acks, %d at once", redisWorkers), viaNATS, viaNATS/bare)
-	fmt.Printf("  %s\n", cpu["redis8"])
-	fmt.Printf("%-62s %8.0f /s     natsidem+redis is %.2f of it\n", fmt.Sprintf("redis lifecycles (Acquire+Complete), %d workers, no broker", redisWorkers), raw, viaNATS/raw)
-	fmt.Printf("  lifecycles: %s\n", cpuPerMessage(cpu1, cpu2, float64(lifecycles.Load())))
+	return raw, cpuPerMessage(cpu1, cpuSeconds(), float64(lifecycles.Load()))
 }
 
 // runJS consumes n messages of a fresh stream with the handler made by
