@@ -379,11 +379,19 @@ func TestDeadLetterCopy(t *testing.T) {
 	}
 }
 
-// TestInboxConsumer: the transactional inbox books a key once; its
-// duplicate (a producer's retry, a new offset) is acked as a duplicate.
+// TestInboxConsumer: the transactional inbox books each key once, on one
+// partition and on eight; a duplicate (a producer's retry: a new record at
+// a new offset) is acked as a duplicate, and every record is committed.
 func TestInboxConsumer(t *testing.T) {
+	for _, partitions := range []int32{1, 8} {
+		t.Run(fmt.Sprintf("Partitions%d", partitions), func(t *testing.T) { testInboxConsumer(t, partitions) })
+	}
+}
+
+func testInboxConsumer(t *testing.T, partitions int32) {
+	const keys = 40
 	brokers := testenv.Kafka(t)
-	topic := testenv.KafkaTopic(t, brokers, "idemkafka-", 1)
+	topic := testenv.KafkaTopic(t, brokers, "idemkafka-", partitions)
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "inbox.db")+"?_pragma=busy_timeout(5000)")
 	if err != nil {
 		t.Fatal(err)
@@ -401,7 +409,7 @@ func TestInboxConsumer(t *testing.T) {
 	if _, err := db.Exec(`CREATE TABLE credits (key TEXT NOT NULL, body TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	c := run(t, brokers, topic, kafkaidem.Config{Scope: "credits"}, func(cfg kafkaidem.Config) (*kafkaidem.Consumer, error) {
+	c := run(t, brokers, topic, kafkaidem.Config{Scope: "credits", Concurrency: 4}, func(cfg kafkaidem.Config) (*kafkaidem.Consumer, error) {
 		return kafkaidem.InboxConsumer(cfg, func(ctx context.Context, rec *kgo.Record, id string) (inbox.Outcome, error) {
 			return ib.Process(ctx, inbox.Event{Consumer: "credits", CorrelationID: id}, func(ctx context.Context, tx *sql.Tx) error {
 				_, err := tx.ExecContext(ctx, `INSERT INTO credits (key, body) VALUES (?, ?)`, id, string(rec.Value))
@@ -410,18 +418,31 @@ func TestInboxConsumer(t *testing.T) {
 		})
 	})
 	p := producer(t, brokers)
-	produce(t, p, topic, 0, "PAY-1", "credit 10")
-	produce(t, p, topic, 0, "PAY-1", "credit 10")
-	first := await(t, c.events, "the first copy booked", is("PAY-1", broker.Ack))
-	second := await(t, c.events, "the second copy acked", is("PAY-1", broker.Ack))
-	if first.Reason != inbox.Processed.String() || second.Reason != inbox.Duplicate.String() {
-		t.Fatalf("decisions %q then %q, want processed then duplicate", first.Reason, second.Reason)
+	for copy := range 2 {
+		for i := range keys {
+			// The copy lands on another partition where there are several:
+			// keys, not partitions, keep duplicates apart.
+			produce(t, p, topic, int32(i+copy)%partitions, fmt.Sprintf("PAY-%02d", i), "credit")
+		}
 	}
-	var n int
-	if err := db.QueryRow(`SELECT count(*) FROM credits`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("%d credits (%v), want 1", n, err)
+	outcomes := map[string]int{}
+	for range 2 * keys {
+		e := await(t, c.events, "a decision", func(e decision) bool { return true })
+		if e.Verdict != broker.Ack {
+			t.Fatalf("%s: %s (%s)", e.key, e.Verdict, e.Reason)
+		}
+		outcomes[e.Reason]++
 	}
-	awaitCommitted(t, brokers, topic, 0, 2)
+	if outcomes[inbox.Processed.String()] != keys || outcomes[inbox.Duplicate.String()] != keys {
+		t.Fatalf("outcomes %v, want %d processed and %d duplicates", outcomes, keys, keys)
+	}
+	var n, distinct int
+	if err := db.QueryRow(`SELECT count(*), count(DISTINCT key) FROM credits`).Scan(&n, &distinct); err != nil || n != keys || distinct != keys {
+		t.Fatalf("%d credits of %d keys (%v), want %d of %d", n, distinct, err, keys, keys)
+	}
+	for part := range partitions {
+		awaitCommitted(t, brokers, topic, part, 2*keys/int64(partitions))
+	}
 }
 
 func TestConfig(t *testing.T) {
