@@ -25,15 +25,18 @@ const (
 	Sent    Status = "sent"
 	Acked   Status = "acked"
 	Dead    Status = "dead"
+	// Skipped: a dead row an operator gave up on (Store.Skip), so that the
+	// later rows of its ordering key are sent.
+	Skipped Status = "skipped"
 )
 
 // ParseStatus checks s.
 func ParseStatus(s string) (Status, error) {
 	switch st := Status(s); st {
-	case Pending, Sent, Acked, Dead:
+	case Pending, Sent, Acked, Dead, Skipped:
 		return st, nil
 	}
-	return "", fmt.Errorf("idem/outbox: unknown status %q (want pending, sent, acked or dead)", s)
+	return "", fmt.Errorf("idem/outbox: unknown status %q (want pending, sent, acked, dead or skipped)", s)
 }
 
 // Errors.
@@ -60,6 +63,17 @@ type Message struct {
 	// message — the AS2 Message-ID, one per message: an asynchronous
 	// receipt finds the row by it (GetByExternalID). At most 255 bytes.
 	ExternalID string
+	// OrderingKey, if set, orders the message after the earlier messages
+	// of the same ordering key (an aggregate's id: an account, an order):
+	// it is not sent while an earlier one is unfinished — pending, claimed
+	// by a relay or waiting for a retry — or dead (unless the relay lets
+	// dead rows release their keys), by any relay. "Earlier" is the order
+	// of the rows' ids, which is the order their transactions inserted
+	// them: serialize the transactions of one ordering key (lock the
+	// aggregate's row) and it is their commit order. Senders carry it
+	// where their protocol has a place for it (see each sender). At most
+	// 255 bytes.
+	OrderingKey string
 }
 
 // Row is a message with its delivery state.
@@ -73,6 +87,9 @@ type Row struct {
 	CreatedAt     time.Time
 	SentAt        time.Time
 	AckedAt       time.Time
+	// BlockedBy is, for a pending row, the key of the dead row of its
+	// ordering key that holds it back ("" when none).
+	BlockedBy string
 }
 
 // Limits on a message.
@@ -92,6 +109,8 @@ func (m *Message) validate() error {
 		return fmt.Errorf("idem/outbox: destination %q has no scheme", m.Destination)
 	case len(m.ExternalID) > MaxKeyBytes:
 		return fmt.Errorf("idem/outbox: the external id must be at most %d bytes", MaxKeyBytes)
+	case len(m.OrderingKey) > MaxKeyBytes:
+		return fmt.Errorf("idem/outbox: the ordering key must be at most %d bytes", MaxKeyBytes)
 	case len(m.Payload) > MaxPayloadBytes:
 		return fmt.Errorf("idem/outbox: the payload is %d bytes, the limit is %d", len(m.Payload), MaxPayloadBytes)
 	}
@@ -161,7 +180,7 @@ func (s *Store) Schema() string {
 	destination     text NOT NULL,          -- scheme://… chooses the sender
 	payload         ` + s.d.BinaryType() + ` NOT NULL,
 	headers         text NOT NULL DEFAULT '{}',  -- a JSON object of strings
-	status          text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'sent', 'acked', 'dead')),
+	status          text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'sent', 'acked', 'dead', 'skipped')),
 	tries           integer NOT NULL DEFAULT 0,
 	last_error      text NOT NULL DEFAULT '',
 	next_attempt_at ` + ts + ` NOT NULL DEFAULT (` + now + `),
@@ -170,10 +189,12 @@ func (s *Store) Schema() string {
 	acked_at        ` + ts + `,
 	claimed_by      text,                   -- the relay batch holding the row
 	claimed_until   ` + ts + `,               -- its lease; a dead relay's claim expires
-	external_id     text                    -- the protocol's own id (an AS2 Message-ID), where it has one
+	external_id     text,                   -- the protocol's own id (an AS2 Message-ID), where it has one
+	ordering_key    text                    -- rows of one ordering key are sent one at a time, in id order
 );
 ` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_due", "idem_outbox", "(next_attempt_at) WHERE status = 'pending'") + `;
 ` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_external_id", "idem_outbox", "(external_id)") + `;
+` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_ordering", "idem_outbox", "(ordering_key, id) WHERE ordering_key IS NOT NULL AND status IN ('pending', 'dead')") + `;
 CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
 	name  text PRIMARY KEY,
 	value bigint NOT NULL
@@ -185,7 +206,7 @@ CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
 }
 
 type queries struct {
-	insert, insertAlone, existing, counter, claim, extend, sent, unclaim, failed, ack, ackSent, retry, list, get, getExternal, refuse, purge string
+	insert, insertAlone, existing, counter, claim, claimPastDead, extend, sent, unclaim, failed, ack, ackSent, retry, skip, list, get, getExternal, refuse, purge string
 }
 
 func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store {
@@ -194,21 +215,40 @@ func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store 
 		s.schema = schema + "."
 	}
 	tbl := s.t("idem_outbox")
-	cols := `id, key, destination, payload, headers, coalesce(external_id, ''), status, tries, last_error, next_attempt_at, created_at, sent_at, acked_at`
+	// The columns of a Row, of the table as o: BlockedBy is the first dead
+	// row of a pending row's ordering key before it.
+	cols := `o.id, o.key, o.destination, o.payload, o.headers, coalesce(o.external_id, ''), coalesce(o.ordering_key, ''), o.status, o.tries,
+	o.last_error, o.next_attempt_at, o.created_at, o.sent_at, o.acked_at,
+	CASE WHEN o.status = 'pending' AND o.ordering_key IS NOT NULL THEN coalesce((SELECT e.key FROM ` + tbl + ` e
+		WHERE e.ordering_key = o.ordering_key AND e.id < o.id AND e.status = 'dead' ORDER BY e.id LIMIT 1), '') ELSE '' END`
 	durably := d.Durably()
+	// claim: $1 claim token, $2 lease ms, $3 batch size. A row of an
+	// ordering key is claimable once no earlier row of its key is
+	// unfinished (any pending row, claimed or not, and — unless
+	// pastDead — a dead one).
+	claim := func(pastDead bool) string {
+		unfinished := `'pending', 'dead'`
+		if pastDead {
+			unfinished = `'pending'`
+		}
+		return `UPDATE ` + tbl + ` SET claimed_by = $1, claimed_until = ` + s.d.NowPlusMillis("$2") + `
+WHERE id IN (SELECT o.id FROM ` + tbl + ` o WHERE o.status = 'pending' AND o.next_attempt_at <= ` + s.d.Now() + `
+	AND (o.claimed_until IS NULL OR o.claimed_until < ` + s.d.Now() + `)
+	AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + tbl + ` e
+		WHERE e.ordering_key = o.ordering_key AND e.id < o.id AND e.status IN (` + unfinished + `)))
+	ORDER BY o.next_attempt_at, o.id LIMIT $3` + d.SkipLocked() + `)
+RETURNING id, key, destination, payload, headers, coalesce(external_id, ''), coalesce(ordering_key, ''), tries`
+	}
 	s.q = queries{
-		insert: `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id) VALUES ($1, $2, $3, $4, NULLIF($5, '')) ON CONFLICT (key) DO NOTHING`,
+		insert: `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id, ordering_key) VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, '')) ON CONFLICT (key) DO NOTHING`,
 		// Enqueue alone: committed durably before it returns, whatever the
 		// session's synchronous_commit (EnqueueTx's commit is the caller's).
-		insertAlone: `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id) SELECT $1, $2, $3, $4, NULLIF($5, '') WHERE ` + durably + ` ON CONFLICT (key) DO NOTHING`,
+		insertAlone: `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id, ordering_key) SELECT $1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, '') WHERE ` + durably + ` ON CONFLICT (key) DO NOTHING`,
 		existing:    `SELECT destination, payload FROM ` + tbl + ` WHERE key = $1`,
 		counter: `INSERT INTO ` + s.t("idem_outbox_counters") + ` AS c (name, value) VALUES ($1, 1)
 ON CONFLICT (name) DO UPDATE SET value = c.value + 1 RETURNING value`,
-		// $1 claim token, $2 lease ms, $3 batch size
-		claim: `UPDATE ` + tbl + ` SET claimed_by = $1, claimed_until = ` + s.d.NowPlusMillis("$2") + `
-WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status = 'pending' AND next_attempt_at <= ` + s.d.Now() + `
-	AND (claimed_until IS NULL OR claimed_until < ` + s.d.Now() + `) ORDER BY next_attempt_at, id LIMIT $3` + d.SkipLocked() + `)
-RETURNING id, key, destination, payload, headers, coalesce(external_id, ''), tries`,
+		claim:         claim(false),
+		claimPastDead: claim(true),
 		// $1 claim token, $2 status, then ids
 		sent: `UPDATE ` + tbl + ` SET status = $2, tries = tries + 1, last_error = '', sent_at = ` + s.d.Now() + `,
 	acked_at = CASE WHEN $2 = 'acked' THEN ` + s.d.Now() + ` ELSE acked_at END, claimed_by = NULL, claimed_until = NULL
@@ -224,11 +264,12 @@ WHERE claimed_by = $1 AND id = $2 AND status = 'pending'`,
 		ack:     `UPDATE ` + tbl + ` SET status = 'acked', acked_at = ` + s.d.Now() + ` WHERE key = $1 AND status IN ('pending', 'sent', 'acked')`,
 		ackSent: `UPDATE ` + tbl + ` SET status = 'acked', acked_at = coalesce(acked_at, ` + s.d.Now() + `) WHERE key = $1 AND status IN ('sent', 'acked')`,
 		retry:   `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.d.Now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,
+		skip:    `UPDATE ` + tbl + ` SET status = 'skipped' WHERE key = $1 AND status = 'dead'`,
 		// $1 after id, $2 status or '', $3 limit, $4 destination prefix or ''
-		list: `SELECT ` + cols + ` FROM ` + tbl + ` WHERE id > $1 AND ($2 = '' OR status = $2)
-	AND ($4 = '' OR substr(destination, 1, length($4)) = $4) ORDER BY id LIMIT $3`,
-		get:         `SELECT ` + cols + ` FROM ` + tbl + ` WHERE key = $1`,
-		getExternal: `SELECT ` + cols + ` FROM ` + tbl + ` WHERE external_id = $1`,
+		list: `SELECT ` + cols + ` FROM ` + tbl + ` o WHERE o.id > $1 AND ($2 = '' OR o.status = $2)
+	AND ($4 = '' OR substr(o.destination, 1, length($4)) = $4) ORDER BY o.id LIMIT $3`,
+		get:         `SELECT ` + cols + ` FROM ` + tbl + ` o WHERE o.key = $1`,
+		getExternal: `SELECT ` + cols + ` FROM ` + tbl + ` o WHERE o.external_id = $1`,
 		// $1 key, $2 reason, $3 new status (pending: retried now; dead)
 		refuse: `UPDATE ` + tbl + ` SET status = $3, last_error = $2, next_attempt_at = ` + s.d.Now() + `, claimed_by = NULL, claimed_until = NULL
 WHERE key = $1 AND status = 'sent'`,
@@ -290,7 +331,7 @@ func (s *Store) enqueue(ctx context.Context, tx sqldriver.Executor, insert strin
 	if payload == nil {
 		payload = []byte{}
 	}
-	n, err := tx.Exec(ctx, insert, m.Key, m.Destination, payload, headers, m.ExternalID)
+	n, err := tx.Exec(ctx, insert, m.Key, m.Destination, payload, headers, m.ExternalID, m.OrderingKey)
 	if err != nil {
 		return fmt.Errorf("idem/outbox: enqueue %s: %w", m.Key, err)
 	}
@@ -429,9 +470,14 @@ type claimed struct {
 	Message
 }
 
-// claim leases up to n due rows to token.
-func (s *Store) claim(ctx context.Context, token string, lease time.Duration, n int) ([]claimed, error) {
-	rs, err := s.db.Query(ctx, s.q.claim, token, lease.Milliseconds(), n)
+// claim leases up to n due rows to token; pastDead: a dead row does not
+// hold back the later rows of its ordering key.
+func (s *Store) claim(ctx context.Context, token string, lease time.Duration, n int, pastDead bool) ([]claimed, error) {
+	q := s.q.claim
+	if pastDead {
+		q = s.q.claimPastDead
+	}
+	rs, err := s.db.Query(ctx, q, token, lease.Milliseconds(), n)
 	if err != nil {
 		return nil, fmt.Errorf("idem/outbox: claim: %w", err)
 	}
@@ -440,7 +486,7 @@ func (s *Store) claim(ctx context.Context, token string, lease time.Duration, n 
 	for rs.Next() {
 		var c claimed
 		var headers string
-		if err := rs.Scan(&c.ID, &c.Key, &c.Destination, &c.Payload, &headers, &c.ExternalID, &c.Tries); err != nil {
+		if err := rs.Scan(&c.ID, &c.Key, &c.Destination, &c.Payload, &headers, &c.ExternalID, &c.OrderingKey, &c.Tries); err != nil {
 			return nil, fmt.Errorf("idem/outbox: claim: %w", err)
 		}
 		if headers != "" && headers != "{}" {
@@ -547,6 +593,20 @@ func (s *Store) Retry(ctx context.Context, key string) error {
 	return nil
 }
 
+// Skip gives up on a dead message: it becomes skipped (kept, never sent),
+// and the later messages of its ordering key are sent. Skipping anything
+// but a dead message is ErrNotFound.
+func (s *Store) Skip(ctx context.Context, key string) error {
+	n, err := s.db.Exec(ctx, s.q.skip, key)
+	if err != nil {
+		return fmt.Errorf("idem/outbox: skip %s: %w", key, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w among the dead messages: %s", ErrNotFound, key)
+	}
+	return nil
+}
+
 // List returns up to limit rows after id afterID, optionally of one status,
 // in id order.
 func (s *Store) List(ctx context.Context, status Status, afterID int64, limit int) ([]Row, error) {
@@ -575,8 +635,8 @@ func collect(rs sqldriver.Rows) ([]Row, error) {
 	for rs.Next() {
 		var r Row
 		var headers, status string
-		if err := rs.Scan(&r.ID, &r.Key, &r.Destination, &r.Payload, &headers, &r.ExternalID, &status, &r.Tries, &r.LastError,
-			sqldriver.Time(&r.NextAttemptAt), sqldriver.Time(&r.CreatedAt), sqldriver.Time(&r.SentAt), sqldriver.Time(&r.AckedAt)); err != nil {
+		if err := rs.Scan(&r.ID, &r.Key, &r.Destination, &r.Payload, &headers, &r.ExternalID, &r.OrderingKey, &status, &r.Tries, &r.LastError,
+			sqldriver.Time(&r.NextAttemptAt), sqldriver.Time(&r.CreatedAt), sqldriver.Time(&r.SentAt), sqldriver.Time(&r.AckedAt), &r.BlockedBy); err != nil {
 			return nil, fmt.Errorf("idem/outbox: read rows: %w", err)
 		}
 		r.Status = Status(status)

@@ -84,6 +84,11 @@ type RelayConfig struct {
 	// MaxTries makes a message dead after this many failed attempts.
 	// Defaults to 10.
 	MaxTries int
+	// DeadRowsReleaseOrderingKeys lets this relay send the rows behind a
+	// dead row of their ordering key. By default a dead row holds them
+	// back — ordering is what the key asked for — until an operator
+	// retries it (Store.Retry) or skips it (Store.Skip).
+	DeadRowsReleaseOrderingKeys bool
 	// OnResult, if set, hears every attempt (for logs and metrics). It is
 	// called from the sending goroutines: it must be safe for concurrent use.
 	OnResult func(m *Message, tries int, r Result)
@@ -169,7 +174,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	// The claim ends Lease after the store's clock read it, which is after
 	// this instant: measuring from here is conservative, whatever the skew.
 	claimed := time.Now()
-	batch, err := r.cfg.Store.claim(ctx, token, r.cfg.Lease, r.cfg.Batch)
+	batch, err := r.cfg.Store.claim(ctx, token, r.cfg.Lease, r.cfg.Batch, r.cfg.DeadRowsReleaseOrderingKeys)
 	if err != nil || len(batch) == 0 {
 		return 0, err
 	}

@@ -243,13 +243,25 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.cl.AllowRebalance()
 			break
 		}
+		failed := false
 		fetches.EachError(func(topic string, partition int32, err error) {
+			failed = true
 			if c.cfg.OnError != nil && !errors.Is(err, context.Canceled) {
 				c.cfg.OnError(fmt.Errorf("idem/kafkaidem: fetching %s/%d: %w", topic, partition, err))
 			}
 		})
 		fetches.EachPartition(c.dispatch)
 		c.cl.AllowRebalance()
+		if failed && fetches.NumRecords() == 0 {
+			// Errors only (an unreachable cluster, a refused group): poll
+			// again after a pause rather than spin.
+			pause := time.NewTimer(250 * time.Millisecond)
+			select {
+			case <-pause.C:
+			case <-ctx.Done():
+				pause.Stop()
+			}
+		}
 	}
 	c.mu.Lock()
 	all := map[string][]int32{}

@@ -61,6 +61,9 @@ func Run[TTx any](t *testing.T, open func(t testing.TB) Backend[TTx]) {
 		{"SlowBatchNeverOutlivesItsClaim", testSlowBatch[TTx]},
 		{"ClaimOutlivesASendThatIgnoresItsTimeout", testClaimOutlivesSend[TTx]},
 		{"RenewalNeverRevivesALostClaim", testRenewalAfterLoss[TTx]},
+		{"OrderingKeysSentInOrderUnderFourRelays", testOrderingUnderRelays[TTx]},
+		{"DeadRowBlocksItsOrderingKeyOnly", testDeadRowBlocksItsKey[TTx]},
+		{"DeadRowReleasesItsOrderingKeyWhenConfigured", testDeadRowReleasesItsKey[TTx]},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
