@@ -129,13 +129,13 @@ func openOutbox(ctx context.Context, raw string) (*outbox.Store, func(), error) 
 }
 
 func newOutboxCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "outbox", Short: "Write, list and retry outbox messages"}
-	cmd.AddCommand(newOutboxEnqueueCmd(), newOutboxLsCmd(), newOutboxRetryCmd())
+	cmd := &cobra.Command{Use: "outbox", Short: "Write, list, retry and skip outbox messages"}
+	cmd.AddCommand(newOutboxEnqueueCmd(), newOutboxLsCmd(), newOutboxRetryCmd(), newOutboxSkipCmd())
 	return cmd
 }
 
 func newOutboxEnqueueCmd() *cobra.Command {
-	var key, to, data, dataFile, as2File string
+	var key, to, data, dataFile, as2File, orderingKey string
 	var headers []string
 	cmd := &cobra.Command{
 		Use:   "enqueue --key KEY --to DESTINATION (--data STRING | --data-file F)",
@@ -149,6 +149,7 @@ func newOutboxEnqueueCmd() *cobra.Command {
 	f.StringVar(&data, "data", "", "the payload")
 	f.StringVar(&dataFile, "data-file", "", "read the payload from this file")
 	f.StringArrayVar(&headers, "header", nil, "a header NAME=VALUE (repeatable)")
+	f.StringVar(&orderingKey, "ordering-key", "", "send after the earlier messages of this ordering key (an aggregate's id), one at a time")
 	f.StringVar(&as2File, "as2", "", "AS2 profile file: for as2://PARTNER, stores the Message-ID its asynchronous MDN will name")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if key == "" || to == "" {
@@ -165,7 +166,7 @@ func newOutboxEnqueueCmd() *cobra.Command {
 			}
 			payload = b
 		}
-		m := outbox.Message{Key: key, Destination: to, Payload: payload}
+		m := outbox.Message{Key: key, Destination: to, Payload: payload, OrderingKey: orderingKey}
 		if as2File != "" {
 			if !strings.HasPrefix(to, "as2://") {
 				return errors.New("--as2 is for as2://PARTNER destinations")
@@ -217,6 +218,8 @@ type outboxJSON struct {
 	SentAt        *time.Time `json:"sent_at,omitempty"`
 	AckedAt       *time.Time `json:"acked_at,omitempty"`
 	Bytes         int        `json:"bytes"`
+	OrderingKey   string     `json:"ordering_key,omitempty"`
+	BlockedBy     string     `json:"blocked_by,omitempty"`
 }
 
 func optTime(t time.Time) *time.Time {
@@ -232,7 +235,7 @@ func newOutboxLsCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List outbox messages (a password in a destination shown as xxxxx)", Args: cobra.NoArgs}
 	store := storeFlag(cmd)
-	cmd.Flags().StringVar(&status, "status", "", "only this status: pending, sent, acked or dead")
+	cmd.Flags().StringVar(&status, "status", "", "only this status: pending, sent, acked, dead or skipped")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		var st outbox.Status
@@ -253,7 +256,7 @@ func newOutboxLsCmd() *cobra.Command {
 		out := cmd.OutOrStdout()
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		if !asJSON {
-			fmt.Fprintln(tw, "KEY\tSTATUS\tTRIES\tDESTINATION\tNEXT ATTEMPT\tLAST ERROR")
+			fmt.Fprintln(tw, "KEY\tSTATUS\tTRIES\tDESTINATION\tORDERING KEY\tNEXT ATTEMPT\tLAST ERROR")
 		}
 		enc := json.NewEncoder(out)
 		var after int64
@@ -270,22 +273,51 @@ func newOutboxLsCmd() *cobra.Command {
 				if asJSON {
 					if err := enc.Encode(outboxJSON{Key: r.Key, Status: string(r.Status), Tries: r.Tries, Destination: outbox.RedactDestination(r.Destination),
 						LastError: r.LastError, NextAttemptAt: r.NextAttemptAt.UTC(), CreatedAt: r.CreatedAt.UTC(),
-						SentAt: optTime(r.SentAt), AckedAt: optTime(r.AckedAt), Bytes: len(r.Payload)}); err != nil {
+						SentAt: optTime(r.SentAt), AckedAt: optTime(r.AckedAt), Bytes: len(r.Payload),
+						OrderingKey: r.OrderingKey, BlockedBy: r.BlockedBy}); err != nil {
 						return err
 					}
 					continue
 				}
-				next := "-"
+				status, next, ordering := string(r.Status), "-", "-"
 				if r.Status == outbox.Pending {
 					next = r.NextAttemptAt.UTC().Format(time.RFC3339)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Key, r.Status, r.Tries, outbox.RedactDestination(r.Destination), next, preview([]byte(r.LastError)))
+				if r.BlockedBy != "" { // held back by a dead row of its ordering key
+					status, next = "blocked", "after "+r.BlockedBy
+				}
+				if r.OrderingKey != "" {
+					ordering = r.OrderingKey
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Key, status, r.Tries, outbox.RedactDestination(r.Destination), ordering, next, preview([]byte(r.LastError)))
 			}
 		}
 		if !asJSON {
 			return tw.Flush()
 		}
 		return nil
+	}
+	return cmd
+}
+
+func newOutboxSkipCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "skip KEY...", Short: "Give up on dead messages (kept as skipped): the later messages of their ordering keys go on", Args: cobra.MinimumNArgs(1)}
+	store := storeFlag(cmd)
+	cmd.RunE = func(cmd *cobra.Command, keys []string) error {
+		s, closeFn, err := openOutbox(cmd.Context(), *store)
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		var errs []error
+		for _, k := range keys {
+			if err := s.Skip(cmd.Context(), k); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: skipped\n", k)
+		}
+		return errors.Join(errs...)
 	}
 	return cmd
 }
@@ -340,6 +372,7 @@ the TLS flags), not the rows': a destination names the server and subject only.`
 	f.DurationVar(&cfg.BackoffMin, "backoff-min", time.Second, "first retry delay bound")
 	f.DurationVar(&cfg.BackoffMax, "backoff-max", 5*time.Minute, "largest retry delay")
 	f.IntVar(&cfg.MaxTries, "max-tries", 10, "attempts before a message is dead")
+	f.BoolVar(&cfg.DeadRowsReleaseOrderingKeys, "dead-releases-ordering-keys", false, "send the messages behind a dead message of their ordering key (by default they wait for outbox retry or skip)")
 	f.IntVar(&cfg.Concurrency, "concurrency", 32, "sends at once")
 	f.IntVar(&cfg.Batch, "batch", 100, "rows claimed at once")
 	f.DurationVar(&cfg.Lease, "lease", time.Minute, "how long a claim lives (a killed relay's rows come back after it)")

@@ -387,3 +387,44 @@ func TestRelayKafka(t *testing.T) {
 		t.Fatalf("the topic holds %d records: %+v", len(recs), recs)
 	}
 }
+
+// TestOutboxOrderingKeys: two messages of one ordering key, the first to a
+// destination no sender takes (dead at once). The second waits — listed as
+// blocked after the first — and the receiver gets nothing; once the first
+// is skipped, the second is delivered.
+func TestOutboxOrderingKeys(t *testing.T) {
+	var got atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	store, s := sqliteOutbox(t)
+	for _, args := range [][]string{
+		{"outbox", "enqueue", "--store", store, "--key", "A-1", "--to", "nope://nowhere", "--data", "1", "--ordering-key", "acct-A"},
+		{"outbox", "enqueue", "--store", store, "--key", "A-2", "--to", srv.URL, "--data", "2", "--ordering-key", "acct-A"},
+	} {
+		if out, err := run(t, args...); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	startRelay(t, store)
+	rowReaches(t, s, "A-1", outbox.Dead)
+	testenv.Eventually(t, 10*time.Second, "A-2 listed as blocked after A-1", func() error {
+		out, err := run(t, "outbox", "ls", "--store", store, "--status", "pending")
+		if err != nil || !strings.Contains(out, "blocked") || !strings.Contains(out, "after A-1") || !strings.Contains(out, "acct-A") {
+			return fmt.Errorf("%v:\n%s", err, out)
+		}
+		return nil
+	})
+	if n := got.Load(); n != 0 {
+		t.Fatalf("the receiver got %d requests behind a dead message", n)
+	}
+	if out, err := run(t, "outbox", "skip", "--store", store, "A-1", "A-2"); err == nil || !strings.Contains(out, "A-1: skipped") {
+		t.Fatalf("skip of a dead and a pending message: %v\n%s", err, out)
+	}
+	rowReaches(t, s, "A-2", outbox.Acked)
+	if row, _ := s.Get(context.Background(), "A-1"); row.Status != outbox.Skipped || got.Load() != 1 {
+		t.Fatalf("A-1 %s, the receiver got %d requests", row.Status, got.Load())
+	}
+}
