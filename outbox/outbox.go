@@ -70,9 +70,10 @@ type Message struct {
 	// dead rows release their keys), by any relay. "Earlier" is the order
 	// of the rows' ids, which is the order their transactions inserted
 	// them: serialize the transactions of one ordering key (lock the
-	// aggregate's row) and it is their commit order. Senders carry it
-	// where their protocol has a place for it (see each sender). At most
-	// 255 bytes.
+	// aggregate's row) and it is their commit order. Senders carry it in
+	// the OrderingKeyHeader header, and where their protocol has a place
+	// for it: Kafka's record key (one partition per key), AMQP's routing
+	// key where the destination asks for it. At most 255 bytes.
 	OrderingKey string
 }
 
@@ -91,6 +92,10 @@ type Row struct {
 	// ordering key that holds it back ("" when none).
 	BlockedBy string
 }
+
+// OrderingKeyHeader is the header the senders write a message's ordering
+// key into, where their protocol has headers (HTTP, NATS, AMQP, Kafka).
+const OrderingKeyHeader = "Idem-Ordering-Key"
 
 // Limits on a message.
 const (

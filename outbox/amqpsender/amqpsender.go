@@ -19,7 +19,8 @@ import (
 // amqp://USER:PASS@HOST:PORT/VHOST?exchange=E&routing_key=R (exchange ""
 // is the default exchange, routing to the queue named R; amqps:// with
 // TLS, the files of a private CA or a client certificate given as
-// &cacertfile=…&certfile=…&keyfile=…; the user and password better given to
+// &cacertfile=…&certfile=…&keyfile=…; &routing_key_from=ordering_key routes
+// a message by its ordering key; the user and password better given to
 // New than written in every row), the key in the
 // message-id property, persistent delivery, mandatory. A confirmed publish
 // is sent; a nack or a lost connection is retried, and so is a publish no
@@ -62,19 +63,36 @@ func New(cfg amqp.Config) *Sender { return &Sender{cfg: cfg, conns: map[string]*
 // heartbeat, connection_timeout, channel_max, auth_mechanism) and stay in
 // the server URL.
 func ParseDestination(dest string) (server, exchange, key string, err error) {
+	server, exchange, key, _, err = parseDestination(dest)
+	return server, exchange, key, err
+}
+
+// parseDestination is ParseDestination, and whether the destination asks
+// for the message's ordering key as its routing key
+// (routing_key_from=ordering_key: a consistent-hash exchange then keeps
+// each key on one queue).
+func parseDestination(dest string) (server, exchange, key string, fromOrderingKey bool, err error) {
 	u, err := url.Parse(dest)
 	if err != nil || u.Host == "" {
-		return "", "", "", fmt.Errorf("want amqp://…/VHOST?exchange=E&routing_key=R, got %q", dest)
+		return "", "", "", false, fmt.Errorf("want amqp://…/VHOST?exchange=E&routing_key=R, got %q", dest)
 	}
 	q := u.Query()
 	exchange, key = q.Get("exchange"), q.Get("routing_key")
+	switch from := q.Get("routing_key_from"); from {
+	case "":
+	case "ordering_key":
+		fromOrderingKey = true
+	default:
+		return "", "", "", false, fmt.Errorf("destination %q: routing_key_from=%s, want ordering_key", dest, from)
+	}
 	if key == "" && exchange == "" {
-		return "", "", "", fmt.Errorf("destination %q names neither an exchange nor a routing_key", dest)
+		return "", "", "", false, fmt.Errorf("destination %q names neither an exchange nor a routing_key", dest)
 	}
 	q.Del("exchange")
 	q.Del("routing_key")
+	q.Del("routing_key_from")
 	u.RawQuery = q.Encode()
-	return u.String(), exchange, key, nil
+	return u.String(), exchange, key, fromOrderingKey, nil
 }
 
 func (a *Sender) conn(server string) (*amqpConn, error) {
@@ -140,9 +158,12 @@ func (cc *confirmChannel) returned(key string) (amqp.Return, bool) {
 
 // Send implements outbox.Sender.
 func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
-	server, exchange, key, err := ParseDestination(m.Destination)
+	server, exchange, key, fromOrderingKey, err := parseDestination(m.Destination)
 	if err != nil {
 		return outbox.Result{Status: outbox.Dead, Err: err}
+	}
+	if fromOrderingKey && m.OrderingKey != "" {
+		key = m.OrderingKey
 	}
 	c, err := a.conn(server)
 	if err != nil {
@@ -155,6 +176,9 @@ func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	headers := amqp.Table{}
 	for k, v := range m.Headers {
 		headers[k] = v
+	}
+	if m.OrderingKey != "" {
+		headers[outbox.OrderingKeyHeader] = m.OrderingKey
 	}
 	conf, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, amqp.Publishing{
 		MessageId: m.Key, DeliveryMode: amqp.Persistent, Headers: headers, Body: m.Payload,

@@ -206,3 +206,29 @@ func TestTLSWithClientCertificates(t *testing.T) {
 		t.Fatalf("delivered %q %v %v", d.MessageId, ok, err)
 	}
 }
+
+// TestOrderingKey: the ordering key travels in the Idem-Ordering-Key
+// header, and with routing_key_from=ordering_key it is the routing key (on
+// the default exchange: the queue of that name; a message without one takes
+// the destination's routing_key).
+func TestOrderingKey(t *testing.T) {
+	ch, q := testenv.AMQPQueue(t, "idemout.")
+	_, fallback := testenv.AMQPQueue(t, "idemout.")
+	s := amqpsender.New(amqp.Config{})
+	defer s.Close()
+	dest := testenv.AMQPURL + "?routing_key=" + fallback + "&routing_key_from=ordering_key"
+	for _, m := range []*outbox.Message{{Key: "ORD-1", Destination: dest, OrderingKey: q}, {Key: "ORD-2", Destination: dest}} {
+		if res := s.Send(context.Background(), m); res.Status != outbox.Sent {
+			t.Fatalf("%s: %s %v", m.Key, res.Status, res.Err)
+		}
+	}
+	if d, ok, err := ch.Get(q, true); err != nil || !ok || d.MessageId != "ORD-1" || d.Headers[outbox.OrderingKeyHeader] != q {
+		t.Fatalf("the queue of the ordering key got %q %v %v (headers %v)", d.MessageId, ok, err, d.Headers)
+	}
+	if d, ok, err := ch.Get(fallback, true); err != nil || !ok || d.MessageId != "ORD-2" {
+		t.Fatalf("the destination's queue got %q %v %v", d.MessageId, ok, err)
+	}
+	if res := s.Send(context.Background(), &outbox.Message{Key: "ORD-3", Destination: testenv.AMQPURL + "?routing_key=x&routing_key_from=header"}); res.Status != outbox.Dead {
+		t.Fatalf("routing_key_from=header: %s %v", res.Status, res.Err)
+	}
+}

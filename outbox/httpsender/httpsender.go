@@ -72,6 +72,9 @@ func (h *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 		req.Header[http.CanonicalHeaderKey(k)] = v
 	}
 	req.Header.Set(httpidem.HeaderName, httpidem.FormatKey(m.Key))
+	if m.OrderingKey != "" {
+		req.Header.Set(outbox.OrderingKeyHeader, m.OrderingKey)
+	}
 	resp, err := h.cfg.Client.Do(req)
 	if err != nil {
 		var ne net.Error

@@ -61,11 +61,11 @@ func TestConformance(t *testing.T) {
 
 func TestHTTPOutcomes(t *testing.T) {
 	var mu sync.Mutex
-	var gotKey, gotBody string
+	var gotKey, gotBody, gotOrdering string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		mu.Lock()
-		gotKey, gotBody = r.Header.Get("Idempotency-Key"), string(b)
+		gotKey, gotBody, gotOrdering = r.Header.Get("Idempotency-Key"), string(b), r.Header.Get(outbox.OrderingKeyHeader)
 		mu.Unlock()
 		switch r.URL.Path {
 		case "/ok":
@@ -90,7 +90,7 @@ func TestHTTPOutcomes(t *testing.T) {
 		"/ok": outbox.Acked, "/replayed": outbox.Acked, "/conflict": outbox.Pending, "/bad": outbox.Dead,
 		"/down": outbox.Pending, "/slow": outbox.Pending,
 	} {
-		res := h.Send(context.Background(), &outbox.Message{Key: `ORD-"1"`, Destination: srv.URL + path, Payload: []byte("body")})
+		res := h.Send(context.Background(), &outbox.Message{Key: `ORD-"1"`, Destination: srv.URL + path, Payload: []byte("body"), OrderingKey: "acct-7"})
 		if res.Status != want {
 			t.Errorf("%s: %s (%v), want %s", path, res.Status, res.Err, want)
 		}
@@ -100,8 +100,8 @@ func TestHTTPOutcomes(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if gotKey != `"ORD-\"1\""` || gotBody != "body" {
-		t.Fatalf("key header %q, body %q", gotKey, gotBody)
+	if gotKey != `"ORD-\"1\""` || gotBody != "body" || gotOrdering != "acct-7" {
+		t.Fatalf("key header %q, body %q, ordering key %q", gotKey, gotBody, gotOrdering)
 	}
 	if res := h.Send(context.Background(), &outbox.Message{Key: "k", Destination: "http://127.0.0.1:1/refused"}); res.Status != outbox.Pending {
 		t.Fatalf("connection refused: %s", res.Status)

@@ -37,9 +37,8 @@ type Config struct {
 	ClientOptions []kgo.Opt
 	// RecordKey returns the Kafka record key of a message, which picks its
 	// partition: records of one key stay in one partition, in order.
-	// Defaults to the outbox key (each message to a partition of its own
-	// hash); return an aggregate's id to keep an aggregate's records in one
-	// partition.
+	// Defaults to the message's ordering key, or its outbox key when it has
+	// none (each message to a partition of its key's hash).
 	RecordKey func(m *outbox.Message) []byte
 	// DeliveryTimeout bounds one send, also when its context does not (the
 	// relay's send timeout bounds it too). Defaults to 30s; at least 1s.
@@ -57,7 +56,12 @@ type Sender struct {
 // New returns the Kafka sender.
 func New(cfg Config) *Sender {
 	if cfg.RecordKey == nil {
-		cfg.RecordKey = func(m *outbox.Message) []byte { return []byte(m.Key) }
+		cfg.RecordKey = func(m *outbox.Message) []byte {
+			if m.OrderingKey != "" {
+				return []byte(m.OrderingKey)
+			}
+			return []byte(m.Key)
+		}
 	}
 	if cfg.DeliveryTimeout <= 0 {
 		cfg.DeliveryTimeout = 30 * time.Second
@@ -136,13 +140,16 @@ func (s *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 		return outbox.Result{Status: outbox.Dead, Err: err}
 	}
 	rec := &kgo.Record{Topic: topic, Key: s.cfg.RecordKey(m), Value: m.Payload,
-		Headers: make([]kgo.RecordHeader, 0, len(m.Headers)+1)}
+		Headers: make([]kgo.RecordHeader, 0, len(m.Headers)+2)}
 	for k, v := range m.Headers {
-		if k != KeyHeader {
+		if k != KeyHeader && k != outbox.OrderingKeyHeader {
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 		}
 	}
 	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: KeyHeader, Value: []byte(m.Key)})
+	if m.OrderingKey != "" {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: outbox.OrderingKeyHeader, Value: []byte(m.OrderingKey)})
+	}
 	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		if permanent(err) {
 			return outbox.Result{Status: outbox.Dead, Err: err}

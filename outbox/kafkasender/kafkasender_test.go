@@ -3,6 +3,7 @@ package kafkasender_test
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,10 +116,30 @@ func TestRecordKeyAndHeaders(t *testing.T) {
 	for _, k := range []string{"A-1", "A-2", "A-3", "A-4", "A-5"} {
 		send(byAccount, k)
 	}
-	got := records(t, brokers, topic)
-	if len(got) != 6 {
-		t.Fatalf("%d records, want 6", len(got))
+	// Without RecordKey, a message's ordering key is its record key.
+	for _, k := range []string{"O-1", "O-2", "O-3"} {
+		m := &outbox.Message{Key: k, Destination: destination(brokers, topic), Payload: []byte("p-" + k), OrderingKey: "ACC-9"}
+		if res := plain.Send(context.Background(), m); res.Status != outbox.Sent {
+			t.Fatalf("%s: %s (%v)", k, res.Status, res.Err)
+		}
 	}
+	got := records(t, brokers, topic)
+	if len(got) != 9 {
+		t.Fatalf("%d records, want 9", len(got))
+	}
+	ordered := map[int32]bool{}
+	for _, r := range got {
+		if strings.HasPrefix(string(r.Value), "p-O-") {
+			ordered[r.Partition] = true
+			if string(r.Key) != "ACC-9" || header(r, outbox.OrderingKeyHeader) != "ACC-9" {
+				t.Errorf("record %s: key %q, headers %v", r.Value, r.Key, r.Headers)
+			}
+		}
+	}
+	if len(ordered) != 1 {
+		t.Errorf("one ordering key's records went to partitions %v", ordered)
+	}
+	got = slices.DeleteFunc(got, func(r *kgo.Record) bool { return strings.HasPrefix(string(r.Value), "p-O-") })
 	partitions := map[int32]bool{}
 	for _, r := range got {
 		key := strings.TrimPrefix(string(r.Value), "p-")

@@ -93,6 +93,9 @@ func (n *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 		msg.Header.Set(k, v)
 	}
 	msg.Header.Set(nats.MsgIdHdr, m.Key)
+	if m.OrderingKey != "" {
+		msg.Header.Set(outbox.OrderingKeyHeader, m.OrderingKey)
+	}
 	ack, err := c.js.PublishMsg(ctx, msg)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrNoStreamResponse) {

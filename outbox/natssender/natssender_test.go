@@ -73,7 +73,8 @@ func TestNATSMsgIDAndDuplicate(t *testing.T) {
 	defer js.DeleteStream(ctx, name)
 	s := natssender.New()
 	defer s.Close()
-	m := &outbox.Message{Key: "ORD-20261129-0001", Destination: testenv.NATSURL + "/" + name + ".orders", Payload: []byte("order"), Headers: map[string]string{"X-Type": "order"}}
+	m := &outbox.Message{Key: "ORD-20261129-0001", Destination: testenv.NATSURL + "/" + name + ".orders", Payload: []byte("order"),
+		Headers: map[string]string{"X-Type": "order"}, OrderingKey: "acct-7"}
 	for i := range 3 { // a retry after a lost PubAck, twice
 		res := s.Send(ctx, m)
 		if res.Status != outbox.Sent {
@@ -88,7 +89,7 @@ func TestNATSMsgIDAndDuplicate(t *testing.T) {
 		t.Fatalf("the stream holds %d messages, want 1", info.State.Msgs)
 	}
 	got, err := st.GetLastMsgForSubject(ctx, name+".orders")
-	if err != nil || got.Header.Get(nats.MsgIdHdr) != m.Key || got.Header.Get("X-Type") != "order" {
+	if err != nil || got.Header.Get(nats.MsgIdHdr) != m.Key || got.Header.Get("X-Type") != "order" || got.Header.Get(outbox.OrderingKeyHeader) != "acct-7" {
 		t.Fatalf("stored message %+v %v", got, err)
 	}
 	if res := s.Send(ctx, &outbox.Message{Key: "k", Destination: "nats://127.0.0.1:4222"}); res.Status != outbox.Dead {
