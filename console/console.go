@@ -142,6 +142,7 @@ func New(cfg Config) (*Console, error) {
 	m.HandleFunc("GET /outbox", c.read(c.outboxList))
 	m.HandleFunc("GET /outbox/row", c.read(c.outboxRow))
 	m.HandleFunc("POST /outbox/retry", c.write(c.retry))
+	m.HandleFunc("POST /outbox/skip", c.write(c.skip))
 	m.HandleFunc("POST /outbox/retry-dead", c.write(c.retryDead))
 	m.HandleFunc("GET /find", c.read(c.find))
 	m.HandleFunc("GET /login", c.loginForm)

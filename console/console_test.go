@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"errors"
 	"database/sql"
 	"io"
 	"net/http"
@@ -402,5 +403,44 @@ func TestMissingTablesSayWhatToRun(t *testing.T) {
 	}
 	if page := f.get(t, "/find?q=k"); !strings.Contains(page, "No processed_events table in this database: the transactional inbox creates it") {
 		t.Fatalf("the find page: %s", page)
+	}
+}
+
+// TestBlockedRowsAndSkip: a pending row behind a dead row of its ordering
+// key shows as blocked after it; Skip on the dead row (with the form's
+// token) makes it skipped, and the row behind it is no longer blocked.
+func TestBlockedRowsAndSkip(t *testing.T) {
+	f := newFixture(t, console.Config{Loopback: true})
+	ctx := context.Background()
+	for _, key := range []string{"A-1", "A-2"} {
+		if err := f.outbox.Enqueue(ctx, outbox.Message{Key: key, Destination: "https://x.example/", Payload: []byte("p"), OrderingKey: "acct-A"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: f.outbox, Sender: outbox.SenderFunc(func(context.Context, *outbox.Message) outbox.Result {
+		return outbox.Result{Status: outbox.Dead, Err: errors.New("422: refused")}
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.RunOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("relayed %d (%v), want A-1 alone", n, err)
+	}
+	page := f.get(t, "/outbox")
+	if !strings.Contains(page, `blocked</span> after <a href="/outbox/row?key=A-1">A-1</a>`) || !strings.Contains(page, "acct-A") {
+		t.Fatalf("the outbox page does not show A-2 blocked after A-1:\n%s", page)
+	}
+	if row := f.get(t, "/outbox/row?key=A-2"); !strings.Contains(row, "blocked after the dead message") {
+		t.Fatalf("A-2's page does not say it is blocked:\n%s", row)
+	}
+	code, body := f.post(t, "/outbox/skip", url.Values{"key": {"A-1"}, "csrf": {csrfOf(t, page)}, "back": {"/outbox"}})
+	if code != http.StatusOK || !strings.Contains(body, "skipped A-1") {
+		t.Fatalf("skip: %d %.300s", code, body)
+	}
+	if row, _ := f.outbox.Get(ctx, "A-1"); row.Status != outbox.Skipped {
+		t.Fatalf("A-1 is %s", row.Status)
+	}
+	if row, _ := f.outbox.Get(ctx, "A-2"); row.BlockedBy != "" {
+		t.Fatalf("A-2 still blocked by %s", row.BlockedBy)
 	}
 }

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -65,7 +66,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			d.OutboxError = c.describe(err)
 		} else {
-			for _, s := range []outbox.Status{outbox.Pending, outbox.Sent, outbox.Acked, outbox.Dead} {
+			for _, s := range []outbox.Status{outbox.Pending, outbox.Sent, outbox.Acked, outbox.Dead, outbox.Skipped} {
 				d.Outbox = append(d.Outbox, stateCount{string(s), counts[s]})
 			}
 			if !st.OldestPending.IsZero() {
@@ -264,12 +265,23 @@ func (c *Console) outboxRow(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) retry(w http.ResponseWriter, r *http.Request) {
+	c.rowAction(w, r, "retrying", func(ctx context.Context, key string) error { return c.cfg.Outbox.Retry(ctx, key) })
+}
+
+// skip gives up on a dead row: the later rows of its ordering key go on.
+func (c *Console) skip(w http.ResponseWriter, r *http.Request) {
+	c.rowAction(w, r, "skipped", func(ctx context.Context, key string) error { return c.cfg.Outbox.Skip(ctx, key) })
+}
+
+// rowAction runs act on the form's key and goes back to the page the form
+// names, saying done.
+func (c *Console) rowAction(w http.ResponseWriter, r *http.Request, done string, act func(ctx context.Context, key string) error) {
 	key := r.PostFormValue("key")
 	if c.cfg.Outbox == nil || key == "" {
 		http.Error(w, "no outbox or no key", http.StatusBadRequest)
 		return
 	}
-	if err := c.cfg.Outbox.Retry(r.Context(), key); err != nil {
+	if err := act(r.Context(), key); err != nil {
 		c.render(w, r, "message", "Error", err)
 		return
 	}
@@ -281,7 +293,7 @@ func (c *Console) retry(w http.ResponseWriter, r *http.Request) {
 	if strings.Contains(back, "?") {
 		sep = "&"
 	}
-	http.Redirect(w, r, back+sep+"done="+url.QueryEscape("retrying "+key), http.StatusSeeOther)
+	http.Redirect(w, r, back+sep+"done="+url.QueryEscape(done+" "+key), http.StatusSeeOther)
 }
 
 // retryDead moves every dead row of a destination prefix back to pending.
