@@ -2,8 +2,8 @@ package console_test
 
 import (
 	"context"
-	"errors"
 	"database/sql"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
