@@ -77,6 +77,10 @@ type transfer struct {
 	Key     string `json:"key"`
 	Account string `json:"account"`
 	Cents   int64  `json:"cents"`
+	// Seq numbers the account's transfers in the order they committed (the
+	// account's row in account_seqs, locked by the transaction, makes them
+	// commit one at a time): the account is the message's ordering key.
+	Seq int64 `json:"seq"`
 }
 
 // receiver is what a consumer process books with: the transactional
@@ -119,17 +123,25 @@ type transport struct {
 	// and books every message of it with r through the broker's adapter,
 	// keyed by the field the sender writes its key into, until t ends.
 	consume func(t testing.TB, url, topic string, r receiver)
+	// ordered: the consumers book each ordering key's messages in the
+	// order the broker holds them (Kafka: one partition per key, taken in
+	// order), so the campaign checks each account's bookings come in the
+	// order its transfers committed. Consumers that run messages of one
+	// queue at once (JetStream, RabbitMQ) reorder them.
+	ordered bool
 }
 
 func schemaDDL(schema string) string {
 	return strings.NewReplacer("S.", schema+".").Replace(`
 		-- The sender's side: a debit per committed transfer.
-		CREATE TABLE S.debits (key text PRIMARY KEY, account text NOT NULL, cents bigint NOT NULL);
+		CREATE TABLE S.debits (key text PRIMARY KEY, account text NOT NULL, cents bigint NOT NULL, seq bigint NOT NULL);
+		-- Each account's last transfer number, its row locked by the transfer's transaction.
+		CREATE TABLE S.account_seqs (account text PRIMARY KEY, seq bigint NOT NULL);
 		-- The receiver's side: a credit per booking, deliberately without a
 		-- unique key (the inbox is what stops a second booking), and the
 		-- balances the credits add up to.
 		CREATE TABLE S.credits (id bigserial PRIMARY KEY, key text NOT NULL, body_key text NOT NULL,
-			account text NOT NULL, cents bigint NOT NULL, proc int NOT NULL);
+			account text NOT NULL, cents bigint NOT NULL, seq bigint NOT NULL, proc int NOT NULL);
 		CREATE TABLE S.balances (account text PRIMARY KEY, cents bigint NOT NULL);`)
 }
 
@@ -161,7 +173,10 @@ func schemaDDL(schema string) string {
 //     transaction sends nothing);
 //   - never someone else's: a credit carries its own debit's account,
 //     amount and key, and was booked under the key its body names;
-//   - the balances are the debits' sums, account by account.
+//   - the balances are the debits' sums, account by account;
+//   - in order (where the transport keeps it to the consumer: Kafka): each
+//     account's transfers — the account is their ordering key — booked in
+//     the order they committed.
 func campaign(t *testing.T, testName string, tr transport) {
 	switch os.Getenv(envRole) {
 	case "relay":
@@ -349,7 +364,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 	}
 	relays.StopAll()
 	consumers.StopAll()
-	checkBooks(t, pool, schema, ob)
+	checkBooks(t, pool, schema, ob, tr.ordered)
 	decisions := decisionsLogged(t, dir)
 	t.Logf("the inbox kept %d copies from booking again; the consumers' other decisions: %v",
 		decisions["ack "+inbox.Duplicate.String()], decisions)
@@ -369,11 +384,15 @@ func commitTransfer(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox[p
 			return err
 		}
 		tr := transfer{Key: key, Account: "ACC-" + strconv.Itoa(rng.IntN(accounts)), Cents: 1 + rng.Int64N(100_000)}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.debits (key, account, cents) VALUES ($1, $2, $3)`, tr.Key, tr.Account, tr.Cents); err != nil {
+		if err := tx.QueryRow(ctx, `INSERT INTO `+schema+`.account_seqs AS a (account, seq) VALUES ($1, 1)
+			ON CONFLICT (account) DO UPDATE SET seq = a.seq + 1 RETURNING seq`, tr.Account).Scan(&tr.Seq); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.debits (key, account, cents, seq) VALUES ($1, $2, $3, $4)`, tr.Key, tr.Account, tr.Cents, tr.Seq); err != nil {
 			return err
 		}
 		payload, _ := json.Marshal(tr)
-		if err := ob.EnqueueTx(ctx, tx, outbox.Message{Key: key, Destination: dest, Payload: payload}); err != nil {
+		if err := ob.EnqueueTx(ctx, tx, outbox.Message{Key: key, Destination: dest, Payload: payload, OrderingKey: tr.Account}); err != nil {
 			return err
 		}
 		if rng.IntN(6) == 0 {
@@ -463,8 +482,8 @@ func runConsumer(t *testing.T, tr transport) {
 			if err := json.Unmarshal(body, &m); err != nil {
 				return fmt.Errorf("message %s: %w", key, err)
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.credits (key, body_key, account, cents, proc) VALUES ($1, $2, $3, $4, $5)`,
-				key, m.Key, m.Account, m.Cents, proc); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.credits (key, body_key, account, cents, seq, proc) VALUES ($1, $2, $3, $4, $5, $6)`,
+				key, m.Key, m.Account, m.Cents, m.Seq, proc); err != nil {
 				return err
 			}
 			_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.balances (account, cents) VALUES ($1, $2)
@@ -486,7 +505,7 @@ func runConsumer(t *testing.T, tr transport) {
 }
 
 // checkBooks compares both ends' business rows.
-func checkBooks(t *testing.T, pool *pgxpool.Pool, schema string, ob *outbox.Outbox[pgx.Tx]) {
+func checkBooks(t *testing.T, pool *pgxpool.Pool, schema string, ob *outbox.Outbox[pgx.Tx], ordered bool) {
 	ctx := context.Background()
 	violations := 0
 	each := func(what, query string) {
@@ -522,6 +541,13 @@ func checkBooks(t *testing.T, pool *pgxpool.Pool, schema string, ob *outbox.Outb
 		 FULL JOIN (SELECT account, sum(cents) AS cents FROM S.debits GROUP BY account) d ON d.account = b.account
 		 WHERE b.cents IS DISTINCT FROM d.cents`)
 	each("a dead outbox row (key, tries, last error)", `SELECT key, tries, last_error FROM S.idem_outbox WHERE status = 'dead'`)
+	if ordered {
+		// Credits are inserted in booking order (id); an account's must
+		// follow its transfers' commit order (seq).
+		each("out of order: an account's transfers booked out of their commit order (account, seqs in booking order)",
+			`SELECT account, array_agg(seq ORDER BY id) FROM S.credits GROUP BY account
+			 HAVING array_agg(seq ORDER BY id) <> array_agg(seq ORDER BY seq)`)
+	}
 	var debits, tries int64
 	if err := pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(o.tries), 0) FROM `+schema+`.debits d JOIN `+schema+`.idem_outbox o ON o.key = d.key`).Scan(&debits, &tries); err != nil {
 		t.Fatal(err)

@@ -162,6 +162,7 @@ func kafkaTransport() transport {
 		},
 		destination: func(url, topic string) string { return url + "/" + topic },
 		sender:      func() outbox.Sender { return twice{kafkasender.New(kafkasender.Config{})} },
+		ordered:     true, // the ordering key is the record key: one partition per account
 		consume: func(t testing.TB, url, topic string, r receiver) {
 			adm := testenv.KafkaAdmin(t, brokers(url))
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
