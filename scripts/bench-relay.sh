@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Relay throughput from PostgreSQL to NATS JetStream, idem's outbox relay vs
+# Relay throughput from PostgreSQL to NATS JetStream, idem's outbox relay (without
+# ordering keys, and with 1,000 of them) vs
 # Watermill's SQL forwarder, on the same rows in one run; prints the ratio.
 # Usage: scripts/bench-relay.sh [ROWS]   (default 50000)
 # Needs PostgreSQL and NATS (JetStream) on 127.0.0.1 (IDEM_TEST_POSTGRES_URL, IDEM_TEST_NATS_URL).

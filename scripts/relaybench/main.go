@@ -29,6 +29,7 @@ func main() {
 	n := flag.Int("n", 50000, "rows per system")
 	concurrency := flag.Int("concurrency", 64, "idem relay: sends at once")
 	batch := flag.Int("batch", 1000, "idem relay: rows per claim; watermill: SubscribeBatchSize")
+	orderingKeys := flag.Int("ordering-keys", 1000, "idem relay's second run: rows spread over this many ordering keys (0 skips it)")
 	flag.Parse()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, *pgURL+"&pool_max_conns=16")
@@ -50,12 +51,20 @@ func main() {
 
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
 	log.Printf("idem: %d rows", *n)
-	idemRate := runIdem(ctx, pool, js, st, *natsURL, *n, *concurrency, *batch, payload)
+	idemRate := runIdem(ctx, pool, js, st, *natsURL, *n, *concurrency, *batch, 0, payload)
+	var orderedRate float64
+	if *orderingKeys > 0 {
+		log.Printf("idem, %d ordering keys: %d rows", *orderingKeys, *n)
+		orderedRate = runIdem(ctx, pool, js, st, *natsURL, *n, *concurrency, *batch, *orderingKeys, payload)
+	}
 	log.Printf("watermill: %d rows", *n)
 	wmRate := runWatermill(ctx, pool, js, st, *n, *batch, payload)
 	fmt.Printf("idem relay        %8.0f msg/s  (%d rows, PostgreSQL → JetStream, Nats-Msg-Id = key)\n", idemRate, *n)
 	fmt.Printf("watermill-sql fwd %8.0f msg/s  (%d rows, SQL subscriber → forwarder → JetStream)\n", wmRate, *n)
 	fmt.Printf("ratio %.2fx (target ≥ 2x, and idem ≥ 10,000 msg/s)\n", idemRate/wmRate)
+	if *orderingKeys > 0 {
+		fmt.Printf("idem relay, %d ordering keys %8.0f msg/s  %.2f of the same rows without ordering keys (target ≥ 0.8)\n", *orderingKeys, orderedRate, orderedRate/idemRate)
+	}
 }
 
 func check(err error) {
@@ -75,17 +84,31 @@ func waitStream(ctx context.Context, st jetstream.Stream, want uint64) {
 	}
 }
 
-func runIdem(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st jetstream.Stream, natsURL string, n, concurrency, batch int, payload []byte) float64 {
+// runIdem relays n rows from a fresh outbox table to JetStream; with
+// orderingKeys > 0, row i has ordering key i mod orderingKeys.
+func runIdem(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st jetstream.Stream, natsURL string, n, concurrency, batch, orderingKeys int, payload []byte) float64 {
 	s, err := outbox.New(pgxv5.New(pool), outbox.Config{Schema: "relaybench"})
 	check(err)
 	check(s.Migrate(ctx))
+	_, err = pool.Exec(ctx, `TRUNCATE relaybench.idem_outbox`)
+	check(err)
 	dest := natsURL + "/relaybench.idem"
 	rows := make([][]any, n)
+	run := strconv.Itoa(orderingKeys) + "-"
 	for i := range rows {
-		rows[i] = []any{"ORD-" + strconv.Itoa(i), dest, payload, "{}"}
+		var ok any // NULL: no ordering key
+		if orderingKeys > 0 {
+			ok = "ACC-" + strconv.Itoa(i%orderingKeys)
+		}
+		rows[i] = []any{"ORD-" + run + strconv.Itoa(i), dest, payload, "{}", ok}
 	}
-	_, err = pool.CopyFrom(ctx, pgx.Identifier{"relaybench", "idem_outbox"}, []string{"key", "destination", "payload", "headers"}, pgx.CopyFromRows(rows))
+	_, err = pool.CopyFrom(ctx, pgx.Identifier{"relaybench", "idem_outbox"}, []string{"key", "destination", "payload", "headers", "ordering_key"}, pgx.CopyFromRows(rows))
 	check(err)
+	_, err = pool.Exec(ctx, `ANALYZE relaybench.idem_outbox`)
+	check(err)
+	info, err := st.Info(ctx)
+	check(err)
+	before := info.State.Msgs
 	router, closeSenders := senders.New(senders.Config{})
 	defer closeSenders()
 	var retries atomic.Int64
@@ -111,7 +134,7 @@ func runIdem(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st
 		}
 		time.Sleep(10 * time.Millisecond) // failed sends wait for their backoff
 	}
-	waitStream(ctx, st, uint64(n))
+	waitStream(ctx, st, before+uint64(n))
 	el := time.Since(start)
 	if retries.Load() > 0 {
 		log.Printf("idem: %d sends were retried", retries.Load())
