@@ -64,6 +64,19 @@ type Config struct {
 	// tried again (see Run) and per heartbeat — synchronously: keep it fast
 	// (update metrics, write a log line).
 	Observer func(Event)
+	// Tracer, if set, traces every Run (and Do): otelidem.Tracing gives
+	// one over OpenTelemetry. Nil costs nothing.
+	Tracer Tracer
+}
+
+// Tracer traces guarded calls; the idem package knows no tracing library
+// (otelidem implements it over OpenTelemetry).
+type Tracer interface {
+	// Start starts the span of a Run of key in ctx and returns the
+	// context the Run continues in — the work's spans are children of
+	// it — and the function that ends the span with the Run's result
+	// (outcome, fence, disposition, the record's attempts) and error.
+	Start(ctx context.Context, key Key) (context.Context, func(Result, error))
 }
 
 // Event reports one phase of a guarded call to Config.Observer.
@@ -235,6 +248,16 @@ type Result struct {
 // If work panics, the record is held (the effect may have happened) and the
 // panic continues.
 func (g *Guard) Run(ctx context.Context, key Key, opts *RunOptions, work Work) (Result, error) {
+	if g.cfg.Tracer == nil {
+		return g.run(ctx, key, opts, work)
+	}
+	ctx, end := g.cfg.Tracer.Start(ctx, key)
+	res, err := g.run(ctx, key, opts, work)
+	end(res, err)
+	return res, err
+}
+
+func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (Result, error) {
 	if err := key.Validate(); err != nil {
 		return Result{}, err
 	}
