@@ -8,6 +8,10 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemgo/idem/internal/sqlmigrate"
 	"github.com/idemgo/idem/sqldriver"
 )
@@ -82,6 +86,10 @@ type Config struct {
 	// the server logs as an error. Set it to keep duplicates out of the
 	// server's log at one round trip more per message.
 	ClaimSeparately bool
+	// TracerProvider, if set, traces Process: a span "idem.inbox.process"
+	// (the consumer, the outcome), the business change's spans its
+	// children.
+	TracerProvider trace.TracerProvider
 }
 
 // Inbox records processed keys in the caller's transactions, of type TTx
@@ -313,6 +321,26 @@ func (i *Inbox[TTx]) Find(ctx context.Context, correlationID string) ([]Row, err
 // raises it for its transaction, as ClaimTx's and ProcessBatch's do), so
 // acknowledging it to the broker loses nothing when the database crashes.
 func (i *Inbox[TTx]) Process(ctx context.Context, ev Event, fn func(ctx context.Context, tx TTx) error) (Outcome, error) {
+	if i.cfg.TracerProvider == nil {
+		return i.process(ctx, ev, fn)
+	}
+	ctx, span := i.cfg.TracerProvider.Tracer(ScopeName).Start(ctx, "idem.inbox.process",
+		trace.WithAttributes(attribute.String("idem.consumer", ev.Consumer)))
+	out, err := i.process(ctx, ev, fn)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	} else {
+		span.SetAttributes(attribute.String("idem.outcome", out.String()))
+	}
+	span.End()
+	return out, err
+}
+
+// ScopeName is the instrumentation scope of the inbox's spans.
+const ScopeName = "github.com/idemgo/idem/inbox"
+
+func (i *Inbox[TTx]) process(ctx context.Context, ev Event, fn func(ctx context.Context, tx TTx) error) (Outcome, error) {
 	tx, out, err := i.beginClaimed(ctx, ev)
 	if err != nil || out == Duplicate {
 		return out, err

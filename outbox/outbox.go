@@ -195,7 +195,8 @@ func (s *Store) Schema() string {
 	claimed_by      text,                   -- the relay batch holding the row
 	claimed_until   ` + ts + `,               -- its lease; a dead relay's claim expires
 	external_id     text,                   -- the protocol's own id (an AS2 Message-ID), where it has one
-	ordering_key    text                    -- rows of one ordering key are sent one at a time, in id order
+	ordering_key    text,                   -- rows of one ordering key are sent one at a time, in id order
+	trace_context   text                    -- the enqueuing span's W3C trace context, a JSON object
 );
 ` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_due", "idem_outbox", "(next_attempt_at) WHERE status = 'pending'") + `;
 ` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_external_id", "idem_outbox", "(external_id)") + `;
@@ -242,13 +243,13 @@ WHERE id IN (SELECT o.id FROM ` + tbl + ` o WHERE o.status = 'pending' AND o.nex
 	AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + tbl + ` e
 		WHERE e.ordering_key = o.ordering_key AND e.id < o.id AND e.status IN (` + unfinished + `)))
 	ORDER BY o.next_attempt_at, o.id LIMIT $3` + d.SkipLocked() + `)
-RETURNING id, key, destination, payload, headers, coalesce(external_id, ''), coalesce(ordering_key, ''), tries`
+RETURNING id, key, destination, payload, headers, coalesce(external_id, ''), coalesce(ordering_key, ''), coalesce(trace_context, ''), tries`
 	}
 	s.q = queries{
-		insert: `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id, ordering_key) VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, '')) ON CONFLICT (key) DO NOTHING`,
+		insert: `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id, ordering_key, trace_context) VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, ''), NULLIF($7, '')) ON CONFLICT (key) DO NOTHING`,
 		// Enqueue alone: committed durably before it returns, whatever the
 		// session's synchronous_commit (EnqueueTx's commit is the caller's).
-		insertAlone: `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id, ordering_key) SELECT $1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, '') WHERE ` + durably + ` ON CONFLICT (key) DO NOTHING`,
+		insertAlone: `INSERT INTO ` + tbl + ` (key, destination, payload, headers, external_id, ordering_key, trace_context) SELECT $1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, ''), NULLIF($7, '') WHERE ` + durably + ` ON CONFLICT (key) DO NOTHING`,
 		existing:    `SELECT destination, payload FROM ` + tbl + ` WHERE key = $1`,
 		counter: `INSERT INTO ` + s.t("idem_outbox_counters") + ` AS c (name, value) VALUES ($1, 1)
 ON CONFLICT (name) DO UPDATE SET value = c.value + 1 RETURNING value`,
@@ -304,7 +305,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 }
 
 // EnqueueTx records m in tx, the caller's transaction: it is sent only if
-// tx commits. Enqueueing an existing key again with the same destination
+// tx commits. The span of ctx, if any (OpenTelemetry), is recorded with it:
+// the relay's send continues that trace. Enqueueing an existing key again with the same destination
 // and payload is a no-op; with another, ErrKeyReused.
 func (o *Outbox[TTx]) EnqueueTx(ctx context.Context, tx TTx, m Message) error {
 	return o.enqueue(ctx, o.driver.UnwrapExecutor(tx), o.q.insert, m)
@@ -336,7 +338,7 @@ func (s *Store) enqueue(ctx context.Context, tx sqldriver.Executor, insert strin
 	if payload == nil {
 		payload = []byte{}
 	}
-	n, err := tx.Exec(ctx, insert, m.Key, m.Destination, payload, headers, m.ExternalID, m.OrderingKey)
+	n, err := tx.Exec(ctx, insert, m.Key, m.Destination, payload, headers, m.ExternalID, m.OrderingKey, traceContextOf(ctx))
 	if err != nil {
 		return fmt.Errorf("idem/outbox: enqueue %s: %w", m.Key, err)
 	}
@@ -473,6 +475,8 @@ type claimed struct {
 	ID    int64
 	Tries int
 	Message
+	// trace is the enqueuing span's trace context ("" for none).
+	trace string
 }
 
 // claim leases up to n due rows to token; pastDead: a dead row does not
@@ -491,7 +495,7 @@ func (s *Store) claim(ctx context.Context, token string, lease time.Duration, n 
 	for rs.Next() {
 		var c claimed
 		var headers string
-		if err := rs.Scan(&c.ID, &c.Key, &c.Destination, &c.Payload, &headers, &c.ExternalID, &c.OrderingKey, &c.Tries); err != nil {
+		if err := rs.Scan(&c.ID, &c.Key, &c.Destination, &c.Payload, &headers, &c.ExternalID, &c.OrderingKey, &c.trace, &c.Tries); err != nil {
 			return nil, fmt.Errorf("idem/outbox: claim: %w", err)
 		}
 		if headers != "" && headers != "{}" {

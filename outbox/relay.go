@@ -6,11 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	mrand "math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/ctxsleep"
@@ -89,6 +92,13 @@ type RelayConfig struct {
 	// back — ordering is what the key asked for — until an operator
 	// retries it (Store.Retry) or skips it (Store.Skip).
 	DeadRowsReleaseOrderingKeys bool
+	// TracerProvider, if set, traces every send: a span "send
+	// <destination>" (OpenTelemetry's messaging conventions), the child of
+	// the span that enqueued the row, if one did, and linked to it; its
+	// context is injected into what is sent (traceparent, tracestate), so
+	// the consumer's span joins the trace. Without it, the enqueuing
+	// span's context, if any, is injected as it is.
+	TracerProvider trace.TracerProvider
 	// OnResult, if set, hears every attempt (for logs and metrics). It is
 	// called from the sending goroutines: it must be safe for concurrent use.
 	OnResult func(m *Message, tries int, r Result)
@@ -208,7 +218,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 			defer func() { <-sem; wg.Done() }()
 			sctx, cancel := context.WithTimeout(bg, r.cfg.SendTimeout)
 			defer cancel()
-			results[i] = r.send(sctx, &batch[i].Message)
+			results[i] = r.traced(sctx, &batch[i])
 			if r.cfg.OnResult != nil {
 				r.cfg.OnResult(&batch[i].Message, batch[i].Tries+1, results[i])
 			}
@@ -295,6 +305,29 @@ func (r *Relay) renew(ctx context.Context, token string, ids []int64, claimEnd *
 		}
 	}()
 	return func() { close(quit); <-done }
+}
+
+// traced sends c within its span (see RelayConfig.TracerProvider), its
+// trace context in the message's headers.
+func (r *Relay) traced(ctx context.Context, c *claimed) Result {
+	if r.cfg.TracerProvider == nil && c.trace == "" {
+		return r.send(ctx, &c.Message)
+	}
+	enqueued := extractTraceContext(ctx, c.trace)
+	m := c.Message
+	m.Headers = maps.Clone(m.Headers)
+	if m.Headers == nil {
+		m.Headers = map[string]string{}
+	}
+	if r.cfg.TracerProvider == nil {
+		injectTraceContext(enqueued, m.Headers)
+		return r.send(ctx, &m)
+	}
+	ctx, span := startSendSpan(enqueued, r.cfg.TracerProvider, c)
+	injectTraceContext(ctx, m.Headers)
+	res := r.send(ctx, &m)
+	endSendSpan(span, res)
+	return res
 }
 
 // send runs the sender, turning a panic into a retry.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
@@ -51,6 +52,11 @@ type Config struct {
 	// duplicates apart: a copy that meets its key in progress is retried
 	// later); keep the consumer's MaxAckPending at least this high.
 	Concurrency int
+	// TracerProvider, if set, traces each message (GuardHandler,
+	// InboxHandler): a span "process <subject>" continuing the producer's
+	// trace from the message's traceparent header; the Guard's or the
+	// inbox's work runs in it.
+	TracerProvider trace.TracerProvider
 	// ConfirmAcks waits for the server to confirm every ack (DoubleAck).
 	// Defaults to false: a plain ack. With an idempotent handler a lost ack
 	// costs only a redelivery, which is acknowledged as a duplicate, while
@@ -108,12 +114,12 @@ func GuardHandler(g *idem.Guard, cfg Config, work func(ctx context.Context, msg 
 	}
 	report := cfg.ProgressInterval >= 0
 	cfg.progress = nil // the Guard's heartbeats report progress
-	return cfg.handler(func(msg jetstream.Msg, id string) broker.Decision {
+	return cfg.handler(func(ctx context.Context, msg jetstream.Msg, id string) broker.Decision {
 		opts := idem.RunOptions{Fingerprint: cfg.Fingerprint(message{msg})}
 		if report {
 			opts.Progress = func() { _ = msg.InProgress() }
 		}
-		res, err := g.Run(cfg.Context, idem.Key{Scope: cfg.Scope, ID: id}, &opts,
+		res, err := g.Run(ctx, idem.Key{Scope: cfg.Scope, ID: id}, &opts,
 			func(ctx context.Context, fence uint64) ([]byte, error) { return work(ctx, msg, fence) })
 		return cfg.Policy.FromGuard(res, err, attempt(msg))
 	}), nil
@@ -126,14 +132,14 @@ func InboxHandler(cfg Config, process func(ctx context.Context, msg jetstream.Ms
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return cfg.handler(func(msg jetstream.Msg, id string) broker.Decision {
-		out, err := process(cfg.Context, msg, id)
+	return cfg.handler(func(ctx context.Context, msg jetstream.Msg, id string) broker.Decision {
+		out, err := process(ctx, msg, id)
 		return cfg.Policy.FromInbox(out, err, attempt(msg))
 	}), nil
 }
 
 // handler runs one message at a time, or Concurrency at once.
-func (c *Config) handler(decide func(msg jetstream.Msg, id string) broker.Decision) jetstream.MessageHandler {
+func (c *Config) handler(decide decideFunc) jetstream.MessageHandler {
 	h := c.one(decide)
 	if c.Concurrency <= 1 {
 		return h
@@ -153,23 +159,38 @@ func (c *Config) handler(decide func(msg jetstream.Msg, id string) broker.Decisi
 // one handles one message: extracts the key (a message without one is
 // dead-lettered), runs decide while reporting progress (InboxHandler), and
 // applies the decision.
-func (c *Config) one(decide func(msg jetstream.Msg, id string) broker.Decision) jetstream.MessageHandler {
+func (c *Config) one(decide decideFunc) jetstream.MessageHandler {
 	return func(msg jetstream.Msg) {
 		id, err := c.Key(message{msg})
 		if err != nil {
 			c.apply(msg, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
 			return
 		}
-		if c.progress == nil {
-			c.apply(msg, decide(msg, id))
+		if c.TracerProvider != nil {
+			ctx, span := broker.StartConsume(c.Context, c.TracerProvider, message{msg}, "nats", msg.Subject(), id)
+			d := c.decide(ctx, decide, msg, id)
+			broker.EndConsume(span, d)
+			c.apply(msg, d)
 			return
 		}
-		p := &inProgress{msg: msg}
-		c.progress.Start(&p.tick, p)
-		d := decide(msg, id)
-		c.progress.Stop(&p.tick)
-		c.apply(msg, d)
+		c.apply(msg, c.decide(c.Context, decide, msg, id))
 	}
+}
+
+// decideFunc runs a message of key id in ctx and says what to tell
+// JetStream.
+type decideFunc func(ctx context.Context, msg jetstream.Msg, id string) broker.Decision
+
+// decide runs decide, reporting progress meanwhile (InboxHandler).
+func (c *Config) decide(ctx context.Context, decide decideFunc, msg jetstream.Msg, id string) broker.Decision {
+	if c.progress == nil {
+		return decide(ctx, msg, id)
+	}
+	p := &inProgress{msg: msg}
+	c.progress.Start(&p.tick, p)
+	d := decide(ctx, msg, id)
+	c.progress.Stop(&p.tick)
+	return d
 }
 
 // inProgress tells JetStream, on every tick, that a message is still being
