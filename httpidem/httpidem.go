@@ -143,6 +143,10 @@ type Config struct {
 	// StoreObserver, if set, receives the guard's events (store latency,
 	// takeovers).
 	StoreObserver func(idem.Event)
+	// Tracer, if set, traces each guarded request as the Guard's Run span
+	// (otelidem.Tracing): its outcome says replayed or executed (acquired,
+	// taken over), the handler's spans are its children.
+	Tracer idem.Tracer
 }
 
 // DefaultProblemTypeBase documents each problem type at an anchor.
@@ -189,8 +193,8 @@ type middleware struct {
 // New validates cfg and returns the middleware.
 func New(cfg Config) (func(http.Handler) http.Handler, error) {
 	if cfg.Guard != nil {
-		if cfg.Store != nil || cfg.Lease != 0 || cfg.Retention != 0 || cfg.MaxAttempts != 0 || cfg.CompactKeys || cfg.StoreObserver != nil {
-			return nil, errors.New("idem/httpidem: with Config.Guard, leave Store, Lease, Retention, MaxAttempts, CompactKeys and StoreObserver unset: configure them on the Guard")
+		if cfg.Store != nil || cfg.Lease != 0 || cfg.Retention != 0 || cfg.MaxAttempts != 0 || cfg.CompactKeys || cfg.StoreObserver != nil || cfg.Tracer != nil {
+			return nil, errors.New("idem/httpidem: with Config.Guard, leave Store, Lease, Retention, MaxAttempts, CompactKeys, StoreObserver and Tracer unset: configure them on the Guard")
 		}
 	} else if cfg.Store == nil {
 		return nil, errors.New("idem/httpidem: Config.Store (or Config.Guard) is required")
@@ -245,7 +249,7 @@ func New(cfg Config) (func(http.Handler) http.Handler, error) {
 		var err error
 		g, err = idem.NewGuard(idem.Config{
 			Store: cfg.Store, Lease: cfg.Lease, Retention: cfg.Retention, MaxAttempts: cfg.MaxAttempts,
-			CompactKeys: cfg.CompactKeys, Observer: cfg.StoreObserver,
+			CompactKeys: cfg.CompactKeys, Observer: cfg.StoreObserver, Tracer: cfg.Tracer,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("idem/httpidem: %w", err)

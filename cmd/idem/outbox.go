@@ -363,7 +363,11 @@ with exponential backoff and full jitter, dead after --max-tries. A killed relay
 claims expire after --lease and are retried. SIGTERM finishes the sends in flight.
 
 Credentials are the relay's (--nats-creds, --nats-token, --amqp-user, --kafka-user,
-the TLS flags), not the rows': a destination names the server and subject only.`,
+the TLS flags), not the rows': a destination names the server and subject only.
+
+With OTEL_EXPORTER_OTLP_ENDPOINT set (OTEL_EXPORTER_OTLP_PROTOCOL grpc or http/protobuf),
+each send is a span exported over OTLP, continuing the trace that enqueued the row, and
+its context travels in the message's traceparent header.`,
 		Args: cobra.NoArgs,
 	}
 	store := storeFlag(cmd)
@@ -456,6 +460,12 @@ the TLS flags), not the rows': a destination names the server and subject only.`
 			router["as2"] = as2sender.NewProfile(profile, httpClient)
 		}
 		cfg.Store, cfg.Sender, cfg.SendTimeout = s, router, httpTimeout
+		tp, flushTraces, err := startTracing(ctx, "idem-relay", cmd.ErrOrStderr())
+		if err != nil {
+			return err
+		}
+		defer flushTraces()
+		cfg.TracerProvider = tp
 		if cfg.SendTimeout > cfg.Lease*3/4 {
 			cfg.Lease = 2 * cfg.SendTimeout // room to send and to record the outcome
 		}

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -24,6 +27,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+	"go.opentelemetry.io/otel/trace"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
@@ -500,5 +508,132 @@ func TestRelayKill9KeepsOrder(t *testing.T) {
 		if next != perKey {
 			t.Fatalf("%s: arrivals %v", acc, seqs)
 		}
+	}
+}
+
+// otlpReceiver is an OTLP endpoint — OTLP/HTTP (POST /v1/traces,
+// protobuf) or OTLP/gRPC (the TraceService) — that keeps the spans it
+// receives.
+type otlpReceiver struct {
+	coltracepb.UnimplementedTraceServiceServer
+	mu       sync.Mutex
+	spans    []*tracepb.Span
+	endpoint string
+}
+
+func (o *otlpReceiver) keep(req *coltracepb.ExportTraceServiceRequest) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, rs := range req.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			o.spans = append(o.spans, ss.Spans...)
+		}
+	}
+}
+
+// Export implements the OTLP/gRPC TraceService.
+func (o *otlpReceiver) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	o.keep(req)
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+func newOTLPReceiver(t *testing.T, protocol string) *otlpReceiver {
+	o := &otlpReceiver{}
+	if protocol == "grpc" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := grpc.NewServer()
+		coltracepb.RegisterTraceServiceServer(srv, o)
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(srv.Stop)
+		o.endpoint = "http://" + ln.Addr().String()
+		return o
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		var req coltracepb.ExportTraceServiceRequest
+		if err != nil || r.URL.Path != "/v1/traces" || r.Header.Get("Content-Type") != "application/x-protobuf" || proto.Unmarshal(body, &req) != nil {
+			http.Error(w, "not an OTLP/HTTP protobuf export", http.StatusBadRequest)
+			return
+		}
+		o.keep(&req)
+		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		_, _ = w.Write(out)
+	}))
+	t.Cleanup(srv.Close)
+	o.endpoint = srv.URL
+	return o
+}
+
+func (o *otlpReceiver) span(name string) *tracepb.Span {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, s := range o.spans {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// TestRelayExportsTraces: with OTEL_EXPORTER_OTLP_ENDPOINT set, idem relay
+// exports each send as a span over OTLP (HTTP and gRPC) — the child of the
+// span that enqueued the row, linked to it — and the receiver gets the send
+// span's context in traceparent.
+func TestRelayExportsTraces(t *testing.T) {
+	for _, protocol := range []string{"http/protobuf", "grpc"} {
+		t.Run(strings.ReplaceAll(protocol, "/", "-"), func(t *testing.T) { testRelayExportsTraces(t, protocol) })
+	}
+}
+
+func testRelayExportsTraces(t *testing.T, protocol string) {
+	otlp := newOTLPReceiver(t, protocol)
+	got := make(chan string, 1)
+	dest := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case got <- r.Header.Get("traceparent"):
+		default:
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer dest.Close()
+	store, s := sqliteOutbox(t)
+	enqueued := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{0x4b, 0xf9, 1}, SpanID: trace.SpanID{0x00, 0xf0, 7}, TraceFlags: trace.FlagsSampled})
+	ctx := trace.ContextWithSpanContext(context.Background(), enqueued)
+	if err := s.Enqueue(ctx, outbox.Message{Key: "ORD-1", Destination: dest.URL + "/orders", Payload: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint)
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+	t.Setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+	t.Setenv("OTEL_SERVICE_NAME", "relay-under-test")
+	startRelay(t, store)
+	rowReaches(t, s, "ORD-1", outbox.Acked)
+	var header string
+	select {
+	case header = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the receiver got nothing")
+	}
+	var send *tracepb.Span
+	testenv.Eventually(t, 20*time.Second, "the send span exported", func() error {
+		if send = otlp.span("send " + strings.TrimPrefix(dest.URL, "http://")); send == nil {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	traceID, spanID := enqueued.TraceID(), enqueued.SpanID()
+	if !bytes.Equal(send.TraceId, traceID[:]) || !bytes.Equal(send.ParentSpanId, spanID[:]) {
+		t.Fatalf("the send span's trace %x parent %x, want %s %s", send.TraceId, send.ParentSpanId, enqueued.TraceID(), enqueued.SpanID())
+	}
+	if len(send.Links) != 1 || !bytes.Equal(send.Links[0].SpanId, spanID[:]) {
+		t.Fatalf("the send span's links %v", send.Links)
+	}
+	if want := fmt.Sprintf("00-%s-%x-01", enqueued.TraceID(), send.SpanId); header != want {
+		t.Fatalf("the receiver got traceparent %q, want %q", header, want)
 	}
 }
