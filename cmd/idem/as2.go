@@ -18,11 +18,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/as2"
 	"github.com/idemgo/idem/as2/receiver"
 	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/otelidem"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/as2sender"
 	"github.com/idemgo/idem/outbox/httpsender"
@@ -64,7 +66,10 @@ With --outbox URL (the outbox idem relay --as2 sends from): POST /as2/mdn takes 
 asynchronous MDNs of our own messages (verified, checked, and the row acked or refused),
 and the MDNs partners ask to receive asynchronously are sent through that outbox
 (retried, the same MDN every time) instead of in the response; the command relays that
-outbox (every destination, as2:// under this profile), beside any idem relay.`,
+outbox (every destination, as2:// under this profile), beside any idem relay.
+
+With OTEL_EXPORTER_OTLP_ENDPOINT set, each request, delivery and MDN send is traced and
+exported over OTLP; a forwarded interchange carries its span's traceparent.`,
 		Args: cobra.NoArgs,
 	}
 	store := storeFlag(cmd)
@@ -96,7 +101,16 @@ outbox (every destination, as2:// under this profile), beside any idem relay.`,
 			return err
 		}
 		defer s.Close()
-		g, err := idem.NewGuard(idem.Config{Store: s, Retention: 30 * 24 * time.Hour})
+		tp, flushTraces, err := startTracing(ctx, "idem-as2", cmd.ErrOrStderr())
+		if err != nil {
+			return err
+		}
+		defer flushTraces()
+		gcfg := idem.Config{Store: s, Retention: 30 * 24 * time.Hour}
+		if tp != nil {
+			gcfg.Tracer = otelidem.Tracing(tp)
+		}
+		g, err := idem.NewGuard(gcfg)
 		if err != nil {
 			return err
 		}
@@ -161,7 +175,7 @@ outbox (every destination, as2:// under this profile), beside any idem relay.`,
 			defer closeSenders()
 			router["as2"] = as2sender.NewProfile(profile, &http.Client{Timeout: forwardTimeout})
 			relay, err := outbox.NewRelay(outbox.RelayConfig{Store: ob, Sender: router, SendTimeout: forwardTimeout, Lease: 2 * forwardTimeout,
-				BackoffMin: 100 * time.Millisecond, BackoffMax: time.Minute, PollInterval: 200 * time.Millisecond})
+				BackoffMin: 100 * time.Millisecond, BackoffMax: time.Minute, PollInterval: 200 * time.Millisecond, TracerProvider: tp})
 			if err != nil {
 				return err
 			}
@@ -175,7 +189,7 @@ outbox (every destination, as2:// under this profile), beside any idem relay.`,
 			}()
 		}
 		mux.Handle("POST /as2", rv)
-		return serveUntilDone(ctx, listen, mux, 30*time.Second, *timeouts, nil, func(addr net.Addr) {
+		return serveUntilDone(ctx, listen, serverSpans(tp, mux), 30*time.Second, *timeouts, nil, func(addr net.Addr) {
 			fmt.Fprintf(cmd.ErrOrStderr(), "idem as2 serve: %s on http://%s/as2\n", profile.AS2ID, addr)
 		})
 	}
@@ -286,6 +300,7 @@ func forwardInterchange(ctx context.Context, client *http.Client, url string, d 
 	req.Header.Set("AS2-From", d.Message.From)
 	req.Header.Set("AS2-To", d.Message.To)
 	req.Header.Set("Message-ID", "<"+d.Message.MessageID+">")
+	w3c.Inject(ctx, propagation.HeaderCarrier(req.Header)) // the delivery's span, when traced
 	resp, err := client.Do(req)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,7 +17,10 @@ import (
 	"testing"
 	"time"
 
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+
 	"github.com/idemgo/idem/as2/as2test"
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
 )
 
@@ -267,5 +271,57 @@ func TestAS2Forward(t *testing.T) {
 	}
 	if kept, _ := os.ReadDir(rejectedDir); len(kept) != 0 {
 		t.Fatalf("kept %d files of a stranger's", len(kept))
+	}
+}
+
+// TestAS2Traces: with OTEL_EXPORTER_OTLP_ENDPOINT set for both, the relay's
+// AS2 send and idem as2 serve's handling are one trace: the send span
+// (client kind) carries its context in traceparent, the receiver's server
+// span is its child and the guarded delivery the server span's, and the
+// forwarded interchange carries the delivery's context upstream.
+func TestAS2Traces(t *testing.T) {
+	w := newAS2World(t)
+	otlp := newOTLPReceiver(t, "http/protobuf")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint)
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+	upParent := make(chan string, 4)
+	upstream := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		upParent <- r.Header.Get("traceparent")
+		rw.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	gcm := "    sign: sha256\n    encrypt: aes256-gcm\n    mdn: sync\n    mdn_sign: sha256\n"
+	serve := startAS2Serve(t, "--as2", w.profile("SUPPLIER", "BUYER", "http://127.0.0.1:1/as2", gcm, ""), "--store", "sqlite:"+w.path("supplier.db"),
+		"--forward", upstream.URL, "--rejected-dir", w.path("rejected"))
+	store := "sqlite:" + w.path("outbox.db")
+	w.enqueue(store, "PO-9")
+	w.relay(store, w.profile("BUYER", "SUPPLIER", serve+"/as2", gcm, ""))
+	if row := w.settled(store, "PO-9"); row.Status != outbox.Acked {
+		t.Fatalf("row %s (%s)", row.Status, row.LastError)
+	}
+	forwarded := <-upParent
+	// The receiver runs a message under its Message-ID, and each
+	// interchange in it under the interchange's key: two runs, nested.
+	var send, server, message, interchange *tracepb.Span
+	testenv.Eventually(t, 20*time.Second, "the spans of both processes exported", func() error {
+		send, server = otlp.span("send SUPPLIER"), otlp.span("POST /as2")
+		if send == nil || server == nil {
+			return errors.New("not yet")
+		}
+		message, interchange = otlp.child(server, "idem.run"), nil
+		if message != nil {
+			interchange = otlp.child(message, "idem.run")
+		}
+		if interchange == nil {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if send.Kind != tracepb.Span_SPAN_KIND_CLIENT || !bytes.Equal(server.TraceId, send.TraceId) || !bytes.Equal(server.ParentSpanId, send.SpanId) ||
+		!bytes.Equal(interchange.TraceId, send.TraceId) {
+		t.Fatalf("send %x/%x (%v), server %x parent %x, the interchange's run %x", send.TraceId, send.SpanId, send.Kind, server.TraceId, server.ParentSpanId, interchange.TraceId)
+	}
+	if want := fmt.Sprintf("00-%x-%x-01", send.TraceId, interchange.SpanId); forwarded != want {
+		t.Fatalf("the upstream got traceparent %q, want the interchange run's %q", forwarded, want)
 	}
 }

@@ -637,3 +637,15 @@ func testRelayExportsTraces(t *testing.T, protocol string) {
 		t.Fatalf("the receiver got traceparent %q, want %q", header, want)
 	}
 }
+
+// child returns a span named name whose parent is parent.
+func (o *otlpReceiver) child(parent *tracepb.Span, name string) *tracepb.Span {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, s := range o.spans {
+		if s.Name == name && bytes.Equal(s.ParentSpanId, parent.SpanId) {
+			return s
+		}
+	}
+	return nil
+}

@@ -20,11 +20,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/console"
 	"github.com/idemgo/idem/edi"
 	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/otelidem"
 )
 
 type serveOpts struct {
@@ -54,7 +56,11 @@ Idempotency-Key run once: duplicates get the stored response (Idempotent-Replaye
 bad key. The store keeps completed responses and live leases across restarts and kill -9.
 The key is forwarded upstream unchanged, with the execution's fencing token in
 Idempotency-Fence: it grows with every execution of a key, so an upstream that refuses writes
-under a fence below the largest it applied refuses a gateway paused past its lease.`,
+under a fence below the largest it applied refuses a gateway paused past its lease.
+
+With OTEL_EXPORTER_OTLP_ENDPOINT set (OTEL_EXPORTER_OTLP_PROTOCOL grpc or http/protobuf),
+each request is a server span continuing the caller's traceparent, the guarded run its
+child (replayed or executed), and the upstream request carries its context.`,
 		Args: cobra.NoArgs,
 	}
 	f := cmd.Flags()
@@ -169,8 +175,9 @@ func (m *gatewayMetrics) store(e idem.Event) {
 }
 
 // newProxy forwards to upstream, handing it the request's fence in
-// fenceHeader (when not empty).
-func newProxy(upstream *url.URL, timeout time.Duration, fenceHeader string, logger *log.Logger) *httputil.ReverseProxy {
+// fenceHeader (when not empty) and, when traced, the trace context of the
+// request's span (its caller's traceparent passes through otherwise).
+func newProxy(upstream *url.URL, timeout time.Duration, fenceHeader string, traced bool, logger *log.Logger) *httputil.ReverseProxy {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.ResponseHeaderTimeout = timeout
 	transport.MaxIdleConnsPerHost = 256
@@ -178,6 +185,9 @@ func newProxy(upstream *url.URL, timeout time.Duration, fenceHeader string, logg
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
+			if traced {
+				w3c.Inject(pr.In.Context(), propagation.HeaderCarrier(pr.Out.Header))
+			}
 			fence, guarded := idem.FenceFrom(pr.In.Context())
 			if fenceHeader != "" {
 				pr.Out.Header.Del(fenceHeader)
@@ -279,6 +289,11 @@ func runServe(ctx context.Context, o serveOpts) error {
 	logServerWarnings(ctx, store, logger)
 	metrics := newGatewayMetrics()
 	metrics.exportServerWarnings(store)
+	tp, flushTraces, err := startTracing(ctx, "idem-serve", os.Stderr)
+	if err != nil {
+		return err
+	}
+	defer flushTraces()
 	principal, err := httpidem.ParsePrincipal(o.principal)
 	if err != nil {
 		return fmt.Errorf("--principal: %w", err)
@@ -301,6 +316,9 @@ func runServe(ctx context.Context, o serveOpts) error {
 			}
 		},
 		StoreObserver: metrics.store,
+	}
+	if tp != nil {
+		cfg.Tracer = otelidem.Tracing(tp)
 	}
 	switch o.keyFrom {
 	case "header":
@@ -332,7 +350,7 @@ func runServe(ctx context.Context, o serveOpts) error {
 		}
 		defer sw.Stop(context.Background())
 	}
-	srv := o.timeouts.server(framing(mw(newProxy(up, o.timeout, o.fenceHeader, logger)), o.principal))
+	srv := o.timeouts.server(serverSpans(tp, framing(mw(newProxy(up, o.timeout, o.fenceHeader, tp != nil, logger)), o.principal)))
 	srv.ErrorLog = logger
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()

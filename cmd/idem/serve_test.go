@@ -18,7 +18,10 @@ import (
 	"testing"
 	"time"
 
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+
 	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/internal/testenv"
 )
 
 // TestMain lets the tests run this test binary as the idem command in a
@@ -505,4 +508,69 @@ func TestGatewayNeverSendsAKeyedRequestTwice(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestGatewayExportsTraces: with OTEL_EXPORTER_OTLP_ENDPOINT set, idem serve
+// continues the caller's trace in a server span, the guarded run its child
+// (acquired, then replayed), and the upstream gets the run's context in
+// traceparent.
+func TestGatewayExportsTraces(t *testing.T) {
+	otlp := newOTLPReceiver(t, "http/protobuf")
+	var upParent atomic.Value
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upParent.Store(r.Header.Get("traceparent"))
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer up.Close()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint)
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+	g := startGateway(t, "--upstream", up.URL, "--store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"))
+	const caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	for range 2 {
+		req, _ := http.NewRequest("POST", "http://"+g.addr+"/payments", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Idempotency-Key", `"PAY-1"`)
+		req.Header.Set("traceparent", caller)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != http.StatusCreated {
+			t.Fatalf("%v %v", resp, err)
+		}
+		resp.Body.Close()
+	}
+	var runs []*tracepb.Span
+	testenv.Eventually(t, 20*time.Second, "two runs exported", func() error {
+		otlp.mu.Lock()
+		defer otlp.mu.Unlock()
+		runs = runs[:0]
+		for _, s := range otlp.spans {
+			if s.Name == "idem.run" {
+				runs = append(runs, s)
+			}
+		}
+		if len(runs) < 2 {
+			return fmt.Errorf("%d runs", len(runs))
+		}
+		return nil
+	})
+	server := otlp.span("POST /payments")
+	if server == nil || fmt.Sprintf("%x", server.TraceId) != "0af7651916cd43dd8448eb211c80319c" || fmt.Sprintf("%x", server.ParentSpanId) != "b7ad6b7169203331" {
+		t.Fatalf("the server span %v does not continue the caller's trace", server)
+	}
+	outcomes := map[string]bool{}
+	for _, r := range runs {
+		for _, a := range r.Attributes {
+			if a.Key == "idem.outcome" {
+				outcomes[a.Value.GetStringValue()] = true
+			}
+		}
+		if fmt.Sprintf("%x", r.TraceId) != "0af7651916cd43dd8448eb211c80319c" {
+			t.Errorf("a run in trace %x", r.TraceId)
+		}
+	}
+	if !outcomes["acquired"] || !outcomes["replayed"] {
+		t.Fatalf("run outcomes %v, want acquired and replayed", outcomes)
+	}
+	p, _ := upParent.Load().(string)
+	if !strings.HasPrefix(p, "00-0af7651916cd43dd8448eb211c80319c-") || strings.Contains(p, "b7ad6b7169203331") {
+		t.Fatalf("the upstream got traceparent %q: not the gateway's span in the caller's trace", p)
+	}
 }

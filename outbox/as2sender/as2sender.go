@@ -80,6 +80,7 @@ func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	req.Header.Set("AS2-Version", "1.2")
 	req.Header.Set("Date", date)
 	req.Header.Set("Disposition-Notification-To", "idem@"+host)
+	copyTraceContext(req.Header, m)
 	resp, err := a.client.Do(req)
 	if err != nil {
 		return outbox.Result{Status: outbox.Pending, Err: err}
@@ -108,4 +109,16 @@ func quoteAS2(s string) string {
 		return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"`
 	}
 	return s
+}
+
+// copyTraceContext passes the trace context the relay gave m (traceparent,
+// tracestate: the send's span) on to the partner, so a traced receiver's
+// spans join the sender's trace. The AS2 headers are the sender's own; no
+// other header of the message is sent.
+func copyTraceContext(h http.Header, m *outbox.Message) {
+	for _, name := range []string{"traceparent", "tracestate"} {
+		if v := m.Headers[name]; v != "" {
+			h.Set(name, v)
+		}
+	}
 }

@@ -104,6 +104,7 @@ func (s *ProfileSender) Send(ctx context.Context, m *outbox.Message) outbox.Resu
 		return outbox.Result{Status: outbox.Dead, Err: err}
 	}
 	req.Header = out.Header
+	copyTraceContext(req.Header, m)
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return outbox.Result{Status: outbox.Pending, Err: err}
