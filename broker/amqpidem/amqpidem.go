@@ -7,6 +7,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
@@ -28,6 +29,10 @@ type Config struct {
 	// Context is the parent of every handler's context. Defaults to
 	// context.Background().
 	Context context.Context
+	// TracerProvider, if set, traces each delivery (GuardHandler,
+	// InboxHandler): a span "process <queue>" continuing the producer's
+	// trace from the traceparent header; the work runs in it.
+	TracerProvider trace.TracerProvider
 	// OnDecision, if set, hears every decision once it is applied.
 	OnDecision func(d *amqp.Delivery, dec broker.Decision)
 	// Concurrency is how many deliveries the handler runs at once.
@@ -108,8 +113,8 @@ func GuardHandler(g *idem.Guard, cfg Config, work func(ctx context.Context, d *a
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return cfg.handler(func(d *amqp.Delivery, id string) broker.Decision {
-		res, err := g.Run(cfg.Context, idem.Key{Scope: cfg.Scope, ID: id}, &idem.RunOptions{Fingerprint: cfg.Fingerprint(message{d})},
+	return cfg.handler(func(ctx context.Context, d *amqp.Delivery, id string) broker.Decision {
+		res, err := g.Run(ctx, idem.Key{Scope: cfg.Scope, ID: id}, &idem.RunOptions{Fingerprint: cfg.Fingerprint(message{d})},
 			func(ctx context.Context, fence uint64) ([]byte, error) { return work(ctx, d, fence) })
 		return cfg.Policy.FromGuard(res, err, attempt(d))
 	}), nil
@@ -121,8 +126,8 @@ func InboxHandler(cfg Config, process func(ctx context.Context, d *amqp.Delivery
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return cfg.handler(func(d *amqp.Delivery, id string) broker.Decision {
-		out, err := process(cfg.Context, d, id)
+	return cfg.handler(func(ctx context.Context, d *amqp.Delivery, id string) broker.Decision {
+		out, err := process(ctx, d, id)
 		return cfg.Policy.FromInbox(out, err, attempt(d))
 	}), nil
 }
@@ -130,7 +135,7 @@ func InboxHandler(cfg Config, process func(ctx context.Context, d *amqp.Delivery
 // handler runs one delivery at a time, or Concurrency at once; one
 // extracts the key (a delivery without one is dead-lettered), runs decide
 // and applies the decision.
-func (c *Config) handler(decide func(d *amqp.Delivery, id string) broker.Decision) func(amqp.Delivery) {
+func (c *Config) handler(decide func(ctx context.Context, d *amqp.Delivery, id string) broker.Decision) func(amqp.Delivery) {
 	h := c.one(decide)
 	if c.Concurrency <= 1 {
 		return h
@@ -145,14 +150,25 @@ func (c *Config) handler(decide func(d *amqp.Delivery, id string) broker.Decisio
 	}
 }
 
-func (c *Config) one(decide func(d *amqp.Delivery, id string) broker.Decision) func(amqp.Delivery) {
+func (c *Config) one(decide func(ctx context.Context, d *amqp.Delivery, id string) broker.Decision) func(amqp.Delivery) {
 	return func(d amqp.Delivery) {
 		id, err := c.Key(message{&d})
 		if err != nil {
 			c.apply(&d, broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + err.Error()})
 			return
 		}
-		c.apply(&d, decide(&d, id))
+		if c.TracerProvider == nil {
+			c.apply(&d, decide(c.Context, &d, id))
+			return
+		}
+		queue := d.RoutingKey
+		if d.Exchange != "" {
+			queue = d.Exchange
+		}
+		ctx, span := broker.StartConsume(c.Context, c.TracerProvider, message{&d}, "rabbitmq", queue, id)
+		dec := decide(ctx, &d, id)
+		broker.EndConsume(span, dec)
+		c.apply(&d, dec)
 	}
 }
 

@@ -10,6 +10,9 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
@@ -176,5 +179,51 @@ func TestMessageIDKey(t *testing.T) {
 	defer mu.Unlock()
 	if got["ack"] != 2 || got["dead-letter"] != 1 || runs["TRF-1"] != 1 || len(runs) != 1 {
 		t.Errorf("decisions %v, runs %v; want 2 acks, 1 dead letter, TRF-1 run once and nothing else", got, runs)
+	}
+}
+
+// TestTracing: with Config.TracerProvider, a delivery is processed in a
+// consumer span whose parent is the producer's span from the traceparent
+// header, the Guard's work runs in it, and the span carries the verdict.
+func TestTracing(t *testing.T) {
+	ch, consumeCh, q := queue(t)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	g, _ := idem.NewGuard(idem.Config{Store: s})
+	worked := make(chan trace.SpanContext, 1)
+	h, err := amqpidem.GuardHandler(g, amqpidem.Config{Scope: "credits", Key: amqpidem.MessageIDKey, TracerProvider: tp},
+		func(ctx context.Context, d *amqp.Delivery, fence uint64) ([]byte, error) {
+			worked <- trace.SpanContextFromContext(ctx)
+			return nil, nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = amqpidem.Consume(ctx, consumeCh, q, "", h) }()
+	const producer = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	if err := ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{MessageId: "PAY-1", Body: []byte("credit"),
+		Headers: amqp.Table{"traceparent": producer}}); err != nil {
+		t.Fatal(err)
+	}
+	var in trace.SpanContext
+	select {
+	case in = <-worked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not processed")
+	}
+	testenv.Eventually(t, 5*time.Second, "the consumer span ended", func() error {
+		if len(exp.GetSpans()) == 0 {
+			return errors.New("none yet")
+		}
+		return nil
+	})
+	span := exp.GetSpans()[0]
+	if span.Name != "process "+q || span.SpanKind != trace.SpanKindConsumer || span.Parent.SpanID().String() != "00f067aa0ba902b7" ||
+		span.SpanContext.TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" || in.SpanID() != span.SpanContext.SpanID() {
+		t.Fatalf("span %s (%v), parent %s, trace %s; the work ran in %s", span.Name, span.SpanKind, span.Parent.SpanID(), span.SpanContext.TraceID(), in.SpanID())
 	}
 }

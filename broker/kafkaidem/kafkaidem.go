@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
@@ -76,6 +77,12 @@ type Config struct {
 	// Ack is committed, a Retry runs again in place, a DeadLetter was
 	// produced to the dead-letter topic and is committed.
 	OnDecision func(rec *kgo.Record, d broker.Decision)
+	// TracerProvider, if set, traces each record: a span "process
+	// <topic>" from its first try to its settled outcome (or to the
+	// partition being let go), continuing the producer's trace from the
+	// record's traceparent header; the Guard's or the inbox's work runs in
+	// it.
+	TracerProvider trace.TracerProvider
 	// OnError, if set, hears the errors the consumer cannot act on: fetch
 	// errors the client reports, failed commits (retried with the next
 	// commit).
@@ -153,7 +160,7 @@ var errNoGroup = errors.New("Config.ClientOptions must name a consumer group (kg
 type Consumer struct {
 	cfg    Config
 	cl     *kgo.Client
-	decide func(rec *kgo.Record, id string, attempt int) broker.Decision
+	decide func(ctx context.Context, rec *kgo.Record, id string, attempt int) broker.Decision
 	slots  chan struct{}
 
 	mu      sync.Mutex
@@ -172,9 +179,9 @@ func GuardConsumer(g *idem.Guard, cfg Config, work func(ctx context.Context, rec
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return newConsumer(cfg, func(rec *kgo.Record, id string, attempt int) broker.Decision {
+	return newConsumer(cfg, func(ctx context.Context, rec *kgo.Record, id string, attempt int) broker.Decision {
 		opts := idem.RunOptions{Fingerprint: cfg.Fingerprint(message{rec})}
-		res, err := g.Run(cfg.Context, idem.Key{Scope: cfg.Scope, ID: id}, &opts,
+		res, err := g.Run(ctx, idem.Key{Scope: cfg.Scope, ID: id}, &opts,
 			func(ctx context.Context, fence uint64) ([]byte, error) { return work(ctx, rec, fence) })
 		return cfg.Policy.FromGuard(res, err, attempt)
 	})
@@ -188,13 +195,13 @@ func InboxConsumer(cfg Config, process func(ctx context.Context, rec *kgo.Record
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return newConsumer(cfg, func(rec *kgo.Record, id string, attempt int) broker.Decision {
-		out, err := process(cfg.Context, rec, id)
+	return newConsumer(cfg, func(ctx context.Context, rec *kgo.Record, id string, attempt int) broker.Decision {
+		out, err := process(ctx, rec, id)
 		return cfg.Policy.FromInbox(out, err, attempt)
 	})
 }
 
-func newConsumer(cfg Config, decide func(rec *kgo.Record, id string, attempt int) broker.Decision) (*Consumer, error) {
+func newConsumer(cfg Config, decide func(ctx context.Context, rec *kgo.Record, id string, attempt int) broker.Decision) (*Consumer, error) {
 	c := &Consumer{cfg: cfg, decide: decide, slots: make(chan struct{}, cfg.Concurrency), parts: map[topicPartition]*partition{}}
 	opts := append([]kgo.Opt{kgo.AutoCommitInterval(time.Second)}, cfg.ClientOptions...)
 	opts = append(opts,
@@ -343,6 +350,21 @@ wait:
 // returns false if the partition was let go before it settled.
 func (c *Consumer) handle(p *partition, rec *kgo.Record) bool {
 	id, keyErr := c.cfg.Key(message{rec})
+	ctx := c.cfg.Context
+	if c.cfg.TracerProvider != nil {
+		var span trace.Span
+		ctx, span = broker.StartConsume(ctx, c.cfg.TracerProvider, message{rec}, "kafka", rec.Topic, id)
+		var last broker.Decision
+		defer func() { broker.EndConsume(span, last) }()
+		return c.tries(ctx, p, rec, id, keyErr, &last)
+	}
+	var last broker.Decision
+	return c.tries(ctx, p, rec, id, keyErr, &last)
+}
+
+// tries runs rec until its outcome is settled (true) or the partition is
+// let go (false); last is the last decision.
+func (c *Consumer) tries(ctx context.Context, p *partition, rec *kgo.Record, id string, keyErr error, last *broker.Decision) bool {
 	for attempt := 1; ; attempt++ {
 		select {
 		case c.slots <- struct{}{}:
@@ -353,7 +375,7 @@ func (c *Consumer) handle(p *partition, rec *kgo.Record) bool {
 		if keyErr != nil {
 			d = broker.Decision{Verdict: broker.DeadLetter, Reason: "no key: " + keyErr.Error()}
 		} else {
-			d = c.decide(rec, id, attempt)
+			d = c.decide(ctx, rec, id, attempt)
 		}
 		if d.Verdict == broker.DeadLetter {
 			if err := c.deadLetter(rec, d.Reason); err != nil {
@@ -361,6 +383,7 @@ func (c *Consumer) handle(p *partition, rec *kgo.Record) bool {
 			}
 		}
 		<-c.slots
+		*last = d
 		if c.cfg.OnDecision != nil {
 			c.cfg.OnDecision(rec, d)
 		}

@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	_ "modernc.org/sqlite"
 
 	"github.com/idemgo/idem"
@@ -467,3 +470,39 @@ type fakeMessage struct{}
 
 func (fakeMessage) Header(string) string { return "" }
 func (fakeMessage) Body() []byte         { return nil }
+
+// TestTracing: with Config.TracerProvider, a record is processed in a
+// consumer span whose parent is the producer's span from the traceparent
+// header, and the Guard's work runs in it.
+func TestTracing(t *testing.T) {
+	brokers := testenv.Kafka(t)
+	topic := testenv.KafkaTopic(t, brokers, "idemkafka-", 1)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	worked := make(chan trace.SpanContext, 1)
+	c := run(t, brokers, topic, kafkaidem.Config{TracerProvider: tp}, func(cfg kafkaidem.Config) (*kafkaidem.Consumer, error) {
+		return kafkaidem.GuardConsumer(newGuard(t, newStore(t)), cfg, func(ctx context.Context, rec *kgo.Record, fence uint64) ([]byte, error) {
+			worked <- trace.SpanContextFromContext(ctx)
+			return nil, nil
+		})
+	})
+	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	rec := &kgo.Record{Topic: topic, Value: []byte("credit"), Headers: []kgo.RecordHeader{
+		{Key: kafkaidem.KeyHeader, Value: []byte("PAY-1")}, {Key: "traceparent", Value: []byte(parent)}}}
+	if err := producer(t, brokers).ProduceSync(context.Background(), rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	await(t, c.events, "the record acked", is("PAY-1", broker.Ack))
+	in := <-worked
+	testenv.Eventually(t, 5*time.Second, "the consumer span ended", func() error {
+		if len(exp.GetSpans()) == 0 {
+			return fmt.Errorf("none yet")
+		}
+		return nil
+	})
+	span := exp.GetSpans()[0]
+	if span.Name != "process "+topic || span.SpanKind != trace.SpanKindConsumer || span.Parent.SpanID().String() != "00f067aa0ba902b7" ||
+		span.SpanContext.TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" || in.SpanID() != span.SpanContext.SpanID() {
+		t.Fatalf("span %s (%v), parent %s, trace %s; the work ran in %s", span.Name, span.SpanKind, span.Parent.SpanID(), span.SpanContext.TraceID(), in.SpanID())
+	}
+}
