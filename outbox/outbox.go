@@ -198,7 +198,7 @@ func (s *Store) Schema() string {
 	ordering_key    text,                   -- rows of one ordering key are sent one at a time, in id order
 	trace_context   text                    -- the enqueuing span's W3C trace context, a JSON object
 );
-` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_due", "idem_outbox", "(next_attempt_at) WHERE status = 'pending'") + `;
+` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_due", "idem_outbox", "(next_attempt_at, id) WHERE status = 'pending'") + `;
 ` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_external_id", "idem_outbox", "(external_id)") + `;
 ` + s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_ordering", "idem_outbox", "(ordering_key, id) WHERE ordering_key IS NOT NULL AND status IN ('pending', 'dead')") + `;
 CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
@@ -231,7 +231,13 @@ func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store 
 	// claim: $1 claim token, $2 lease ms, $3 batch size. A row of an
 	// ordering key is claimable once no earlier row of its key is
 	// unfinished (any pending row, claimed or not, and — unless
-	// pastDead — a dead one).
+	// pastDead — a dead one): it is the first unfinished row of its key,
+	// found by idem_outbox_ordering. The due rows are walked in
+	// idem_outbox_due's order, (next_attempt_at, id), so a claim reads
+	// about a batch of rows, not every pending one. (The test is "id <=
+	// that first id", which is "=" for a pending row: an equality of a
+	// subquery is estimated so selective that PostgreSQL would sort every
+	// pending row instead.)
 	claim := func(pastDead bool) string {
 		unfinished := `'pending', 'dead'`
 		if pastDead {
@@ -240,8 +246,8 @@ func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store 
 		return `UPDATE ` + tbl + ` SET claimed_by = $1, claimed_until = ` + s.d.NowPlusMillis("$2") + `
 WHERE id IN (SELECT o.id FROM ` + tbl + ` o WHERE o.status = 'pending' AND o.next_attempt_at <= ` + s.d.Now() + `
 	AND (o.claimed_until IS NULL OR o.claimed_until < ` + s.d.Now() + `)
-	AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + tbl + ` e
-		WHERE e.ordering_key = o.ordering_key AND e.id < o.id AND e.status IN (` + unfinished + `)))
+	AND (o.ordering_key IS NULL OR o.id <= (SELECT min(e.id) FROM ` + tbl + ` e
+		WHERE e.ordering_key = o.ordering_key AND e.status IN (` + unfinished + `)))
 	ORDER BY o.next_attempt_at, o.id LIMIT $3` + d.SkipLocked() + `)
 RETURNING id, key, destination, payload, headers, coalesce(external_id, ''), coalesce(ordering_key, ''), coalesce(trace_context, ''), tries`
 	}
