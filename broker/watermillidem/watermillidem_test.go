@@ -11,6 +11,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
@@ -161,5 +164,40 @@ func TestHandlerGetsTheGuardContext(t *testing.T) {
 	}
 	if fence == 0 || m.Context().Value(ctxKey{}) != "router" {
 		t.Fatal("the message's own context was not given back")
+	}
+}
+
+// TestTracing: WithTracerProvider processes a message in a consumer span
+// whose parent is the producer's span from the traceparent metadata; the
+// handler runs in it.
+func TestTracing(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	g, _ := idem.NewGuard(idem.Config{Store: s})
+	mw, err := watermillidem.Middleware(g, "credits", broker.HeaderKey("correlation_id"), watermillidem.WithTracerProvider(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in trace.SpanContext
+	h := mw(func(m *message.Message) ([]*message.Message, error) {
+		in = trace.SpanContextFromContext(m.Context())
+		return nil, nil
+	})
+	m := message.NewMessage("m-1", []byte("credit"))
+	m.Metadata.Set("correlation_id", "PAY-1")
+	m.Metadata.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	if _, err := h(m); err != nil {
+		t.Fatal(err)
+	}
+	spans := exp.GetSpans()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans", len(spans))
+	}
+	span := spans[0]
+	if span.SpanKind != trace.SpanKindConsumer || span.Parent.SpanID().String() != "00f067aa0ba902b7" ||
+		span.SpanContext.TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" || in.SpanID() != span.SpanContext.SpanID() {
+		t.Fatalf("span %s (%v), parent %s; the handler ran in %s", span.Name, span.SpanKind, span.Parent.SpanID(), in.SpanID())
 	}
 }
