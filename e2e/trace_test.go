@@ -187,7 +187,7 @@ func TestOneTrace(t *testing.T) {
 	for name, span := range map[string]sdktrace.ReadOnlySpan{"send": send, "process": process, "book": book} {
 		got := map[string]string{}
 		for _, kv := range span.Attributes() {
-			got[string(kv.Key)] = kv.Value.Emit()
+			got[string(kv.Key)] = kv.Value.String()
 		}
 		for k, v := range want[name] {
 			if got[k] != v {

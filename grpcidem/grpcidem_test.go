@@ -84,9 +84,9 @@ const retryPolicy = `{"methodConfig": [{"name": [{"service": "grpc.testing.TestS
 type fixture struct {
 	svc      *service
 	attempts chan string // every call's key, as it reaches the server
-	faults *dropFirst
-	client testpb.TestServiceClient // through grpcidem's client interceptor and the retry policy
-	raw    testpb.TestServiceClient // no interceptor, no retries
+	faults   *dropFirst
+	client   testpb.TestServiceClient // through grpcidem's client interceptor and the retry policy
+	raw      testpb.TestServiceClient // no interceptor, no retries
 }
 
 func start(t *testing.T, faults bool, cfg grpcidem.Config) *fixture {
