@@ -1,0 +1,157 @@
+package httpidem_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/store/memstore"
+)
+
+// CuttingProxy forwards to target and, for the first request, drops the
+// connection once target has answered: the request ran, the client never
+// learns how. It records the Idempotency-Key of every request it forwards.
+type CuttingProxy struct {
+	target string
+	cut    atomic.Bool
+	mu     sync.Mutex
+	keys   []string
+}
+
+func (p *CuttingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	p.keys = append(p.keys, r.Header.Get(httpidem.HeaderName))
+	p.mu.Unlock()
+	out, _ := http.NewRequest(r.Method, p.target+r.URL.RequestURI(), r.Body)
+	out.Header = r.Header.Clone()
+	resp, err := http.DefaultTransport.RoundTrip(out)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if p.cut.CompareAndSwap(false, true) {
+		c, _, _ := w.(http.Hijacker).Hijack()
+		c.Close()
+		return
+	}
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(body)
+}
+
+// TestTransportRetriesWithOneKey: a POST through httpidem.Transport, to a
+// service behind the middleware, behind a proxy that cuts the first
+// response after the service ran: the Transport sends the request again
+// with the key it made, the service runs once, and the caller gets the
+// replay of that run's answer.
+func TestTransportRetriesWithOneKey(t *testing.T) {
+	var runs atomic.Int32
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	mw, err := httpidem.New(httpidem.Config{Store: s, Principal: httpidem.NoPrincipal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, string(body)+" booked, run "+string(rune('0'+n)))
+	})))
+	defer svc.Close()
+	proxy := &CuttingProxy{target: svc.URL}
+	front := httptest.NewServer(proxy)
+	defer front.Close()
+
+	client := &http.Client{Transport: &httpidem.Transport{BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond}}
+	req, _ := http.NewRequest(http.MethodPost, front.URL+"/payments", bytes.NewReader([]byte("PAY-1")))
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || string(body) != "PAY-1 booked, run 1" || !httpidem.Replayed(resp) || runs.Load() != 1 {
+		t.Fatalf("%d %q (replayed %v) after %d runs", resp.StatusCode, body, httpidem.Replayed(resp), runs.Load())
+	}
+	proxy.mu.Lock()
+	defer proxy.mu.Unlock()
+	if len(proxy.keys) != 2 || proxy.keys[0] == "" || proxy.keys[0] != proxy.keys[1] {
+		t.Fatalf("the attempts carried keys %q, want one key twice", proxy.keys)
+	}
+	if req.Header.Get(httpidem.HeaderName) != "" {
+		t.Fatal("the caller's request was changed")
+	}
+}
+
+// TestTransportLeavesOthersAlone: a GET, and a POST whose body cannot be
+// read again, are sent once, whatever the answer.
+func TestTransportLeavesOthersAlone(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	client := &http.Client{Transport: &httpidem.Transport{BackoffMin: time.Millisecond}}
+	get, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+	post, _ := http.NewRequest(http.MethodPost, srv.URL, io.NopCloser(strings.NewReader("once"))) // no GetBody
+	for _, req := range []*http.Request{get, post} {
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d calls, want 2", n)
+	}
+}
+
+// TestTransportHonoursRetryAfter: a 409 (the key in flight) is retried
+// after the Retry-After it carries, with the caller's own key.
+func TestTransportHonoursRetryAfter(t *testing.T) {
+	var mu sync.Mutex
+	var keys []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		keys = append(keys, r.Header.Get(httpidem.HeaderName))
+		n := len(keys)
+		mu.Unlock()
+		if n == 1 {
+			w.Header().Set("Retry-After", "3")
+			w.WriteHeader(http.StatusConflict)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	var waited []time.Duration
+	tr := &httpidem.Transport{}
+	httpidem.SetTransportWait(tr, func(_ context.Context, d time.Duration) error { waited = append(waited, d); return nil })
+	client := &http.Client{Transport: tr}
+	req, _ := http.NewRequest(http.MethodPut, srv.URL, strings.NewReader("x"))
+	req.Header.Set(httpidem.HeaderName, `"MY-KEY"`)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if resp.StatusCode != http.StatusOK || len(keys) != 2 || len(waited) != 1 || waited[0] != 3*time.Second || keys[0] != `"MY-KEY"` || keys[1] != keys[0] {
+		t.Fatalf("%d after %d attempts, waits %v, keys %q", resp.StatusCode, len(keys), waited, keys)
+	}
+}
