@@ -184,6 +184,13 @@ type RunOptions struct {
 	// lease while the work runs — to tell a broker the message is still in
 	// progress, on the same schedule. Keep it fast.
 	Progress func()
+	// WaitInProgress, if positive, makes a duplicate of a key in progress
+	// wait up to this long for the run that holds it: it asks the store
+	// again, at intervals from 5ms doubling to 200ms, and returns the
+	// replay once the run settled — or runs the work itself if that run
+	// released the key. Past the bound (or when ctx ends) it returns
+	// InProgress, as without the option.
+	WaitInProgress time.Duration
 }
 
 // Work is the guarded function. fence is the owner's fencing token: a
@@ -263,8 +270,9 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	}
 	var fp string
 	var progress func()
+	var wait time.Duration
 	if opts != nil {
-		fp, progress = opts.Fingerprint, opts.Progress
+		fp, progress, wait = opts.Fingerprint, opts.Progress, opts.WaitInProgress
 	}
 	skey := key.Storage(g.cfg.CompactKeys)
 
@@ -279,16 +287,10 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 		}
 	}
 
-	start := g.startTiming()
-	sent := mono.Now() // the lease starts no earlier (see HeartbeatInterval)
-	acq, err := g.cfg.Store.Acquire(ctx, AcquireRequest{
-		Key:         skey,
-		Fingerprint: fp,
-		Lease:       g.cfg.Lease,
-		Retention:   g.cfg.Retention,
-		MaxAttempts: g.cfg.MaxAttempts,
-	})
-	g.observe(Event{Phase: "acquire", Key: skey, Outcome: acq.Outcome, Fence: acq.Fence, Duration: g.since(start), Err: err})
+	acq, sent, err := g.acquire(ctx, skey, fp)
+	if err == nil && acq.Outcome == InProgress && wait > 0 {
+		acq, sent, err = g.waitInProgress(ctx, skey, fp, wait, acq, sent)
+	}
 	if err != nil {
 		return Result{}, fmt.Errorf("idem: acquire %s: %w", key, err)
 	}
@@ -328,6 +330,43 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 		return res, workErr
 	}
 	return res, settleErr
+}
+
+// acquire asks the store for the key once, and says when it sent the
+// request (the lease starts no earlier: see HeartbeatInterval).
+func (g *Guard) acquire(ctx context.Context, skey, fp string) (Acquisition, mono.Time, error) {
+	start := g.startTiming()
+	sent := mono.Now()
+	acq, err := g.cfg.Store.Acquire(ctx, AcquireRequest{
+		Key:         skey,
+		Fingerprint: fp,
+		Lease:       g.cfg.Lease,
+		Retention:   g.cfg.Retention,
+		MaxAttempts: g.cfg.MaxAttempts,
+	})
+	g.observe(Event{Phase: "acquire", Key: skey, Outcome: acq.Outcome, Fence: acq.Fence, Duration: g.since(start), Err: err})
+	return acq, sent, err
+}
+
+// waitInProgress asks the store again, at growing intervals, while the key
+// is in progress elsewhere and the bound lasts (RunOptions.WaitInProgress);
+// acq and sent are the acquisition that found it in progress, returned as
+// they are if it still is.
+func (g *Guard) waitInProgress(ctx context.Context, skey, fp string, bound time.Duration, acq Acquisition, sent mono.Time) (Acquisition, mono.Time, error) {
+	deadline := mono.Now().Add(bound)
+	pause := 5 * time.Millisecond
+	for {
+		left := deadline.Sub(mono.Now())
+		if left <= 0 || ctxsleep.Sleep(ctx, min(pause, left)) != nil {
+			return acq, sent, nil
+		}
+		pause = min(2*pause, 200*time.Millisecond)
+		next, nextSent, err := g.acquire(ctx, skey, fp)
+		if err != nil || next.Outcome != InProgress {
+			return next, nextSent, err
+		}
+		acq, sent = next, nextSent
+	}
 }
 
 // runOwned runs work under heartbeats (its lease taken at sent, answered

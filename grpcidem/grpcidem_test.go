@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -82,18 +83,24 @@ const retryPolicy = `{"methodConfig": [{"name": [{"service": "grpc.testing.TestS
   "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.05s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`
 
 type fixture struct {
-	svc      *service
-	attempts chan string // every call's key, as it reaches the server
-	faults   *dropFirst
-	client   testpb.TestServiceClient // through grpcidem's client interceptor and the retry policy
-	raw      testpb.TestServiceClient // no interceptor, no retries
+	inProgress atomic.Int32 // acquisitions that found the key in progress
+	svc        *service
+	attempts   chan string // every call's key, as it reaches the server
+	faults     *dropFirst
+	client     testpb.TestServiceClient // through grpcidem's client interceptor and the retry policy
+	raw        testpb.TestServiceClient // no interceptor, no retries
 }
 
 func start(t *testing.T, faults bool, cfg grpcidem.Config) *fixture {
 	t.Helper()
 	s := memstore.New(memstore.Config{})
 	t.Cleanup(func() { s.Close() })
-	g, err := idem.NewGuard(idem.Config{Store: s})
+	f := &fixture{svc: &service{}, faults: &dropFirst{seen: map[string]bool{}}, attempts: make(chan string, 64)}
+	g, err := idem.NewGuard(idem.Config{Store: s, Observer: func(e idem.Event) {
+		if e.Phase == "acquire" && e.Outcome == idem.InProgress {
+			f.inProgress.Add(1)
+		}
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +112,6 @@ func start(t *testing.T, faults bool, cfg grpcidem.Config) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{svc: &service{}, faults: &dropFirst{seen: map[string]bool{}}, attempts: make(chan string, 64)}
 	chain := []grpc.UnaryServerInterceptor{ic.Unary()}
 	if faults {
 		chain = append([]grpc.UnaryServerInterceptor{f.faults.unary}, chain...)
@@ -296,5 +302,54 @@ func TestConfigRefused(t *testing.T) {
 	err = ic.Check(srv)
 	if err == nil || !strings.Contains(err.Error(), "streaming method") || !strings.Contains(err.Error(), "Nope is not a method") {
 		t.Fatalf("Check: %v", err)
+	}
+}
+
+// TestDuplicatesWaitForTheFirst: with Config.WaitInProgress, concurrent
+// calls under one key through a client that does not retry: one run, every
+// other call answered with its response, none waiting past the bound.
+func TestDuplicatesWaitForTheFirst(t *testing.T) {
+	const bound = 5 * time.Second
+	f := start(t, false, grpcidem.Config{WaitInProgress: bound})
+	f.svc.started, f.svc.release = make(chan struct{}, 1), make(chan struct{})
+	first := make(chan *testpb.SimpleResponse, 1)
+	go func() {
+		resp, err := f.raw.UnaryCall(caller("ORD-9"), order("order 9"))
+		if err != nil {
+			t.Error(err)
+		}
+		first <- resp
+	}()
+	<-f.svc.started
+	var wg sync.WaitGroup
+	var same atomic.Int32
+	var longest atomic.Int64
+	answers := make(chan *testpb.SimpleResponse, 20)
+	for range 20 {
+		wg.Go(func() {
+			start := time.Now()
+			resp, err := f.raw.UnaryCall(caller("ORD-9"), order("order 9"))
+			longest.Store(max(longest.Load(), int64(time.Since(start))))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			answers <- resp
+		})
+	}
+	for f.inProgress.Load() < 20 { // every duplicate found the key in progress, and waits
+		runtime.Gosched()
+	}
+	close(f.svc.release)
+	wg.Wait()
+	close(answers)
+	want := <-first
+	for a := range answers {
+		if proto.Equal(a, want) {
+			same.Add(1)
+		}
+	}
+	if f.svc.runs.Load() != 1 || same.Load() != 20 || time.Duration(longest.Load()) > bound {
+		t.Fatalf("%d runs, %d of 20 got the first answer, the longest wait %v", f.svc.runs.Load(), same.Load(), time.Duration(longest.Load()))
 	}
 }

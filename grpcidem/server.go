@@ -60,6 +60,11 @@ type Config struct {
 	// RetryDelay is what the RetryInfo of a key in progress asks the client
 	// to wait. Defaults to 1s.
 	RetryDelay time.Duration
+	// WaitInProgress, if positive, makes a duplicate of a call in progress
+	// wait up to this long for the first to finish, and answers it with the
+	// first's stored answer — for clients that do not retry ABORTED. Past
+	// the bound, ABORTED as without it.
+	WaitInProgress time.Duration
 }
 
 // DefaultDispositions: OK and the codes that say the request itself is
@@ -230,7 +235,7 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: %v", s.cfg.Metadata, err)
 		}
 		var resp any
-		res, err := s.cfg.Guard.Run(ctx, k, &idem.RunOptions{Fingerprint: idem.Fingerprint([]byte(info.FullMethod), body)},
+		res, err := s.cfg.Guard.Run(ctx, k, &idem.RunOptions{Fingerprint: idem.Fingerprint([]byte(info.FullMethod), body), WaitInProgress: s.cfg.WaitInProgress},
 			func(ctx context.Context, fence uint64) ([]byte, error) {
 				out, herr := handler(ctx, req)
 				resp = out

@@ -106,6 +106,11 @@ type Config struct {
 	// until its lease expires, as the work may have happened). Defaults to
 	// 30s.
 	FinishTimeout time.Duration
+	// WaitInProgress, if positive, makes a duplicate of a request in flight
+	// wait up to this long for the first to finish, and answers it with the
+	// first's stored response — for clients that cannot handle a 409. Past
+	// the bound, the 409 as without it.
+	WaitInProgress time.Duration
 	// Fingerprint hashes what must be identical for a replay. Same key with
 	// another fingerprint is answered 422 and never executed. Defaults to a
 	// hash of the method, the path with query, and the body.
@@ -460,7 +465,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		return nil, decided(d, "status "+strconv.Itoa(rec.status))
 	}
-	res, err := m.guard.Run(run.ctx, key, &idem.RunOptions{Fingerprint: fp}, work)
+	res, err := m.guard.Run(run.ctx, key, &idem.RunOptions{Fingerprint: fp, WaitInProgress: m.cfg.WaitInProgress}, work)
 	if res.Outcome.Owns() {
 		// The handler ran and answered; err is the policy's reason or a
 		// failure to settle, which the observer hears about.

@@ -6,12 +6,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/httpidem"
 	"github.com/idemgo/idem/store/memstore"
 )
@@ -153,5 +155,70 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 	defer mu.Unlock()
 	if resp.StatusCode != http.StatusOK || len(keys) != 2 || len(waited) != 1 || waited[0] != 3*time.Second || keys[0] != `"MY-KEY"` || keys[1] != keys[0] {
 		t.Fatalf("%d after %d attempts, waits %v, keys %q", resp.StatusCode, len(keys), waited, keys)
+	}
+}
+
+// TestDuplicatesWaitForTheFirst: with Config.WaitInProgress, 50 concurrent
+// requests under one key: one execution, 49 replays of its response, none
+// answered 409, none waiting past the bound.
+func TestDuplicatesWaitForTheFirst(t *testing.T) {
+	const bound = 5 * time.Second
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	var waiting atomic.Int32 // acquisitions that found the key in progress
+	mw, err := httpidem.New(httpidem.Config{Store: s, Principal: httpidem.NoPrincipal, WaitInProgress: bound,
+		StoreObserver: func(e idem.Event) {
+			if e.Phase == "acquire" && e.Outcome == idem.InProgress {
+				waiting.Add(1)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	started, release := make(chan struct{}), make(chan struct{})
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			close(started)
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "booked once")
+	})))
+	defer srv.Close()
+	post := func() (*http.Response, time.Duration) {
+		start := time.Now()
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader("PAY-1"))
+		req.Header.Set(httpidem.HeaderName, `"PAY-1"`)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return nil, 0
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp, time.Since(start)
+	}
+	go post()
+	<-started
+	var wg sync.WaitGroup
+	var replays atomic.Int32
+	var longest atomic.Int64
+	for range 49 {
+		wg.Go(func() {
+			resp, took := post()
+			longest.Store(max(longest.Load(), int64(took)))
+			if resp != nil && resp.StatusCode == http.StatusCreated && httpidem.Replayed(resp) {
+				replays.Add(1)
+			}
+		})
+	}
+	for waiting.Load() < 49 { // every duplicate found the key in progress, and waits
+		runtime.Gosched()
+	}
+	close(release)
+	wg.Wait()
+	if runs.Load() != 1 || replays.Load() != 49 || time.Duration(longest.Load()) > bound {
+		t.Fatalf("%d runs, %d replays, the longest wait %v", runs.Load(), replays.Load(), time.Duration(longest.Load()))
 	}
 }

@@ -35,6 +35,7 @@ type serveOpts struct {
 	lease, retention, timeout      time.Duration
 	sweep                          time.Duration
 	requireKey                     bool
+	waitInFlight                   time.Duration
 	maxBody                        int64
 	problemBase                    string
 	keyFrom                        string
@@ -77,6 +78,7 @@ child (replayed or executed), and the upstream request carries its context.`,
 	f.BoolVar(&o.storeSetCookie, "store-set-cookie", false, "store and replay the upstream's Set-Cookie (by default a retry never receives the first response's cookies)")
 	f.DurationVar(&o.sweep, "sweep-interval", time.Minute, "delete records past their retention this often (0: never; Redis expires them by itself)")
 	f.BoolVar(&o.requireKey, "require-key", false, "answer 400 to POST and PATCH without an Idempotency-Key")
+	f.DurationVar(&o.waitInFlight, "wait-in-flight", 0, "a duplicate of a request in flight waits up to this long for the first's response instead of a 409 at once (0: the 409 at once)")
 	f.Int64Var(&o.maxBody, "max-body", 1<<20, "largest request body accepted with a key (413 above)")
 	f.StringVar(&o.keyFrom, "key-from", "header", "where keys come from: header (Idempotency-Key only), or edi (also the interchange's dedup key for EDI bodies posted without the header)")
 	f.StringVar(&o.fenceHeader, "fence-header", httpidem.FenceHeader, "request header that hands the upstream each execution's fencing token, which grows with every execution of a key (a client's own is replaced, or removed from requests without a key); empty: none")
@@ -305,7 +307,7 @@ func runServe(ctx context.Context, o serveOpts) error {
 	cfg := httpidem.Config{
 		Store: store, Lease: o.lease, Retention: o.retention, RequireKey: o.requireKey,
 		MaxBodyBytes: o.maxBody, ProblemTypeBase: o.problemBase,
-		Principal: principal, StoreSetCookie: o.storeSetCookie, FinishTimeout: o.timeout,
+		Principal: principal, StoreSetCookie: o.storeSetCookie, FinishTimeout: o.timeout, WaitInProgress: o.waitInFlight,
 		Observer: func(e httpidem.Event) {
 			metrics.request(e)
 			if e.Outcome == "unscoped" {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -627,5 +628,43 @@ func TestTransportThroughTheGateway(t *testing.T) {
 	if resp.StatusCode != http.StatusCreated || string(body) != "payment 1" || !httpidem.Replayed(resp) || u.runs.Load() != 1 || attempts.Load() != 2 ||
 		key == "" || len(keys) != 2 || keys[0] != key || keys[1] != key {
 		t.Fatalf("%d %q (replayed %v) after %d runs and %d attempts, the upstream's key %q, the attempts' %q", resp.StatusCode, body, httpidem.Replayed(resp), u.runs.Load(), attempts.Load(), key, keys)
+	}
+}
+
+// TestGatewayWaitInFlight: with --wait-in-flight, a duplicate of a request
+// in flight waits for the first's response instead of a 409.
+func TestGatewayWaitInFlight(t *testing.T) {
+	u := &upstream{block: make(chan struct{}), got: make(chan struct{}, 4)}
+	up := httptest.NewServer(u)
+	defer up.Close()
+	g := startGateway(t, "--upstream", up.URL, "--store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), "--wait-in-flight", "10s")
+	first := make(chan string, 1)
+	go func() {
+		code, _, body := g.post(t, `"PAY-W"`, `{"amount":1}`)
+		first <- fmt.Sprint(code, " ", body)
+	}()
+	<-u.got
+	second := make(chan string, 1)
+	go func() {
+		code, h, body := g.post(t, `"PAY-W"`, `{"amount":1}`)
+		second <- fmt.Sprint(code, " ", body, " replayed=", h.Get("Idempotent-Replayed"))
+	}()
+	// The duplicate is waiting once it has asked the store again: the
+	// first request's acquisition, the duplicate's, and one more.
+	testenv.Eventually(t, 10*time.Second, "the duplicate waiting", func() error {
+		m := g.metrics(t)
+		for _, line := range strings.Split(m, "\n") {
+			if v, ok := strings.CutPrefix(line, `idem_store_operation_seconds_count{op="acquire"} `); ok {
+				if n, _ := strconv.Atoi(v); n >= 3 {
+					return nil
+				}
+				return fmt.Errorf("%s acquisitions", v)
+			}
+		}
+		return errors.New("no acquisitions yet")
+	})
+	close(u.block)
+	if a, b := <-first, <-second; a != "201 payment 1" || b != "201 payment 1 replayed=true" || u.runs.Load() != 1 {
+		t.Fatalf("first %q, duplicate %q, %d runs", a, b, u.runs.Load())
 	}
 }
