@@ -45,3 +45,54 @@ func ExampleNew() {
 	// 201 replayed="true" charge ch_1
 	// charges: 1
 }
+
+// A client that retries: the Transport gives the POST one key and sends it
+// again after the 503; the service, behind the middleware, answers the
+// retry from the run that already happened.
+func ExampleTransport() {
+	store := memstore.New(memstore.Config{})
+	defer store.Close()
+	mw, err := httpidem.New(httpidem.Config{Store: store})
+	if err != nil {
+		panic(err)
+	}
+	charges := 0
+	api := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		charges++
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "charge ch_%d", charges)
+	})))
+	defer api.Close()
+	lost := false // a gateway that loses the first answer, after the charge
+	gateway := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		out, _ := http.NewRequest(r.Method, api.URL+r.URL.Path, r.Body)
+		out.Header = r.Header
+		resp, err := http.DefaultClient.Do(out)
+		if err != nil {
+			panic(err)
+		}
+		defer resp.Body.Close()
+		if !lost {
+			lost = true
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Idempotent-Replayed", resp.Header.Get("Idempotent-Replayed"))
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	}))
+	defer gateway.Close()
+
+	client := &http.Client{Transport: &httpidem.Transport{}}
+	req, _ := http.NewRequest("POST", gateway.URL+"/charges", strings.NewReader("amount=2500"))
+	req.Header.Set("Authorization", "Bearer sk_test_alice")
+	resp, err := client.Do(req)
+	if err != nil {
+		panic(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Printf("%d %s replayed=%v charges=%d\n", resp.StatusCode, body, httpidem.Replayed(resp), charges)
+	// Output:
+	// 201 charge ch_1 replayed=true charges=1
+}
