@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"sync"
 	"time"
 )
@@ -44,6 +45,7 @@ func (c *cache) put(rec Record, now time.Time) {
 	if !now.Before(until) {
 		return
 	}
+	rec.Result = bytes.Clone(rec.Result) // its own: the caller keeps the bytes it was given
 	c.mu.Lock()
 	if _, ok := c.entries[rec.Key]; !ok && len(c.entries) >= c.max {
 		for k := range c.entries {

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -278,6 +279,7 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 
 	if g.cache != nil {
 		if rec, ok := g.cache.get(skey, g.cfg.Clock.Now()); ok {
+			rec.Result = bytes.Clone(rec.Result) // the caller's to modify: the cache keeps its own
 			res := Result{Outcome: Replayed, Value: rec.Result, Failed: rec.State == StateFailed, Record: rec, Cached: true}
 			if rec.Fingerprint != fp {
 				res = Result{Outcome: Mismatch, Record: rec, Cached: true}

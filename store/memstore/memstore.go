@@ -1,6 +1,7 @@
 package memstore
 
 import (
+	"bytes"
 	"context"
 	"hash/maphash"
 	"sort"
@@ -122,10 +123,12 @@ func (s *Store) sweepLoop(interval time.Duration) {
 	}
 }
 
+// record is the entry as a Record the caller owns: its Result a copy, so a
+// caller that modifies it changes nothing the next duplicate receives.
 func (e *entry) record(key string) idem.Record {
 	r := idem.Record{
 		Key: key, State: e.state, Fence: e.fence, Fingerprint: e.fingerprint,
-		Attempts: e.attempts, Result: e.result, ExpiresAt: e.expiresAt, UpdatedAt: e.updatedAt,
+		Attempts: e.attempts, Result: bytes.Clone(e.result), ExpiresAt: e.expiresAt, UpdatedAt: e.updatedAt,
 	}
 	if e.state == idem.StateInFlight {
 		r.LeaseUntil = e.leaseUntil

@@ -66,6 +66,7 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 		{"StaleFenceRefused", testStaleFence},
 		{"ReplayCompleted", testReplayCompleted},
 		{"ReplayFailed", testReplayFailed},
+		{"ReplayedBytesAreTheCallers", testReplayedBytesAreTheCallers},
 		{"ReleaseThenReacquire", testRelease},
 		{"FingerprintMismatch", testMismatch},
 		{"HeartbeatExtendsLease", testHeartbeat},
@@ -374,6 +375,50 @@ func testReplayCompleted(t *testing.T, s idem.Store) {
 	}
 	if r := mustAcquire(t, s, req("empty"), idem.Replayed); len(r.Record.Result) != 0 {
 		t.Fatalf("empty result replayed as %q", r.Record.Result)
+	}
+}
+
+// testReplayedBytesAreTheCallers: the bytes a store hands out are the
+// caller's to modify, and so are the ones it was given: a caller that
+// changes its result after Complete, or a replayed value after Acquire or
+// Get, changes nothing the next duplicate receives — through the store and
+// through a Guard with its cache.
+func testReplayedBytesAreTheCallers(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	want := []byte("booking B-1")
+	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	given := bytes.Clone(want)
+	if err := s.Complete(ctx, "k", a.Fence, given, retention); err != nil {
+		t.Fatal(err)
+	}
+	copy(given, "XXXXXXX")
+	for range 2 {
+		r := mustAcquire(t, s, req("k"), idem.Replayed)
+		if !bytes.Equal(r.Record.Result, want) {
+			t.Fatalf("replayed %q, want %q", r.Record.Result, want)
+		}
+		copy(r.Record.Result, "XXXXXXX")
+	}
+	rec, err := s.Get(ctx, "k")
+	if err != nil || !bytes.Equal(rec.Result, want) {
+		t.Fatalf("Get: %q (%v), want %q", rec.Result, err, want)
+	}
+	copy(rec.Result, "XXXXXXX")
+	if r := mustAcquire(t, s, req("k"), idem.Replayed); !bytes.Equal(r.Record.Result, want) {
+		t.Fatalf("replayed %q after Get's bytes were changed, want %q", r.Record.Result, want)
+	}
+	g, err := idem.NewGuard(idem.Config{Store: s, CacheSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := idem.Key{Scope: "s", ID: "cached"}
+	work := func(context.Context, uint64) ([]byte, error) { return bytes.Clone(want), nil }
+	for range 3 {
+		res, err := g.Run(ctx, key, nil, work)
+		if err != nil || !bytes.Equal(res.Value, want) {
+			t.Fatalf("Guard: %q (%v), want %q", res.Value, err, want)
+		}
+		copy(res.Value, "XXXXXXX")
 	}
 }
 
