@@ -92,7 +92,7 @@ func decodeStored[T any](g *Guard, key Key, res Result) (T, error) {
 		var zero T
 		return zero, fmt.Errorf("idem: decode stored result of %s: %w", key, err)
 	}
-	if res.Record.Key != "" && copyable(typ) {
+	if res.Record.Key != "" && copyable(typ) && g.decoded.admit(res.Record.Key) {
 		g.decoded.put(typ, res.Record.Key, res.Value, out)
 	}
 	return out, nil
@@ -102,11 +102,15 @@ func decodeStored[T any](g *Guard, key Key, res Result) (T, error) {
 // slot; a newer key takes the slot over), so its memory is bounded whatever
 // the number of keys. Entries are immutable: a reader compares the key and
 // the bytes, so a value is only ever handed out for exactly the bytes it was
-// decoded from.
+// decoded from. A key is taken in only when it misses twice in a row in its
+// slot (admit): replays cycling through more keys than there are slots
+// would otherwise evict each other on every call, paying for an entry each
+// time and never reusing one.
 type decodedValues struct {
-	once  sync.Once
-	seed  maphash.Seed
-	slots []atomic.Pointer[decodedValue]
+	once   sync.Once
+	seed   maphash.Seed
+	slots  []atomic.Pointer[decodedValue]
+	missed []atomic.Uint64 // per slot, the hash of the key that missed last
 }
 
 type decodedValue struct {
@@ -118,12 +122,26 @@ type decodedValue struct {
 
 const decodedSlots = 1024
 
-func (d *decodedValues) slot(key string) *atomic.Pointer[decodedValue] {
+func (d *decodedValues) init() {
 	d.once.Do(func() {
 		d.seed = maphash.MakeSeed()
 		d.slots = make([]atomic.Pointer[decodedValue], decodedSlots)
+		d.missed = make([]atomic.Uint64, decodedSlots)
 	})
+}
+
+func (d *decodedValues) slot(key string) *atomic.Pointer[decodedValue] {
+	d.init()
 	return &d.slots[maphash.String(d.seed, key)%decodedSlots]
+}
+
+// admit records a miss of key and reports whether it is the second in a
+// row in its slot: whether the key is worth an entry.
+func (d *decodedValues) admit(key string) bool {
+	d.init()
+	h := maphash.String(d.seed, key)
+	tag := h | 1 // never 0, an empty slot's value
+	return d.missed[h%decodedSlots].Swap(tag) == tag
 }
 
 func (d *decodedValues) get(typ reflect.Type, key string, raw []byte) any {

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"testing"
 	"time"
 
@@ -24,7 +25,7 @@ func (c *counted) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-func TestDoReplayDecodesOncePerStoredResult(t *testing.T) {
+func TestDoReplayRemembersARepeatedResult(t *testing.T) {
 	g, _ := newGuard(t, idem.Config{})
 	ctx := context.Background()
 	k := idem.Key{Scope: "test", ID: "decode-once"}
@@ -39,8 +40,10 @@ func TestDoReplayDecodesOncePerStoredResult(t *testing.T) {
 			t.Fatalf("replay = %+v, %v", v, err)
 		}
 	}
-	if decodings != 1 {
-		t.Fatalf("10 replays of one stored result decoded it %d times, want 1", decodings)
+	// The first replay decodes and marks the key; the second decodes and
+	// keeps the value (a key is remembered once it repeats); the rest hit.
+	if decodings != 2 {
+		t.Fatalf("10 replays of one stored result decoded it %d times, want 2", decodings)
 	}
 	// A new generation of the key stores other bytes: they are decoded, not
 	// mistaken for the remembered value.
@@ -151,5 +154,52 @@ func TestDoReplayAllocations(t *testing.T) {
 	})
 	if do > run {
 		t.Fatalf("idem.Do replay allocates %.1f times, Guard.Run replay %.1f", do, run)
+	}
+}
+
+// A replay that misses the decoded-value cache — replays cycling through
+// more keys than it has slots — allocates no more than Guard.Run's replay
+// and the decoding: the cache takes a key in only once it repeats.
+func TestDoReplayMissAllocations(t *testing.T) {
+	if raceDetector {
+		t.Skip("allocation counts differ under the race detector")
+	}
+	type payment struct {
+		ID     string
+		Amount int64
+	}
+	g, _ := newGuard(t, idem.Config{})
+	ctx := context.Background()
+	const keys = 4096
+	key := func(i int) idem.Key { return idem.Key{Scope: "test", ID: "miss-" + strconv.Itoa(i%keys)} }
+	ids := make([]idem.Key, keys)
+	for i := range keys {
+		ids[i] = key(i)
+		if _, err := idem.Do(ctx, g, ids[i], func(context.Context) (payment, error) { return payment{"P", int64(i)}, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	i := 0
+	run := testing.AllocsPerRun(keys, func() {
+		i++
+		if res, err := g.Run(ctx, ids[i%keys], nil, func(context.Context, uint64) ([]byte, error) { return nil, nil }); err != nil || res.Outcome != idem.Replayed {
+			t.Fatal(res.Outcome, err)
+		}
+	})
+	stored := []byte(`{"ID":"P","Amount":7}`)
+	decode := testing.AllocsPerRun(keys, func() {
+		var p payment
+		if err := json.Unmarshal(stored, &p); err != nil {
+			t.Fatal(err)
+		}
+	})
+	do := testing.AllocsPerRun(keys, func() {
+		i++
+		if _, err := idem.Do(ctx, g, ids[i%keys], func(context.Context) (payment, error) { return payment{}, nil }); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if do > run+decode {
+		t.Fatalf("a missing idem.Do replay allocates %.1f times; Guard.Run's replay %.1f and the decoding %.1f", do, run, decode)
 	}
 }
