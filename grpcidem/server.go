@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -177,9 +178,23 @@ func (s *Server) Check(srv *grpc.Server) error {
 	return errors.Join(errs...)
 }
 
+// responseTypes caches responseType's answers by full method name.
+var responseTypes sync.Map // string → protoreflect.MessageType
+
 // responseType finds the response message type of a method in the global
 // protobuf registry.
 func responseType(fullMethod string) (protoreflect.MessageType, error) {
+	if mt, ok := responseTypes.Load(fullMethod); ok {
+		return mt.(protoreflect.MessageType), nil
+	}
+	mt, err := lookUpResponseType(fullMethod)
+	if err == nil {
+		responseTypes.Store(fullMethod, mt)
+	}
+	return mt, err
+}
+
+func lookUpResponseType(fullMethod string) (protoreflect.MessageType, error) {
 	service, method, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
 	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(service))
 	if err != nil {
