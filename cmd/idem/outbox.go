@@ -301,29 +301,17 @@ func newOutboxLsCmd() *cobra.Command {
 }
 
 func newOutboxSkipCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "skip KEY...", Short: "Give up on dead messages (kept as skipped): the later messages of their ordering keys go on", Args: cobra.MinimumNArgs(1)}
-	store := storeFlag(cmd)
-	cmd.RunE = func(cmd *cobra.Command, keys []string) error {
-		s, closeFn, err := openOutbox(cmd.Context(), *store)
-		if err != nil {
-			return err
-		}
-		defer closeFn()
-		var errs []error
-		for _, k := range keys {
-			if err := s.Skip(cmd.Context(), k); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: skipped\n", k)
-		}
-		return errors.Join(errs...)
-	}
-	return cmd
+	return outboxKeysCmd("skip KEY...", "Give up on dead messages (kept as skipped): the later messages of their ordering keys go on", "skipped", (*outbox.Store).Skip)
 }
 
 func newOutboxRetryCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "retry KEY...", Short: "Move dead messages back to pending, due now", Args: cobra.MinimumNArgs(1)}
+	return outboxKeysCmd("retry KEY...", "Move dead messages back to pending, due now", "pending again", (*outbox.Store).Retry)
+}
+
+// outboxKeysCmd is a command that applies act to each key it is given,
+// saying done for each that succeeded, and every failure at the end.
+func outboxKeysCmd(use, short, done string, act func(s *outbox.Store, ctx context.Context, key string) error) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short, Args: cobra.MinimumNArgs(1)}
 	store := storeFlag(cmd)
 	cmd.RunE = func(cmd *cobra.Command, keys []string) error {
 		s, closeFn, err := openOutbox(cmd.Context(), *store)
@@ -333,11 +321,11 @@ func newOutboxRetryCmd() *cobra.Command {
 		defer closeFn()
 		var errs []error
 		for _, k := range keys {
-			if err := s.Retry(cmd.Context(), k); err != nil {
+			if err := act(s, cmd.Context(), k); err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: pending again\n", k)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", k, done)
 		}
 		return errors.Join(errs...)
 	}
