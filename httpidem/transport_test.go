@@ -15,43 +15,9 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/memstore"
 )
-
-// CuttingProxy forwards to target and, for the first request, drops the
-// connection once target has answered: the request ran, the client never
-// learns how. It records the Idempotency-Key of every request it forwards.
-type CuttingProxy struct {
-	target string
-	cut    atomic.Bool
-	mu     sync.Mutex
-	keys   []string
-}
-
-func (p *CuttingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	p.mu.Lock()
-	p.keys = append(p.keys, r.Header.Get(httpidem.HeaderName))
-	p.mu.Unlock()
-	out, _ := http.NewRequest(r.Method, p.target+r.URL.RequestURI(), r.Body)
-	out.Header = r.Header.Clone()
-	resp, err := http.DefaultTransport.RoundTrip(out)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if p.cut.CompareAndSwap(false, true) {
-		c, _, _ := w.(http.Hijacker).Hijack()
-		c.Close()
-		return
-	}
-	for k, v := range resp.Header {
-		w.Header()[k] = v
-	}
-	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(body)
-}
 
 // TestTransportRetriesWithOneKey: a POST through httpidem.Transport, to a
 // service behind the middleware, behind a proxy that cuts the first
@@ -73,12 +39,10 @@ func TestTransportRetriesWithOneKey(t *testing.T) {
 		_, _ = io.WriteString(w, string(body)+" booked, run "+string(rune('0'+n)))
 	})))
 	defer svc.Close()
-	proxy := &CuttingProxy{target: svc.URL}
-	front := httptest.NewServer(proxy)
-	defer front.Close()
+	proxy := testenv.StartCuttingProxy(t, svc.URL)
 
 	client := &http.Client{Transport: &httpidem.Transport{BackoffMin: time.Millisecond, BackoffMax: 10 * time.Millisecond}}
-	req, _ := http.NewRequest(http.MethodPost, front.URL+"/payments", bytes.NewReader([]byte("PAY-1")))
+	req, _ := http.NewRequest(http.MethodPost, proxy.URL+"/payments", bytes.NewReader([]byte("PAY-1")))
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -88,10 +52,8 @@ func TestTransportRetriesWithOneKey(t *testing.T) {
 	if resp.StatusCode != http.StatusCreated || string(body) != "PAY-1 booked, run 1" || !httpidem.Replayed(resp) || runs.Load() != 1 {
 		t.Fatalf("%d %q (replayed %v) after %d runs", resp.StatusCode, body, httpidem.Replayed(resp), runs.Load())
 	}
-	proxy.mu.Lock()
-	defer proxy.mu.Unlock()
-	if len(proxy.keys) != 2 || proxy.keys[0] == "" || proxy.keys[0] != proxy.keys[1] {
-		t.Fatalf("the attempts carried keys %q, want one key twice", proxy.keys)
+	if keys := proxy.Keys(); len(keys) != 2 || keys[0] == "" || keys[0] != keys[1] {
+		t.Fatalf("the attempts carried keys %q, want one key twice", keys)
 	}
 	if req.Header.Get(httpidem.HeaderName) != "" {
 		t.Fatal("the caller's request was changed")
