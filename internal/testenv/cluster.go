@@ -240,8 +240,10 @@ func (r *RedisServer) Start(t testing.TB) {
 	}
 }
 
-// start starts the process and waits until it answers INFO (not LOADING)
-// as itself, or exits, or 30 s pass.
+// start starts the process and waits until it answers INFO as itself with
+// its dataset loaded (INFO answers while the server loads its files, and
+// every other command is refused LOADING until it is done), or exits, or
+// 30 s pass.
 func (r *RedisServer) start() error {
 	proc, err := startServer(exec.Command("redis-server", r.args...), r.log, filepath.Dir(r.log))
 	if err != nil {
@@ -251,9 +253,13 @@ func (r *RedisServer) start() error {
 	defer rc.Close()
 	self := "process_id:" + strconv.Itoa(proc.cmd.Process.Pid) + "\r\n"
 	err = proc.waitReady(30*time.Second, func() error {
-		info, err := rc.Info(context.Background(), "server").Result()
-		if err == nil && !strings.Contains(info, self) {
+		info, err := rc.Info(context.Background(), "server", "persistence").Result()
+		switch {
+		case err != nil:
+		case !strings.Contains(info, self):
 			err = errors.New("another server answers on the port")
+		case !strings.Contains(info, "loading:0\r\n"):
+			err = errors.New("still loading its dataset")
 		}
 		return err
 	})
