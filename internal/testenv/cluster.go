@@ -240,8 +240,8 @@ func (r *RedisServer) Start(t testing.TB) {
 	}
 }
 
-// start starts the process and waits until it answers INFO as itself with
-// its dataset loaded (INFO answers while the server loads its files, and
+// start starts the process and waits until it answers INFO as itself, not
+// loading its dataset (INFO answers while the server loads its files, and
 // every other command is refused LOADING until it is done), or exits, or
 // 30 s pass.
 func (r *RedisServer) start() error {
@@ -258,7 +258,7 @@ func (r *RedisServer) start() error {
 		case err != nil:
 		case !strings.Contains(info, self):
 			err = errors.New("another server answers on the port")
-		case !strings.Contains(info, "loading:0\r\n"):
+		case strings.Contains(info, "loading:1\r\n"): // a sentinel has no persistence section
 			err = errors.New("still loading its dataset")
 		}
 		return err
