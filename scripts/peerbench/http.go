@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	peer "github.com/faustbrian/go-idempotency"
+	"github.com/faustbrian/go-idempotency/idempotencyhttp"
+	"github.com/faustbrian/go-idempotency/memory"
+	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/store/memstore"
+)
+
+// payments is the handler behind every server: a 201 and a short body.
+var payments = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write(result)
+})
+
+// httpComparisons serves the handler three ways on loopback — bare, behind
+// idem's httpidem and behind the peer's idempotencyhttp, each on its memory
+// store — and drives each with 8 keep-alive clients: fresh keys, then
+// replays of 100 keys. The bare server is driven the same way (its
+// requests carry the key, which it ignores).
+func httpComparisons(_ context.Context, cfg config) ([]comparison, error) {
+	const workers = 8
+	fresh := cfg.ops(40_000)
+	replayed := cfg.ops(60_000)
+
+	idemMW, err := httpidem.New(httpidem.Config{Store: memstore.New(memstore.Config{})})
+	if err != nil {
+		return nil, err
+	}
+	peerStore, err := memory.New(memory.Options{Clock: wallClock{}, OwnerTokens: ownerTokens(), MaxRecords: memory.MaxRecordCapacity})
+	if err != nil {
+		return nil, err
+	}
+	svc, err := peer.NewService(peerStore)
+	if err != nil {
+		return nil, err
+	}
+	peerMW, err := idempotencyhttp.New(idempotencyhttp.Options{
+		Service: svc, Lease: time.Minute,
+		// Scoped like httpidem's keys: by method, path and the caller's
+		// credentials.
+		Key: func(r *http.Request, value string) (peer.Key, error) {
+			return peer.NewKey("bench", "tenant", r.Method+" "+r.URL.Path, r.Header.Get("Authorization"), value)
+		},
+		// Like httpidem's default fingerprint: method, path with query, body.
+		Fingerprint: func(r *http.Request) (peer.Fingerprint, error) {
+			body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+			if err != nil {
+				return peer.Fingerprint{}, err
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			canonical := append([]byte(r.Method+" "+r.URL.RequestURI()+"\n"), body...)
+			return peer.NewFingerprint("v1", canonical)
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	var servers []*http.Server
+	serve := func(h http.Handler) (string, error) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, srv)
+		go func() { _ = srv.Serve(ln) }()
+		return "http://" + ln.Addr().String() + "/payments", nil
+	}
+	bareURL, err := serve(payments)
+	if err != nil {
+		return nil, err
+	}
+	idemURL, err := serve(idemMW(payments))
+	if err != nil {
+		return nil, err
+	}
+	peerURL, err := serve(peerMW.Handler(payments))
+	if err != nil {
+		return nil, err
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers, MaxConnsPerHost: workers}}
+
+	var round atomic.Int64
+	post := func(url, key string) error {
+		req, err := http.NewRequest(http.MethodPost, url, strings.NewReader("amount=2500"))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Idempotency-Key", `"`+key+`"`)
+		req.Header.Set("Authorization", "Bearer bench")
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			return fmt.Errorf("%s answered %s", url, resp.Status)
+		}
+		return nil
+	}
+	freshSide := func(name, url string) side {
+		return side{name: name, round: func() (float64, error) {
+			prefix := "f" + strconv.FormatInt(round.Add(1), 10) + "-"
+			return drive(workers, fresh, func(i int) error { return post(url, prefix+strconv.Itoa(i)) })
+		}}
+	}
+	replaySide := func(name, url string) side {
+		return side{name: name, round: func() (float64, error) {
+			return drive(workers, replayed, func(i int) error { return post(url, "replay-"+strconv.Itoa(i%100)) })
+		}}
+	}
+	closeAll := func() {
+		for _, s := range servers {
+			_ = s.Close()
+		}
+		client.CloseIdleConnections()
+	}
+	return []comparison{
+		{name: fmt.Sprintf("http middleware, memory store, fresh keys, %d clients", workers), sides: []side{
+			freshSide("idem httpidem", idemURL), freshSide("peer idempotencyhttp", peerURL), freshSide("no middleware", bareURL),
+		}},
+		{name: fmt.Sprintf("http middleware, memory store, replays of 100 keys, %d clients", workers), sides: []side{
+			replaySide("idem httpidem", idemURL), replaySide("peer idempotencyhttp", peerURL), replaySide("no middleware", bareURL),
+		}, close: closeAll},
+	}, nil
+}

@@ -1,0 +1,186 @@
+// Command peerbench measures idem side by side with
+// github.com/faustbrian/go-idempotency (the peer), in alternating rounds in
+// one process, and prints each side's median rate and the ratios:
+//
+//   - memory: a first run on fresh keys and a replay of one key through
+//     each library's run wrapper (idem's Guard.Run, the peer's
+//     idempotencycommand.Runner), 8 goroutines;
+//   - do: a typed replay cycling through 4,096 keys (idem.Do against the
+//     peer's Runner followed by json.Unmarshal into the same type), 1 and 8
+//     goroutines;
+//   - redis: the same first run and replay over Redis (go-redis against
+//     valkey-go, each library's own client);
+//   - http: each library's net/http middleware on the memory store over a
+//     real loopback server, 8 keep-alive clients, fresh keys and replays,
+//     beside the same handler without middleware.
+//
+// The peer is not served by the module proxy here, so it is not in this
+// module's go.sum: scripts/bench-peer.sh builds this command in a workspace
+// that points the peer's module path at a checkout of it.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+func main() {
+	sections := flag.String("sections", "memory,do,redis,http", "comma-separated sections to run")
+	rounds := flag.Int("rounds", 5, "rounds per side (the sides alternate)")
+	scale := flag.Float64("scale", 1, "multiplies the operations per round")
+	redisAddr := flag.String("redis", "127.0.0.1:6379", "Redis address for the redis section")
+	match := flag.String("match", "", "run only the comparisons whose name contains this")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "peerbench: %v\n", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	cfg := config{rounds: *rounds, scale: *scale, redisAddr: *redisAddr}
+	run := map[string]func(context.Context, config) ([]comparison, error){
+		"memory": memoryComparisons,
+		"do":     doComparisons,
+		"redis":  redisComparisons,
+		"http":   httpComparisons,
+	}
+	ctx := context.Background()
+	fmt.Printf("peerbench: %d rounds per side, alternating; rate = operations per second, median of the rounds\n", cfg.rounds)
+	for name := range strings.SplitSeq(*sections, ",") {
+		f, ok := run[name]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "peerbench: unknown section %q\n", name)
+			os.Exit(2)
+		}
+		comps, err := f(ctx, cfg)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "peerbench: %s: %v\n", name, err)
+			os.Exit(1)
+		}
+		for _, c := range comps {
+			if !strings.Contains(c.name, *match) {
+				if c.close != nil {
+					c.close()
+				}
+				continue
+			}
+			if err := c.run(cfg.rounds); err != nil {
+				fmt.Fprintf(os.Stderr, "peerbench: %s: %v\n", c.name, err)
+				os.Exit(1)
+			}
+		}
+	}
+}
+
+type config struct {
+	rounds    int
+	scale     float64
+	redisAddr string
+}
+
+func (c config) ops(n int) int { return max(1, int(float64(n)*c.scale)) }
+
+// A comparison runs its sides in turn, rounds times, and prints the median
+// rate of each and the ratios of idem's to the others'.
+type comparison struct {
+	name  string
+	sides []side // the first is idem's
+	close func()
+}
+
+// A side runs one round and returns its rate in operations per second.
+type side struct {
+	name  string
+	round func() (float64, error)
+}
+
+func (c comparison) run(rounds int) error {
+	if c.close != nil {
+		defer c.close()
+	}
+	rates := make([][]float64, len(c.sides))
+	for range rounds {
+		for i, s := range c.sides {
+			r, err := s.round()
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
+			rates[i] = append(rates[i], r)
+		}
+	}
+	fmt.Printf("\n== %s\n", c.name)
+	medians := make([]float64, len(c.sides))
+	for i, s := range c.sides {
+		medians[i] = median(rates[i])
+		fmt.Printf("  %-28s %10.0f /s   (rounds %s)\n", s.name, medians[i], span(rates[i]))
+	}
+	for i := 1; i < len(c.sides); i++ {
+		ratios := make([]float64, rounds)
+		for r := range rounds {
+			ratios[r] = rates[0][r] / rates[i][r]
+		}
+		fmt.Printf("  %s / %s = %.2f   (rounds %.2f–%.2f)\n", c.sides[0].name, c.sides[i].name,
+			medians[0]/medians[i], slices.Min(ratios), slices.Max(ratios))
+	}
+	if len(c.sides) == 3 {
+		fmt.Printf("  %s / %s = %.2f\n", c.sides[1].name, c.sides[2].name, medians[1]/medians[2])
+	}
+	return nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func span(xs []float64) string {
+	return fmt.Sprintf("%.0f–%.0f", slices.Min(xs), slices.Max(xs))
+}
+
+// drive runs op n times over workers goroutines (op gets the operation's
+// index, 0 to n-1) and returns the rate. The first error stops the round.
+func drive(workers, n int, op func(i int) error) (float64, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr atomic.Pointer[error]
+	start := time.Now()
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || firstErr.Load() != nil {
+					return
+				}
+				if err := op(i); err != nil {
+					firstErr.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if p := firstErr.Load(); p != nil {
+		return 0, *p
+	}
+	return float64(n) / elapsed.Seconds(), nil
+}
