@@ -93,8 +93,7 @@ func (e *decidedError) Unwrap() error { return e.err }
 // the guard's policy.
 func classify(policy func(error) Disposition, err error) Disposition {
 	if err != nil {
-		var de *decidedError
-		if errors.As(err, &de) {
+		if de, ok := errors.AsType[*decidedError](err); ok {
 			return de.d
 		}
 	}
@@ -110,12 +109,10 @@ func DefaultClassify(err error) Disposition {
 	if err == nil {
 		return Complete
 	}
-	var p permanentError
-	if errors.As(err, &p) {
+	if _, ok := errors.AsType[permanentError](err); ok {
 		return Fail
 	}
-	var a ambiguousError
-	if errors.As(err, &a) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+	if _, ok := errors.AsType[ambiguousError](err); ok || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return Hold
 	}
 	return Release

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -178,5 +179,38 @@ func TestGuardRunAllocations(t *testing.T) {
 	// where the raw loop took a prepared one.
 	if extra := guarded - raw - 2; extra > 1.2 {
 		t.Fatalf("Guard.Run allocates %.1f times per run against %.1f for the raw store calls: %.1f more than the one it needs", guarded, raw, extra)
+	}
+}
+
+// Applying a disposition costs no allocation: the Guard reads the one the
+// work decided (WithDisposition, how adapters such as httpidem settle every
+// request) and the default policy classifies an error without allocating.
+func TestClassifyingAllocatesNothing(t *testing.T) {
+	if raceDetector {
+		t.Skip("allocation counts differ under the race detector")
+	}
+	decided := idem.WithDisposition(idem.Complete, errors.New("response stored"))
+	g, _ := newGuard(t, idem.Config{})
+	ctx := context.Background()
+	i := 0
+	run := func(err error) func() {
+		return func() {
+			i++
+			if _, e := g.Run(ctx, idem.Key{Scope: "classify", ID: strconv.Itoa(i)}, nil, func(context.Context, uint64) ([]byte, error) {
+				return []byte("ok"), err
+			}); e != nil && e != err {
+				t.Fatal(e)
+			}
+		}
+	}
+	plain, withDisposition := testing.AllocsPerRun(500, run(nil)), testing.AllocsPerRun(500, run(decided))
+	if withDisposition > plain {
+		t.Errorf("a run whose work decided its disposition allocates %.0f, one returning nil %.0f", withDisposition, plain)
+	}
+	for _, err := range []error{idem.Permanent(errors.New("no")), idem.Ambiguous(errors.New("maybe")), errors.New("transient")} {
+		wrapped := fmt.Errorf("wrapped: %w", err)
+		if n := testing.AllocsPerRun(100, func() { idem.DefaultClassify(wrapped) }); n != 0 {
+			t.Errorf("DefaultClassify(%v) allocates %.0f", wrapped, n)
+		}
 	}
 }

@@ -1,7 +1,9 @@
 package httpidem
 
 import (
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
@@ -69,6 +71,37 @@ func TestStoredRoundTrip(t *testing.T) {
 	}
 }
 
+// A replay writes the stored fields into the response's header: only once
+// the whole record is known to be well formed, and so that adding a value
+// to one field leaves the others as stored.
+func TestStoredFieldsIntoAHeader(t *testing.T) {
+	h := http.Header{"Content-Type": {"application/json"}, "Set-Cookie": {"a=1", "b=2"}, "X-Id": {"7"}}
+	b := encodeResponse(201, h, []byte(`{"id":1}`))
+	for cut := 1; cut < len(b)-len(`{"id":1}`); cut++ {
+		dst := http.Header{"Vary": {"Origin"}}
+		if _, _, err := decodeResponseInto(b[:cut], dst); err == nil {
+			continue // a shorter body, still well formed
+		}
+		if !reflect.DeepEqual(dst, http.Header{"Vary": {"Origin"}}) {
+			t.Fatalf("a record cut at %d set fields before failing: %v", cut, dst)
+		}
+	}
+	dst := http.Header{"Vary": {"Origin"}, "X-Id": {"old"}}
+	st, body, err := decodeResponseInto(b, dst)
+	want := http.Header{"Vary": {"Origin"}, "Content-Type": {"application/json"}, "Set-Cookie": {"a=1", "b=2"}, "X-Id": {"7"}}
+	if err != nil || st != 201 || string(body) != `{"id":1}` || !reflect.DeepEqual(dst, want) {
+		t.Fatalf("decoded %d %q %v %v, want %v", st, body, dst, err, want)
+	}
+	for k := range dst {
+		dst.Add(k, "added")
+	}
+	for k, vs := range want {
+		if got := dst[k][:len(vs)]; !reflect.DeepEqual(got, vs) {
+			t.Fatalf("adding values changed %s to %v", k, dst[k])
+		}
+	}
+}
+
 func FuzzDecodeResponse(f *testing.F) {
 	f.Add(encodeResponse(200, http.Header{"A": {"b"}}, []byte("body")))
 	f.Add([]byte{1, 0xff, 0xff})
@@ -89,5 +122,41 @@ func TestStorableDropsHopByHop(t *testing.T) {
 	want := http.Header{"Content-Type": {"text/plain"}, "X-Request-Id": {"1"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("stored headers %v, want %v", got, want)
+	}
+}
+
+// readBody reads the whole body whatever Content-Length declares, and
+// leaves the request's body able to give all of it again.
+func TestReadBodyWhateverTheDeclaredLength(t *testing.T) {
+	for _, c := range []struct {
+		body     string
+		declared int64
+		limit    int64
+		tooBig   bool
+		fails    bool
+	}{
+		{body: "amount=2500", declared: 11, limit: 100},
+		{body: "", declared: 0, limit: 100},
+		{body: "amount=2500", declared: -1, limit: 100},
+		{body: "amount=2500", declared: 3, limit: 100}, // more than declared: all of it
+		{body: "amount=2500", declared: 3, limit: 5, tooBig: true},
+		{body: "amount=2500", declared: 11, limit: 10, tooBig: true},
+		{body: "amount", declared: 11, limit: 100, fails: true}, // less than declared
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(c.body))
+		r.ContentLength = c.declared
+		body, tooBig, err := readBody(r, c.limit)
+		if (err != nil) != c.fails || tooBig != c.tooBig {
+			t.Fatalf("%+v: tooBig %v, err %v", c, tooBig, err)
+		}
+		if c.fails {
+			continue
+		}
+		if !tooBig && string(body) != c.body {
+			t.Fatalf("%+v: read %q", c, body)
+		}
+		if again, _ := io.ReadAll(r.Body); string(again) != c.body {
+			t.Fatalf("%+v: the handler would read %q", c, again)
+		}
 	}
 }

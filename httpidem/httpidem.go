@@ -275,12 +275,14 @@ func AuthorizationPrincipal(r *http.Request) string {
 	if a == "" {
 		return ""
 	}
-	return "auth:" + digest(a)
+	return digest("auth:", a)
 }
 
-func digest(s string) string {
+// digest is prefix followed by a hash of s (SHA-256, 96 bits in hex).
+func digest(prefix, s string) string {
 	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:12])
+	var buf [40]byte
+	return string(hex.AppendEncode(append(buf[:0], prefix...), sum[:12]))
 }
 
 // DefaultFingerprint hashes the method, the path with its query, and the
@@ -395,13 +397,36 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 	})
 }
 
+// presizedBodyBytes bounds the buffer readBody sizes from Content-Length.
+const presizedBodyBytes = 64 << 10
+
 // readBody reads up to limit bytes. When the body is larger it reports
 // tooBig and leaves r.Body able to replay everything (for PassOversized).
 func readBody(r *http.Request, limit int64) (body []byte, tooBig bool, err error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, false, nil
 	}
-	body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if n := r.ContentLength; n >= 0 && n <= min(limit, presizedBodyBytes) {
+		// A short body of known length: read it into a buffer of that size,
+		// then make sure nothing follows. (A longer one grows as it
+		// arrives: a declared length alone commits no memory.)
+		body = make([]byte, n)
+		if _, err = io.ReadFull(r.Body, body); err != nil {
+			return nil, false, fmt.Errorf("reading the body: %v", err)
+		}
+		var probe [1]byte
+		m, err := r.Body.Read(probe[:])
+		switch {
+		case m == 0 && err == io.EOF:
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			return body, false, nil
+		case m == 0 && err != nil:
+			return nil, false, fmt.Errorf("reading the body: %v", err)
+		}
+		body = append(body, probe[:m]...)
+	}
+	rest, err := io.ReadAll(io.LimitReader(r.Body, limit+1-int64(len(body))))
+	body = append(body, rest...)
 	if err != nil {
 		return nil, false, fmt.Errorf("reading the body: %v", err)
 	}
@@ -469,8 +494,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if res.Outcome.Owns() {
 		// The handler ran and answered; err is the policy's reason or a
 		// failure to settle, which the observer hears about.
-		var de *dispositionError
-		if errors.As(err, &de) {
+		if _, ok := errors.AsType[*dispositionError](err); ok {
 			err = nil
 		}
 		m.observe(Event{Outcome: "executed", Status: rec.status, TakenOver: res.Outcome == idem.TakenOver, Err: err})
@@ -502,14 +526,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 }
 
 func (m *middleware) replay(w http.ResponseWriter, res idem.Result) {
-	status, h, body, err := decodeResponse(res.Value)
+	dst := w.Header()
+	status, body, err := decodeResponseInto(res.Value, dst)
 	if err != nil {
 		m.problem(w, http.StatusInternalServerError, "corrupt-record", "Stored response unreadable", err.Error(), err)
 		return
-	}
-	dst := w.Header()
-	for k, vs := range h {
-		dst[k] = vs
 	}
 	dst.Set(ReplayedHeader, "true")
 	if !res.Record.ExpiresAt.IsZero() {

@@ -25,10 +25,10 @@ import (
 // alone (tracking cookies that change on every request are then ignored).
 func DefaultPrincipal(r *http.Request) string {
 	if a := r.Header.Get("Authorization"); a != "" {
-		return "auth:" + digest(a)
+		return digest("auth:", a)
 	}
 	if c := r.Header.Values("Cookie"); len(c) > 0 {
-		return "cookies:" + digest(strings.Join(c, "; "))
+		return digest("cookies:", strings.Join(c, "; "))
 	}
 	return ""
 }
@@ -44,7 +44,7 @@ func HeaderPrincipal(name string) func(*http.Request) string {
 		if v == "" {
 			return ""
 		}
-		return "header:" + digest(v)
+		return digest("header:", v)
 	}
 }
 
@@ -56,7 +56,7 @@ func CookiePrincipal(name string) func(*http.Request) string {
 		if err != nil || c.Value == "" {
 			return ""
 		}
-		return "cookie:" + digest(c.Value)
+		return digest("cookie:", c.Value)
 	}
 }
 

@@ -59,43 +59,70 @@ func DecodeStoredResponse(result []byte) (StoredResponse, error) {
 }
 
 func decodeResponse(b []byte) (status int, h http.Header, body []byte, err error) {
-	if len(b) < 1 || b[0] != storedVersion {
-		return 0, nil, nil, errCorrupt
+	h = http.Header{}
+	status, body, err = decodeResponseInto(b, h)
+	if err != nil {
+		return 0, nil, nil, err
 	}
-	b = b[1:]
+	return status, h, body, nil
+}
+
+// decodeResponseInto reads a stored response and, only if all of it is
+// well formed, sets its header fields in dst (each replacing a field of
+// that name) and returns its status and body. The fields' names and values
+// share one string and their slices one array: two allocations, whatever
+// the number of fields.
+func decodeResponseInto(b []byte, dst http.Header) (status int, body []byte, err error) {
+	if len(b) < 1 || b[0] != storedVersion {
+		return 0, nil, errCorrupt
+	}
+	rest := b[1:]
 	next := func() (uint64, bool) {
-		v, n := binary.Uvarint(b)
+		v, n := binary.Uvarint(rest)
 		if n <= 0 {
 			return 0, false
 		}
-		b = b[n:]
+		rest = rest[n:]
 		return v, true
-	}
-	str := func() (string, bool) {
-		l, ok := next()
-		if !ok || l > uint64(len(b)) {
-			return "", false
-		}
-		s := string(b[:l])
-		b = b[l:]
-		return s, true
 	}
 	st, ok := next()
 	if !ok || st < 100 || st > 999 {
-		return 0, nil, nil, errCorrupt
+		return 0, nil, errCorrupt
 	}
 	count, ok := next()
-	if !ok || count > uint64(len(b)) {
-		return 0, nil, nil, errCorrupt
+	if !ok || count > uint64(len(rest)) {
+		return 0, nil, errCorrupt
 	}
-	h = make(http.Header, count)
-	for range count {
-		k, ok1 := str()
-		v, ok2 := str()
-		if !ok1 || !ok2 {
-			return 0, nil, nil, errCorrupt
+	// First pass: check every field, without allocating.
+	fields := rest
+	for range 2 * count {
+		l, ok := next()
+		if !ok || l > uint64(len(rest)) {
+			return 0, nil, errCorrupt
 		}
-		h[k] = append(h[k], v)
+		rest = rest[l:]
 	}
-	return int(st), h, b, nil
+	body = rest
+	if count == 0 {
+		return int(st), body, nil
+	}
+	// Second pass: the fields, as substrings of one string.
+	s := string(fields[:len(fields)-len(body)])
+	values := make([]string, count)
+	at := 0
+	str := func() string {
+		l, n := binary.Uvarint(fields[at:])
+		at += n + int(l)
+		return s[at-int(l) : at]
+	}
+	prev, run := "", 0
+	for i := range int(count) {
+		k, v := str(), str()
+		values[i] = v
+		if i == 0 || k != prev {
+			prev, run = k, i // the encoder writes a field's values one after the other
+		}
+		dst[k] = values[run : i+1 : i+1]
+	}
+	return int(st), body, nil
 }

@@ -37,36 +37,7 @@ func httpComparisons(_ context.Context, cfg config) ([]comparison, error) {
 	fresh := cfg.ops(40_000)
 	replayed := cfg.ops(60_000)
 
-	idemMW, err := httpidem.New(httpidem.Config{Store: memstore.New(memstore.Config{})})
-	if err != nil {
-		return nil, err
-	}
-	peerStore, err := memory.New(memory.Options{Clock: wallClock{}, OwnerTokens: ownerTokens(), MaxRecords: memory.MaxRecordCapacity})
-	if err != nil {
-		return nil, err
-	}
-	svc, err := peer.NewService(peerStore)
-	if err != nil {
-		return nil, err
-	}
-	peerMW, err := idempotencyhttp.New(idempotencyhttp.Options{
-		Service: svc, Lease: time.Minute,
-		// Scoped like httpidem's keys: by method, path and the caller's
-		// credentials.
-		Key: func(r *http.Request, value string) (peer.Key, error) {
-			return peer.NewKey("bench", "tenant", r.Method+" "+r.URL.Path, r.Header.Get("Authorization"), value)
-		},
-		// Like httpidem's default fingerprint: method, path with query, body.
-		Fingerprint: func(r *http.Request) (peer.Fingerprint, error) {
-			body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-			if err != nil {
-				return peer.Fingerprint{}, err
-			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			canonical := append([]byte(r.Method+" "+r.URL.RequestURI()+"\n"), body...)
-			return peer.NewFingerprint("v1", canonical)
-		},
-	})
+	idemMW, peerMW, err := middlewares()
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +61,7 @@ func httpComparisons(_ context.Context, cfg config) ([]comparison, error) {
 	if err != nil {
 		return nil, err
 	}
-	peerURL, err := serve(peerMW.Handler(payments))
+	peerURL, err := serve(peerMW(payments))
 	if err != nil {
 		return nil, err
 	}
@@ -141,4 +112,117 @@ func httpComparisons(_ context.Context, cfg config) ([]comparison, error) {
 			replaySide("idem httpidem", idemURL), replaySide("peer idempotencyhttp", peerURL), replaySide("no middleware", bareURL),
 		}, close: closeAll},
 	}, nil
+}
+
+// middlewares returns each library's middleware on a memory store of its
+// own, configured alike: keys scoped by method, path and the Authorization
+// header, fingerprints of the method, the path with query and the body.
+func middlewares() (idemMW, peerMW func(http.Handler) http.Handler, err error) {
+	idemMW, err = httpidem.New(httpidem.Config{Store: memstore.New(memstore.Config{})})
+	if err != nil {
+		return nil, nil, err
+	}
+	peerStore, err := memory.New(memory.Options{Clock: wallClock{}, OwnerTokens: ownerTokens(), MaxRecords: memory.MaxRecordCapacity})
+	if err != nil {
+		return nil, nil, err
+	}
+	svc, err := peer.NewService(peerStore)
+	if err != nil {
+		return nil, nil, err
+	}
+	mw, err := idempotencyhttp.New(idempotencyhttp.Options{
+		Service: svc, Lease: time.Minute,
+		// Scoped like httpidem's keys: by method, path and the caller's
+		// credentials.
+		Key: func(r *http.Request, value string) (peer.Key, error) {
+			return peer.NewKey("bench", "tenant", r.Method+" "+r.URL.Path, r.Header.Get("Authorization"), value)
+		},
+		// Like httpidem's default fingerprint: method, path with query, body.
+		Fingerprint: func(r *http.Request) (peer.Fingerprint, error) {
+			body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+			if err != nil {
+				return peer.Fingerprint{}, err
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			canonical := append([]byte(r.Method+" "+r.URL.RequestURI()+"\n"), body...)
+			return peer.NewFingerprint("v1", canonical)
+		},
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+
+	return idemMW, mw.Handler, nil
+}
+
+// handlerComparisons calls each middleware's handler directly, with an
+// in-memory request and response writer: what the middleware itself costs,
+// without the HTTP stack.
+func handlerComparisons(_ context.Context, cfg config) ([]comparison, error) {
+	const workers = 8
+	call := func(h http.Handler, key string) error {
+		r, err := http.NewRequest(http.MethodPost, "http://bench/payments", strings.NewReader("amount=2500"))
+		if err != nil {
+			return err
+		}
+		r.Header.Set("Idempotency-Key", `"`+key+`"`)
+		r.Header.Set("Authorization", "Bearer bench")
+		w := &discardWriter{header: http.Header{}}
+		h.ServeHTTP(w, r)
+		if w.status != http.StatusCreated {
+			return fmt.Errorf("answered %d", w.status)
+		}
+		return nil
+	}
+	// Each round calls a handler made for it (so the stores start empty):
+	// which returns the handler of one side.
+	type which func(idemMW, peerMW func(http.Handler) http.Handler) http.Handler
+	idemSide := func(i, _ func(http.Handler) http.Handler) http.Handler { return i(payments) }
+	peerSide := func(_, p func(http.Handler) http.Handler) http.Handler { return p(payments) }
+	bareSide := func(_, _ func(http.Handler) http.Handler) http.Handler { return payments }
+	sides := func(n int, key func(i int) string) []side {
+		var out []side
+		for _, s := range []struct {
+			name    string
+			handler which
+		}{{"idem httpidem", idemSide}, {"peer idempotencyhttp", peerSide}, {"no middleware", bareSide}} {
+			out = append(out, side{name: s.name, round: func() (float64, error) {
+				idemMW, peerMW, err := middlewares()
+				if err != nil {
+					return 0, err
+				}
+				h := s.handler(idemMW, peerMW)
+				for i := range 100 { // the keys replayed
+					if err := call(h, "replay-"+strconv.Itoa(i)); err != nil {
+						return 0, err
+					}
+				}
+				return drive(workers, n, func(i int) error { return call(h, key(i)) })
+			}})
+		}
+		return out
+	}
+	fresh := func(i int) string { return "fresh-" + strconv.Itoa(i) }
+	replay := func(i int) string { return "replay-" + strconv.Itoa(i%100) }
+	return []comparison{
+		{name: fmt.Sprintf("http middleware called in memory (no network), fresh keys, %d goroutines", workers), sides: sides(cfg.ops(200_000), fresh)},
+		{name: fmt.Sprintf("http middleware called in memory (no network), replays of 100 keys, %d goroutines", workers), sides: sides(cfg.ops(400_000), replay)},
+	}, nil
+}
+
+// discardWriter is a response writer that keeps the status only.
+type discardWriter struct {
+	header http.Header
+	status int
+}
+
+func (w *discardWriter) Header() http.Header { return w.header }
+func (w *discardWriter) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+}
+func (w *discardWriter) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	return len(b), nil
 }

@@ -24,6 +24,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -33,13 +34,23 @@ import (
 )
 
 func main() {
-	sections := flag.String("sections", "memory,do,redis,http", "comma-separated sections to run")
+	sections := flag.String("sections", "memory,do,redis,http,handler", "comma-separated sections to run")
 	rounds := flag.Int("rounds", 5, "rounds per side (the sides alternate)")
 	scale := flag.Float64("scale", 1, "multiplies the operations per round")
 	redisAddr := flag.String("redis", "127.0.0.1:6379", "Redis address for the redis section")
 	match := flag.String("match", "", "run only the comparisons whose name contains this")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	blockProfile := flag.String("blockprofile", "", "write a blocking profile (every blocking event) of the whole run to this file")
+	mutexProfile := flag.String("mutexprofile", "", "write a mutex contention profile (every event) of the whole run to this file")
 	flag.Parse()
+	if *blockProfile != "" {
+		runtime.SetBlockProfileRate(1)
+		defer writeProfile("block", *blockProfile)
+	}
+	if *mutexProfile != "" {
+		runtime.SetMutexProfileFraction(1)
+		defer writeProfile("mutex", *mutexProfile)
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err == nil {
@@ -54,10 +65,11 @@ func main() {
 
 	cfg := config{rounds: *rounds, scale: *scale, redisAddr: *redisAddr}
 	run := map[string]func(context.Context, config) ([]comparison, error){
-		"memory": memoryComparisons,
-		"do":     doComparisons,
-		"redis":  redisComparisons,
-		"http":   httpComparisons,
+		"memory":  memoryComparisons,
+		"do":      doComparisons,
+		"redis":   redisComparisons,
+		"http":    httpComparisons,
+		"handler": handlerComparisons,
 	}
 	ctx := context.Background()
 	fmt.Printf("peerbench: %d rounds per side, alternating; rate = operations per second, median of the rounds\n", cfg.rounds)
@@ -116,6 +128,7 @@ func (c comparison) run(rounds int) error {
 	rates := make([][]float64, len(c.sides))
 	for range rounds {
 		for i, s := range c.sides {
+			runtime.GC() // no side pays for the garbage of the one before
 			r, err := s.round()
 			if err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
@@ -183,4 +196,17 @@ func drive(workers, n int, op func(i int) error) (float64, error) {
 		return 0, *p
 	}
 	return float64(n) / elapsed.Seconds(), nil
+}
+
+func writeProfile(name, path string) {
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.Lookup(name).WriteTo(f, 0)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "peerbench: %s profile: %v\n", name, err)
+	}
 }

@@ -792,8 +792,8 @@ func (s *Store) peekAll(ctx context.Context, keys []string) ([]idem.Record, erro
 // isReply: err is an answer of the server (a script error, NOSCRIPT…), not
 // a failure to reach it.
 func isReply(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re)
+	_, ok := errors.AsType[redis.Error](err)
+	return ok
 }
 
 func (s *Store) runOnce(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
