@@ -84,7 +84,8 @@ func decodeStored[T any](g *Guard, key Key, res Result) (T, error) {
 	// of T itself (not merely assignable to an interface T), so a hit needs
 	// no copyable check; out is declared after it, so a hit allocates nothing.
 	typ := reflect.TypeFor[T]()
-	if v, ok := g.decoded.get(typ, res.Record.Key, res.Value).(T); ok {
+	slot := g.decoded.slot(res.Record.Key)
+	if v, ok := slot.get(typ, res.Record.Key, res.Value).(T); ok {
 		return v, nil
 	}
 	var out T
@@ -92,8 +93,10 @@ func decodeStored[T any](g *Guard, key Key, res Result) (T, error) {
 		var zero T
 		return zero, fmt.Errorf("idem: decode stored result of %s: %w", key, err)
 	}
-	if res.Record.Key != "" && copyable(typ) && g.decoded.admit(res.Record.Key) {
-		g.decoded.put(typ, res.Record.Key, res.Value, out)
+	// admit before copyable: replays cycling through many keys are mostly
+	// not admitted, and then need no look-up of the type.
+	if res.Record.Key != "" && slot.admit() && copyable(typ) {
+		slot.put(typ, res.Record.Key, res.Value, out)
 	}
 	return out, nil
 }
@@ -107,10 +110,16 @@ func decodeStored[T any](g *Guard, key Key, res Result) (T, error) {
 // would otherwise evict each other on every call, paying for an entry each
 // time and never reusing one.
 type decodedValues struct {
-	once   sync.Once
-	seed   maphash.Seed
-	slots  []atomic.Pointer[decodedValue]
-	missed []atomic.Uint64 // per slot, the hash of the key that missed last
+	once  sync.Once
+	seed  maphash.Seed
+	slots []decodedSlot
+}
+
+// decodedSlot is one slot: its entry, and the tag of the key that missed
+// in it last.
+type decodedSlot struct {
+	entry  atomic.Pointer[decodedValue]
+	missed atomic.Uint64
 }
 
 type decodedValue struct {
@@ -122,37 +131,36 @@ type decodedValue struct {
 
 const decodedSlots = 1024
 
-func (d *decodedValues) init() {
+// slot returns the slot of key, hashing it once for the whole call.
+func (d *decodedValues) slot(key string) slotRef {
 	d.once.Do(func() {
 		d.seed = maphash.MakeSeed()
-		d.slots = make([]atomic.Pointer[decodedValue], decodedSlots)
-		d.missed = make([]atomic.Uint64, decodedSlots)
+		d.slots = make([]decodedSlot, decodedSlots)
 	})
-}
-
-func (d *decodedValues) slot(key string) *atomic.Pointer[decodedValue] {
-	d.init()
-	return &d.slots[maphash.String(d.seed, key)%decodedSlots]
-}
-
-// admit records a miss of key and reports whether it is the second in a
-// row in its slot: whether the key is worth an entry.
-func (d *decodedValues) admit(key string) bool {
-	d.init()
 	h := maphash.String(d.seed, key)
-	tag := h | 1 // never 0, an empty slot's value
-	return d.missed[h%decodedSlots].Swap(tag) == tag
+	return slotRef{s: &d.slots[h%decodedSlots], tag: h | 1} // never 0, an empty slot's value
 }
 
-func (d *decodedValues) get(typ reflect.Type, key string, raw []byte) any {
-	if e := d.slot(key).Load(); e != nil && e.typ == typ && e.key == key && bytes.Equal(e.raw, raw) {
+// slotRef is a key's slot and its tag.
+type slotRef struct {
+	s   *decodedSlot
+	tag uint64
+}
+
+// get returns the value decoded from raw for key, if the slot holds it.
+func (r slotRef) get(typ reflect.Type, key string, raw []byte) any {
+	if e := r.s.entry.Load(); e != nil && e.typ == typ && e.key == key && bytes.Equal(e.raw, raw) {
 		return e.value
 	}
 	return nil
 }
 
-func (d *decodedValues) put(typ reflect.Type, key string, raw []byte, value any) {
-	d.slot(key).Store(&decodedValue{typ: typ, key: key, raw: bytes.Clone(raw), value: value})
+// admit records a miss of the key and reports whether it is the second in
+// a row in its slot: whether the key is worth an entry.
+func (r slotRef) admit() bool { return r.s.missed.Swap(r.tag) == r.tag }
+
+func (r slotRef) put(typ reflect.Type, key string, raw []byte, value any) {
+	r.s.entry.Store(&decodedValue{typ: typ, key: key, raw: bytes.Clone(raw), value: value})
 }
 
 var copyableTypes sync.Map // reflect.Type → bool
