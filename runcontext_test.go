@@ -185,7 +185,7 @@ func TestGuardRunAllocations(t *testing.T) {
 // Applying a disposition costs no allocation: the Guard reads the one the
 // work decided (WithDisposition, how adapters such as httpidem settle every
 // request) and the default policy classifies an error without allocating.
-func TestClassifyingAllocatesNothing(t *testing.T) {
+func TestClassifyingAllocations(t *testing.T) {
 	if raceDetector {
 		t.Skip("allocation counts differ under the race detector")
 	}
