@@ -51,7 +51,8 @@ const (
 // and body) to a file of its process, takes up to 3 s (longer than the
 // lease: the Guard's heartbeats report progress to the broker) and fails
 // now and then (released, redelivered). Then the faults stop, and every
-// key must be completed in the store within a minute. It checks:
+// key must be completed in the store within a minute (CampaignConfig.Drain).
+// It checks:
 //   - never lost: every key published was completed, by a run of its own;
 //   - never twice: no run of a key started after the run whose result is
 //     stored (a consumer frozen between its claim and its work excepted),
@@ -188,7 +189,11 @@ func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 	defer s.Close()
 	g := newGuard(t, idem.Config{Store: s})
 	records := map[string]idem.Record{}
-	end := time.Now().Add(time.Minute)
+	drain := cfg.Drain
+	if drain == 0 {
+		drain = time.Minute
+	}
+	end := time.Now().Add(drain)
 	for _, key := range order {
 		for {
 			r, err := s.Get(context.Background(), g.StorageKey(idem.Key{Scope: Scope, ID: key}))
@@ -197,7 +202,7 @@ func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 				break
 			}
 			if time.Now().After(end) {
-				t.Errorf("VIOLATION: key %s not completed a minute after the faults: %+v, %v", key, r, err)
+				t.Errorf("VIOLATION: key %s not completed %v after the faults: %+v, %v", key, drain, r, err)
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -301,6 +306,9 @@ type CampaignConfig struct {
 	// Postgres: the store is PostgreSQL, with outages (see Campaign);
 	// otherwise one SQLite file.
 	Postgres bool
+	// Drain is how long after the faults every key must be completed.
+	// Defaults to a minute.
+	Drain time.Duration
 }
 
 // run is one run of the work, from the consumers' logs.

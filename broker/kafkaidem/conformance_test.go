@@ -3,6 +3,7 @@ package kafkaidem_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -25,7 +26,14 @@ func TestConformancePartitions(t *testing.T) { brokertest.Run(t, harness(t, 8, 4
 // killed and frozen (past the group's session timeout: their partitions are
 // rebalanced to the others), eight partitions, two at once per consumer.
 func TestCampaign(t *testing.T) {
-	brokertest.Campaign(t, harness(t, 8, 2), brokertest.CampaignConfig{TestName: "TestCampaign"})
+	// Three minutes to drain: a consumer group is slower to recover than a
+	// queue. A rebalance waits for every member to join again, up to the
+	// rebalance timeout (20 s) for a member frozen meanwhile, and a
+	// member's revocation waits for its records in flight; kills and
+	// freezes every second or so chain rebalances, and the 8 partitions'
+	// backlogs, processed in order, wait through each. Under a loaded CI
+	// machine a minute did not always suffice.
+	brokertest.Campaign(t, harness(t, 8, 2), brokertest.CampaignConfig{TestName: "TestCampaign", Drain: 3 * time.Minute})
 }
 
 // harness is the suite's view of Kafka and kafkaidem.
