@@ -3,7 +3,9 @@
 # trivial upstream, and idem serve in front of the same upstream on the
 # execute path (a fresh Idempotency-Key per request) and the replay path
 # (100 keys, repeated), with the memory and the Redis store (Redis with and
-# without coalescing); prints the ratios.
+# without coalescing); prints the ratios. Every request carries the same
+# Authorization header: without a principal idem serve would forward it
+# unprotected (its default --principal), and measure nothing of its own.
 #
 # Usage: scripts/bench-http.sh [SECONDS] [CONNECTIONS]   (defaults: 10 64)
 # Needs wrk (Debian package wrk) and Redis on 127.0.0.1:6379 (IDEM_TEST_REDIS_URL).
@@ -26,7 +28,7 @@ function setup(thread) threads = threads + 1; thread:set("tid", threads) end
 function init(args) n = 0; prefix = tostring(tid) .. "-" .. tostring(os.time()) .. "-" end
 function request()
   n = n + 1
-  return wrk.format("POST", "/payments", {["Idempotency-Key"] = '"' .. prefix .. n .. '"'}, "amount=2500")
+  return wrk.format("POST", "/payments", {["Idempotency-Key"] = '"' .. prefix .. n .. '"', ["Authorization"] = "Bearer bench"}, "amount=2500")
 end
 LUA
 cat >"$tmp/replay.lua" <<'LUA'
@@ -35,11 +37,11 @@ function setup(thread) threads = threads + 1; thread:set("tid", threads) end
 function init(args) n = 0 end
 function request()
   n = n + 1
-  return wrk.format("POST", "/payments", {["Idempotency-Key"] = '"replay-' .. (n % 100) .. '"'}, "amount=2500")
+  return wrk.format("POST", "/payments", {["Idempotency-Key"] = '"replay-' .. (n % 100) .. '"', ["Authorization"] = "Bearer bench"}, "amount=2500")
 end
 LUA
 cat >"$tmp/bare.lua" <<'LUA'
-function request() return wrk.format("POST", "/payments", nil, "amount=2500") end
+function request() return wrk.format("POST", "/payments", {["Authorization"] = "Bearer bench"}, "amount=2500") end
 LUA
 
 start() { "$@" >"$tmp/log.$$" 2>&1 & pids+=($!); }
@@ -52,6 +54,18 @@ start "$tmp/idem" serve --listen 127.0.0.1:18083 --upstream http://127.0.0.1:180
 redis-cli -u "$redis_url" --scan --pattern 'idemhttp:*' | xargs -r -n 500 redis-cli -u "$redis_url" DEL >/dev/null
 start "$tmp/idem" serve --listen 127.0.0.1:18084 --upstream http://127.0.0.1:18081 --store "$redis_url?pool_size=$conns&idem_prefix=idemhttp:"; wait_port 18084
 start "$tmp/idem" serve --listen 127.0.0.1:18085 --upstream http://127.0.0.1:18081 --store "$redis_url?pool_size=$conns&idem_prefix=idemhttp:&idem_coalesce=0"; wait_port 18085
+
+# The requests must be idem's to measure: a second send of a key is replayed.
+for port in 18083 18084 18085; do
+	for _ in 1 2; do
+		replayed=$(curl -s -o /dev/null -D - -X POST -H 'Idempotency-Key: "bench-check"' -H 'Authorization: Bearer bench' \
+			--data amount=2500 "http://127.0.0.1:$port/payments" | tr -d '\r' | awk 'tolower($1) == "idempotent-replayed:" {print $2}')
+	done
+	if [[ $replayed != true ]]; then
+		echo "idem serve on port $port did not replay a repeated key: the benchmark would measure a plain proxy" >&2
+		exit 1
+	fi
+done
 
 echo "== wrk -t2 -c$conns -d${secs}s, $(nproc) cores (wrk, proxies and upstream share them)"
 bare=$(rps "$tmp/bare.lua" http://127.0.0.1:18082)
