@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"testing"
@@ -207,6 +208,13 @@ func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+	}
+	if t.Failed() {
+		// Keys stuck: show where every consumer was, the test's own
+		// included (its goroutines' stacks go to stderr).
+		t.Log("keys not completed: the consumers' goroutines follow on stderr")
+		procs.DumpAll()
+		_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
 	}
 	procs.StopAll()
 	stop()

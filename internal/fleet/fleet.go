@@ -165,7 +165,15 @@ func (f *Fleet) ThawAll() {
 }
 
 // StopAll kills every process and waits for them.
-func (f *Fleet) StopAll() {
+func (f *Fleet) StopAll() { f.endAll(syscall.SIGKILL) }
+
+// DumpAll ends every process with SIGQUIT, on which the Go runtime writes
+// the stacks of all its goroutines to the process's stderr (the test's)
+// before it exits, and waits for them: what a failed campaign shows of
+// where its processes were.
+func (f *Fleet) DumpAll() { f.endAll(syscall.SIGQUIT) }
+
+func (f *Fleet) endAll(sig syscall.Signal) {
 	f.mu.Lock()
 	cs := f.children
 	f.children = nil
@@ -174,7 +182,7 @@ func (f *Fleet) StopAll() {
 	}
 	f.mu.Unlock()
 	for _, c := range cs {
-		_ = c.Process.Signal(syscall.SIGKILL)
+		_ = c.Process.Signal(sig)
 		_ = f.reap(c)
 	}
 }

@@ -67,3 +67,21 @@ func TestFleet(t *testing.T) {
 		t.Fatalf("%d helpers after StopAll", f.Len())
 	}
 }
+
+// TestDumpAll: the processes end on SIGQUIT (their goroutines' stacks go to
+// the test's stderr) without waiting for them to end on their own.
+func TestDumpAll(t *testing.T) {
+	if os.Getenv("IDEM_FLEET_HELPER") != "" {
+		fmt.Println(ready)
+		time.Sleep(time.Minute) // until dumped
+		return
+	}
+	f := fleet.New(t, "TestDumpAll", ready, nil, func(n int) []string { return []string{"IDEM_FLEET_HELPER=" + strconv.Itoa(n)} })
+	f.Spawn()
+	f.FreezeOne(rand.New(rand.NewPCG(1, 2)), time.Hour) // a frozen one is thawed to dump
+	start := time.Now()
+	f.DumpAll()
+	if f.Len() != 0 || time.Since(start) > 30*time.Second {
+		t.Fatalf("%d helpers left, %v after DumpAll began", f.Len(), time.Since(start))
+	}
+}
