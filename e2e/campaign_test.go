@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/internal/drain"
 	"github.com/idemgo/idem/internal/fleet"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
@@ -48,7 +47,6 @@ const (
 	// published is published again after it and reaches the stream twice —
 	// the inbox, not the broker, must keep the second copy from booking.
 	dedupWindow   = time.Second
-	campaignDrain = 90 * time.Second
 	inboxConsumer = "e2e-credits"
 	// accounts is how many accounts the transfers go to: enough that the
 	// consumers' transactions seldom wait for each other's balance rows (a
@@ -123,6 +121,10 @@ type transport struct {
 	// and books every message of it with r through the broker's adapter,
 	// keyed by the field the sender writes its key into, until t ends.
 	consume func(t testing.TB, url, topic string, r receiver)
+	// depth, if set, tells how many messages of topic the broker at url
+	// holds ready and how many consumers it has (for the trail of a lost
+	// transfer).
+	depth func(url, topic string) (ready, consumers int, err error)
 	// ordered: the consumers book each ordering key's messages in the
 	// order the broker holds them (Kafka: one partition per key, taken in
 	// order), so the campaign checks each account's bookings come in the
@@ -164,8 +166,13 @@ func schemaDDL(schema string) string {
 // proxy — the even ones directly: a partition; the broker is cut and
 // stalled for the odd relays; and the broker and PostgreSQL, both servers
 // of the test's own, are killed with SIGKILL and started again on their
-// ports and files. Then the faults stop and every committed
-// transfer must be booked within campaignDrain. It checks, on the business
+// ports and files. The producers keep at most maxBacklog transfers
+// unbooked. Then the faults stop and every committed transfer must be
+// booked: the drain waits while transfers are booked and fails when none
+// has been for a minute (or at a bound of three times the run), printing
+// its progress every ten seconds; a lost transfer is reported with the
+// relays' sends of it, the consumers' decisions and the broker's queue
+// around its last send. It checks, on the business
 // rows at both ends:
 //   - never lost: every debit has its credit, and no outbox row is dead;
 //   - never twice: no debit has two credits;
@@ -246,12 +253,32 @@ func campaign(t *testing.T, testName string, tr transport) {
 	// here).
 	first := make(chan struct{})
 	var wg sync.WaitGroup
+	// The producers keep at most maxBacklog transfers committed and not
+	// yet booked: producers that outpace the consumers by design measure a
+	// backlog, not a guarantee.
+	var backlog atomic.Int64
+	var paced atomic.Int64 // ns the producers waited
+	countDone := make(chan struct{})
+	go func() {
+		defer close(countDone)
+		for time.Now().Before(deadline) {
+			if n, err := unbooked(ctx, pool, schema); err == nil {
+				backlog.Store(int64(n))
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}()
 	for g := range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(seed, uint64(g+1)))
 			for time.Now().Before(deadline) {
+				if backlog.Load() >= maxBacklog {
+					paced.Add(int64(10 * time.Millisecond))
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
 				before := dbCrashes.Load()
 				switch err := commitTransfer(ctx, pool, ob, schema, rng, dest); {
 				case errors.Is(err, errRolledBack):
@@ -279,6 +306,22 @@ func campaign(t *testing.T, testName string, tr transport) {
 	for range 3 {
 		consumers.Spawn()
 	}
+	history := &brokerHistory{}
+	sampling := make(chan struct{})
+	if tr.depth != nil {
+		go func() {
+			for {
+				select {
+				case <-sampling:
+					return
+				case <-time.After(500 * time.Millisecond):
+				}
+				ready, consumers, err := tr.depth(rawBrokerURL, topic)
+				history.sample(depthSample{time.Now().UnixNano(), ready, consumers, err})
+			}
+		}()
+	}
+	defer close(sampling)
 	var kills, freezes, cuts, stalls, brokerCuts, brokerStalls, brokerCrashes int
 	var crashing atomic.Bool
 	var crashes sync.WaitGroup
@@ -319,9 +362,11 @@ func campaign(t *testing.T, testName string, tr transport) {
 			brokerCrashes++
 			crashes.Go(func() {
 				defer crashing.Store(false)
+				from := time.Now().UnixNano()
 				if err := crash(); err != nil {
 					t.Error(err)
 				}
+				history.crashed(from, time.Now().UnixNano())
 			})
 		case f == 9 && dbCrashes.Load()%2 == 0 && frng.IntN(2) == 0:
 			// PostgreSQL killed (SIGKILL) and started again on its files,
@@ -340,34 +385,54 @@ func campaign(t *testing.T, testName string, tr transport) {
 	}
 	crashes.Wait()
 	wg.Wait()
+	<-countDone
 	dbOutages.Wait()
 	brokerOutages.Wait()
 	relays.ThawAll()
 	consumers.ThawAll()
-	t.Logf("%d transfers committed, %d rolled back, %d failed in a crash of PostgreSQL; %d kills, %d freezes, %d cuts, %d stalls and %d crashes of PostgreSQL, %d cuts and %d stalls of the broker, %d crashes of the broker",
-		committed.Load(), rolledBack.Load(), failedInCrash.Load(), kills, freezes, cuts, stalls, dbCrashes.Load()/2, brokerCuts, brokerStalls, brokerCrashes)
+	behind, _ := unbooked(ctx, pool, schema)
+	t.Logf("%d transfers committed, %d rolled back, %d failed in a crash of PostgreSQL; %d kills, %d freezes, %d cuts, %d stalls and %d crashes of PostgreSQL, %d cuts and %d stalls of the broker, %d crashes of the broker; the producers waited %v for the consumers (at most %d transfers behind), %d transfers not yet booked when the faults ended",
+		committed.Load(), rolledBack.Load(), failedInCrash.Load(), kills, freezes, cuts, stalls, dbCrashes.Load()/2, brokerCuts, brokerStalls, brokerCrashes,
+		time.Duration(paced.Load()/4).Round(time.Second), maxBacklog, behind)
 
-	// The faults are over: every committed transfer must be booked.
-	drainEnd := time.Now().Add(campaignDrain)
-	for {
-		var unbooked int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.debits d WHERE NOT EXISTS (SELECT 1 FROM `+schema+`.credits c WHERE c.key = d.key)`).Scan(&unbooked)
-		counts, cerr := ob.CountByStatus(ctx)
-		if err == nil && cerr == nil && unbooked == 0 && counts[outbox.Pending] == 0 {
-			break
+	// The faults are over: every committed transfer must be booked, the
+	// relays and consumers given as long as they make progress.
+	res := drain.Wait(drain.Config{Stall: time.Minute, Bound: drainBound(), Logf: t.Logf}, func() (drain.Progress, error) {
+		var booked, left int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE EXISTS (SELECT 1 FROM `+schema+`.credits c WHERE c.key = d.key)),
+			count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM `+schema+`.credits c WHERE c.key = d.key)) FROM `+schema+`.debits d`).Scan(&booked, &left); err != nil {
+			return drain.Progress{}, err
 		}
-		if time.Now().After(drainEnd) {
-			t.Errorf("VIOLATION: %v after the faults ended, %d debits have no credit and the outbox holds %v (%v, %v)", campaignDrain, unbooked, counts, err, cerr)
-			break
+		counts, err := ob.CountByStatus(ctx)
+		if err != nil {
+			return drain.Progress{}, err
 		}
-		time.Sleep(100 * time.Millisecond)
+		return drain.Progress{Done: booked, Left: left + int(counts[outbox.Pending])}, nil
+	})
+	if !res.Drained {
+		t.Errorf("VIOLATION: transfers not booked after the faults ended: %s; the drain's curve (booked/to do every 10s): %s", res.Why, res.CurveString(10*time.Second))
 	}
 	relays.StopAll()
 	consumers.StopAll()
-	checkBooks(t, pool, schema, ob, tr.ordered)
-	decisions := decisionsLogged(t, dir)
+	lost := checkBooks(t, pool, schema, ob, tr.ordered)
+	reportLost(t, dir, lost, history)
+	decisions := decisionsLogged(dir)
 	t.Logf("the inbox kept %d copies from booking again; the consumers' other decisions: %v",
 		decisions["ack "+inbox.Duplicate.String()], decisions)
+}
+
+// maxBacklog is the most transfers committed and not yet booked before the
+// producers wait.
+const maxBacklog = 2000
+
+// drainBound is the longest the drain waits, however the transfers move.
+func drainBound() time.Duration { return drain.Bound(campaignDuration()) }
+
+// unbooked counts the committed transfers without a credit.
+func unbooked(ctx context.Context, pool *pgxpool.Pool, schema string) (int, error) {
+	var n int
+	err := pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.debits d WHERE NOT EXISTS (SELECT 1 FROM `+schema+`.credits c WHERE c.key = d.key)`).Scan(&n)
+	return n, err
 }
 
 var errRolledBack = errors.New("rolled back on purpose")
@@ -438,6 +503,7 @@ func runRelay(t *testing.T, tr transport) {
 	}
 	sender, brokerHost, via := tr.sender(), u.Host, os.Getenv(envBroker)
 	proc, _ := strconv.Atoi(os.Getenv(envProc))
+	sends := openTrail(t, os.Getenv(envDir), "sends-"+strconv.Itoa(proc)+".log")
 	batch, concurrency := 8, 4 // half the relays send small batches four at a time, the others long ones one at a time
 	if proc%2 == 0 {
 		batch, concurrency = 64, 1
@@ -449,7 +515,13 @@ func runRelay(t *testing.T, tr transport) {
 		Sender: outbox.SenderFunc(func(ctx context.Context, m *outbox.Message) outbox.Result {
 			routed := *m // through this relay's way to the broker
 			routed.Destination = strings.Replace(m.Destination, brokerHost, via, 1)
-			return sender.Send(ctx, &routed)
+			res := sender.Send(ctx, &routed)
+			detail := ""
+			if res.Err != nil {
+				detail = res.Err.Error()
+			}
+			sends.add(proc, m.Key, "send "+string(res.Status), detail)
+			return res
 		}),
 	})
 	if err != nil {
@@ -459,7 +531,7 @@ func runRelay(t *testing.T, tr transport) {
 		t.Fatal(err)
 	}
 	fmt.Println(readyLine)
-	time.Sleep(campaignDuration() + campaignDrain + time.Minute) // the campaign kills it before
+	time.Sleep(campaignDuration() + drainBound() + time.Minute) // the campaign kills it before
 }
 
 // runConsumer is a consumer process: it books the topic's messages until
@@ -469,11 +541,7 @@ func runConsumer(t *testing.T, tr transport) {
 	pool := helperPool(t)
 	schema := os.Getenv(envSchema)
 	proc, _ := strconv.Atoi(os.Getenv(envProc))
-	f, err := os.OpenFile(filepath.Join(os.Getenv(envDir), "consumer-"+strconv.Itoa(proc)+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logMu sync.Mutex
+	decisions := openTrail(t, os.Getenv(envDir), "decisions-"+strconv.Itoa(proc)+".log")
 	tr.consume(t, os.Getenv(envBrokerURL), os.Getenv(envTopic), receiver{
 		inbox:   openInbox(t, pool, schema),
 		batches: proc%2 == 0,
@@ -491,23 +559,26 @@ func runConsumer(t *testing.T, tr transport) {
 			return err
 		},
 		decided: func(key string, d broker.Decision) {
-			if d.Verdict == broker.Ack && d.Reason == inbox.Processed.String() {
-				return
-			}
-			reason, _, _ := strings.Cut(strings.ReplaceAll(d.Reason, key, "KEY"), "\n")
-			logMu.Lock()
-			defer logMu.Unlock()
-			_, _ = fmt.Fprintf(f, "%s\t%s\t%s\n", d.Verdict, key, reason)
+			decisions.add(proc, key, d.Verdict.String(), strings.ReplaceAll(d.Reason, key, "KEY"))
 		},
 	})
 	fmt.Println(readyLine)
-	time.Sleep(campaignDuration() + campaignDrain + time.Minute)
+	time.Sleep(campaignDuration() + drainBound() + time.Minute)
 }
 
 // checkBooks compares both ends' business rows.
-func checkBooks(t *testing.T, pool *pgxpool.Pool, schema string, ob *outbox.Outbox[pgx.Tx], ordered bool) {
+// It returns the keys of the debits without a credit.
+func checkBooks(t *testing.T, pool *pgxpool.Pool, schema string, ob *outbox.Outbox[pgx.Tx], ordered bool) (lost []string) {
 	ctx := context.Background()
 	violations := 0
+	rows, err := pool.Query(ctx, `SELECT d.key FROM `+schema+`.debits d WHERE NOT EXISTS (SELECT 1 FROM `+schema+`.credits c WHERE c.key = d.key) ORDER BY d.key`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
 	each := func(what, query string) {
 		rows, err := pool.Query(ctx, strings.ReplaceAll(query, "S.", schema+"."))
 		if err != nil {
@@ -548,36 +619,32 @@ func checkBooks(t *testing.T, pool *pgxpool.Pool, schema string, ob *outbox.Outb
 			`SELECT account, array_agg(seq ORDER BY id) FROM S.credits GROUP BY account
 			 HAVING array_agg(seq ORDER BY id) <> array_agg(seq ORDER BY seq)`)
 	}
-	var debits, tries int64
-	if err := pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(o.tries), 0) FROM `+schema+`.debits d JOIN `+schema+`.idem_outbox o ON o.key = d.key`).Scan(&debits, &tries); err != nil {
+	var debits, booked, tries int64
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE (SELECT count(*) FROM `+schema+`.credits c WHERE c.key = d.key) = 1),
+		coalesce(sum(o.tries), 0) FROM `+schema+`.debits d JOIN `+schema+`.idem_outbox o ON o.key = d.key`).Scan(&debits, &booked, &tries); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d transfers booked once each at the receiver; their outbox rows counted %d tries in all", debits, tries)
+	t.Logf("%d of %d committed transfers booked once each at the receiver; their outbox rows counted %d tries in all", booked, debits, tries)
 	if violations > 20 {
 		t.Errorf("… %d violations in all", violations)
 	}
+	return lost
 }
 
-// decisionsLogged counts the decisions the consumers logged (all but the
-// acks of messages booked), by verdict and reason: an ack "duplicate" is a
-// copy the inbox kept from booking again.
-func decisionsLogged(t *testing.T, dir string) map[string]int {
-	logs, _ := filepath.Glob(filepath.Join(dir, "consumer-*.log"))
+// decisionsLogged counts the decisions the consumers logged, but the acks
+// of messages booked, by verdict and reason: an ack "duplicate" is a copy
+// the inbox kept from booking again.
+func decisionsLogged(dir string) map[string]int {
 	n := map[string]int{}
-	for _, name := range logs {
-		f, err := os.Open(name)
-		if err != nil {
-			t.Fatal(err)
+	for _, e := range readTrail(dir, "decisions-*.log") {
+		reason := e.detail
+		if e.what == "ack" && reason == inbox.Processed.String() {
+			continue
 		}
-		for sc := bufio.NewScanner(f); sc.Scan(); {
-			verdict, rest, _ := strings.Cut(sc.Text(), "\t")
-			_, reason, _ := strings.Cut(rest, "\t")
-			if len(reason) > 100 {
-				reason = reason[:100] + "…"
-			}
-			n[verdict+" "+reason]++
+		if len(reason) > 100 {
+			reason = reason[:100] + "…"
 		}
-		f.Close()
+		n[e.what+" "+reason]++
 	}
 	return n
 }

@@ -226,6 +226,19 @@ func amqpTransport() transport {
 		},
 		destination: func(url, topic string) string { return url + "?routing_key=" + topic },
 		sender:      func() outbox.Sender { return amqpsender.New(amqp.Config{}) },
+		depth: func(url, topic string) (int, int, error) {
+			conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(time.Second)})
+			if err != nil {
+				return 0, 0, err
+			}
+			defer conn.Close()
+			ch, err := conn.Channel()
+			if err != nil {
+				return 0, 0, err
+			}
+			q, err := ch.QueueDeclarePassive(topic, true, false, false, false, nil)
+			return q.Messages, q.Consumers, err
+		},
 		consume: func(t testing.TB, url, topic string, r receiver) {
 			cfg := amqpidem.Config{
 				Scope: inboxConsumer, Key: amqpidem.MessageIDKey, Policy: policy, Concurrency: consumersAtOnce,

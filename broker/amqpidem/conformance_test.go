@@ -108,6 +108,7 @@ func harness(t *testing.T, concurrency int) brokertest.Harness {
 			t.Cleanup(stop)
 			return stop
 		},
+		Diagnose: func(t testing.TB, topic string) string { return testenv.RabbitMQQueueView(testenv.AMQPURL, topic) },
 		Publish: func(t testing.TB, topic, key string, body []byte) {
 			headers := amqp.Table{}
 			if key != "" {

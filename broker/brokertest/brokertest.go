@@ -78,6 +78,11 @@ type Harness struct {
 	// Publish publishes body on topic with key in KeyHeader ("" for none)
 	// and a new broker message id.
 	Publish func(t testing.TB, topic, key string, body []byte)
+	// Diagnose, if set, tells where topic's messages are, as the broker
+	// sees them (queue depths, unacknowledged deliveries and their
+	// consumers; a group's members, assignments and committed offsets):
+	// a campaign whose keys are not completed prints it.
+	Diagnose func(t testing.TB, topic string) string
 }
 
 // Environment of a crash-test consumer process.

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/drain"
 	"github.com/idemgo/idem/internal/fleet"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store/storeurl"
@@ -48,11 +49,14 @@ const (
 // their own, which run the work through idem.Guard over one SQLite file
 // and the adapter under test, while the consumer processes are killed
 // (SIGKILL, and replaced) and frozen (SIGSTOP, past the lease and the
-// broker's ack deadline) at random. The work logs each run (its key, fence
+// broker's ack deadline) at random. The producer keeps at most
+// CampaignConfig.MaxBacklog keys published and not yet completed. The work logs each run (its key, fence
 // and body) to a file of its process, takes up to 3 s (longer than the
 // lease: the Guard's heartbeats report progress to the broker) and fails
 // now and then (released, redelivered). Then the faults stop, and every
-// key must be completed in the store within a minute (CampaignConfig.Drain).
+// key must be completed in the store: the drain waits while keys complete,
+// and fails when none has for CampaignConfig.Stall, or at a bound of three
+// times the run (internal/drain), printing its progress every ten seconds.
 // It checks:
 //   - never lost: every key published was completed, by a run of its own;
 //   - never twice: no run of a key started after the run whose result is
@@ -137,21 +141,7 @@ func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 	if proxy != nil {
 		outages = testenv.NewOutages(proxy)
 	}
-	for time.Now().Before(deadline) {
-		key := fmt.Sprintf("PAY-%d", len(order))
-		order = append(order, key)
-		publish(key, "credit "+strconv.Itoa(len(order)))
-		if rng.IntN(3) == 0 {
-			again = append(again, key)
-		}
-		if rng.IntN(20) == 0 {
-			publish(key, "credit "+strconv.Itoa(len(order))+" again")
-		}
-		if len(again) > 0 && rng.IntN(2) == 0 {
-			k := again[0]
-			again = again[1:]
-			publish(k, bodies[k][0])
-		}
+	injectFault := func() {
 		if time.Now().After(nextFault) {
 			switch f := frng.IntN(6); {
 			case f < 2:
@@ -174,48 +164,83 @@ func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 			}
 			nextFault = time.Now().Add(time.Duration(200+frng.IntN(600)) * time.Millisecond)
 		}
+	}
+	// The producer keeps at most maxBacklog keys published and not yet
+	// completed: a producer that outpaces the consumers by design measures
+	// a backlog, not a guarantee. The faults go on while it waits.
+	s, err := storeurl.Open(context.Background(), direct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	track := &tracker{s: s, g: newGuard(t, idem.Config{Store: s}), records: map[string]idem.Record{}}
+	maxBacklog := cfg.MaxBacklog
+	if maxBacklog == 0 {
+		maxBacklog = 300
+	}
+	var paced time.Duration // how long the producer waited for the consumers
+	nextCount := time.Now()
+	for time.Now().Before(deadline) {
+		if time.Now().After(nextCount) {
+			_, _ = track.refresh() // an outage of the store: counted again next time
+			nextCount = time.Now().Add(250 * time.Millisecond)
+		}
+		if len(track.pending) >= maxBacklog {
+			paced += 10 * time.Millisecond
+			injectFault()
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		key := fmt.Sprintf("PAY-%d", len(order))
+		order = append(order, key)
+		track.pending = append(track.pending, key)
+		publish(key, "credit "+strconv.Itoa(len(order)))
+		if rng.IntN(3) == 0 {
+			again = append(again, key)
+		}
+		if rng.IntN(20) == 0 {
+			publish(key, "credit "+strconv.Itoa(len(order))+" again")
+		}
+		if len(again) > 0 && rng.IntN(2) == 0 {
+			k := again[0]
+			again = again[1:]
+			publish(k, bodies[k][0])
+		}
+		injectFault()
 		time.Sleep(time.Duration(5+rng.IntN(20)) * time.Millisecond)
 	}
 	if outages != nil {
 		outages.Wait()
 	}
 	procs.ThawAll()
-	t.Logf("%d keys published, %d kills, %d freezes, %d cuts, %d stalls", len(order), kills, freezes, cuts, stalls)
+	_, _ = track.refresh()
+	t.Logf("%d keys published, %d kills, %d freezes, %d cuts, %d stalls; the producer waited %v for the consumers (at most %d keys behind), %d keys behind when the faults ended",
+		len(order), kills, freezes, cuts, stalls, paced.Round(time.Second), maxBacklog, len(track.pending))
 
-	// The faults are over: every key must be completed.
-	s, err := storeurl.Open(context.Background(), direct, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	g := newGuard(t, idem.Config{Store: s})
-	records := map[string]idem.Record{}
-	drain := cfg.Drain
-	if drain == 0 {
-		drain = time.Minute
-	}
-	end := time.Now().Add(drain)
-	for _, key := range order {
-		for {
-			r, err := s.Get(context.Background(), g.StorageKey(idem.Key{Scope: Scope, ID: key}))
-			if err == nil && r.State == idem.StateCompleted {
-				records[key] = r
+	// The faults are over: every key must be completed, the consumers
+	// given as long as they make progress.
+	res := drain.Wait(drain.Config{Stall: cfg.stall(), Bound: drainBound(), Logf: t.Logf}, track.refresh)
+	if !res.Drained {
+		t.Errorf("VIOLATION: %d keys not completed: %s; the drain's curve (done/to do every 10s): %s", len(track.pending), res.Why, res.CurveString(10*time.Second))
+		for i, key := range track.pending {
+			if i == 20 {
+				t.Errorf("… and %d keys more", len(track.pending)-20)
 				break
 			}
-			if time.Now().After(end) {
-				t.Errorf("VIOLATION: key %s not completed %v after the faults: %+v, %v", key, drain, r, err)
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
+			r, err := s.Get(context.Background(), track.g.StorageKey(idem.Key{Scope: Scope, ID: key}))
+			t.Errorf("VIOLATION: key %s not completed: %+v, %v", key, r, err)
 		}
-	}
-	if t.Failed() {
-		// Keys stuck: show where every consumer was, the test's own
-		// included (its goroutines' stacks go to stderr).
+		// Keys stuck: show where their messages are, as the broker sees
+		// them, and where every consumer was, the test's own included
+		// (its goroutines' stacks go to stderr).
+		if h.Diagnose != nil {
+			t.Logf("the broker's view of %s:\n%s", topic, h.Diagnose(t, topic))
+		}
 		t.Log("keys not completed: the consumers' goroutines follow on stderr")
 		procs.DumpAll()
 		_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
 	}
+	records := track.records
 	procs.StopAll()
 	stop()
 	runs, decisions := readRuns(t, dir)
@@ -314,9 +339,60 @@ type CampaignConfig struct {
 	// Postgres: the store is PostgreSQL, with outages (see Campaign);
 	// otherwise one SQLite file.
 	Postgres bool
-	// Drain is how long after the faults every key must be completed.
-	// Defaults to a minute.
-	Drain time.Duration
+	// MaxBacklog is the most keys published and not yet completed: the
+	// producer waits for the consumers past it. Defaults to 300.
+	MaxBacklog int
+	// Stall is how long the drain after the faults waits without a key
+	// completed before it fails: longer than the broker may rightly stop
+	// delivering (a consumer group's rebalances). Defaults to a minute.
+	Stall time.Duration
+}
+
+func (c CampaignConfig) stall() time.Duration {
+	if c.Stall > 0 {
+		return c.Stall
+	}
+	return time.Minute
+}
+
+// drainBound is the longest the drain waits, however the keys move.
+func drainBound() time.Duration { return drain.Bound(campaignDuration()) }
+
+// tracker follows which published keys are completed in the store.
+type tracker struct {
+	s       idem.Store
+	g       *idem.Guard
+	pending []string               // published, not known completed, in publishing order
+	records map[string]idem.Record // the completed keys' records
+	done    int
+}
+
+// refresh asks the store about every pending key; on an error the keys not
+// asked stay pending.
+func (k *tracker) refresh() (drain.Progress, error) {
+	kept := k.pending[:0]
+	var err error
+	for i, key := range k.pending {
+		var r idem.Record
+		if err == nil {
+			r, err = k.s.Get(context.Background(), k.g.StorageKey(idem.Key{Scope: Scope, ID: key}))
+			if errors.Is(err, idem.ErrNotFound) {
+				err = nil
+			} else if err == nil && r.State == idem.StateCompleted {
+				k.records[key] = r
+				k.done++
+				continue
+			}
+		}
+		if err != nil {
+			kept = append(kept, k.pending[i:]...)
+			break
+		}
+		kept = append(kept, key)
+	}
+	clear(k.pending[len(kept):])
+	k.pending = kept
+	return drain.Progress{Done: k.done, Left: len(k.pending)}, err
 }
 
 // run is one run of the work, from the consumers' logs.

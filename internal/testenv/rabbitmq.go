@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // RabbitMQ is a RabbitMQ node of a test's own (StartRabbitMQ), which the
@@ -209,4 +211,34 @@ func (r *RabbitMQ) Restart() error {
 		return fmt.Errorf("rabbitmq-server on %s, after the kill: %w", r.addr, err)
 	}
 	return nil
+}
+
+// RabbitMQQueueView describes queue as the broker at url sees it: its
+// depth and consumers, and — where rabbitmqctl can reach the node (the
+// machine's own) — its unacknowledged deliveries and every channel's
+// consumers, prefetch and unacknowledged count.
+func RabbitMQQueueView(url, queue string) string {
+	var b strings.Builder
+	if conn, err := amqp.Dial(url); err != nil {
+		fmt.Fprintf(&b, "dial: %v\n", err)
+	} else {
+		if ch, err := conn.Channel(); err == nil {
+			q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+			fmt.Fprintf(&b, "queue %s: %d ready, %d consumers (%v)\n", queue, q.Messages, q.Consumers, err)
+		}
+		conn.Close()
+	}
+	ctl := func(filter bool, args ...string) {
+		out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
+		fmt.Fprintf(&b, "rabbitmqctl %s (%v):\n", strings.Join(args, " "), err)
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if !filter || strings.Contains(line, queue) {
+				fmt.Fprintf(&b, "  %s\n", line)
+			}
+		}
+	}
+	ctl(true, "list_queues", "name", "messages_ready", "messages_unacknowledged", "consumers")
+	ctl(true, "list_consumers", "queue_name", "channel_pid", "ack_required", "prefetch_count", "active")
+	ctl(false, "list_channels", "pid", "connection", "consumer_count", "messages_unacknowledged", "prefetch_count", "state")
+	return b.String()
 }
