@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -27,7 +28,10 @@ import (
 // queue takes (no queue of that name, no binding): RabbitMQ confirms those
 // too, and drops them — published mandatory, it returns them first, and the
 // message stays pending with the reason until a queue takes it. One
-// connection per server, one confirm channel per send at a time.
+// connection per server, one confirm channel per send at a time. A send
+// waits no longer than its context (the relay's SendTimeout), whatever the
+// broker does: a connection whose broker did not confirm in time is dropped
+// and dialed again by the next send.
 type Sender struct {
 	cfg   amqp.Config
 	mu    sync.Mutex
@@ -95,22 +99,32 @@ func parseDestination(dest string) (server, exchange, key string, fromOrderingKe
 	return u.String(), exchange, key, fromOrderingKey, nil
 }
 
-func (a *Sender) conn(server string) (*amqpConn, error) {
+// conn returns the connection to server, dialing it if there is none.
+func (a *Sender) conn(ctx context.Context, server string) (*amqpConn, error) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if c, ok := a.conns[server]; ok && !c.conn.IsClosed() {
+	c, ok := a.conns[server]
+	a.mu.Unlock()
+	if ok && !c.conn.IsClosed() {
 		return c, nil
 	}
-	conn, err := amqp.DialConfig(server, a.cfg)
+	conn, err := within(ctx, func() (*amqp.Connection, error) { return amqp.DialConfig(server, a.cfg) },
+		func(conn *amqp.Connection) { conn.Close() })
 	if err != nil {
 		return nil, err
 	}
-	c := &amqpConn{conn: conn, pool: make(chan *confirmChannel, 64)}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if c, ok := a.conns[server]; ok && !c.conn.IsClosed() { // another send dialed meanwhile
+		go conn.Close()
+		return c, nil
+	}
+	c = &amqpConn{conn: conn, pool: make(chan *confirmChannel, 64)}
 	a.conns[server] = c
 	return c, nil
 }
 
-func (c *amqpConn) channel() (*confirmChannel, error) {
+// channel returns a confirm channel of c: one of its pool, or a new one.
+func (c *amqpConn) channel(ctx context.Context) (*confirmChannel, error) {
 	select {
 	case cc := <-c.pool:
 		if !cc.ch.IsClosed() {
@@ -118,15 +132,45 @@ func (c *amqpConn) channel() (*confirmChannel, error) {
 		}
 	default:
 	}
-	ch, err := c.conn.Channel()
-	if err != nil {
-		return nil, err
+	return within(ctx, func() (*confirmChannel, error) {
+		ch, err := c.conn.Channel()
+		if err != nil {
+			return nil, err
+		}
+		if err := ch.Confirm(false); err != nil {
+			go ch.Close()
+			return nil, err
+		}
+		return &confirmChannel{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1)), closed: ch.NotifyClose(make(chan *amqp.Error, 1))}, nil
+	}, discard)
+}
+
+// within runs f and waits for it no longer than ctx: the broker's
+// handshake and its answers to opening a channel wait for ever on a broker
+// that stopped answering. A result f returns after ctx ended is handed to
+// late, to be closed.
+func within[T any](ctx context.Context, f func() (T, error), late func(T)) (T, error) {
+	type result struct {
+		v   T
+		err error
 	}
-	if err := ch.Confirm(false); err != nil {
-		ch.Close()
-		return nil, err
+	done := make(chan result, 1)
+	go func() {
+		v, err := f()
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.err == nil {
+				late(r.v)
+			}
+		}()
+		var zero T
+		return zero, ctx.Err()
 	}
-	return &confirmChannel{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1)), closed: ch.NotifyClose(make(chan *amqp.Error, 1))}, nil
 }
 
 func (c *amqpConn) put(cc *confirmChannel) {
@@ -165,13 +209,16 @@ func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	if fromOrderingKey && m.OrderingKey != "" {
 		key = m.OrderingKey
 	}
-	c, err := a.conn(server)
+	c, err := a.conn(ctx, server)
 	if err != nil {
-		return outbox.Result{Status: outbox.Pending, Err: err}
+		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("connect: %w", err)}
 	}
-	cc, err := c.channel()
+	cc, err := c.channel(ctx)
 	if err != nil {
-		return outbox.Result{Status: outbox.Pending, Err: err}
+		if ctx.Err() != nil { // the broker did not answer in time
+			a.drop(server, c)
+		}
+		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("open a channel: %w", err)}
 	}
 	headers := amqp.Table{}
 	for k, v := range m.Headers {
@@ -185,16 +232,19 @@ func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 		ContentType: m.Headers["Content-Type"],
 	})
 	if err != nil {
-		cc.ch.Close()
+		discard(cc)
 		return outbox.Result{Status: outbox.Pending, Err: err}
 	}
 	ok, err := conf.WaitContext(ctx)
 	if err != nil {
-		cc.ch.Close()
+		// The broker did not confirm in time: it may have stopped
+		// answering on this connection, and then closing a channel waits
+		// for it for ever. Drop the connection.
+		a.drop(server, c)
 		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("no confirm: %v", err)}
 	}
 	if !ok { // nacked, or the channel closed under the publish: not reused
-		cc.ch.Close()
+		discard(cc)
 		select {
 		case cause := <-cc.closed:
 			if cause != nil {
@@ -211,6 +261,22 @@ func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 			exchange, key, ret.ReplyCode, ret.ReplyText)}
 	}
 	return outbox.Result{Status: outbox.Sent}
+}
+
+// discard closes cc without waiting for the broker's answer: a send must
+// not wait past its context for a broker that no longer answers.
+func discard(cc *confirmChannel) { go cc.ch.Close() }
+
+// drop forgets the connection c to server and closes it, waiting a second at
+// most for the broker's answer (in the background): its channels end with
+// it, and the next send dials again.
+func (a *Sender) drop(server string, c *amqpConn) {
+	a.mu.Lock()
+	if a.conns[server] == c {
+		delete(a.conns, server)
+	}
+	a.mu.Unlock()
+	go c.conn.CloseDeadline(time.Now().Add(time.Second))
 }
 
 // Close closes the connections.
