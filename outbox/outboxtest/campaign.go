@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/internal/drain"
 	"github.com/idemgo/idem/internal/fleet"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/httpsender"
@@ -36,9 +37,8 @@ var (
 const (
 	campaignLease       = 2400 * time.Millisecond
 	campaignSendTimeout = 400 * time.Millisecond
-	// campaignDrain bounds the end of a campaign, when faults have stopped
-	// and every committed message must be delivered.
-	campaignDrain = 60 * time.Second
+	// maxBacklog is the most rows pending before the producers wait.
+	maxBacklog = 3000
 	// relayHeader names the relay process that sent an attempt.
 	relayHeader = "X-Campaign-Relay"
 )
@@ -93,6 +93,10 @@ type CampaignReport struct {
 	MaxAttemptsOfOneKey                        int
 	ReceiverOK, ReceiverFailed, ReceiverLate   int
 	ReceiverDropped, ReceiverRefused, Replayed int
+	// BehindAtEnd is how many rows were pending when the faults ended;
+	// Paced, how long the producers waited for the relays.
+	BehindAtEnd int
+	Paced       time.Duration
 }
 
 // Campaign runs the outbox's fault campaign: the sender's promise, end to
@@ -106,8 +110,12 @@ type CampaignReport struct {
 // Meanwhile the database is cut, stalled and crashed (where the config
 // says how), relay processes are killed
 // with SIGKILL and frozen with SIGSTOP for up to a lease and more, and an
-// operator acknowledges, refuses, retries and purges rows. Then the faults
-// stop and every committed message must be delivered. The campaign checks:
+// operator acknowledges, refuses, retries and purges rows. The producers
+// keep at most maxBacklog rows pending. Then the faults stop and every
+// committed message must be delivered: the drain waits while rows are
+// delivered and fails when none has been for a minute (or at a bound of
+// three times the run), printing its progress every ten seconds. The
+// campaign checks:
 //
 //   - never lost: every committed message reached the receiver and its row
 //     ends sent or acked (or was purged after it was);
@@ -176,6 +184,18 @@ func Campaign[TTx any](t *testing.T, cfg CampaignConfig[TTx]) CampaignReport {
 
 	deadline := time.Now().Add(campaignDuration())
 	p := &producers[TTx]{b: b, orders: orders, dest: dest, committed: map[string]string{}, aloneUnknown: map[string]string{}}
+	// The producers keep at most maxBacklog rows pending: producers that
+	// outpace the relays by design measure a backlog, not a guarantee.
+	counting := make(chan struct{})
+	go func() {
+		defer close(counting)
+		for time.Now().Before(deadline) {
+			if counts, err := b.Outbox.CountByStatus(ctx); err == nil {
+				p.backlog.Store(counts[outbox.Pending])
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}()
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Add(1)
@@ -213,23 +233,28 @@ func Campaign[TTx any](t *testing.T, cfg CampaignConfig[TTx]) CampaignReport {
 		}
 	}
 	wg.Wait()
+	<-counting
 	procs.ThawAll()
+	if counts, err := b.Outbox.CountByStatus(ctx); err == nil {
+		rep.BehindAtEnd = int(counts[outbox.Pending])
+	}
+	rep.Paced = time.Duration(p.paced.Load() / 4).Round(time.Second)
+	t.Logf("faults over: the producers waited %v for the relays (at most %d rows pending), %d rows pending", rep.Paced, maxBacklog, rep.BehindAtEnd)
 
-	// The faults are over: every committed message must now be delivered.
+	// The faults are over: every committed message must now be delivered,
+	// the relays given as long as they make progress.
 	recv.draining.Store(true)
-	drainEnd := time.Now().Add(campaignDrain)
-	for {
+	res := drain.Wait(drain.Config{Stall: time.Minute, Bound: drain.Bound(campaignDuration()), Logf: t.Logf}, func() (drain.Progress, error) {
 		op.retryDead(ctx, &rep)
 		counts, err := b.Outbox.CountByStatus(ctx)
-		if err == nil && counts[outbox.Pending] == 0 && counts[outbox.Dead] == 0 {
-			break
+		if err != nil {
+			return drain.Progress{}, err
 		}
-		if time.Now().After(drainEnd) {
-			t.Errorf("VIOLATION: %v after the faults ended, rows still undelivered: %v (err %v)", campaignDrain, counts, err)
-			rep.Violations++
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+		return drain.Progress{Done: int(counts[outbox.Sent] + counts[outbox.Acked]), Left: int(counts[outbox.Pending] + counts[outbox.Dead])}, nil
+	})
+	if !res.Drained {
+		t.Errorf("VIOLATION: rows still undelivered after the faults ended: %s; the drain's curve (delivered/undelivered every 10s): %s", res.Why, res.CurveString(10*time.Second))
+		rep.Violations++
 	}
 	procs.StopAll()
 	if err := own.Stop(ctx); err != nil {
@@ -296,7 +321,7 @@ func runRelayProcess[TTx any](t *testing.T, cfg CampaignConfig[TTx], proc int) {
 	}
 	fmt.Println(relayReadyLine)
 	// The campaign kills it; a campaign that died leaves it this long.
-	time.Sleep(campaignDuration() + campaignDrain + time.Minute)
+	time.Sleep(campaignDuration() + drain.Bound(campaignDuration()) + time.Minute)
 }
 
 // sendLog is one relay's record of its sends, a JSON line as each starts
@@ -439,10 +464,18 @@ type producers[TTx any] struct {
 	aloneUnknown map[string]string // Enqueue alone that never answered success
 	reused       []string          // NextKeyTx keys whose business row existed
 	counts       struct{ tx, committed, rolledBack, unknown, alone int }
+
+	backlog atomic.Int64 // rows pending, counted every 250 ms
+	paced   atomic.Int64 // ns the producers waited for the relays, summed
 }
 
 func (p *producers[TTx]) run(rng *rand.Rand, g int, deadline time.Time) {
 	for seq := 0; time.Now().Before(deadline); seq++ {
+		if p.backlog.Load() >= maxBacklog {
+			p.paced.Add(int64(10 * time.Millisecond))
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
 		if rng.IntN(4) == 0 {
 			p.alone(rng, g, seq, deadline)
 		} else {
