@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
@@ -57,7 +58,9 @@ type Config struct {
 	// committed. Defaults to the record's topic with ".DLT" appended. The
 	// topic must exist (or the cluster create topics on use): until the
 	// copy is acknowledged the record is retried in place and its offset
-	// is not committed.
+	// is not committed. The record's own Idem-* headers are not copied. A
+	// copy the topic can never take (too large, or invalid) goes without
+	// its value, the reason saying so.
 	DeadLetterTopic string
 	// Concurrency is how many records run at once, each of another
 	// partition. Defaults to 1.
@@ -378,8 +381,11 @@ func (c *Consumer) tries(ctx context.Context, p *partition, rec *kgo.Record, id 
 			d = c.decide(ctx, rec, id, attempt)
 		}
 		if d.Verdict == broker.DeadLetter {
-			if err := c.deadLetter(rec, d.Reason); err != nil {
+			reason, err := c.deadLetter(rec, d.Reason)
+			if err != nil {
 				d = broker.Decision{Verdict: broker.Retry, Delay: c.cfg.Policy.Backoff(attempt), Reason: "not dead-lettered: " + err.Error()}
+			} else {
+				d.Reason = reason
 			}
 		}
 		<-c.slots
@@ -401,14 +407,33 @@ func (c *Consumer) tries(ctx context.Context, p *partition, rec *kgo.Record, id 
 }
 
 // deadLetter produces a copy of rec to the dead-letter topic and waits for
-// the acknowledgement.
-func (c *Consumer) deadLetter(rec *kgo.Record, reason string) error {
+// the acknowledgement; it returns the reason the copy carries. A copy the
+// topic can never take (too large for the broker or the client, or a record
+// the broker calls invalid) is produced again without its value, the
+// reason saying so: the partition never stops on one record.
+func (c *Consumer) deadLetter(rec *kgo.Record, reason string) (string, error) {
+	err := c.produceDeadLetter(rec, rec.Value, reason)
+	if err != nil && (errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) || errors.Is(err, kerr.InvalidRecord)) {
+		reason = fmt.Sprintf("%s; the value (%d bytes) was dropped: the dead-letter topic refused the copy: %v", reason, len(rec.Value), err)
+		err = c.produceDeadLetter(rec, nil, reason)
+	}
+	return reason, err
+}
+
+// produceDeadLetter produces rec's copy with value. The record's own Idem-*
+// headers are left out: a reader of the copy finds only idem's reason and
+// origin, not ones a producer wrote.
+func (c *Consumer) produceDeadLetter(rec *kgo.Record, value []byte, reason string) error {
 	topic := c.cfg.DeadLetterTopic
 	if topic == "" {
 		topic = rec.Topic + ".DLT"
 	}
 	headers := make([]kgo.RecordHeader, 0, len(rec.Headers)+4)
-	headers = append(headers, rec.Headers...)
+	for _, h := range rec.Headers {
+		if len(h.Key) < 5 || !strings.EqualFold(h.Key[:5], "idem-") {
+			headers = append(headers, h)
+		}
+	}
 	headers = append(headers,
 		kgo.RecordHeader{Key: ReasonHeader, Value: []byte(reason)},
 		kgo.RecordHeader{Key: OriginalTopicHeader, Value: []byte(rec.Topic)},
@@ -417,7 +442,7 @@ func (c *Consumer) deadLetter(rec *kgo.Record, reason string) error {
 	)
 	ctx, cancel := context.WithTimeout(c.cfg.Context, 30*time.Second)
 	defer cancel()
-	return c.cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: headers}).FirstErr()
+	return c.cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: rec.Key, Value: value, Headers: headers}).FirstErr()
 }
 
 // partition is the worker of one assigned partition: it runs the

@@ -1,6 +1,7 @@
 package kafkaidem_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
@@ -68,7 +69,7 @@ func run(t *testing.T, brokers []string, topic string, cfg kafkaidem.Config, mk 
 		cfg.Scope = "kafkaidem-test"
 	}
 	cfg.Policy = fast
-	cfg.ClientOptions = clientOptions(brokers, topic)
+	cfg.ClientOptions = append(clientOptions(brokers, topic), cfg.ClientOptions...)
 	cfg.OnDecision = func(rec *kgo.Record, d broker.Decision) {
 		events <- decision{key: header(rec, kafkaidem.KeyHeader), partition: rec.Partition, Decision: d}
 	}
@@ -379,6 +380,55 @@ func TestDeadLetterCopy(t *testing.T) {
 		header(r, kafkaidem.OriginalOffsetHeader) != "0" || header(r, kafkaidem.OriginalPartitionHeader) != "0" ||
 		!strings.Contains(header(r, kafkaidem.ReasonHeader), "no key") {
 		t.Fatalf("the dead letter: key %q value %q headers %v", r.Key, r.Value, r.Headers)
+	}
+}
+
+// TestDeadLetterTooLargeMovesOn: a record whose copy the dead-letter topic
+// can never take (here the consumer's own producer refuses its size, as a
+// broker refuses a record at its limit once idem's headers are added) is
+// dead-lettered without its value, the reason saying so, and the partition
+// goes on with the records after it. The producer's own Idem-* headers are
+// not copied: a reader of the dead letter finds idem's reason and origin
+// only.
+func TestDeadLetterTooLargeMovesOn(t *testing.T) {
+	brokers := testenv.Kafka(t)
+	topic := testenv.KafkaTopic(t, brokers, "idemkafka-", 1)
+	c := guardConsumer(t, brokers, topic, newGuard(t, newStore(t)),
+		kafkaidem.Config{ClientOptions: []kgo.Opt{kgo.ProducerBatchMaxBytes(64 << 10)}}, func(string) error { return nil })
+	p := producer(t, brokers)
+	big := &kgo.Record{Topic: topic, Key: []byte("k"), Value: bytes.Repeat([]byte("x"), 200<<10), Headers: []kgo.RecordHeader{
+		{Key: kafkaidem.ReasonHeader, Value: []byte("forged")}, {Key: "idem-original-topic", Value: []byte("elsewhere")}, {Key: "X-Trace", Value: []byte("t1")}}}
+	if err := p.ProduceSync(context.Background(), big).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, p, topic, 0, "AFTER", "after the big one")
+	d := await(t, c.events, "the big keyless record dead-lettered", is("", broker.DeadLetter))
+	if !strings.Contains(d.Reason, "value") {
+		t.Errorf("the decision's reason %q does not say the value was dropped", d.Reason)
+	}
+	await(t, c.events, "the record after it", is("AFTER", broker.Ack))
+	awaitCommitted(t, brokers, topic, 0, 2)
+
+	dl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic+".DLT"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fs := dl.PollRecords(ctx, 1)
+	if err := fs.Err0(); err != nil {
+		t.Fatal(err)
+	}
+	r := fs.Records()[0]
+	if len(r.Value) != 0 || string(r.Key) != "k" || header(r, "X-Trace") != "t1" || header(r, kafkaidem.OriginalTopicHeader) != topic ||
+		!strings.Contains(header(r, kafkaidem.ReasonHeader), "dropped") {
+		t.Fatalf("the dead letter: key %q, %d bytes of value, headers %v", r.Key, len(r.Value), r.Headers)
+	}
+	for _, h := range r.Headers {
+		if string(h.Value) == "forged" || string(h.Value) == "elsewhere" {
+			t.Errorf("the producer's own %s: %q was copied", h.Key, h.Value)
+		}
 	}
 }
 
