@@ -3,6 +3,7 @@ package natsidem
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -224,6 +225,9 @@ func (c *Config) apply(msg jetstream.Msg, d broker.Decision) {
 			dl := nats.NewMsg(c.DeadLetterSubject)
 			dl.Data = msg.Data()
 			for k, v := range msg.Headers() {
+				if !keepOnDeadLetter(k) {
+					continue
+				}
 				dl.Header[k] = v
 			}
 			// The copy is deduplicated on its own id, not the original's.
@@ -240,6 +244,21 @@ func (c *Config) apply(msg jetstream.Msg, d broker.Decision) {
 		}
 		_ = msg.TermWithReason(truncate(d.Reason))
 	}
+}
+
+// keepOnDeadLetter tells whether a header of a message is copied onto its
+// dead letter: not JetStream's publish expectations and directives
+// (Nats-Expected-*, Nats-Rollup, Nats-TTL), which the original met and its
+// copy, published elsewhere, would not — it would never be stored, and the
+// message redelivered for ever; not the message's own Idem-* headers,
+// which idem writes on the copy.
+func keepOnDeadLetter(name string) bool {
+	for _, prefix := range []string{"Nats-Expected-", "Nats-Rollup", "Nats-TTL", "Idem-"} {
+		if len(name) >= len(prefix) && strings.EqualFold(name[:len(prefix)], prefix) {
+			return false
+		}
+	}
+	return true
 }
 
 func truncate(s string) string {

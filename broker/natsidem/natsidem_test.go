@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -304,5 +305,71 @@ func TestFingerprintChoice(t *testing.T) {
 				t.Fatalf("ran %d times", runs.Load())
 			}
 		})
+	}
+}
+
+// TestDeadLetterCopyDropsPublishExpectations: a message published with
+// JetStream's publish expectations (Nats-Expected-Stream and the others,
+// Nats-Rollup, Nats-TTL) is dead-lettered: its copy carries none of them —
+// the dead-letter subject's stream is another, and an expectation met by
+// the original is not met by the copy, which would never be stored, the
+// message redelivered for ever.
+func TestDeadLetterCopyDropsPublishExpectations(t *testing.T) {
+	js, cons, name := stream(t)
+	ctx := context.Background()
+	dead := name + "_DEAD"
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: dead, Subjects: []string{dead + ".>"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), dead) })
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	g, _ := idem.NewGuard(idem.Config{Store: s})
+	decisions := make(chan broker.Decision, 16)
+	h, err := natsidem.GuardHandler(g, natsidem.Config{
+		Scope: "credits", Key: broker.JSONKey("correlation_id"), DeadLetterSubject: dead + ".letters", JetStream: js,
+		Policy:     broker.Policy{BackoffMin: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond},
+		OnDecision: func(_ jetstream.Msg, d broker.Decision) { decisions <- d },
+	}, func(context.Context, jetstream.Msg, uint64) ([]byte, error) { return nil, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := cons.Consume(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	m := nats.NewMsg(name + ".in")
+	m.Data = []byte(`{"no":"key"}`)
+	m.Header.Set(nats.MsgIdHdr, "m1")
+	m.Header.Set("Nats-Expected-Stream", name)
+	m.Header.Set("Nats-Expected-Last-Sequence", "0")
+	m.Header.Set("Idem-Original-Subject", "forged")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-decisions:
+		if d.Verdict != broker.DeadLetter {
+			t.Fatalf("decided %v %s, want dead-letter", d.Verdict, d.Reason)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("no decision")
+	}
+	dlq, err := js.CreateOrUpdateConsumer(ctx, dead, jetstream.ConsumerConfig{Durable: "dlq", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := dlq.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatalf("nothing dead-lettered: %v", err)
+	}
+	for k := range got.Headers() {
+		if strings.HasPrefix(k, "Nats-Expected") {
+			t.Errorf("the copy carries %s", k)
+		}
+	}
+	if v := got.Headers().Get("Idem-Original-Subject"); v != name+".in" {
+		t.Errorf("the copy's original subject %q, want %q", v, name+".in")
 	}
 }
