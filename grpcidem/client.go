@@ -29,6 +29,12 @@ type ClientConfig struct {
 	// with its key in progress on the server) after the delay they ask
 	// for. Defaults to 5; 1 retries nothing.
 	MaxAttempts int
+	// MaxRetryDelay caps the delay a RetryInfo asks for: a server (or
+	// whatever answers for it) that asks for an hour gets a retry after
+	// MaxRetryDelay. Defaults to 5s.
+	MaxRetryDelay time.Duration
+
+	wait func(ctx context.Context, d time.Duration) error // tests: instead of sleeping
 }
 
 // UnaryClient returns a unary client interceptor that gives each logical
@@ -43,6 +49,12 @@ func UnaryClient(cfg ClientConfig) grpc.UnaryClientInterceptor {
 	}
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 5
+	}
+	if cfg.MaxRetryDelay <= 0 {
+		cfg.MaxRetryDelay = 5 * time.Second
+	}
+	if cfg.wait == nil {
+		cfg.wait = sleep
 	}
 	if cfg.NewKey == nil {
 		cfg.NewKey = func() (string, error) {
@@ -71,14 +83,22 @@ func UnaryClient(cfg ClientConfig) grpc.UnaryClientInterceptor {
 			if !again || attempt >= cfg.MaxAttempts {
 				return err
 			}
-			t := time.NewTimer(delay)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
+			if cfg.wait(ctx, min(delay, cfg.MaxRetryDelay)) != nil {
 				return err
 			}
 		}
+	}
+}
+
+// sleep waits d, or until ctx ends (its error).
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
