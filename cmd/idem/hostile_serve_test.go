@@ -2,12 +2,15 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -257,5 +260,32 @@ func TestDeliveredFileNamesStayInTheDirectory(t *testing.T) {
 	}
 	if outside, _ := os.ReadDir(dir); len(outside) != 1 {
 		t.Fatalf("files written outside the directory: %v", outside)
+	}
+}
+
+// TestUpstreamErrorLogQuotesTheRequest: the log line of a failed upstream
+// request quotes the method and path a client sent: a %0A in the path
+// forges no line of its own.
+func TestUpstreamErrorLogQuotesTheRequest(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, _ := url.Parse("http://" + ln.Addr().String())
+	ln.Close() // nothing answers there: the dial fails
+	var logged bytes.Buffer
+	p := newProxy(up, time.Second, "", false, log.New(&logged, "", 0))
+	rec := httptest.NewRecorder()
+	p.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/orders%0Aforged:%20admin%20logged%20in", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503", rec.Code)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(logged.String()), "\n") {
+		if strings.HasPrefix(line, "forged") {
+			t.Fatalf("a forged log line: %q", logged.String())
+		}
+	}
+	if !strings.Contains(logged.String(), `"/orders\nforged: admin logged in"`) {
+		t.Fatalf("the path is not quoted: %q", logged.String())
 	}
 }

@@ -225,7 +225,7 @@ func newProxy(upstream *url.URL, timeout time.Duration, fenceHeader string, trac
 			case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
 				status = http.StatusGatewayTimeout
 			}
-			logger.Printf("upstream %s %s: %v", r.Method, r.URL.Path, err)
+			logger.Printf("upstream %q %q: %v", r.Method, r.URL.Path, err) // quoted: a client wrote them
 			w.WriteHeader(status)
 		},
 	}
