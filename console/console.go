@@ -293,36 +293,92 @@ func (c *Console) read(h func(w http.ResponseWriter, r *http.Request)) http.Hand
 	}
 }
 
-// loginLimiter allows loginBurst sign-in attempts at once and one more
-// every loginEvery: a token bucket over every attempt, right or wrong, so
-// guessing the token costs time whoever asks.
+// loginLimiter limits sign-in attempts, right or wrong, so that guessing
+// the token costs time whoever asks: each client address may make
+// loginBurst attempts at once and one more every loginEvery, and all
+// clients together globalBurst at once and one more every globalEvery —
+// a stranger at one attempt a second is held by its own bucket, and
+// leaves the operator's attempts alone.
 type loginLimiter struct {
-	mu     sync.Mutex
+	mu      sync.Mutex
+	global  bucket
+	clients map[string]*bucket
+}
+
+const (
+	loginBurst  = 5
+	loginEvery  = 10 * time.Second
+	globalBurst = 30
+	globalEvery = time.Second
+	// maxClients bounds the buckets kept: past it, those full again are
+	// forgotten, and if none is, every client's.
+	maxClients = 4096
+)
+
+// bucket is a token bucket; the zero value is full.
+type bucket struct {
+	used   bool
 	tokens float64
 	last   time.Time
 }
 
-const (
-	loginBurst = 5
-	loginEvery = 10 * time.Second
-)
+// take takes a token at now from a bucket of burst tokens refilled one
+// every every, or tells how long until the next.
+func (b *bucket) take(now time.Time, burst float64, every time.Duration) (bool, time.Duration) {
+	b.refill(now, burst, every)
+	if b.tokens < 1 {
+		return false, time.Duration((1 - b.tokens) * float64(every))
+	}
+	b.tokens--
+	return true, 0
+}
 
-// allow takes an attempt at now, or tells how long until the next one.
-func (l *loginLimiter) allow(now time.Time) (bool, time.Duration) {
+func (b *bucket) refill(now time.Time, burst float64, every time.Duration) {
+	if !b.used {
+		b.used, b.tokens, b.last = true, burst, now
+	}
+	if now.After(b.last) {
+		b.tokens = min(burst, b.tokens+float64(now.Sub(b.last))/float64(every))
+		b.last = now
+	}
+}
+
+// allow takes an attempt of client at now, or tells how long until the
+// next: the client's own bucket first, then everyone's.
+func (l *loginLimiter) allow(client string, now time.Time) (bool, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.last.IsZero() {
-		l.tokens, l.last = loginBurst, now
+	if l.clients == nil {
+		l.clients = map[string]*bucket{}
 	}
-	if now.After(l.last) {
-		l.tokens = min(loginBurst, l.tokens+float64(now.Sub(l.last))/float64(loginEvery))
-		l.last = now
+	b := l.clients[client]
+	if b == nil {
+		if len(l.clients) >= maxClients {
+			for k, o := range l.clients {
+				if o.refill(now, loginBurst, loginEvery); o.tokens >= loginBurst {
+					delete(l.clients, k)
+				}
+			}
+			if len(l.clients) >= maxClients {
+				clear(l.clients)
+			}
+		}
+		b = &bucket{}
+		l.clients[client] = b
 	}
-	if l.tokens < 1 {
-		return false, time.Duration((1 - l.tokens) * float64(loginEvery))
+	if ok, wait := b.take(now, loginBurst, loginEvery); !ok {
+		return false, wait
 	}
-	l.tokens--
-	return true, 0
+	return l.global.take(now, globalBurst, globalEvery)
+}
+
+// clientOf is the address a request came from, without its port.
+func clientOf(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 // write wraps a POST handler: the CSRF token must match the cookie, and off
@@ -352,7 +408,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the form's CSRF token does not match: reload the page and try again", http.StatusForbidden)
 		return
 	}
-	if ok, wait := c.logins.allow(c.cfg.Now()); !ok {
+	if ok, wait := c.logins.allow(clientOf(r), c.cfg.Now()); !ok {
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
 		http.Error(w, "too many sign-in attempts: wait and try again", http.StatusTooManyRequests)
 		return

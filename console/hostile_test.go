@@ -2,9 +2,12 @@ package console_test
 
 import (
 	"io"
+	"net"
 	"net/http"
+	"net/http/cookiejar"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -114,5 +117,36 @@ func TestSecureCookies(t *testing.T) {
 	}
 	if len(resp.Cookies()) == 0 {
 		t.Fatal("no cookies")
+	}
+}
+
+// TestLoginLimitIsPerClient: a stranger trying a wrong token every second
+// is limited on its own: the operator, from another address, signs in
+// with the right token at once.
+func TestLoginLimitIsPerClient(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	var mu sync.Mutex
+	f := newFixture(t, console.Config{Token: "s3cret", Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
+	jar, _ := cookiejar.New(nil)
+	stranger := &fixture{srv: f.srv, client: &http.Client{Jar: jar, Transport: &http.Transport{
+		DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}}
+	strangerTok := csrfOf(t, stranger.get(t, "/login"))
+	operatorTok := csrfOf(t, f.get(t, "/login"))
+	limited := 0
+	for range 60 {
+		if code, _ := stranger.post(t, "/login", url.Values{"token": {"wrong"}, "csrf": {strangerTok}}); code == http.StatusTooManyRequests {
+			limited++
+		}
+		mu.Lock()
+		now = now.Add(time.Second)
+		mu.Unlock()
+	}
+	if limited < 40 {
+		t.Fatalf("the stranger was limited %d times in 60 tries a second apart", limited)
+	}
+	for try := range 3 {
+		if code, body := f.post(t, "/login", url.Values{"token": {"s3cret"}, "csrf": {operatorTok}}); code != http.StatusOK || strings.Contains(body, "not the admin token") {
+			t.Fatalf("the operator's try %d with the right token: %d", try+1, code)
+		}
 	}
 }
