@@ -73,6 +73,10 @@ type Config struct {
 	// MaxBuffered is how many fetched records a partition may hold before
 	// its fetching pauses (resumed at half). Defaults to 500.
 	MaxBuffered int
+	// MaxBufferedBytes bounds the same by the records' size (keys, values
+	// and headers): a partition's fetching pauses once it holds that many
+	// bytes, and resumes at half. Defaults to 32 MiB.
+	MaxBufferedBytes int
 	// Context is the parent of every run's context. Defaults to
 	// context.Background().
 	Context context.Context
@@ -102,14 +106,17 @@ func (c *Config) validate() error {
 	if c.Fingerprint == nil {
 		c.Fingerprint = broker.BodyFingerprint
 	}
-	if c.Concurrency < 0 || c.MaxBuffered < 0 || c.RevokeTimeout < 0 {
-		return errors.New("idem/kafkaidem: Config.Concurrency, MaxBuffered and RevokeTimeout must not be negative")
+	if c.Concurrency < 0 || c.MaxBuffered < 0 || c.MaxBufferedBytes < 0 || c.RevokeTimeout < 0 {
+		return errors.New("idem/kafkaidem: Config.Concurrency, MaxBuffered, MaxBufferedBytes and RevokeTimeout must not be negative")
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = 1
 	}
 	if c.MaxBuffered == 0 {
 		c.MaxBuffered = 500
+	}
+	if c.MaxBufferedBytes == 0 {
+		c.MaxBufferedBytes = 32 << 20
 	}
 	if c.RevokeTimeout == 0 {
 		c.RevokeTimeout = 10 * time.Second
@@ -456,14 +463,27 @@ type partition struct {
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
+	bytes   int // the queued records' size
 	paused  bool
 	stopped bool
+}
+
+// size is what a record counts against MaxBufferedBytes.
+func size(rec *kgo.Record) int {
+	n := len(rec.Key) + len(rec.Value)
+	for _, h := range rec.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
 }
 
 func (p *partition) add(recs []*kgo.Record) {
 	p.mu.Lock()
 	p.queue = append(p.queue, recs...)
-	pause := !p.paused && len(p.queue) >= p.c.cfg.MaxBuffered
+	for _, rec := range recs {
+		p.bytes += size(rec)
+	}
+	pause := !p.paused && (len(p.queue) >= p.c.cfg.MaxBuffered || p.bytes >= p.c.cfg.MaxBufferedBytes)
 	if pause {
 		p.paused = true
 	}
@@ -483,7 +503,7 @@ func (p *partition) stopTaking() (paused bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stopped = true
-	p.queue = nil
+	p.queue, p.bytes = nil, 0
 	close(p.stop)
 	paused, p.paused = p.paused, false
 	return paused
@@ -502,7 +522,8 @@ func (p *partition) next() *kgo.Record {
 			rec := p.queue[0]
 			p.queue[0] = nil
 			p.queue = p.queue[1:]
-			resume := p.paused && len(p.queue) <= p.c.cfg.MaxBuffered/2
+			p.bytes -= size(rec)
+			resume := p.paused && len(p.queue) <= p.c.cfg.MaxBuffered/2 && p.bytes <= p.c.cfg.MaxBufferedBytes/2
 			if resume {
 				p.paused = false
 			}
