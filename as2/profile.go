@@ -56,7 +56,13 @@ type Partner struct {
 	// the first colon) only under that qualifier (UNB S002 0004 and 0007;
 	// ISA06 and ISA05). An interchange from any other sender id is refused,
 	// so one partner can never use, and so block, another's control
-	// numbers.
+	// numbers; so is EDI that does not read cleanly, and with no
+	// EDISenders, all EDI. The X12 application sender (GS02) and
+	// EDIFACT's UNG sender are not bound here: they name an application
+	// of the partner's, agreed per trading relationship and often unlike
+	// the interchange sender id, and key nothing idem deduplicates; the
+	// application that processes a group checks them against its own
+	// agreement.
 	EDISenders []string
 	// AsyncMDNURLs are the addresses an asynchronous MDN to this partner
 	// may be sent to (exact matches). A Receipt-Delivery-Option outside

@@ -72,6 +72,12 @@ func (r *Reader) edifact() (*Interchange, error) {
 		}
 		switch tag {
 		case "UNB":
+			if segNo != 1 {
+				// The envelope is the first UNB's: a second one names no
+				// other sender or reference.
+				problem(start, "UNB inside an interchange (missing UNZ)")
+				continue
+			}
 			ic.Syntax = unescape(get(1), d.Release)
 			ic.Sender, ic.SenderQualifier = component(get(2), d, 0), component(get(2), d, 1)
 			ic.Receiver, ic.ReceiverQualifier = component(get(3), d, 0), component(get(3), d, 1)

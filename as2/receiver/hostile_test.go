@@ -336,3 +336,45 @@ func TestBoundsInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestEDIThatDoesNotReadCleanlyIsRefused: EDI that a stray byte, a line of
+// junk or a second envelope header keeps from reading cleanly is refused
+// (an error MDN, nothing delivered), never delivered as a payload that is
+// "not EDI" past the partner's edi_senders: OTHER sending BUYER's
+// interchanges so is refused, as is any partner without edi_senders.
+func TestEDIThatDoesNotReadCleanlyIsRefused(t *testing.T) {
+	const edifactBuyer = "UNB+UNOC:3+BUYER:14+SUPPLIER:14+260514:1032+905'UNH+1+ORDERS:D:96A:UN'BGM+220+ORD-1+9'UNT+3+1'UNZ+1+905'"
+	x12Other := strings.NewReplacer("ZZ*BUYER          ", "ZZ*OTHER          ", "000000905", "000000906").Replace(x12)
+	payloads := map[string]string{
+		"a trailing ~":             x12 + "~",
+		"a trailing CR LF NUL":     x12 + "\r\n\x00",
+		"a line of junk before":    "JUNK\n" + x12,
+		"a trailing EDIFACT '":     edifactBuyer + "'",
+		"a second UNB":             strings.Replace(edifactBuyer, "UNH+1", "UNB+UNOC:3+OTHER:14+SUPPLIER:14+260514:1032+907'UNH+1", 1),
+		"an ISA nested in another": strings.Replace(x12Other, "GS*", strings.TrimSuffix(x12[:strings.Index(x12, "GS*")], "")+"GS*", 1),
+	}
+	for _, agreement := range []string{"    edi_senders: [%s]\n", ""} {
+		w := newWorld(t, agreement)
+		e := newEndpoint(t, w.supplier, 0)
+		n := 0
+		for what, payload := range payloads {
+			n++
+			id := fmt.Sprintf("stray-%d@other", n)
+			status, h, body := post(t, e.srv.URL, w.pack(t, w.other, id, payload))
+			m, err := as2.ParseMDN(h, body, w.other.Partners["SUPPLIER"])
+			if status != http.StatusOK || err != nil || m.Processed() {
+				t.Errorf("agreement %q, OTHER sending %s: %d %v, processed %v", agreement, what, status, err, m != nil && m.Processed())
+			}
+		}
+		if d, _ := e.counts(); d != 0 {
+			t.Errorf("agreement %q: %d deliveries, want none", agreement, d)
+		}
+	}
+	// A payload in which nothing reads as EDI is still delivered whole.
+	w := newWorld(t, "    edi_senders: [%s]\n")
+	e := newEndpoint(t, w.supplier, 0)
+	m, _ := receipt(t, e, w.other, w.pack(t, w.other, "pdf@other", "%PDF-1.7 an invoice, not EDI"), "pdf@other")
+	if !m.Processed() {
+		t.Fatalf("a payload that is not EDI: %+v", m)
+	}
+}

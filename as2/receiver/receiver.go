@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"time"
+	"unicode"
 
 	"golang.org/x/sync/semaphore"
 
@@ -274,17 +275,25 @@ func (rv *Receiver) deliver(ctx context.Context, in *as2.Incoming, h http.Header
 
 // split cuts the payload into its interchanges, each from its start to the
 // next one's (the first from the payload's start, the last to its end), so
-// the pieces join to the payload byte for byte; a payload that is not EDI
-// is one delivery keyed by its Message-ID. An interchange whose sender id
-// the partner's agreement does not list is an error: nothing of the
-// message is delivered.
+// the pieces join to the payload byte for byte; a payload in which nothing
+// reads as EDI is one delivery keyed by its Message-ID. EDI that does not
+// read cleanly — bytes the reader stops at, an envelope error such as a
+// second UNB or ISA, a count or reference that does not match — is an
+// error, as is an interchange whose sender id the partner's agreement does
+// not list: nothing of the message is delivered.
 func split(in *as2.Incoming) ([]Delivery, error) {
 	ics, err := edi.ReadAll(in.Payload)
-	if err != nil || len(ics) == 0 {
+	if len(ics) == 0 && !looksLikeEDI(in.Payload) {
 		return []Delivery{{Key: "as2:" + in.From + "/" + in.MessageID, Message: in, Data: in.Payload}}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the payload holds EDI that does not read cleanly: %w", err)
 	}
 	out := make([]Delivery, len(ics))
 	for i, ic := range ics {
+		if !ic.Valid() {
+			return nil, fmt.Errorf("interchange %s: %w", ic.Key(), errors.Join(ic.Errors...))
+		}
 		if !in.Partner.AllowsEDISender(ic.SenderQualifier, ic.Sender) {
 			return nil, fmt.Errorf("interchange %s: sender id %q (qualifier %q) is not among partner %s's edi_senders %q", ic.Key(), ic.Sender, ic.SenderQualifier, in.From, in.Partner.EDISenders)
 		}
@@ -298,6 +307,25 @@ func split(in *as2.Incoming) ([]Delivery, error) {
 		out[i] = Delivery{Key: ic.Key(), Message: in, Data: in.Payload[start:end]}
 	}
 	return out, nil
+}
+
+// looksLikeEDI reports whether an envelope header starts anywhere in
+// payload: ISA, UNA or UNB followed by a punctuation character (the
+// element separator, or UNA's service characters).
+func looksLikeEDI(payload []byte) bool {
+	for _, tag := range []string{"ISA", "UNA", "UNB"} {
+		for rest := payload; ; {
+			i := bytes.Index(rest, []byte(tag))
+			if i < 0 || i+3 >= len(rest) {
+				break
+			}
+			if c := rest[i+3]; c > ' ' && c < 0x7f && !unicode.IsLetter(rune(c)) && !unicode.IsDigit(rune(c)) {
+				return true
+			}
+			rest = rest[i+3:]
+		}
+	}
+	return false
 }
 
 // mdn serializes the MDN for in (header lines, blank line, body), or nil
