@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/edi"
+	"github.com/idemgo/idem/internal/redirect"
 	"github.com/idemgo/idem/outbox"
 )
 
@@ -32,11 +33,13 @@ import (
 type Sender struct{ client *http.Client }
 
 // New returns the AS2 sender, posting with client (nil: a client with a
-// 30-second timeout).
+// 30-second timeout). It follows no redirect: a 3xx is the answer, and the
+// message is dead with it recorded.
 func New(client *http.Client) *Sender {
 	if client == nil {
 		client = &http.Client{Timeout: 30 * time.Second}
 	}
+	client = redirect.Never(client) // an AS2 message goes to the agreed URL only
 	return &Sender{client: client}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem/as2"
 	"github.com/idemgo/idem/edi"
+	"github.com/idemgo/idem/internal/redirect"
 	"github.com/idemgo/idem/outbox"
 )
 
@@ -37,11 +38,14 @@ type ProfileSender struct {
 }
 
 // NewProfile returns the sender of profile's partners, posting with client
-// (nil: a client with a 30-second timeout).
+// (nil: a client with a 30-second timeout). It follows no redirect: a 3xx
+// from a partner's agreed URL is the answer, and the message is dead with
+// it recorded.
 func NewProfile(profile *as2.Profile, client *http.Client) *ProfileSender {
 	if client == nil {
 		client = &http.Client{Timeout: 30 * time.Second}
 	}
+	client = redirect.Never(client) // an AS2 message goes to the agreed URL only
 	return &ProfileSender{profile: profile, client: client}
 }
 

@@ -146,3 +146,26 @@ func TestProfileSenderRefusesBadReceipts(t *testing.T) {
 		t.Fatalf("unknown partner: %v", r.Status)
 	}
 }
+
+// TestProfileSenderFollowsNoRedirect: a partner's agreed URL answering
+// with a redirect does not get the message sent on: the 3xx is the answer,
+// recorded, and the redirect's target hears nothing.
+func TestProfileSenderFollowsNoRedirect(t *testing.T) {
+	var reached atomic.Int64
+	other := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { reached.Add(1) }))
+	defer other.Close()
+	agreed := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+"/admin/reset", http.StatusTemporaryRedirect)
+	}))
+	defer agreed.Close()
+	buyer, _ := twoProfiles(t, agreed.URL, signedSync)
+	for _, s := range []outbox.Sender{as2sender.NewProfile(buyer, nil), as2sender.NewProfile(buyer, &http.Client{})} {
+		r := s.Send(context.Background(), &outbox.Message{Key: "k", Destination: "as2://SUPPLIER", Payload: []byte(x12)})
+		if r.Err == nil || !strings.Contains(r.Err.Error(), "307") {
+			t.Errorf("a redirect from the agreed URL: %v %v, want the 307 recorded", r.Status, r.Err)
+		}
+	}
+	if n := reached.Load(); n != 0 {
+		t.Fatalf("the redirect's target got %d requests", n)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/internal/redirect"
 	"github.com/idemgo/idem/outbox"
 )
 
@@ -33,12 +34,19 @@ type Config struct {
 	// HOST:PORT when it names a port (as url.URL.Host has it); they are set
 	// after the message's own headers, so they win.
 	HostHeaders map[string]http.Header
+	// RedirectSameHost follows a redirect to the destination's own scheme,
+	// host and port. By default no redirect is followed: the 3xx is the
+	// answer, recorded, and the message is tried again later. A redirect
+	// to another host is never followed, so the message and the host's
+	// headers go nowhere but where the row says.
+	RedirectSameHost bool
 }
 
 // Sender POSTs the payload with the key in Idempotency-Key:
 // 2xx → acked (the answer is the receipt); 409 → retry later (the receiver
 // is still processing our earlier attempt); other 4xx → dead, with the
-// answer recorded; 5xx, timeouts and network errors → retry.
+// answer recorded; 5xx, timeouts and network errors → retry; a redirect is
+// not followed (Config.RedirectSameHost) and is retried later, recorded.
 type Sender struct{ cfg Config }
 
 // New returns the HTTP sender.
@@ -48,6 +56,11 @@ func New(cfg Config) *Sender {
 	}
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{Timeout: cfg.Timeout}
+	}
+	if cfg.RedirectSameHost {
+		cfg.Client = redirect.SameHost(cfg.Client)
+	} else {
+		cfg.Client = redirect.Never(cfg.Client)
 	}
 	if cfg.ContentType == "" {
 		cfg.ContentType = "application/octet-stream"
@@ -97,6 +110,9 @@ func (h *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 		return outbox.Result{Status: outbox.Pending, Err: errors.New(answer)}
 	case resp.StatusCode >= 400:
 		return outbox.Result{Status: outbox.Dead, Err: errors.New(answer)}
+	}
+	if loc := resp.Header.Get("Location"); resp.StatusCode >= 300 && loc != "" {
+		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("redirected to %q, not followed: %s", loc, answer)}
 	}
 	return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("unexpected answer %s", answer)}
 }

@@ -138,3 +138,51 @@ func TestHostHeaders(t *testing.T) {
 		t.Fatalf("the receiver saw %q, want %q", seen, want)
 	}
 }
+
+// TestRedirectsNotFollowed: a destination that answers with a redirect
+// to another host — here the one where an admin action waits — is not
+// followed: the message and the host's credentials reach only the
+// destination, and the row is retried later with the redirect recorded.
+// With RedirectSameHost a redirect on the destination's own host is
+// followed; one to another host still is not.
+func TestRedirectsNotFollowed(t *testing.T) {
+	var elsewhere sync.Map // what reached the other host: path → its X-Api-Key
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Store(r.URL.Path, r.Header.Get("X-Api-Key"))
+	}))
+	defer other.Close()
+	dest := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/away":
+			http.Redirect(w, r, other.URL+"/admin/reset", http.StatusTemporaryRedirect)
+		case "/moved":
+			http.Redirect(w, r, "/orders", http.StatusTemporaryRedirect)
+		case "/orders":
+			w.WriteHeader(http.StatusCreated)
+		}
+	}))
+	defer dest.Close()
+	host := strings.TrimPrefix(dest.URL, "http://")
+	creds := map[string]http.Header{host: {"X-Api-Key": {"secret"}}}
+	send := func(s *httpsender.Sender, path string) outbox.Result {
+		return s.Send(context.Background(), &outbox.Message{Key: "K-" + path, Destination: dest.URL + path, Payload: []byte("{}")})
+	}
+	plain := httpsender.New(httpsender.Config{HostHeaders: creds})
+	if res := send(plain, "/away"); res.Status != outbox.Pending || res.Err == nil || !strings.Contains(res.Err.Error(), "not followed") {
+		t.Fatalf("a redirect to another host: %s %v, want pending, not followed", res.Status, res.Err)
+	}
+	if res := send(plain, "/moved"); res.Status != outbox.Pending {
+		t.Fatalf("a redirect on the same host, by default: %s %v, want pending", res.Status, res.Err)
+	}
+	same := httpsender.New(httpsender.Config{HostHeaders: creds, RedirectSameHost: true})
+	if res := send(same, "/moved"); res.Status != outbox.Acked {
+		t.Fatalf("a redirect on the same host with RedirectSameHost: %s %v, want acked", res.Status, res.Err)
+	}
+	if res := send(same, "/away"); res.Status != outbox.Pending {
+		t.Fatalf("a redirect to another host with RedirectSameHost: %s %v, want pending", res.Status, res.Err)
+	}
+	elsewhere.Range(func(path, key any) bool {
+		t.Errorf("the other host got %s (X-Api-Key %q)", path, key)
+		return true
+	})
+}
