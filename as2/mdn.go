@@ -88,7 +88,11 @@ func (p *Profile) BuildMDN(in *Incoming, failure *Failure, date time.Time) (http
 	if err != nil {
 		return nil, nil, err
 	}
-	if in.MDNSign == 0 || in.Partner == nil {
+	// An MDN is signed only for a message whose sender was authenticated:
+	// signed for anyone who asks, with a partner's name and a Message-ID
+	// of its choosing, it would be a receipt with our signature that the
+	// partner's own endpoint trusts (a signing oracle).
+	if in.MDNSign == 0 || in.Partner == nil || !in.Authenticated {
 		h.Set("Content-Type", rh.Get("Content-Type"))
 		return h, rbody, nil
 	}

@@ -378,3 +378,34 @@ func TestEDIThatDoesNotReadCleanlyIsRefused(t *testing.T) {
 		t.Fatalf("a payload that is not EDI: %+v", m)
 	}
 }
+
+// TestNoSignedMDNForAStranger: a stranger claiming BUYER's name posts
+// random bytes as an encrypted message with BUYER's predictable
+// Message-ID and asks for a signed receipt: the error MDN it gets is not
+// signed — BUYER's mdn_sign policy refuses it, so it cannot be replayed
+// to BUYER to turn BUYER's row dead.
+func TestNoSignedMDNForAStranger(t *testing.T) {
+	w := newWorld(t, "    edi_senders: [%s]\n")
+	e := newEndpoint(t, w.supplier, 0)
+	out := unprotected("INV-1@buyer.as2", "")
+	out.Header.Set("Content-Type", `application/pkcs7-mime; smime-type=enveloped-data; name="smime.p7m"`)
+	out.Header.Set("Disposition-Notification-Options", "signed-receipt-protocol=optional, pkcs7-signature; signed-receipt-micalg=optional, sha-256")
+	out.Body = bytes.Repeat([]byte{0x30, 0x82, 0x01, 0xfc}, 128)
+	status, h, body := post(t, e.srv.URL, out)
+	if status != http.StatusOK || !bytes.Contains(body, []byte("error")) {
+		t.Fatalf("the stranger's message: %d %s", status, body)
+	}
+	if strings.Contains(h.Get("Content-Type"), "multipart/signed") {
+		t.Fatalf("the stranger got an MDN signed with SUPPLIER's key: %s", h.Get("Content-Type"))
+	}
+	if _, err := as2.ParseMDN(h, body, w.buyer.Partners["SUPPLIER"]); err == nil {
+		if m, _ := as2.ParseMDN(h, body, w.buyer.Partners["SUPPLIER"]); m.Signed {
+			t.Fatal("the MDN verifies as signed by SUPPLIER")
+		}
+	}
+	// BUYER's own encrypted, signed message still gets a signed receipt.
+	genuine := w.pack(t, w.buyer, "genuine@buyer", x12)
+	if m, _ := receipt(t, e, w.buyer, genuine, "genuine@buyer"); !m.Signed {
+		t.Fatal("BUYER's own message got an unsigned receipt")
+	}
+}

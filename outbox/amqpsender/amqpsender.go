@@ -33,9 +33,10 @@ import (
 // broker does: a connection whose broker did not confirm in time is dropped
 // and dialed again by the next send.
 type Sender struct {
-	cfg   amqp.Config
-	mu    sync.Mutex
-	conns map[string]*amqpConn
+	cfg     amqp.Config
+	mu      sync.Mutex
+	conns   map[string]*amqpConn
+	dialErr map[string]error // why the last dial to a server failed after its send gave up
 }
 
 type amqpConn struct {
@@ -59,7 +60,9 @@ type confirmChannel struct {
 // destination's URL, so outbox rows need carry no secret; likewise its TLS
 // settings and heartbeat. The zero Config dials as amqp.Dial does: with the
 // URL's user and password, or guest/guest.
-func New(cfg amqp.Config) *Sender { return &Sender{cfg: cfg, conns: map[string]*amqpConn{}} }
+func New(cfg amqp.Config) *Sender {
+	return &Sender{cfg: cfg, conns: map[string]*amqpConn{}, dialErr: map[string]error{}}
+}
 
 // ParseDestination splits a destination into the server URL, exchange and
 // routing key. The query's other parameters are amqp091-go's connection
@@ -108,12 +111,27 @@ func (a *Sender) conn(ctx context.Context, server string) (*amqpConn, error) {
 		return c, nil
 	}
 	conn, err := within(ctx, func() (*amqp.Connection, error) { return amqp.DialConfig(server, a.cfg) },
-		func(conn *amqp.Connection) { conn.Close() })
+		func(conn *amqp.Connection, err error) {
+			if err != nil { // the broker's reason, for the next send to report
+				a.mu.Lock()
+				a.dialErr[server] = err
+				a.mu.Unlock()
+				return
+			}
+			conn.Close()
+		})
 	if err != nil {
+		a.mu.Lock()
+		last := a.dialErr[server]
+		a.mu.Unlock()
+		if last != nil && ctx.Err() != nil {
+			return nil, fmt.Errorf("%w (the dial before: %v)", err, last)
+		}
 		return nil, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	delete(a.dialErr, server)
 	if c, ok := a.conns[server]; ok && !c.conn.IsClosed() { // another send dialed meanwhile
 		go conn.Close()
 		return c, nil
@@ -142,14 +160,18 @@ func (c *amqpConn) channel(ctx context.Context) (*confirmChannel, error) {
 			return nil, err
 		}
 		return &confirmChannel{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1)), closed: ch.NotifyClose(make(chan *amqp.Error, 1))}, nil
-	}, discard)
+	}, func(cc *confirmChannel, err error) {
+		if err == nil {
+			discard(cc)
+		}
+	})
 }
 
 // within runs f and waits for it no longer than ctx: the broker's
 // handshake and its answers to opening a channel wait for ever on a broker
-// that stopped answering. A result f returns after ctx ended is handed to
-// late, to be closed.
-func within[T any](ctx context.Context, f func() (T, error), late func(T)) (T, error) {
+// that stopped answering. What f returns after ctx ended is handed to
+// late: a result to close, or the error.
+func within[T any](ctx context.Context, f func() (T, error), late func(T, error)) (T, error) {
 	type result struct {
 		v   T
 		err error
@@ -164,9 +186,8 @@ func within[T any](ctx context.Context, f func() (T, error), late func(T)) (T, e
 		return r.v, r.err
 	case <-ctx.Done():
 		go func() {
-			if r := <-done; r.err == nil {
-				late(r.v)
-			}
+			r := <-done
+			late(r.v, r.err)
 		}()
 		var zero T
 		return zero, ctx.Err()

@@ -135,21 +135,12 @@ func (s *ProfileSender) Send(ctx context.Context, m *outbox.Message) outbox.Resu
 		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("the synchronous MDN: %w", err)}
 	}
 	if err := out.Check(mdn, id, partner); err != nil {
-		status := outbox.Pending
-		if !mdn.Processed() && mdn.OriginalMessageID == id && hopeless(mdn) && (partner.MDNSign == 0 || mdn.Signed) {
-			status = outbox.Dead
-		}
-		return outbox.Result{Status: status, Err: err}
+		// A negative disposition carries no MIC of our bytes: anyone who
+		// can post under the partner's name may have caused it. The row
+		// is sent again (the partner deduplicates it); MaxTries bounds it.
+		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("%w: sending again", err)}
 	}
 	return outbox.Result{Status: outbox.Acked}
-}
-
-// hopeless reports a negative disposition that the same message sent again
-// cannot cure: the partner cannot authenticate or decrypt what we send (a
-// certificate or agreement to fix first), or it failed the message.
-func hopeless(m *as2.MDN) bool {
-	mod := strings.ToLower(m.Modifier())
-	return strings.HasPrefix(mod, "failure") || strings.Contains(mod, as2.AuthenticationFailed) || strings.Contains(mod, as2.DecryptionFailed)
 }
 
 func clip(b []byte) string {
@@ -186,8 +177,9 @@ func contentType(m *outbox.Message) string {
 //     dead one is settled (else 409).
 //
 // Then it is checked as a synchronous receipt is — our MIC, processed —
-// and the row is acked, or refused with the reason in last_error: dead when
-// the disposition cannot be cured by sending again, else sent again.
+// and the row is acked, or refused with the reason in last_error and sent
+// again: a negative disposition carries no MIC of our bytes, so it never
+// makes a row dead on its own (the relay's MaxTries does).
 func AsyncMDNHandler(profile *as2.Profile, store *outbox.Store) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		from := strings.Trim(strings.TrimSpace(r.Header.Get("AS2-From")), `"`)
@@ -227,7 +219,9 @@ func AsyncMDNHandler(profile *as2.Profile, store *outbox.Store) http.Handler {
 		out := &as2.Outgoing{}
 		out.MIC, out.MICAlg = as2.ExpectedMIC(partner, contentType(&row.Message), row.Payload)
 		if err := out.Check(mdn, mdn.OriginalMessageID, partner); err != nil {
-			if rerr := store.Refuse(ctx, row.Key, err.Error(), !mdn.Processed() && hopeless(mdn)); rerr != nil {
+			// Never dead on an MDN alone: a negative disposition carries no
+			// MIC of our bytes.
+			if rerr := store.Refuse(ctx, row.Key, err.Error()+": sending again", false); rerr != nil {
 				if errors.Is(rerr, outbox.ErrNotFound) {
 					http.Error(w, "the message is not awaiting a receipt", http.StatusConflict)
 					return

@@ -98,8 +98,8 @@ func TestProfileSenderAcksOnAVerifiedMDN(t *testing.T) {
 }
 
 // TestProfileSenderRefusesBadReceipts: a receipt for other content (a
-// wrong MIC) or unsigned where a signed one was asked for is retried; a
-// decryption failure is dead; an unknown partner is dead at once.
+// wrong MIC), unsigned where a signed one was asked for, or an error
+// disposition is retried; an unknown partner is dead at once.
 func TestProfileSenderRefusesBadReceipts(t *testing.T) {
 	buyer, supplier := twoProfiles(t, "http://127.0.0.1:1/as2", signedSync)
 	mdnFor := func(payload string, failure *as2.Failure, unsigned bool) http.HandlerFunc {
@@ -128,7 +128,9 @@ func TestProfileSenderRefusesBadReceipts(t *testing.T) {
 	}{
 		{"wrong MIC", mdnFor("other content", nil, false), outbox.Pending, "MIC"},
 		{"unsigned", mdnFor(x12, nil, true), outbox.Pending, "not signed"},
-		{"decryption failed", mdnFor(x12, &as2.Failure{Modifier: as2.DecryptionFailed, Err: fmt.Errorf("x")}, false), outbox.Dead, "decryption-failed"},
+		// An error MDN carries no MIC of our bytes: signed or not, it never
+		// makes the row dead on its own.
+		{"decryption failed", mdnFor(x12, &as2.Failure{Modifier: as2.DecryptionFailed, Err: fmt.Errorf("x")}, false), outbox.Pending, "decryption-failed"},
 		// Unsigned where the agreement signs MDNs: anyone could have said
 		// it, so it cannot make the row dead.
 		{"decryption failed, unsigned", mdnFor(x12, &as2.Failure{Modifier: as2.DecryptionFailed, Err: fmt.Errorf("x")}, true), outbox.Pending, "not signed"},
