@@ -40,11 +40,8 @@ func Kafka(t testing.TB) []string {
 		if os.Getenv(envKafkaBrokers) != "" {
 			return
 		}
-		// The consumer groups of KIP-848 time a member out on the broker's
-		// settings: the second KafkaGroupOptions gives classic members.
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond),
-			kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1),
-			kfake.BrokerConfigs(map[string]string{"group.consumer.session.timeout.ms": "1000", "group.consumer.heartbeat.interval.ms": "250"}))
+			kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1), kfakeGroupConfigs)
 		if err != nil {
 			kafkaErr = err
 			return
@@ -79,6 +76,12 @@ func KafkaBrokers() []string {
 // KafkaFake reports whether the tests' cluster is a kfake cluster of the
 // test (rather than IDEM_KAFKA_BROKERS').
 func KafkaFake() bool { return os.Getenv(envKafkaFake) == "1" }
+
+// kfakeGroupConfigs are a kfake cluster's timings of KIP-848 groups, whose
+// members the broker times out (KafkaGroupOptions): a second, as the
+// classic members' session timeout.
+var kfakeGroupConfigs = kfake.BrokerConfigs(map[string]string{
+	"group.consumer.session.timeout.ms": "1000", "group.consumer.heartbeat.interval.ms": "250"})
 
 // KafkaGroupOptions are the consumer-group settings of the tests: a member
 // that dies (SIGKILL) or freezes (SIGSTOP) loses its partitions after a
@@ -243,7 +246,7 @@ func ServeKafka(t testing.TB) {
 		t.Fatal(err)
 	}
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites(),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond))
+		kfake.GroupMinSessionTimeout(100*time.Millisecond), kfakeGroupConfigs)
 	if err != nil {
 		fmt.Println("ERROR", err)
 		os.Exit(1)
