@@ -139,6 +139,16 @@ func quoteName(s string) string {
 	return s
 }
 
+// Addressed returns the partner a message's headers say it is from
+// (AS2-From) when they say it is for us (AS2-To), else nil: what an
+// endpoint can tell before it reads the body. Unpack checks the same.
+func (p *Profile) Addressed(h http.Header) *Partner {
+	if unquoteName(h.Get("AS2-To")) != p.AS2ID {
+		return nil
+	}
+	return p.Partners[unquoteName(h.Get("AS2-From"))]
+}
+
 // unquoteName reads an AS2-From or AS2-To value.
 func unquoteName(s string) string {
 	s = strings.TrimSpace(s)

@@ -1,9 +1,11 @@
 package receiver_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -398,14 +400,54 @@ func TestNoSignedMDNForAStranger(t *testing.T) {
 	if strings.Contains(h.Get("Content-Type"), "multipart/signed") {
 		t.Fatalf("the stranger got an MDN signed with SUPPLIER's key: %s", h.Get("Content-Type"))
 	}
-	if _, err := as2.ParseMDN(h, body, w.buyer.Partners["SUPPLIER"]); err == nil {
-		if m, _ := as2.ParseMDN(h, body, w.buyer.Partners["SUPPLIER"]); m.Signed {
-			t.Fatal("the MDN verifies as signed by SUPPLIER")
-		}
+	if m, err := as2.ParseMDN(h, body, w.buyer.Partners["SUPPLIER"]); err == nil && m != nil && m.Signed {
+		t.Fatal("the MDN verifies as signed by SUPPLIER")
 	}
 	// BUYER's own encrypted, signed message still gets a signed receipt.
 	genuine := w.pack(t, w.buyer, "genuine@buyer", x12)
 	if m, _ := receipt(t, e, w.buyer, genuine, "genuine@buyer"); !m.Signed {
 		t.Fatal("BUYER's own message got an unsigned receipt")
+	}
+}
+
+// TestOneStrangerCannotStopTheEndpoint: a stranger on another address who
+// names a partner holds its connections open — one declaring 64 MiB and
+// sending a byte, sixteen declaring 1 KiB and sending a byte — and the
+// partner's own message is still delivered: memory is taken for the bytes
+// read, a sender still sending holds no place of the messages being
+// handled, and one address gets MaxPerPeer places at most. One that names
+// no partner is refused on its headers, before its body is read.
+func TestOneStrangerCannotStopTheEndpoint(t *testing.T) {
+	w := newWorld(t, "    edi_senders: [%s]\n")
+	e := newEndpoint(t, w.supplier, 64<<20)
+	reading := receiver.ReadingSignal(e.rv)
+	addr := strings.TrimPrefix(e.srv.URL, "http://")
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+	hold := func(from string, length int) net.Conn {
+		c, err := dialer.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: %s\r\nAS2-From: %s\r\nAS2-To: SUPPLIER\r\nContent-Length: %d\r\n\r\nx", addr, from, length)
+		return c
+	}
+	// An unknown sender is answered 403 without a byte of its body read.
+	c := hold("STRANGER", 64<<20)
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("a stranger's 64 MiB: %v %v, want 403", resp, err)
+	}
+	hold("BUYER", 64<<20)
+	reading.WaitOrTimeout(t)
+	for range 16 {
+		hold("BUYER", 1024)
+	}
+	for range 3 { // the others past MaxPerPeer are answered 503 at once
+		reading.WaitOrTimeout(t)
+	}
+	genuine := w.pack(t, w.buyer, "genuine@buyer", x12)
+	m, _ := receipt(t, e, w.buyer, genuine, "genuine@buyer")
+	if err := genuine.Check(m, "genuine@buyer", w.buyer.Partners["SUPPLIER"]); err != nil {
+		t.Fatalf("BUYER's message while a stranger holds connections: %v", err)
 	}
 }

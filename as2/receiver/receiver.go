@@ -14,8 +14,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/textproto"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 
@@ -24,6 +27,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/as2"
 	"github.com/idemgo/idem/edi"
+	"github.com/idemgo/idem/internal/testsignal"
 )
 
 // Delivery is one interchange to hand on.
@@ -65,15 +69,21 @@ type Config struct {
 	// MaxBytes bounds a message; a larger one is answered 413 before it is
 	// read. Defaults to 64 MiB.
 	MaxBytes int64
-	// MaxInFlight bounds the messages handled at once; one more is
-	// answered 503 with Retry-After. Defaults to 16.
+	// MaxInFlight bounds the messages opened and delivered at once, once
+	// read; one more is answered 503 with Retry-After. Defaults to 16.
 	MaxInFlight int
 	// MaxMemory bounds the memory the messages in flight may take: each
-	// reserves four times its length (the body, its decoded, decrypted and
-	// delivered copies) — MaxBytes when its length is not declared — and a
-	// message that finds no room is answered 503 with Retry-After.
-	// Defaults to 256 MiB; raised to 4 × MaxBytes when smaller.
+	// takes four times the bytes read of it (the body, its decoded,
+	// decrypted and delivered copies) as they arrive, and a message that
+	// finds no room is answered 503 with Retry-After. One client address
+	// takes at most a quarter of it (or 4 × MaxBytes, if more). Defaults
+	// to 256 MiB; raised to 4 × MaxBytes when smaller.
 	MaxMemory int64
+	// MaxPerPeer bounds the messages one client address sends or has
+	// handled at once; one more is answered 503 with Retry-After. An
+	// unknown AS2-From or AS2-To is answered 403 before any of it is read.
+	// Defaults to 4.
+	MaxPerPeer int
 	// Now tells the time of MDN Date headers. Defaults to time.Now.
 	Now func() time.Time
 	// Logger receives what the partner is not told: the detail of every
@@ -97,6 +107,82 @@ type Receiver struct {
 	cfg      Config
 	inFlight chan struct{}
 	memory   *semaphore.Weighted
+	mu       sync.Mutex
+	peers    map[string]*peer
+	signals  struct {
+		reading testsignal.Signal[struct{}] // a message's body is being read
+	}
+}
+
+// peer is what one client address holds: the messages it is sending or
+// that are being handled, and the memory they took.
+type peer struct {
+	addr     string
+	messages int
+	memory   atomic.Int64
+}
+
+func (p *peer) release(n int64) { p.memory.Add(-n) }
+
+// peer takes one of the MaxPerPeer places of r's client address, or
+// returns nil when it has none left.
+func (rv *Receiver) peer(r *http.Request) *peer {
+	addr, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		addr = r.RemoteAddr
+	}
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	p := rv.peers[addr]
+	if p == nil {
+		p = &peer{addr: addr}
+		rv.peers[addr] = p
+	}
+	if p.messages >= rv.cfg.MaxPerPeer {
+		return nil
+	}
+	p.messages++
+	return p
+}
+
+func (rv *Receiver) release(p *peer) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	if p.messages--; p.messages == 0 {
+		delete(rv.peers, p.addr)
+	}
+}
+
+var errNoMemory = errors.New("no memory for the message")
+
+// read reads r's body, taking memoryFactor times each chunk's length from
+// the shared memory, and at most a quarter of it for one peer, as the
+// bytes arrive; it returns the body and the memory it holds (to release),
+// errNoMemory when the memory ran out.
+func (rv *Receiver) read(w http.ResponseWriter, r *http.Request, p *peer) ([]byte, int64, error) {
+	body := http.MaxBytesReader(w, r.Body, rv.cfg.MaxBytes)
+	var buf bytes.Buffer
+	var held int64
+	perPeer := rv.cfg.MaxMemory / 4
+	chunk := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(chunk)
+		if n > 0 {
+			need := int64(memoryFactor * n)
+			if p.memory.Add(need) > max(perPeer, memoryFactor*rv.cfg.MaxBytes) || !rv.memory.TryAcquire(need) {
+				p.memory.Add(-need)
+				return nil, held, errNoMemory
+			}
+			held += need
+			buf.Write(chunk[:n])
+		}
+		if err == io.EOF {
+			return buf.Bytes(), held, nil
+		}
+		if err != nil {
+			return nil, held, err
+		}
+	}
 }
 
 // New checks cfg and returns a Receiver.
@@ -114,13 +200,16 @@ func New(cfg Config) (*Receiver, error) {
 		cfg.MaxMemory = 256 << 20
 	}
 	cfg.MaxMemory = max(cfg.MaxMemory, memoryFactor*cfg.MaxBytes)
+	if cfg.MaxPerPeer <= 0 {
+		cfg.MaxPerPeer = 4
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Receiver{cfg: cfg, inFlight: make(chan struct{}, cfg.MaxInFlight), memory: semaphore.NewWeighted(cfg.MaxMemory)}, nil
+	return &Receiver{cfg: cfg, inFlight: make(chan struct{}, cfg.MaxInFlight), memory: semaphore.NewWeighted(cfg.MaxMemory), peers: map[string]*peer{}}, nil
 }
 
 // memoryFactor is how many times its length a message may take in memory
@@ -149,31 +238,46 @@ func (rv *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("the message is %d bytes; the limit is %d", r.ContentLength, rv.cfg.MaxBytes), http.StatusRequestEntityTooLarge)
 		return
 	}
-	select {
-	case rv.inFlight <- struct{}{}:
-		defer func() { <-rv.inFlight }()
-	default:
-		busy(w, "too many messages in flight")
+	// Nothing is read or reserved for a stranger: the headers name a
+	// partner and us, or the answer is 403 (Unpack checks them again).
+	if rv.cfg.Profile.Addressed(r.Header) == nil {
+		rv.cfg.Logger.Warn("idem as2: refused a message from no partner", "as2_from", r.Header.Get("AS2-From"), "as2_to", r.Header.Get("AS2-To"), "remote", r.RemoteAddr)
+		http.Error(w, "not a partner of this endpoint", http.StatusForbidden)
 		return
 	}
-	reserve := rv.cfg.MaxBytes
-	if r.ContentLength >= 0 {
-		reserve = r.ContentLength
+	// A peer (a client address) reads MaxPerPeer messages at once at most,
+	// and takes memory for the bytes it has sent, not for what it
+	// declared: one still sending holds nothing a partner's message needs.
+	peer := rv.peer(r)
+	if peer == nil {
+		busy(w, "too many messages from this address in flight")
+		return
 	}
-	reserve = max(memoryFactor*reserve, 1)
-	if !rv.memory.TryAcquire(reserve) {
+	defer rv.release(peer)
+	rv.signals.reading.Signal(struct{}{})
+	body, held, err := rv.read(w, r, peer)
+	defer rv.memory.Release(held)
+	defer peer.release(held)
+	switch {
+	case errors.Is(err, errNoMemory):
 		busy(w, "no memory for the message now")
 		return
-	}
-	defer rv.memory.Release(reserve)
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, rv.cfg.MaxBytes))
-	if err != nil {
+	case err != nil:
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
 			http.Error(w, fmt.Sprintf("the message exceeds the limit of %d bytes", rv.cfg.MaxBytes), http.StatusRequestEntityTooLarge)
 			return
 		}
 		http.Error(w, "the message could not be read", http.StatusBadRequest)
+		return
+	}
+	// The message is read: it takes one of the MaxInFlight places while
+	// it is opened and delivered.
+	select {
+	case rv.inFlight <- struct{}{}:
+		defer func() { <-rv.inFlight }()
+	default:
+		busy(w, "too many messages in flight")
 		return
 	}
 	ctx := r.Context()

@@ -40,7 +40,7 @@ func newAS2Cmd() *cobra.Command {
 func newAS2ServeCmd() *cobra.Command {
 	var listen, as2File, dir, forward, outboxURL, rejectedDir string
 	var maxBytes, maxMemory, rejectedMaxBytes int64
-	var maxInFlight, rejectedMaxFiles int
+	var maxInFlight, maxPerPeer, rejectedMaxFiles int
 	var forwardTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "serve --as2 FILE --store URL (--dir DIR | --forward URL)",
@@ -80,8 +80,9 @@ exported over OTLP; a forwarded interchange carries its span's traceparent.`,
 	f.StringVar(&forward, "forward", "", "deliver each interchange by POST to this URL")
 	f.DurationVar(&forwardTimeout, "forward-timeout", 30*time.Second, "timeout of one forward")
 	f.Int64Var(&maxBytes, "max-bytes", 64<<20, "largest message accepted (413 above it, before decryption)")
-	f.IntVar(&maxInFlight, "max-in-flight", 16, "messages handled at once (503 with Retry-After beyond)")
-	f.Int64Var(&maxMemory, "max-memory", 256<<20, "memory the messages in flight may take, at 4x each message's length (503 with Retry-After beyond)")
+	f.IntVar(&maxInFlight, "max-in-flight", 16, "messages opened and delivered at once, once read (503 with Retry-After beyond)")
+	f.Int64Var(&maxMemory, "max-memory", 256<<20, "memory the messages in flight may take, at 4x the bytes read of each, a quarter at most for one client address (503 with Retry-After beyond)")
+	f.IntVar(&maxPerPeer, "max-per-peer", 4, "messages one client address sends or has handled at once (503 with Retry-After beyond)")
 	f.StringVar(&rejectedDir, "rejected-dir", "", "keep refused messages of authenticated partners here (default: DIR.rejected with --dir; never inside --dir)")
 	f.IntVar(&rejectedMaxFiles, "rejected-max-files", 1000, "most refused messages kept in --rejected-dir")
 	f.Int64Var(&rejectedMaxBytes, "rejected-max-bytes", 1<<30, "most bytes kept in --rejected-dir")
@@ -136,7 +137,7 @@ exported over OTLP; a forwarded interchange carries its span's traceparent.`,
 			}
 		}
 		rejected := &boundedDir{dir: rejectedDir, maxFiles: rejectedMaxFiles, maxBytes: rejectedMaxBytes}
-		cfg := receiver.Config{Profile: profile, Guard: g, MaxBytes: maxBytes, MaxInFlight: maxInFlight, MaxMemory: maxMemory,
+		cfg := receiver.Config{Profile: profile, Guard: g, MaxBytes: maxBytes, MaxInFlight: maxInFlight, MaxMemory: maxMemory, MaxPerPeer: maxPerPeer,
 			Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)),
 			Reject: func(_ context.Context, h http.Header, body []byte, why *as2.Failure) error {
 				return rejected.write(h.Get("AS2-From")+"\x00"+h.Get("Message-ID")+"\x00"+fmt.Sprint(time.Now().UnixNano()), ".as2", rawMessage(h, body, why))
