@@ -108,6 +108,8 @@ func (p *Profile) BuildMDN(in *Incoming, failure *Failure, date time.Time) (http
 // ParseMDN reads an MDN from partner: a signed one is verified against the
 // partner's certificate (a signature that does not verify is an error);
 // the disposition-notification fields are returned.
+//
+// A report of more than maxReportParts parts is refused.
 func ParseMDN(h http.Header, body []byte, partner *Partner) (*MDN, error) {
 	mt, params, err := mediaType(h.Get("Content-Type"))
 	if err != nil {
@@ -115,7 +117,7 @@ func ParseMDN(h http.Header, body []byte, partner *Partner) (*MDN, error) {
 	}
 	m := &MDN{MessageID: strings.Trim(strings.TrimSpace(h.Get("Message-ID")), "<>")}
 	if mt == "multipart/signed" {
-		parts, err := splitMultipart(body, params["boundary"])
+		parts, err := splitMultipart(body, params["boundary"], 2)
 		if err != nil || len(parts) != 2 {
 			return nil, fmt.Errorf("as2: a signed MDN with %d parts: %v", len(parts), err)
 		}
@@ -145,7 +147,7 @@ func ParseMDN(h http.Header, body []byte, partner *Partner) (*MDN, error) {
 	if mt != "multipart/report" {
 		return nil, fmt.Errorf("as2: an MDN of type %s, want multipart/report", mt)
 	}
-	parts, err := splitMultipart(body, params["boundary"])
+	parts, err := splitMultipart(body, params["boundary"], maxReportParts)
 	if err != nil {
 		return nil, err
 	}
@@ -197,3 +199,8 @@ func (out *Outgoing) Check(m *MDN, messageID string, partner *Partner) error {
 	}
 	return nil
 }
+
+// maxReportParts bounds the parts of an MDN's multipart/report: the text,
+// the disposition notification and the returned message or headers, with
+// room to spare.
+const maxReportParts = 8

@@ -326,7 +326,7 @@ func (p *Profile) open(in *Incoming, h http.Header, body []byte) (encrypted bool
 		}
 	}
 	if mt == "multipart/signed" {
-		parts, err := splitMultipart(data, params["boundary"])
+		parts, err := splitMultipart(data, params["boundary"], 2)
 		if err != nil || len(parts) != 2 {
 			return encrypted, fail(IntegrityCheckFailed, fmt.Errorf("a multipart/signed body with %d parts: %v", len(parts), err))
 		}

@@ -78,8 +78,10 @@ func decodeBody(h textproto.MIMEHeader, body []byte) ([]byte, error) {
 
 // splitMultipart returns the raw parts (header and body, exactly as sent)
 // of a multipart body: a delimiter is CRLF (or LF) "--" boundary, and the
-// line break before it belongs to it (RFC 2046 §5.1.1).
-func splitMultipart(body []byte, boundary string) ([][]byte, error) {
+// line break before it belongs to it (RFC 2046 §5.1.1). A body of more
+// than maxParts parts is an error, found at the part past the bound: a
+// body of millions of empty parts costs no more than one of maxParts.
+func splitMultipart(body []byte, boundary string, maxParts int) ([][]byte, error) {
 	if boundary == "" {
 		return nil, errors.New("as2: a multipart body without a boundary")
 	}
@@ -117,6 +119,9 @@ func splitMultipart(body []byte, boundary string) ([][]byte, error) {
 		}
 		if next == 0 { // an empty part right after the delimiter line
 			end = partStart
+		}
+		if len(parts) == maxParts {
+			return nil, fmt.Errorf("as2: a multipart body of more than %d parts", maxParts)
 		}
 		parts = append(parts, body[partStart:end])
 		start = partStart + next + 1 + len(delim)
