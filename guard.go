@@ -68,6 +68,10 @@ type Config struct {
 	// Tracer, if set, traces every Run (and Do): otelidem.Tracing gives
 	// one over OpenTelemetry. Nil costs nothing.
 	Tracer Tracer
+	// MaxWaitersPerKey and MaxWaiters bound the duplicates waiting
+	// (RunOptions.WaitInProgress) for one key and in all; one more is
+	// answered InProgress at once. Default to 64 and 4,096.
+	MaxWaitersPerKey, MaxWaiters int
 }
 
 // Tracer traces guarded calls; the idem package knows no tracing library
@@ -109,6 +113,7 @@ type Guard struct {
 	beats *ticks.Scheduler // nil when heartbeats are off
 
 	decoded decodedValues // idem.Do's decoded results
+	waits   waiters       // duplicates waiting for keys in progress
 }
 
 // NewGuard validates cfg, applies the defaults and returns a Guard. Errors
@@ -125,6 +130,12 @@ func NewGuard(cfg Config) (*Guard, error) {
 	}
 	if cfg.FailureRetention == 0 {
 		cfg.FailureRetention = cfg.Retention
+	}
+	if cfg.MaxWaitersPerKey <= 0 {
+		cfg.MaxWaitersPerKey = 64
+	}
+	if cfg.MaxWaiters <= 0 {
+		cfg.MaxWaiters = 4096
 	}
 	var lim Limits
 	if err := lim.CheckLease(cfg.Lease); err != nil {
@@ -186,12 +197,19 @@ type RunOptions struct {
 	// progress, on the same schedule. Keep it fast.
 	Progress func()
 	// WaitInProgress, if positive, makes a duplicate of a key in progress
-	// wait up to this long for the run that holds it: it asks the store
-	// again, at intervals from 5ms doubling to 200ms, and returns the
+	// wait up to this long for the run that holds it, then returns the
 	// replay once the run settled — or runs the work itself if that run
-	// released the key. Past the bound (or when ctx ends) it returns
-	// InProgress, as without the option.
+	// released the key. The duplicates waiting for one key in a Guard
+	// share one poll of the store (a read, at intervals from 5ms doubling
+	// to 200ms), and are woken at once when this Guard settles the key;
+	// woken, each claims it once. Past the bound, when WaitContext (or
+	// ctx) ends, or past Config.MaxWaitersPerKey or Config.MaxWaiters, it
+	// returns InProgress, as without the option.
 	WaitInProgress time.Duration
+	// WaitContext, if set, ends the wait of WaitInProgress when it ends:
+	// the context of the client the answer is for (an HTTP request's),
+	// where ctx outlives it. Defaults to ctx.
+	WaitContext context.Context
 }
 
 // Work is the guarded function. fence is the owner's fencing token: a
@@ -272,8 +290,12 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	var fp string
 	var progress func()
 	var wait time.Duration
+	waitCtx := ctx
 	if opts != nil {
 		fp, progress, wait = opts.Fingerprint, opts.Progress, opts.WaitInProgress
+		if opts.WaitContext != nil {
+			waitCtx = opts.WaitContext
+		}
 	}
 	skey := key.Storage(g.cfg.CompactKeys)
 
@@ -291,7 +313,7 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 
 	acq, sent, err := g.acquire(ctx, skey, fp)
 	if err == nil && acq.Outcome == InProgress && wait > 0 {
-		acq, sent, err = g.waitInProgress(ctx, skey, fp, wait, acq, sent)
+		acq, sent, err = g.waitInProgress(waitCtx, ctx, skey, fp, wait, acq, sent)
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("idem: acquire %s: %w", key, err)
@@ -322,6 +344,9 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	res.Disposition = disp
 	res.Value = value
 	settleErr := g.settle(ctx, skey, acq.Fence, disp, value, workErr, &res, leaseEnd)
+	if settleErr == nil && disp != Hold {
+		g.wakeWaiters(skey) // the duplicates waiting here need no poll to see it
+	}
 	if workErr != nil && lost != nil && !errors.Is(workErr, lost) {
 		workErr = fmt.Errorf("%w (%w)", workErr, lost) // why its context ended
 	}
@@ -348,27 +373,6 @@ func (g *Guard) acquire(ctx context.Context, skey, fp string) (Acquisition, mono
 	})
 	g.observe(Event{Phase: "acquire", Key: skey, Outcome: acq.Outcome, Fence: acq.Fence, Duration: g.since(start), Err: err})
 	return acq, sent, err
-}
-
-// waitInProgress asks the store again, at growing intervals, while the key
-// is in progress elsewhere and the bound lasts (RunOptions.WaitInProgress);
-// acq and sent are the acquisition that found it in progress, returned as
-// they are if it still is.
-func (g *Guard) waitInProgress(ctx context.Context, skey, fp string, bound time.Duration, acq Acquisition, sent mono.Time) (Acquisition, mono.Time, error) {
-	deadline := mono.Now().Add(bound)
-	pause := 5 * time.Millisecond
-	for {
-		left := deadline.Sub(mono.Now())
-		if left <= 0 || ctxsleep.Sleep(ctx, min(pause, left)) != nil {
-			return acq, sent, nil
-		}
-		pause = min(2*pause, 200*time.Millisecond)
-		next, nextSent, err := g.acquire(ctx, skey, fp)
-		if err != nil || next.Outcome != InProgress {
-			return next, nextSent, err
-		}
-		acq, sent = next, nextSent
-	}
 }
 
 // runOwned runs work under heartbeats (its lease taken at sent, answered

@@ -68,3 +68,89 @@ func TestDuplicatesWait(t *testing.T) {
 		t.Fatalf("%d runs, %d replays, the longest wait %v", runs.Load(), replays.Load(), time.Duration(longest.Load()))
 	}
 }
+
+// countingStore counts the calls its store gets.
+type countingStore struct {
+	idem.Store
+	acquires, gets atomic.Int64
+}
+
+func (c *countingStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	c.acquires.Add(1)
+	return c.Store.Acquire(ctx, req)
+}
+
+func (c *countingStore) Get(ctx context.Context, key string) (idem.Record, error) {
+	c.gets.Add(1)
+	return c.Store.Get(ctx, key)
+}
+
+// TestWaitersShareOnePoll: 50 duplicates wait for a key another process
+// holds; they ask the store through one poll, not 50 (each claims once
+// more when the key settles); those whose client left (WaitContext ended)
+// stop waiting at once and ask nothing more; a key settled in this process
+// wakes its waiters without a poll. Past MaxWaitersPerKey a duplicate is
+// InProgress at once.
+func TestWaitersShareOnePoll(t *testing.T) {
+	mem := memstore.New(memstore.Config{})
+	defer mem.Close()
+	s := &countingStore{Store: mem}
+	g, err := idem.NewGuard(idem.Config{Store: s, MaxWaitersPerKey: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key := idem.Key{Scope: "payments", ID: "PAY-2"}
+	// Another process holds the key.
+	acq, err := mem.Acquire(ctx, idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Minute, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var replayed, inProgress, left atomic.Int32
+	clientLeft, leave := context.WithCancel(ctx)
+	for i := range 50 {
+		wctx := ctx
+		if i%5 == 0 {
+			wctx = clientLeft // ten of them: their clients leave
+		}
+		wg.Go(func() {
+			res, err := g.Run(ctx, key, &idem.RunOptions{WaitInProgress: time.Minute, WaitContext: wctx}, func(context.Context, uint64) ([]byte, error) {
+				t.Error("a duplicate ran the work")
+				return nil, nil
+			})
+			switch {
+			case err != nil:
+				t.Error(err)
+			case res.Outcome == idem.Replayed:
+				replayed.Add(1)
+			case wctx == clientLeft && res.Outcome == idem.InProgress:
+				left.Add(1)
+			case res.Outcome == idem.InProgress:
+				inProgress.Add(1)
+			}
+		})
+	}
+	// The 10 past the cap of 40 answer InProgress at once; the others wait.
+	for inProgress.Load()+left.Load() < 10 {
+		time.Sleep(time.Millisecond)
+	}
+	before := s.acquires.Load() + s.gets.Load()
+	time.Sleep(time.Second) // the waiters poll meanwhile
+	polled := s.acquires.Load() + s.gets.Load() - before
+	leave()
+	for left.Load() < 10 { // every one whose client left, capped or waiting
+		time.Sleep(time.Millisecond)
+	}
+	if err := mem.Complete(ctx, g.StorageKey(key), acq.Fence, []byte("done"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	t.Logf("%d waiters asked the store %d times in a second; %d replayed, %d past the cap, %d whose clients left", 40, polled, replayed.Load(), inProgress.Load(), left.Load())
+	if polled > 20 {
+		t.Errorf("40 waiters asked the store %d times in a second: they do not share one poll", polled)
+	}
+	if replayed.Load()+inProgress.Load() != 40 || left.Load() != 10 {
+		t.Errorf("%d replayed, %d left, %d in progress", replayed.Load(), left.Load(), inProgress.Load())
+	}
+}

@@ -64,7 +64,10 @@ type Config struct {
 	// WaitInProgress, if positive, makes a duplicate of a call in progress
 	// wait up to this long for the first to finish, and answers it with the
 	// first's stored answer — for clients that do not retry ABORTED. Past
-	// the bound, ABORTED as without it.
+	// the bound, ABORTED as without it. A waiter stops when its call is
+	// cancelled; the waiters of one key share one poll of the store; past
+	// the Guard's caps on waiters (idem.Config.MaxWaitersPerKey,
+	// MaxWaiters), ABORTED at once.
 	WaitInProgress time.Duration
 }
 

@@ -109,7 +109,11 @@ type Config struct {
 	// WaitInProgress, if positive, makes a duplicate of a request in flight
 	// wait up to this long for the first to finish, and answers it with the
 	// first's stored response — for clients that cannot handle a 409. Past
-	// the bound, the 409 as without it.
+	// the bound, the 409 as without it. A waiter stops when its client
+	// leaves; the waiters of one key share one poll of the store and are
+	// woken at once when the first finishes in this process; past the
+	// Guard's caps on waiters (idem.Config.MaxWaitersPerKey, MaxWaiters),
+	// the 409 at once.
 	WaitInProgress time.Duration
 	// Fingerprint hashes what must be identical for a replay. Same key with
 	// another fingerprint is answered 422 and never executed. Defaults to a
@@ -490,7 +494,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		return nil, decided(d, "status "+strconv.Itoa(rec.status))
 	}
-	res, err := m.guard.Run(run.ctx, key, &idem.RunOptions{Fingerprint: fp, WaitInProgress: m.cfg.WaitInProgress}, work)
+	res, err := m.guard.Run(run.ctx, key, &idem.RunOptions{Fingerprint: fp, WaitInProgress: m.cfg.WaitInProgress, WaitContext: r.Context()}, work)
 	if res.Outcome.Owns() {
 		// The handler ran and answered; err is the policy's reason or a
 		// failure to settle, which the observer hears about.

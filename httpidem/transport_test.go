@@ -184,3 +184,76 @@ func TestDuplicatesWaitForTheFirst(t *testing.T) {
 		t.Fatalf("%d runs, %d replays, the longest wait %v", runs.Load(), replays.Load(), time.Duration(longest.Load()))
 	}
 }
+
+// askingStore counts the claims and reads its store gets.
+type askingStore struct {
+	idem.Store
+	asks atomic.Int64
+}
+
+func (c *askingStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+	c.asks.Add(1)
+	return c.Store.Acquire(ctx, req)
+}
+
+func (c *askingStore) Get(ctx context.Context, key string) (idem.Record, error) {
+	c.asks.Add(1)
+	return c.Store.Get(ctx, key)
+}
+
+// TestWaitersStopWhenTheirClientsLeave: duplicates waiting for a request
+// in flight stop asking the store once their clients leave: after the 20
+// clients gave up, the store hears nothing more of them, not a claim every
+// few milliseconds each (the first request still runs).
+func TestWaitersStopWhenTheirClientsLeave(t *testing.T) {
+	mem := memstore.New(memstore.Config{})
+	defer mem.Close()
+	s := &askingStore{Store: mem}
+	mw, err := httpidem.New(httpidem.Config{Store: s, Principal: httpidem.NoPrincipal, WaitInProgress: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			close(started)
+			<-release
+		}
+	})))
+	defer srv.Close()
+	post := func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/payments", strings.NewReader("PAY-1"))
+		req.Header.Set(httpidem.HeaderName, `"PAY-1"`)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	first := make(chan error, 1)
+	go func() { first <- post(context.Background()) }()
+	<-started
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+			defer cancel()
+			if post(ctx) == nil {
+				t.Error("a waiting duplicate was answered before its client left")
+			}
+		})
+	}
+	wg.Wait()
+	time.Sleep(300 * time.Millisecond) // the server sees the clients gone; the shared poll ends
+	before := s.asks.Load()
+	time.Sleep(time.Second)
+	n := s.asks.Load() - before
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 1 || n > 0 {
+		t.Fatalf("%d runs; %d store claims and reads in the second after the 20 clients left", runs.Load(), n)
+	}
+}

@@ -41,12 +41,12 @@ const (
 	deliveryLease = time.Second
 	// maxBacklog is the most messages not yet acknowledged before the
 	// campaign produces no more.
-	maxBacklog = 2000
-	consumerName  = "campaign"
-	envConsumer   = "IDEM_INBOX_CAMPAIGN_PROC"
-	envLocation   = "IDEM_INBOX_CAMPAIGN_LOCATION"
-	envBroker     = "IDEM_INBOX_CAMPAIGN_BROKER"
-	readyLine     = "IDEM INBOX CAMPAIGN CONSUMER READY"
+	maxBacklog   = 2000
+	consumerName = "campaign"
+	envConsumer  = "IDEM_INBOX_CAMPAIGN_PROC"
+	envLocation  = "IDEM_INBOX_CAMPAIGN_LOCATION"
+	envBroker    = "IDEM_INBOX_CAMPAIGN_BROKER"
+	readyLine    = "IDEM INBOX CAMPAIGN CONSUMER READY"
 )
 
 // campaignDB is the inbox and its business table on one database.

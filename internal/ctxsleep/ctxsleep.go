@@ -20,6 +20,21 @@ func Sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// Until waits for d, until wake is closed, or until ctx ends; it returns
+// ctx.Err() in the last case and nil otherwise.
+func Until(ctx context.Context, wake <-chan struct{}, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-wake:
+		return nil
+	case <-t.C:
+		return nil
+	}
+}
+
 // The pauses of Retry: the first, doubling up to the longest.
 const (
 	firstPause   = 10 * time.Millisecond

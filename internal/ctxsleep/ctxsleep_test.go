@@ -84,3 +84,16 @@ func TestRetryTriesLastAtTheDeadline(t *testing.T) {
 		t.Fatalf("the last of %d calls came %v before the deadline", calls, deadline.Sub(last))
 	}
 }
+
+func TestUntilWakes(t *testing.T) {
+	wake := make(chan struct{})
+	close(wake)
+	if err := Until(context.Background(), wake, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := Until(ctx, make(chan struct{}), time.Hour); err == nil {
+		t.Fatal("a cancelled context did not end the wait")
+	}
+}
