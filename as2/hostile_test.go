@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/asn1"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -215,5 +216,58 @@ func TestDeepBERIsRefused(t *testing.T) {
 	}
 	if err := verifyDetached(deepBER(100), []byte("x"), idem.Partners["PARTNER"].Certificate); err == nil {
 		t.Fatal("a deep signature verified")
+	}
+}
+
+// TestEveryByteFlipAnswersAlike: every single-byte change and every
+// truncation of a captured message — sampled across its length, for CBC,
+// GCM and 3DES — is refused with the same decryption-failed answer, or
+// (a change in the CBC IV that leaves the unsigned outer MIME header still
+// readable) opens to the same payload, authenticated: no change tells
+// anything about the plaintext beyond that header, none alters what is
+// delivered, and none crashes the reader.
+func TestEveryByteFlipAnswersAlike(t *testing.T) {
+	for _, enc := range []Encryption{EncryptAES256CBC, EncryptAES128GCM, EncryptDES3} {
+		ag := Partner{Sign: crypto.SHA256, Encrypt: enc, MDN: MDNSync}
+		idem, partner, _, _ := pair(t, ag)
+		out, err := idem.Pack(idem.Partners["PARTNER"], "captured@idem", "application/edi-x12", []byte(interchange), testDate)
+		if err != nil {
+			t.Fatal(err)
+		}
+		answer := ""
+		check := func(what string, body []byte) {
+			var err error
+			var in *Incoming
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						t.Fatalf("%v, %s: panic %v", enc, what, p)
+					}
+				}()
+				in, err = partner.Unpack(out.Header, body)
+			}()
+			if err == nil {
+				if !in.Authenticated || string(in.Payload) != interchange {
+					t.Fatalf("%v, %s: opened to %q (authenticated %v)", enc, what, in.Payload, in.Authenticated)
+				}
+				return
+			}
+			var f *Failure
+			if !errors.As(err, &f) || f.Modifier != DecryptionFailed {
+				t.Fatalf("%v, %s: %v, want %s", enc, what, err, DecryptionFailed)
+			}
+			if answer == "" {
+				answer = f.Text()
+			} else if f.Text() != answer {
+				t.Fatalf("%v, %s: answered %q, another change %q", enc, what, f.Text(), answer)
+			}
+		}
+		step := max(1, len(out.Body)/400)
+		for i := 0; i < len(out.Body); i += step {
+			flipped := append([]byte(nil), out.Body...)
+			flipped[i] ^= 0x5a
+			check(fmt.Sprintf("byte %d changed", i), flipped)
+			check(fmt.Sprintf("cut at %d", i), out.Body[:i])
+		}
 	}
 }

@@ -150,3 +150,23 @@ func TestLoginLimitIsPerClient(t *testing.T) {
 		}
 	}
 }
+
+// TestLoopbackHostRefusesOtherSpellings: the Host allow-list of a loopback
+// listener answers to localhost and loopback addresses as written, and to
+// nothing else — not another name (DNS rebinding), not a trailing dot,
+// not the octal, hex, decimal or short forms of 127.0.0.1, not an empty
+// Host.
+func TestLoopbackHostRefusesOtherSpellings(t *testing.T) {
+	for _, h := range []string{"localhost", "localhost:8080", "LOCALHOST", "127.0.0.1", "127.0.0.1:9090", "127.0.0.2", "[::1]", "[::1]:9090", "::1", "ops.internal"} {
+		if !console.LoopbackHost(h, []string{"ops.internal"}) {
+			t.Errorf("%q refused", h)
+		}
+	}
+	for _, h := range []string{"", "attacker.example", "attacker.example:8080", "localhost.", "localhost.:8080", "127.0.0.1.", "127.1", "127.1:8080",
+		"0177.0.0.1", "0x7f.0.0.1", "0x7f000001", "2130706433", "017700000001", "127.000.000.001", "localhost.attacker.example",
+		"127.0.0.1.nip.io", "[::ffff:8.8.8.8]", "ops.internal.", "0.0.0.0", "[::]"} {
+		if console.LoopbackHost(h, []string{"ops.internal"}) {
+			t.Errorf("%q answered to", h)
+		}
+	}
+}

@@ -335,6 +335,7 @@ func outboxKeysCmd(use, short, done string, act func(s *outbox.Store, ctx contex
 func newRelayCmd() *cobra.Command {
 	var cfg outbox.RelayConfig
 	var httpTimeout, keep time.Duration
+	var httpRedirectSameHost bool
 	var admin, as2File, adminToken, natsCreds, natsToken, amqpUser, amqpPassword string
 	var natsTLSCA, natsTLSCert, natsTLSKey, httpTLSCA, httpTLSCert, httpTLSKey, httpHeaders string
 	var kafkaTLSCA, kafkaTLSCert, kafkaTLSKey, kafkaSASL, kafkaUser, kafkaPassword string
@@ -361,6 +362,7 @@ its context travels in the message's traceparent header.`,
 	store := storeFlag(cmd)
 	f := cmd.Flags()
 	f.DurationVar(&httpTimeout, "http-timeout", 30*time.Second, "timeout of one HTTP send")
+	f.BoolVar(&httpRedirectSameHost, "http-redirect-same-host", false, "follow an HTTP destination's redirects to its own scheme, host and port (by default none is followed; another host's never)")
 	f.DurationVar(&cfg.BackoffMin, "backoff-min", time.Second, "first retry delay bound")
 	f.DurationVar(&cfg.BackoffMax, "backoff-max", 5*time.Minute, "largest retry delay")
 	f.IntVar(&cfg.MaxTries, "max-tries", 10, "attempts before a message is dead")
@@ -429,7 +431,7 @@ its context travels in the message's traceparent header.`,
 		if err != nil {
 			return err
 		}
-		sendCfg := senders.Config{HTTP: httpsender.Config{Client: httpClient, HostHeaders: hostHeaders}, NATS: natsOpts}
+		sendCfg := senders.Config{HTTP: httpsender.Config{Client: httpClient, HostHeaders: hostHeaders, RedirectSameHost: httpRedirectSameHost}, NATS: natsOpts}
 		if sendCfg.Kafka.ClientOptions, err = kafkaOptions(kafkaTLS, kafkaTLSCA, kafkaTLSCert, kafkaTLSKey, kafkaSASL, kafkaUser, kafkaPassword); err != nil {
 			return err
 		}
