@@ -31,6 +31,7 @@ import (
 var (
 	campaignDurationFlag = flag.Duration("e2e.campaign.duration", 8*time.Second, "how long the end-to-end campaign commits transfers and injects faults")
 	campaignSeed         = flag.Uint64("e2e.campaign.seed", 0, "seed of the end-to-end campaign (0: a new one, printed)")
+	campaignMaxBacklog   = flag.Int64("e2e.campaign.max-backlog", 2000, "the most transfers committed and not yet booked before the producers wait")
 )
 
 const (
@@ -166,8 +167,8 @@ func schemaDDL(schema string) string {
 // proxy — the even ones directly: a partition; the broker is cut and
 // stalled for the odd relays; and the broker and PostgreSQL, both servers
 // of the test's own, are killed with SIGKILL and started again on their
-// ports and files. The producers keep at most maxBacklog transfers
-// unbooked. Then the faults stop and every committed transfer must be
+// ports and files. The producers keep at most -e2e.campaign.max-backlog
+// transfers unbooked (2,000). Then the faults stop and every committed transfer must be
 // booked: the drain waits while transfers are booked and fails when none
 // has been for a minute (or at a bound of three times the run), printing
 // its progress every ten seconds; a lost transfer is reported with the
@@ -274,7 +275,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(seed, uint64(g+1)))
 			for time.Now().Before(deadline) {
-				if backlog.Load() >= maxBacklog {
+				if backlog.Load() >= *campaignMaxBacklog {
 					paced.Add(int64(10 * time.Millisecond))
 					time.Sleep(10 * time.Millisecond)
 					continue
@@ -393,7 +394,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 	behind, _ := unbooked(ctx, pool, schema)
 	t.Logf("%d transfers committed, %d rolled back, %d failed in a crash of PostgreSQL; %d kills, %d freezes, %d cuts, %d stalls and %d crashes of PostgreSQL, %d cuts and %d stalls of the broker, %d crashes of the broker; the producers waited %v for the consumers (at most %d transfers behind), %d transfers not yet booked when the faults ended",
 		committed.Load(), rolledBack.Load(), failedInCrash.Load(), kills, freezes, cuts, stalls, dbCrashes.Load()/2, brokerCuts, brokerStalls, brokerCrashes,
-		time.Duration(paced.Load()/4).Round(time.Second), maxBacklog, behind)
+		time.Duration(paced.Load()/4).Round(time.Second), *campaignMaxBacklog, behind)
 
 	// The faults are over: every committed transfer must be booked, the
 	// relays and consumers given as long as they make progress.
@@ -423,10 +424,6 @@ func campaign(t *testing.T, testName string, tr transport) {
 	t.Logf("the inbox kept %d copies from booking again; the consumers' other decisions: %v",
 		decisions["ack "+inbox.Duplicate.String()], decisions)
 }
-
-// maxBacklog is the most transfers committed and not yet booked before the
-// producers wait.
-const maxBacklog = 2000
 
 // drainBound is the longest the drain waits, however the transfers move.
 func drainBound() time.Duration { return drain.Bound(campaignDuration()) }
