@@ -254,7 +254,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 	// here).
 	first := make(chan struct{})
 	var wg sync.WaitGroup
-	// The producers keep at most maxBacklog transfers committed and not
+	// The producers keep at most -e2e.campaign.max-backlog transfers committed and not
 	// yet booked: producers that outpace the consumers by design measure a
 	// backlog, not a guarantee.
 	var backlog atomic.Int64
