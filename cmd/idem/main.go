@@ -52,7 +52,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newDemoCmd(), newServeCmd(), newKeysCmd(), newOutboxCmd(), newRelayCmd(), newEDICmd(), newAS2Cmd(), newInboxCmd(), newConsoleCmd(), newMigrateCmd(), newBenchCmd())
+	root.AddCommand(newDemoCmd(), newServeCmd(), newKeysCmd(), newOutboxCmd(), newRelayCmd(), newEDICmd(), newAS2Cmd(), newInboxCmd(), newConsoleCmd(), newMigrateCmd(), newBenchCmd(), newVersionCmd())
 	return root
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -154,5 +155,19 @@ func TestBadInput(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("idem %s: err = %v, want it to mention %q", strings.Join(tt.args, " ")[:min(60, len(strings.Join(tt.args, " ")))], err, tt.want)
 		}
+	}
+}
+
+// TestVersion: idem version names the module version, the revision it was
+// built from and the Go version.
+func TestVersion(t *testing.T) {
+	out, err := run(t, "version")
+	if err != nil || !strings.HasPrefix(out, "idem ") || !strings.Contains(out, "go1.") {
+		t.Fatalf("idem version: %q %v", out, err)
+	}
+	line := versionLine(&debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "v0.1.0"}, Settings: []debug.BuildSetting{
+		{Key: "vcs.revision", Value: "b8eb63d"}, {Key: "vcs.time", Value: "2026-12-06T21:00:00Z"}, {Key: "vcs.modified", Value: "true"}}})
+	if line != "idem v0.1.0, revision b8eb63d of 2026-12-06T21:00:00Z, modified, go1.26.0" {
+		t.Fatalf("the version line: %q", line)
 	}
 }

@@ -1,6 +1,6 @@
 module github.com/idemgo/idem/scripts/peerbench
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/faustbrian/go-idempotency v0.0.0-20260715141327-26ee779f6bb7
