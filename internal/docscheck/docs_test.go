@@ -129,7 +129,8 @@ func TestReadmeIsForUsers(t *testing.T) {
 var goBlock = regexp.MustCompile("(?s)```go\n(.*?)```")
 
 // TestReadmeGoBlocksCompile: each Go block of the README is a whole
-// program (package main, its imports) that builds against this checkout.
+// program (package main, its imports) that builds against this checkout;
+// the first, the quick start, prints what the README says, run twice.
 // Each is built as if it were a package of this module (go build
 // -overlay), so it needs nothing from outside.
 func TestReadmeGoBlocksCompile(t *testing.T) {
@@ -175,5 +176,27 @@ func TestReadmeGoBlocksCompile(t *testing.T) {
 	cmd.Dir = abs
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("README.md's Go blocks do not build: %v\n%s", err, out)
+	}
+	// The quick start prints what the README says: one booking, made once,
+	// then, run again, the same booking made by no one.
+	quick := exec.Command(filepath.Join(dir, "bin", "readmea"))
+	quick.Dir = t.TempDir()
+	first, err := quick.Output()
+	if err != nil {
+		t.Fatalf("the quick start: %v\n%s", err, first)
+	}
+	again := exec.Command(quick.Path)
+	again.Dir = quick.Dir
+	second, err := again.Output()
+	if err != nil {
+		t.Fatalf("the quick start, run again: %v\n%s", err, second)
+	}
+	want := regexp.MustCompile(`^delivery 1: booking (B-\d+), bookings made: 1\ndelivery 2: booking (B-\d+), bookings made: 1\n$`)
+	m := want.FindStringSubmatch(string(first))
+	if m == nil || m[1] != m[2] {
+		t.Fatalf("the quick start printed %q, not one booking made once", first)
+	}
+	if string(second) != strings.ReplaceAll(string(first), "made: 1", "made: 0") {
+		t.Fatalf("the quick start, run again, printed %q; want the same booking made by no one", second)
 	}
 }
