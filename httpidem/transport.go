@@ -35,8 +35,9 @@ type Transport struct {
 	// MaxAttempts bounds the attempts of one request. Defaults to 5.
 	MaxAttempts int
 	// BackoffMin and BackoffMax bound the wait between attempts (full
-	// jitter, doubling from BackoffMin); a Retry-After the server sent
-	// wins, up to BackoffMax. Default to 100ms and 5s.
+	// jitter, doubling from BackoffMin); a Retry-After the server sent —
+	// seconds or an HTTP-date — wins, up to BackoffMax. Default to 100ms
+	// and 5s.
 	BackoffMin, BackoffMax time.Duration
 
 	wait func(ctx context.Context, d time.Duration) error // tests: instead of sleeping
@@ -128,8 +129,13 @@ func (t *Transport) retry(resp *http.Response, err error, attempt int) (time.Dur
 	default:
 		return 0, false
 	}
-	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s >= 0 {
+	// Retry-After is seconds or an HTTP-date (RFC 9110 §10.2.3).
+	ra := resp.Header.Get("Retry-After")
+	if s, err := strconv.Atoi(ra); err == nil && s >= 0 {
 		return min(time.Duration(s)*time.Second, hi), true
+	}
+	if at, err := http.ParseTime(ra); err == nil {
+		return min(max(time.Until(at), 0), hi), true
 	}
 	return backoff(lo, hi, attempt), true
 }

@@ -257,3 +257,30 @@ func TestWaitersStopWhenTheirClientsLeave(t *testing.T) {
 		t.Fatalf("%d runs; %d store claims and reads in the second after the 20 clients left", runs.Load(), n)
 	}
 }
+
+// TestTransportReadsRetryAfterDates: a Retry-After given as an HTTP-date
+// (RFC 9110 allows it beside seconds) is waited for, up to BackoffMax.
+func TestTransportReadsRetryAfterDates(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			w.Header().Set("Retry-After", time.Now().Add(3*time.Second).UTC().Format(http.TimeFormat))
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	var waited []time.Duration
+	tr := &httpidem.Transport{}
+	httpidem.SetTransportWait(tr, func(_ context.Context, d time.Duration) error { waited = append(waited, d); return nil })
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || len(waited) != 1 || waited[0] < time.Second || waited[0] > 3*time.Second {
+		t.Fatalf("%d, waited %v; want one wait of about 3s", resp.StatusCode, waited)
+	}
+}
