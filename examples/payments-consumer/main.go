@@ -208,22 +208,17 @@ func runAMQP(ctx context.Context, logger *log.Logger, url, consumer string, conc
 }
 
 // runKafka consumes the topic in the consumer group named consumer. The key
-// is the Idempotency-Key header (what idem's outbox writes), or else the
-// instruction's correlation id.
+// is the instruction's correlation id, as on every broker: the business
+// intent's id, not an outbox row's key (Idempotency-Key), which two rows of
+// one instruction do not share.
 func runKafka(ctx context.Context, logger *log.Logger, url string, session time.Duration, consumer string, concurrency int, policy broker.Policy, book bookFunc) error {
 	brokers, topic, err := kafkasender.ParseDestination(url)
 	if err != nil {
 		return fmt.Errorf("--broker: %w", err)
 	}
-	header, body := broker.HeaderKey(kafkaidem.KeyHeader), broker.JSONKey("correlation_id")
 	c, err := kafkaidem.InboxConsumer(kafkaidem.Config{
 		Scope: consumer, Policy: policy, Context: context.WithoutCancel(ctx), Concurrency: concurrency,
-		Key: func(m broker.Message) (string, error) {
-			if id, err := header(m); err == nil {
-				return id, nil
-			}
-			return body(m)
-		},
+		Key: broker.JSONKey("correlation_id"),
 		ClientOptions: []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(consumer), kgo.ConsumeTopics(topic),
 			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.SessionTimeout(session), kgo.HeartbeatInterval(session / 4)},
 		OnError: func(err error) { logger.Print(err) },
