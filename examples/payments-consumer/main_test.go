@@ -97,6 +97,9 @@ func setupNATS(t *testing.T) (string, publisher) {
 	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: streamName, Subjects: []string{subject}}); err != nil {
 		t.Fatal(err)
 	}
+	// The stream is the example's own name: leave nothing in it for a
+	// reader trying the example on the same server.
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), streamName) })
 	return testenv.NATSURL, natsPub{js}
 }
 
@@ -114,6 +117,7 @@ func setupAMQP(t *testing.T) (string, publisher) {
 	if _, err := ch.QueuePurge(queueName, false); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _, _ = ch.QueueDelete(queueName, false, false, false) })
 	return testenv.AMQPURL, amqpPub{ch}
 }
 
