@@ -116,6 +116,10 @@ func (s *Sender) client(brokers []string) (*kgo.Client, error) {
 		kgo.ProducerLinger(0),
 		kgo.RecordDeliveryTimeout(s.cfg.DeliveryTimeout),
 		kgo.ClientID("idem-relay"),
+		// A topic not there yet is created by the cluster where it allows
+		// it (auto.create.topics.enable), as Java's and librdkafka's
+		// producers have it.
+		kgo.AllowAutoTopicCreation(),
 	}, s.cfg.ClientOptions...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -153,6 +157,9 @@ func (s *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		if permanent(err) {
 			return outbox.Result{Status: outbox.Dead, Err: err}
+		}
+		if errors.Is(err, kerr.UnknownTopicOrPartition) {
+			err = fmt.Errorf("the topic %q does not exist, and the cluster did not create it (create it, or allow auto.create.topics.enable): %w", topic, err)
 		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrRecordTimeout) {
 			// franz-go retries a broker it cannot reach, trust or log in

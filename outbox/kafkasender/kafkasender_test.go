@@ -3,6 +3,7 @@ package kafkasender_test
 import (
 	"bytes"
 	"context"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"slices"
 	"strings"
 	"testing"
@@ -179,4 +180,42 @@ func TestParseDestination(t *testing.T) {
 	if err != nil || topic != "orders.v1" || strings.Join(brokers, ",") != "k1:9093,k2:9092" {
 		t.Fatalf("got %v %q %v", brokers, topic, err)
 	}
+}
+
+// TestMissingTopic: a row sent to a topic that does not exist has the
+// cluster create it, as Java's and librdkafka's producers do where the
+// cluster allows it (auto.create.topics.enable, on by default in Apache
+// Kafka); where the cluster does not, the row stays pending with an error
+// that says the topic does not exist.
+func TestMissingTopic(t *testing.T) {
+	t.Run("created", func(t *testing.T) {
+		if !testenv.KafkaFake() && testenv.KafkaBrokers() != nil {
+			t.Skip("a real cluster may refuse to create topics")
+		}
+		brokers := testenv.Kafka(t)
+		topic := testenv.RandomName("idemnew-")
+		s := kafkasender.New(kafkasender.Config{})
+		defer s.Close()
+		if res := s.Send(context.Background(), &outbox.Message{Key: "K-1", Destination: destination(brokers, topic), Payload: []byte("x")}); res.Status != outbox.Sent {
+			t.Fatalf("to a topic the cluster may create: %s %v", res.Status, res.Err)
+		}
+		if recs := records(t, brokers, topic); len(recs) != 1 {
+			t.Fatalf("%d records in the new topic", len(recs))
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1)) // creates no topic on use
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		s := kafkasender.New(kafkasender.Config{})
+		defer s.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		res := s.Send(ctx, &outbox.Message{Key: "K-1", Destination: destination(c.ListenAddrs(), "nowhere"), Payload: []byte("x")})
+		if res.Status != outbox.Pending || res.Err == nil || !strings.Contains(res.Err.Error(), `topic "nowhere" does not exist`) {
+			t.Fatalf("to a topic the cluster does not create: %s %v", res.Status, res.Err)
+		}
+	})
 }
