@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/idemgo/idem/internal/ctxsleep"
 )
 
 // ClientConfig configures the client interceptor. The zero value works.
@@ -54,7 +56,7 @@ func UnaryClient(cfg ClientConfig) grpc.UnaryClientInterceptor {
 		cfg.MaxRetryDelay = 5 * time.Second
 	}
 	if cfg.wait == nil {
-		cfg.wait = sleep
+		cfg.wait = ctxsleep.Sleep
 	}
 	if cfg.NewKey == nil {
 		cfg.NewKey = func() (string, error) {
@@ -87,18 +89,6 @@ func UnaryClient(cfg ClientConfig) grpc.UnaryClientInterceptor {
 				return err
 			}
 		}
-	}
-}
-
-// sleep waits d, or until ctx ends (its error).
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

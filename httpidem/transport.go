@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemgo/idem/internal/ctxsleep"
 )
 
 // Transport is an http.RoundTripper for the client side of the
@@ -90,7 +92,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
 		}
-		pause := sleep
+		pause := ctxsleep.Sleep
 		if t.wait != nil {
 			pause = t.wait
 		}
@@ -147,15 +149,4 @@ func backoff(lo, hi time.Duration, attempt int) time.Duration {
 		d *= 2
 	}
 	return time.Duration(rand.Int64N(int64(min(d, hi)) + 1))
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
