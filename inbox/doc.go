@@ -13,6 +13,7 @@
 //
 // It works on any sqldriver.Driver — PostgreSQL through pgx (pgx.Tx) or
 // database/sql (*sql.Tx), SQLite through database/sql — and takes the
-// driver's own transaction type. The version guard (Guard)
-// joins the same transaction to reject stale updates that arrive late.
+// driver's own transaction type. The version guard (Event.Entity and
+// Event.Version, or ApplyVersionTx) joins the same transaction to reject
+// stale updates that arrive late.
 package inbox
