@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem/internal/ctxsleep"
@@ -16,9 +17,10 @@ import (
 // when the key is no longer held; a settle or release of the key by this
 // Guard wakes them at once. Woken, each claims the key once more.
 type waiters struct {
-	mu    sync.Mutex
-	keys  map[string]*keyWaiters
-	total int
+	mu     sync.Mutex
+	keys   map[string]*keyWaiters
+	total  int
+	active atomic.Int32 // total, read without the lock: a settle with no waiter anywhere takes no lock
 }
 
 // keyWaiters are the waiters of one key.
@@ -47,6 +49,7 @@ func (g *Guard) joinWait(skey string) *keyWaiters {
 	}
 	kw.n++
 	w.total++
+	w.active.Add(1)
 	return kw
 }
 
@@ -57,6 +60,7 @@ func (g *Guard) leaveWait(skey string, kw *keyWaiters) {
 	defer w.mu.Unlock()
 	kw.n--
 	w.total--
+	w.active.Add(-1)
 	if kw.n == 0 && w.keys[skey] == kw {
 		delete(w.keys, skey)
 	}
@@ -65,6 +69,9 @@ func (g *Guard) leaveWait(skey string, kw *keyWaiters) {
 // wakeWaiters wakes the waiters of skey, if any.
 func (g *Guard) wakeWaiters(skey string) {
 	w := &g.waits
+	if w.active.Load() == 0 {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if kw := w.keys[skey]; kw != nil {

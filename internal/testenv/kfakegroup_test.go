@@ -17,7 +17,11 @@ import (
 	"github.com/idemgo/idem/internal/testenv"
 )
 
-var kfakeClassic = flag.Bool("kfake.classic", false, "TestKafkaGroupOutlivesKilledMembers: run the classic group protocol too (it stays stuck on a kfake cluster)")
+var (
+	kfakeClassic = flag.Bool("kfake.classic", false, "TestKafkaGroupOutlivesKilledMembers: run the classic group protocol too")
+	kfakeFaults  = flag.Duration("kfake.faults", 20*time.Second, "TestKafkaGroupOutlivesKilledMembers: how long members are killed and frozen")
+	kfakeRevoke  = flag.Duration("kfake.revoke", 3*time.Second, "TestKafkaGroupOutlivesKilledMembers: the longest a member takes to let revoked partitions go")
+)
 
 const (
 	envGroupChild = "IDEM_TESTENV_GROUP_CHILD" // "classic" or "848"
@@ -29,9 +33,10 @@ const (
 // idem: members in processes of their own, with the tests' group timings
 // (KafkaGroupOptions), consume a topic of eight partitions — blocking
 // rebalances while they hold polled records, and taking up to three
-// seconds to let revoked partitions go, as a consumer finishing its
-// records in flight does — and commit as they go, while members are killed
-// with SIGKILL (and replaced) and frozen with SIGSTOP for twenty seconds; then the group must settle and commit every partition's end
+// seconds (-kfake.revoke) to let revoked partitions go, as a consumer
+// finishing its records in flight does — and commit as they go, while members are killed
+// with SIGKILL (and replaced) and frozen with SIGSTOP for twenty seconds
+// (-kfake.faults); then the group must settle and commit every partition's end
 // within a minute. On a kfake cluster the classic protocol does not (its
 // coordinator's rebalance never completes: the group stays in
 // PreparingRebalance with the killed members), which is why the tests run
@@ -41,6 +46,9 @@ func TestKafkaGroupOutlivesKilledMembers(t *testing.T) {
 	if protocol := os.Getenv(envGroupChild); protocol != "" {
 		groupMember(t, protocol)
 		return
+	}
+	if testing.Short() {
+		t.Skip("-short: member processes killed and frozen for 20 s")
 	}
 	protocols := []string{"default"}
 	if *kfakeClassic {
@@ -67,14 +75,14 @@ func groupOutlivesKills(t *testing.T, protocol string) {
 		}
 	}
 	produce(400)
-	members := fleet.New(t, "TestKafkaGroupOutlivesKilledMembers", groupReady, nil, func(int) []string {
+	members := fleet.New(t, "TestKafkaGroupOutlivesKilledMembers", groupReady, []string{"-kfake.revoke=" + kfakeRevoke.String()}, func(int) []string {
 		return []string{envGroupChild + "=" + protocol, envGroupTopic + "=" + topic}
 	})
 	for range 3 {
 		members.Spawn()
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); {
+	for end := time.Now().Add(*kfakeFaults); time.Now().Before(end); {
 		if rng.IntN(2) == 0 {
 			members.KillOne(rng)
 		} else {
@@ -131,7 +139,7 @@ func groupMember(t *testing.T, protocol string) {
 	opts = append(opts, kgo.SeedBrokers(strings.Split(os.Getenv("IDEM_KAFKA_BROKERS"), ",")...),
 		kgo.ConsumerGroup("g-"+topic), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.BlockRebalanceOnPoll(), kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, _ map[string][]int32) {
-			time.Sleep(time.Duration(rand.IntN(3000)) * time.Millisecond)
+			time.Sleep(rand.N(*kfakeRevoke))
 			_ = cl.CommitUncommittedOffsets(ctx)
 		}))
 	cl, err := kgo.NewClient(opts...)
