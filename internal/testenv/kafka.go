@@ -93,7 +93,7 @@ var kfakeGroupConfigs = kfake.BrokerConfigs(map[string]string{
 // the classic protocol never completes a rebalance once members die while
 // it prepares one — its group stays in PreparingRebalance, keeping the
 // dead members, and consumes nothing more (TestKafkaGroupOutlivesKilledMembers
-// with -kfake.classic shows it without idem). A real cluster's groups keep
+// with -kfake.classic -kfake.revoke=10s shows it without idem). A real cluster's groups keep
 // the classic protocol, which real Kafka completes at the rebalance
 // timeout.
 func KafkaGroupOptions() []kgo.Opt {
