@@ -135,9 +135,7 @@ func TestWaitersShareOnePoll(t *testing.T) {
 	for inProgress.Load()+left.Load() < 10 {
 		time.Sleep(time.Millisecond)
 	}
-	before := s.acquires.Load() + s.gets.Load()
-	time.Sleep(time.Second) // the waiters poll meanwhile
-	polled := s.acquires.Load() + s.gets.Load() - before
+	time.Sleep(time.Second) // the waiters wait a second (each used to claim every 5-200 ms: ~10 claims each)
 	leave()
 	for left.Load() < 10 { // every one whose client left, capped or waiting
 		time.Sleep(time.Millisecond)
@@ -146,9 +144,14 @@ func TestWaitersShareOnePoll(t *testing.T) {
 		t.Fatal(err)
 	}
 	wg.Wait()
-	t.Logf("%d waiters asked the store %d times in a second; %d replayed, %d past the cap, %d whose clients left", 40, polled, replayed.Load(), inProgress.Load(), left.Load())
-	if polled > 20 {
-		t.Errorf("40 waiters asked the store %d times in a second: they do not share one poll", polled)
+	// Each of the 50 claimed once, each of the 40 waiting once more on
+	// joining and once when woken; the shared poll read the key a few
+	// times a second.
+	acquires, gets := s.acquires.Load(), s.gets.Load()
+	t.Logf("50 duplicates, 40 waiting over a second: %d claims and %d reads in all; %d replayed, %d past the cap, %d whose clients left",
+		acquires, gets, replayed.Load(), inProgress.Load(), left.Load())
+	if acquires > 150 || gets > 40 {
+		t.Errorf("%d claims and %d reads for 50 duplicates: the waiters do not share one poll", acquires, gets)
 	}
 	if replayed.Load()+inProgress.Load() != 40 || left.Load() != 10 {
 		t.Errorf("%d replayed, %d left, %d in progress", replayed.Load(), left.Load(), inProgress.Load())
