@@ -227,6 +227,10 @@ func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store 
 	o.last_error, o.next_attempt_at, o.created_at, o.sent_at, o.acked_at,
 	CASE WHEN o.status = 'pending' AND o.ordering_key IS NOT NULL THEN coalesce((SELECT e.key FROM ` + tbl + ` e
 		WHERE e.ordering_key = o.ordering_key AND e.id < o.id AND e.status = 'dead' ORDER BY e.id LIMIT 1), '') ELSE '' END`
+	// The relay's writes — a claim, its renewals, the outcomes — commit
+	// durably whatever the session's synchronous_commit (as Enqueue does):
+	// a claim lost in a crash of the server lets another relay send the row
+	// while the first still does.
 	durably := d.Durably()
 	// claim: $1 claim token, $2 lease ms, $3 batch size. A row of an
 	// ordering key is claimable once no earlier row of its key is
@@ -244,7 +248,7 @@ func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store 
 			unfinished = `'pending'`
 		}
 		return `UPDATE ` + tbl + ` SET claimed_by = $1, claimed_until = ` + s.d.NowPlusMillis("$2") + `
-WHERE id IN (SELECT o.id FROM ` + tbl + ` o WHERE o.status = 'pending' AND o.next_attempt_at <= ` + s.d.Now() + `
+WHERE ` + durably + ` AND id IN (SELECT o.id FROM ` + tbl + ` o WHERE o.status = 'pending' AND o.next_attempt_at <= ` + s.d.Now() + `
 	AND (o.claimed_until IS NULL OR o.claimed_until < ` + s.d.Now() + `)
 	AND (o.ordering_key IS NULL OR o.id <= (SELECT min(e.id) FROM ` + tbl + ` e
 		WHERE e.ordering_key = o.ordering_key AND e.status IN (` + unfinished + `)))
@@ -264,15 +268,15 @@ ON CONFLICT (name) DO UPDATE SET value = c.value + 1 RETURNING value`,
 		// $1 claim token, $2 status, then ids
 		sent: `UPDATE ` + tbl + ` SET status = $2, tries = tries + 1, last_error = '', sent_at = ` + s.d.Now() + `,
 	acked_at = CASE WHEN $2 = 'acked' THEN ` + s.d.Now() + ` ELSE acked_at END, claimed_by = NULL, claimed_until = NULL
-WHERE claimed_by = $1 AND status = 'pending' AND `,
+WHERE ` + durably + ` AND claimed_by = $1 AND status = 'pending' AND `,
 		// $1 claim token, $2 lease ms, then ids
-		extend: `UPDATE ` + tbl + ` SET claimed_until = ` + s.d.NowPlusMillis("$2") + ` WHERE claimed_by = $1 AND `,
+		extend: `UPDATE ` + tbl + ` SET claimed_until = ` + s.d.NowPlusMillis("$2") + ` WHERE ` + durably + ` AND claimed_by = $1 AND `,
 		// $1 claim token, then ids
-		unclaim: `UPDATE ` + tbl + ` SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = $1 AND `,
+		unclaim: `UPDATE ` + tbl + ` SET claimed_by = NULL, claimed_until = NULL WHERE ` + durably + ` AND claimed_by = $1 AND `,
 		// $1 claim token, $2 id, $3 error, $4 backoff ms, $5 dead (0/1 as status text)
 		failed: `UPDATE ` + tbl + ` SET status = $5, tries = tries + 1, last_error = $3,
 	next_attempt_at = ` + s.d.NowPlusMillis("$4") + `, claimed_by = NULL, claimed_until = NULL
-WHERE claimed_by = $1 AND id = $2 AND status = 'pending'`,
+WHERE ` + durably + ` AND claimed_by = $1 AND id = $2 AND status = 'pending'`,
 		ack:     `UPDATE ` + tbl + ` SET status = 'acked', acked_at = ` + s.d.Now() + ` WHERE key = $1 AND status IN ('pending', 'sent', 'acked')`,
 		ackSent: `UPDATE ` + tbl + ` SET status = 'acked', acked_at = coalesce(acked_at, ` + s.d.Now() + `) WHERE key = $1 AND status IN ('sent', 'acked')`,
 		retry:   `UPDATE ` + tbl + ` SET status = 'pending', next_attempt_at = ` + s.d.Now() + `, claimed_by = NULL, claimed_until = NULL WHERE key = $1 AND status = 'dead'`,

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -449,4 +451,49 @@ func TestCampaignSQLite(t *testing.T) {
 			t.Cleanup(func() { db.Close() })
 			return backend(t, databasesql.New(db, sqldriver.SQLite), "")
 		}})
+}
+
+// TestClaimSurvivesAServerCrash: a relay's claim survives a SIGKILL of the
+// PostgreSQL server right after it, even where the server's default
+// synchronous_commit is off (and its WAL writer is stopped): a claim
+// lost in the crash would let another relay claim the row while this one
+// is still sending it — two sends of one message at once, and an ordering
+// key's rows out of order.
+func TestClaimSurvivesAServerCrash(t *testing.T) {
+	srv, pool, s := ownServer(t, "synchronous_commit=off", "wal_writer_delay=10000ms")
+	ctx := context.Background()
+	if err := s.Enqueue(ctx, outbox.Message{Key: "claimed", Destination: "test://x"}); err != nil {
+		t.Fatal(err)
+	}
+	// The WAL writer stopped: a commit acknowledged before its WAL is
+	// written (asynchronously) stays in memory until the crash.
+	var walwriter int
+	if err := pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&walwriter); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(walwriter, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	sending, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s, Lease: time.Minute, SendTimeout: 30 * time.Second,
+		Sender: outbox.SenderFunc(func(ctx context.Context, m *outbox.Message) outbox.Result {
+			once.Do(func() { close(sending) })
+			<-release
+			return outbox.Result{Status: outbox.Pending}
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = r.RunOnce(ctx) }()
+	<-sending // claimed, and being sent
+	srv.Crash(t)
+	defer close(release)
+	var claimed bool
+	testenv.Eventually(t, 30*time.Second, "the server answers after the restart", func() error {
+		return pool.QueryRow(ctx, `SELECT claimed_by IS NOT NULL FROM idem.idem_outbox WHERE key = 'claimed'`).Scan(&claimed)
+	})
+	if !claimed {
+		t.Fatal("the relay's claim was lost in the crash: another relay may send the row while this one sends it")
+	}
 }
