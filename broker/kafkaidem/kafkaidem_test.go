@@ -360,18 +360,7 @@ func TestDeadLetterCopy(t *testing.T) {
 	await(t, c.events, "the keyless record dead-lettered", is("", broker.DeadLetter))
 	awaitCommitted(t, brokers, topic, 0, 1)
 
-	dl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic+".DLT"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	fs := dl.PollRecords(ctx, 1)
-	if err := fs.Err0(); err != nil {
-		t.Fatal(err)
-	}
-	recs := fs.Records()
+	recs := deadLetters(t, brokers, topic)
 	if len(recs) != 1 {
 		t.Fatalf("%d dead letters", len(recs))
 	}
@@ -409,18 +398,11 @@ func TestDeadLetterTooLargeMovesOn(t *testing.T) {
 	await(t, c.events, "the record after it", is("AFTER", broker.Ack))
 	awaitCommitted(t, brokers, topic, 0, 2)
 
-	dl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic+".DLT"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
+	recs := deadLetters(t, brokers, topic)
+	if len(recs) != 1 {
+		t.Fatalf("%d dead letters", len(recs))
 	}
-	defer dl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	fs := dl.PollRecords(ctx, 1)
-	if err := fs.Err0(); err != nil {
-		t.Fatal(err)
-	}
-	r := fs.Records()[0]
+	r := recs[0]
 	if len(r.Value) != 0 || string(r.Key) != "k" || header(r, "X-Trace") != "t1" || header(r, kafkaidem.OriginalTopicHeader) != topic ||
 		!strings.Contains(header(r, kafkaidem.ReasonHeader), "dropped") {
 		t.Fatalf("the dead letter: key %q, %d bytes of value, headers %v", r.Key, len(r.Value), r.Headers)
@@ -555,4 +537,21 @@ func TestTracing(t *testing.T) {
 		span.SpanContext.TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" || in.SpanID() != span.SpanContext.SpanID() {
 		t.Fatalf("span %s (%v), parent %s, trace %s; the work ran in %s", span.Name, span.SpanKind, span.Parent.SpanID(), span.SpanContext.TraceID(), in.SpanID())
 	}
+}
+
+// deadLetters reads the first records of topic's dead-letter topic.
+func deadLetters(t *testing.T, brokers []string, topic string) []*kgo.Record {
+	t.Helper()
+	dl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic+".DLT"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fs := dl.PollRecords(ctx, 1)
+	if err := fs.Err0(); err != nil {
+		t.Fatal(err)
+	}
+	return fs.Records()
 }
