@@ -243,3 +243,16 @@ func addRealSeeds(f *testing.F, prefix string) {
 		}
 	}
 }
+
+// An ISA's delimiters are bytes, whatever their value: a separator above
+// 0x7F is read as that one byte.
+func TestX12DelimiterAbove0x7F(t *testing.T) {
+	in := strings.NewReplacer("*", "\xe9").Replace(x12Sample)
+	ic := readOne(t, in)
+	if ic.Delimiters.Element != 0xe9 || ic.Sender != "SENDERID" || ic.Control != "000000905" {
+		t.Fatalf("element %q, sender %q, control %q", ic.Delimiters.Element, ic.Sender, ic.Control)
+	}
+	if len(ic.Groups) != 1 || len(ic.Groups[0].Messages) != 2 {
+		t.Fatalf("groups %+v", ic.Groups)
+	}
+}

@@ -318,16 +318,16 @@ func (w *writer) x12(p *Profile, now time.Time, ctl *Controls, docs []Document) 
 	d := w.d
 	rep := "U"
 	if p.X12Version >= "00402" && d.Repetition != 0 {
-		rep = string(d.Repetition)
+		rep = string([]byte{d.Repetition})
 	}
 	usage := "P"
 	if p.Test {
 		usage = "T"
 	}
-	e := string(d.Element)
+	e := string([]byte{d.Element})
 	isa := strings.Join([]string{"ISA", "00", "          ", "00", "          ",
 		p.OurQualifier, fmt.Sprintf("%-15s", p.OurID), p.TheirQualifier, fmt.Sprintf("%-15s", p.TheirID),
-		now.UTC().Format("060102"), now.UTC().Format("1504"), rep, p.X12Version, ctl.Interchange, "0", usage, string(d.Component)}, e)
+		now.UTC().Format("060102"), now.UTC().Format("1504"), rep, p.X12Version, ctl.Interchange, "0", usage, string([]byte{d.Component})}, e)
 	w.buf.WriteString(isa)
 	w.buf.WriteByte(d.Segment)
 	w.buf.WriteString(w.lineEnd)

@@ -177,3 +177,21 @@ func BenchmarkReadX12(b *testing.B) {
 		}
 	}
 }
+
+// A delimiter above 0x7F is written as that one byte, so the ISA keeps its
+// fixed widths and reads back.
+func TestRenderX12DelimiterAbove0x7F(t *testing.T) {
+	p := Profile{Standard: X12, OurID: "SENDERID", OurQualifier: "ZZ", TheirID: "RECEIVERID", TheirQualifier: "ZZ",
+		Delimiters: Delimiters{Element: 0xe9, Component: 0xfe, Segment: '~', Repetition: 0xa6}}
+	b, _, err := Render(context.Background(), memCounter(), p, when, Document{Type: []string{"850"}, Body: []Segment{E("BEG", "00", "SA", "K1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := bytes.IndexByte(b, '~'); i != 105 {
+		t.Fatalf("the ISA is %d bytes, want 105 before its terminator:\n%q", i, b)
+	}
+	ic := readOne(t, string(b))
+	if !ic.Valid() || ic.Delimiters != p.Delimiters {
+		t.Fatalf("read back: %v %+v", ic.Errors, ic.Delimiters)
+	}
+}

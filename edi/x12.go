@@ -31,7 +31,7 @@ func (r *Reader) x12() (*Interchange, error) {
 	var isaLen int
 	if fixed {
 		d.Element, d.Component, d.Segment = sep, head[104], head[105]
-		fields = strings.Split(string(head[:105]), string(sep))
+		fields = strings.Split(string(head[:105]), string([]byte{sep}))
 		isaLen = 106
 	} else {
 		// Nonconformant, unpadded ISA: split 16 elements; ISA16 is one
