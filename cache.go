@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bytes"
+	"github.com/idemgo/idem/store"
 	"sync"
 	"time"
 )
@@ -18,7 +19,7 @@ type cache struct {
 }
 
 type cacheEntry struct {
-	rec   Record
+	rec   store.Record
 	until time.Time
 }
 
@@ -26,7 +27,7 @@ func newCache(max int, ttl time.Duration) *cache {
 	return &cache{max: max, ttl: ttl, entries: make(map[string]cacheEntry, max)}
 }
 
-func (c *cache) get(key string, now time.Time) (Record, bool) {
+func (c *cache) get(key string, now time.Time) (store.Record, bool) {
 	c.mu.Lock()
 	e, ok := c.entries[key]
 	if ok && !now.Before(e.until) {
@@ -37,7 +38,7 @@ func (c *cache) get(key string, now time.Time) (Record, bool) {
 	return e.rec, ok
 }
 
-func (c *cache) put(rec Record, now time.Time) {
+func (c *cache) put(rec store.Record, now time.Time) {
 	until := now.Add(c.ttl)
 	if !rec.ExpiresAt.IsZero() && rec.ExpiresAt.Before(until) {
 		until = rec.ExpiresAt

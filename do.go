@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/idemgo/idem/store"
 	"hash/maphash"
 	"reflect"
 	"sync"
@@ -60,18 +61,18 @@ func DoWith[T any](ctx context.Context, g *Guard, key Key, opts *RunOptions, fn 
 		return zero, err
 	}
 	switch res.Outcome {
-	case Acquired, TakenOver:
+	case store.Acquired, store.TakenOver:
 		return out, nil
-	case Replayed:
+	case store.Replayed:
 		if res.Failed {
 			return zero, &ReplayedFailure{Message: string(res.Value)}
 		}
 		return decodeStored[T](g, key, res)
-	case InProgress:
+	case store.InProgress:
 		return zero, ErrInProgress
-	case Mismatch:
+	case store.Mismatch:
 		return zero, ErrFingerprintMismatch
-	case Poisoned:
+	case store.Poisoned:
 		return zero, ErrPoisoned
 	}
 	return zero, fmt.Errorf("idem: unexpected outcome %v", res.Outcome)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // counted is a copyable result whose decodings are counted.
@@ -143,7 +144,7 @@ func TestDoReplayAllocations(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := testing.AllocsPerRun(200, func() {
-		if res, err := g.Run(ctx, k, nil, func(context.Context, uint64) ([]byte, error) { return nil, nil }); err != nil || res.Outcome != idem.Replayed {
+		if res, err := g.Run(ctx, k, nil, func(context.Context, uint64) ([]byte, error) { return nil, nil }); err != nil || res.Outcome != store.Replayed {
 			t.Fatal(res.Outcome, err)
 		}
 	})
@@ -182,7 +183,7 @@ func TestDoReplayMissAllocations(t *testing.T) {
 	i := 0
 	run := testing.AllocsPerRun(keys, func() {
 		i++
-		if res, err := g.Run(ctx, ids[i%keys], nil, func(context.Context, uint64) ([]byte, error) { return nil, nil }); err != nil || res.Outcome != idem.Replayed {
+		if res, err := g.Run(ctx, ids[i%keys], nil, func(context.Context, uint64) ([]byte, error) { return nil, nil }); err != nil || res.Outcome != store.Replayed {
 			t.Fatal(res.Outcome, err)
 		}
 	})

@@ -11,12 +11,13 @@ import (
 	"github.com/idemgo/idem/internal/ctxsleep"
 	"github.com/idemgo/idem/internal/mono"
 	"github.com/idemgo/idem/internal/ticks"
+	"github.com/idemgo/idem/store"
 )
 
 // Config configures a Guard. The zero value of every field but Store works.
 type Config struct {
 	// Store holds the records. Required.
-	Store Store
+	Store store.Store
 	// Lease is how long a claim lives without a heartbeat. Defaults to 30s.
 	Lease time.Duration
 	// Retention is how long a completed record (and its result) is replayed.
@@ -91,7 +92,7 @@ type Event struct {
 	// Key is the storage key.
 	Key string
 	// Outcome is set on "acquire".
-	Outcome Outcome
+	Outcome store.Outcome
 	// Cached is true when the acquire was answered by the in-process cache.
 	Cached bool
 	// Disposition is set on "settle".
@@ -137,7 +138,7 @@ func NewGuard(cfg Config) (*Guard, error) {
 	if cfg.MaxWaiters <= 0 {
 		cfg.MaxWaiters = 4096
 	}
-	var lim Limits
+	var lim store.Limits
 	if err := lim.CheckLease(cfg.Lease); err != nil {
 		return nil, fmt.Errorf("idem: Config.Lease: %w", err)
 	}
@@ -179,7 +180,7 @@ func NewGuard(cfg Config) (*Guard, error) {
 }
 
 // Store returns the guard's store.
-func (g *Guard) Store() Store { return g.cfg.Store }
+func (g *Guard) Store() store.Store { return g.cfg.Store }
 
 // Retention is how long the guard's completed records are replayed.
 func (g *Guard) Retention() time.Duration { return g.cfg.Retention }
@@ -220,7 +221,7 @@ type Work func(ctx context.Context, fence uint64) ([]byte, error)
 // Result is what Run did.
 type Result struct {
 	// Outcome of the acquisition.
-	Outcome Outcome
+	Outcome store.Outcome
 	// Fence held while the work ran (when Outcome.Owns()).
 	Fence uint64
 	// Value is the work's result (when it ran and succeeded) or the stored
@@ -233,7 +234,7 @@ type Result struct {
 	Disposition Disposition
 	// Record is the record the acquisition found or left (zero for a cache hit
 	// other than Key, State, Fingerprint, Result).
-	Record Record
+	Record store.Record
 	// Cached is true when the answer came from the in-process cache.
 	Cached bool
 }
@@ -302,9 +303,9 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	if g.cache != nil {
 		if rec, ok := g.cache.get(skey, g.cfg.Clock.Now()); ok {
 			rec.Result = bytes.Clone(rec.Result) // the caller's to modify: the cache keeps its own
-			res := Result{Outcome: Replayed, Value: rec.Result, Failed: rec.State == StateFailed, Record: rec, Cached: true}
+			res := Result{Outcome: store.Replayed, Value: rec.Result, Failed: rec.State == store.StateFailed, Record: rec, Cached: true}
 			if rec.Fingerprint != fp {
-				res = Result{Outcome: Mismatch, Record: rec, Cached: true}
+				res = Result{Outcome: store.Mismatch, Record: rec, Cached: true}
 			}
 			g.observe(Event{Phase: "acquire", Key: skey, Outcome: res.Outcome, Cached: true})
 			return res, nil
@@ -312,7 +313,7 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	}
 
 	acq, sent, err := g.acquire(ctx, skey, fp)
-	if err == nil && acq.Outcome == InProgress && wait > 0 {
+	if err == nil && acq.Outcome == store.InProgress && wait > 0 {
 		acq, sent, err = g.waitInProgress(waitCtx, ctx, skey, fp, wait, acq, sent)
 	}
 	if err != nil {
@@ -320,10 +321,10 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	}
 	res := Result{Outcome: acq.Outcome, Fence: acq.Fence, Record: acq.Record}
 	switch acq.Outcome {
-	case Acquired, TakenOver:
-	case Replayed:
+	case store.Acquired, store.TakenOver:
+	case store.Replayed:
 		res.Value = acq.Record.Result
-		res.Failed = acq.Record.State == StateFailed
+		res.Failed = acq.Record.State == store.StateFailed
 		if g.cache != nil {
 			g.cache.put(acq.Record, g.cfg.Clock.Now())
 		}
@@ -361,10 +362,10 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 
 // acquire asks the store for the key once, and says when it sent the
 // request (the lease starts no earlier: see HeartbeatInterval).
-func (g *Guard) acquire(ctx context.Context, skey, fp string) (Acquisition, mono.Time, error) {
+func (g *Guard) acquire(ctx context.Context, skey, fp string) (store.Acquisition, mono.Time, error) {
 	start := g.startTiming()
 	sent := mono.Now()
-	acq, err := g.cfg.Store.Acquire(ctx, AcquireRequest{
+	acq, err := g.cfg.Store.Acquire(ctx, store.AcquireRequest{
 		Key:         skey,
 		Fingerprint: fp,
 		Lease:       g.cfg.Lease,
@@ -395,7 +396,7 @@ func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent, n
 			g.beats.Stop(&r.tick)
 		}
 		if c := r.child.Load(); c != nil {
-			if cause := context.Cause(c.ctx); errors.Is(cause, ErrStaleFence) || errors.Is(cause, ErrLeaseExpired) {
+			if cause := context.Cause(c.ctx); errors.Is(cause, store.ErrStaleFence) || errors.Is(cause, ErrLeaseExpired) {
 				lost = cause
 			}
 		}
@@ -569,12 +570,12 @@ func (r *ownedRun) Tick() bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.parent), g.cfg.Lease-g.cfg.HeartbeatInterval)
 	err := g.cfg.Store.Heartbeat(ctx, r.key, r.fence, g.cfg.Lease)
 	cancel()
-	lost := errors.Is(err, ErrStaleFence)
+	lost := errors.Is(err, store.ErrStaleFence)
 	switch {
 	case lost:
 		// Before the event: an observer told of the loss finds the work
 		// told too.
-		r.cancellable().cancel(ErrStaleFence)
+		r.cancellable().cancel(store.ErrStaleFence)
 		r.watch.Load().Stop()
 	case err == nil:
 		r.extended.Store(int64(sent))
@@ -615,10 +616,10 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 		sctx = context.WithoutCancel(ctx)
 	}
 	var err error
-	var settled State
+	var settled store.State
 	switch disp {
 	case Complete:
-		settled = StateCompleted
+		settled = store.StateCompleted
 	case Fail:
 		msg := []byte("failed")
 		if workErr != nil {
@@ -627,7 +628,7 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 		res.Failed = true
 		res.Value = msg
 		value = msg
-		settled = StateFailed
+		settled = store.StateFailed
 	}
 	try := 0
 	longest := time.Second // ctxsleep.Retry's
@@ -647,7 +648,7 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 		default:
 			err = fmt.Errorf("idem: Classify returned unknown disposition %d", disp)
 		}
-		if try++; try > 1 && errors.Is(err, ErrStaleFence) {
+		if try++; try > 1 && errors.Is(err, store.ErrStaleFence) {
 			if rec, gerr := g.cfg.Store.Get(sctx, skey); gerr == nil && rec.Fence == fence && rec.State == settled {
 				err = nil // an earlier try landed; its answer was lost
 			}
@@ -661,19 +662,19 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 		return again
 	})
 	if err != nil {
-		return fmt.Errorf("idem: settle (%s) %s: %w", disp, DisplayKey(skey), err)
+		return fmt.Errorf("idem: settle (%s) %s: %w", disp, store.DisplayKey(skey), err)
 	}
 	if g.cache != nil && (disp == Complete || disp == Fail) {
-		st := StateCompleted
+		st := store.StateCompleted
 		if disp == Fail {
-			st = StateFailed
+			st = store.StateFailed
 		}
 		now := g.cfg.Clock.Now()
 		ret := g.cfg.Retention
 		if disp == Fail {
 			ret = g.cfg.FailureRetention
 		}
-		g.cache.put(Record{Key: skey, State: st, Fence: fence, Fingerprint: res.Record.Fingerprint, Result: res.Value, ExpiresAt: now.Add(ret)}, now)
+		g.cache.put(store.Record{Key: skey, State: st, Fence: fence, Fingerprint: res.Record.Fingerprint, Result: res.Value, ExpiresAt: now.Add(ret)}, now)
 	}
 	return nil
 }

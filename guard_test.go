@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/storetest"
 )
@@ -60,15 +61,15 @@ func TestPolicyPerOutcome(t *testing.T) {
 	tests := []struct {
 		name      string
 		err       error
-		wantState idem.State
+		wantState store.State
 		rerun     bool // the next delivery runs the work again
 	}{
-		{"success completes", nil, idem.StateCompleted, false},
-		{"permanent failure is stored", idem.Permanent(errors.New("card declined")), idem.StateFailed, false},
-		{"transient failure releases", errors.New("connection reset"), idem.StateReleased, true},
-		{"ambiguous failure holds", idem.Ambiguous(errors.New("timeout after send")), idem.StateInFlight, false},
-		{"deadline exceeded holds", context.DeadlineExceeded, idem.StateInFlight, false},
-		{"caller cancelled mid-work holds", context.Canceled, idem.StateInFlight, false},
+		{"success completes", nil, store.StateCompleted, false},
+		{"permanent failure is stored", idem.Permanent(errors.New("card declined")), store.StateFailed, false},
+		{"transient failure releases", errors.New("connection reset"), store.StateReleased, true},
+		{"ambiguous failure holds", idem.Ambiguous(errors.New("timeout after send")), store.StateInFlight, false},
+		{"deadline exceeded holds", context.DeadlineExceeded, store.StateInFlight, false},
+		{"caller cancelled mid-work holds", context.Canceled, store.StateInFlight, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -202,8 +203,8 @@ func TestHeartbeatKeepsLease(t *testing.T) {
 				return err
 			})
 		}
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Second, Retention: time.Hour})
-		if err != nil || a.Outcome != idem.InProgress {
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: g.StorageKey(key), Lease: time.Second, Retention: time.Hour})
+		if err != nil || a.Outcome != store.InProgress {
 			t.Errorf("while heartbeating, a duplicate got %v, %v", a.Outcome, err)
 		}
 		return nil, nil
@@ -224,7 +225,7 @@ func TestLostLeaseCancelsWork(t *testing.T) {
 		}
 		select {
 		case <-ctx.Done():
-			if !errors.Is(context.Cause(ctx), idem.ErrStaleFence) {
+			if !errors.Is(context.Cause(ctx), store.ErrStaleFence) {
 				t.Errorf("cause = %v", context.Cause(ctx))
 			}
 			return nil, ctx.Err()
@@ -233,7 +234,7 @@ func TestLostLeaseCancelsWork(t *testing.T) {
 			return nil, nil
 		}
 	})
-	if !errors.Is(err, context.Canceled) || !errors.Is(err, idem.ErrStaleFence) {
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("Run: %v, want the work's cancellation and why", err)
 	}
 }
@@ -251,16 +252,16 @@ func TestPanicHolds(t *testing.T) {
 		})
 	}()
 	rec, err := s.Get(context.Background(), g.StorageKey(key))
-	if err != nil || rec.State != idem.StateInFlight {
+	if err != nil || rec.State != store.StateInFlight {
 		t.Fatalf("after a panic: %+v, %v (want held in flight)", rec, err)
 	}
 }
 
 // failingStore refuses every call, as an unreachable server does.
-type failingStore struct{ idem.Store }
+type failingStore struct{ store.Store }
 
-func (failingStore) Acquire(context.Context, idem.AcquireRequest) (idem.Acquisition, error) {
-	return idem.Acquisition{}, idem.ErrStoreUnavailable
+func (failingStore) Acquire(context.Context, store.AcquireRequest) (store.Acquisition, error) {
+	return store.Acquisition{}, idem.ErrStoreUnavailable
 }
 
 func TestFailsClosed(t *testing.T) {
@@ -298,11 +299,11 @@ func TestCacheAndObserver(t *testing.T) {
 	// different fingerprint is still a mismatch.
 	_ = s.Delete(ctx, g.StorageKey(key))
 	res, err := g.Run(ctx, key, fp, nil)
-	if err != nil || !res.Cached || res.Outcome != idem.Replayed || string(res.Value) != "v" {
+	if err != nil || !res.Cached || res.Outcome != store.Replayed || string(res.Value) != "v" {
 		t.Fatalf("cached replay: %+v, %v", res, err)
 	}
 	res, err = g.Run(ctx, key, &idem.RunOptions{Fingerprint: "b"}, nil)
-	if err != nil || res.Outcome != idem.Mismatch {
+	if err != nil || res.Outcome != store.Mismatch {
 		t.Fatalf("cached mismatch: %+v, %v", res, err)
 	}
 	if runs.Load() != 1 {
@@ -375,14 +376,14 @@ func TestCallerCancelKeepsLease(t *testing.T) {
 			}
 		}
 	}
-	dup := idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Second, Retention: time.Hour}
+	dup := store.AcquireRequest{Key: g.StorageKey(key), Lease: time.Second, Retention: time.Hour}
 	for range 3 { // three leases long, past the first lease's end
 		clock.Advance(800 * time.Millisecond)
 		for len(beats) > 0 {
 			<-beats
 		}
 		waitBeat()
-		if a, err := s.Acquire(context.Background(), dup); err != nil || a.Outcome != idem.InProgress {
+		if a, err := s.Acquire(context.Background(), dup); err != nil || a.Outcome != store.InProgress {
 			t.Fatalf("while the work still runs, a duplicate got %v, %v", a.Outcome, err)
 		}
 	}
@@ -390,7 +391,7 @@ func TestCallerCancelKeepsLease(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if a, err := s.Acquire(context.Background(), dup); err != nil || a.Outcome != idem.Replayed || string(a.Record.Result) != "paid" {
+	if a, err := s.Acquire(context.Background(), dup); err != nil || a.Outcome != store.Replayed || string(a.Record.Result) != "paid" {
 		t.Fatalf("after the work finished: %v %q %v", a.Outcome, a.Record.Result, err)
 	}
 }
@@ -403,12 +404,12 @@ func TestWithDispositionOverridesClassify(t *testing.T) {
 	for _, c := range []struct {
 		id   string
 		d    idem.Disposition
-		want idem.State
+		want store.State
 	}{
-		{"complete", idem.Complete, idem.StateCompleted},
-		{"fail", idem.Fail, idem.StateFailed},
-		{"hold", idem.Hold, idem.StateInFlight},
-		{"release", idem.Release, idem.StateReleased},
+		{"complete", idem.Complete, store.StateCompleted},
+		{"fail", idem.Fail, store.StateFailed},
+		{"hold", idem.Hold, store.StateInFlight},
+		{"release", idem.Release, store.StateReleased},
 	} {
 		k := idem.Key{Scope: "test", ID: c.id}
 		cause := errors.New("decided by the work")
@@ -428,7 +429,7 @@ func TestWithDispositionOverridesClassify(t *testing.T) {
 // until their context ends while it is beatsHang, as a store out of reach
 // does; every other call goes to the store.
 type flakyBeats struct {
-	idem.Store
+	store.Store
 	mode *atomic.Int32
 }
 
@@ -522,11 +523,11 @@ func TestLeaseWatchFollowsTheHeartbeats(t *testing.T) {
 // slowAcquire answers acquisitions only after delay, as a stalled store
 // does.
 type slowAcquire struct {
-	idem.Store
+	store.Store
 	delay time.Duration
 }
 
-func (s slowAcquire) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+func (s slowAcquire) Acquire(ctx context.Context, req store.AcquireRequest) (store.Acquisition, error) {
 	time.Sleep(s.delay) // the stall itself: a time, not an event
 	return s.Store.Acquire(ctx, req)
 }
@@ -562,12 +563,12 @@ func TestWorkNotRunWhenTheAcquisitionUsedTheLease(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		res, err = fast.Run(context.Background(), key, nil, func(context.Context, uint64) ([]byte, error) { return []byte("ran"), nil })
-		if err != nil || res.Outcome != idem.InProgress || time.Now().After(deadline) {
+		if err != nil || res.Outcome != store.InProgress || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(lease / 10) // the lease of the claim not run ends on the store's clock
 	}
-	if err != nil || res.Outcome != idem.TakenOver || string(res.Value) != "ran" {
+	if err != nil || res.Outcome != store.TakenOver || string(res.Value) != "ran" {
 		t.Fatalf("after the lease: %v, %q, %v; want the key taken over and run", res.Outcome, res.Value, err)
 	}
 }
@@ -575,7 +576,7 @@ func TestWorkNotRunWhenTheAcquisitionUsedTheLease(t *testing.T) {
 // lostSettleAnswer applies the first Complete and loses its answer, as a
 // connection that broke after the store applied the statement does.
 type lostSettleAnswer struct {
-	idem.Store
+	store.Store
 	lost atomic.Bool
 }
 
@@ -604,7 +605,7 @@ func TestSettleWhoseAnswerWasLost(t *testing.T) {
 		t.Fatalf("Do: %q, %v; want done", v, err)
 	}
 	rec, err := s.Get(ctx, g.StorageKey(key))
-	if err != nil || rec.State != idem.StateCompleted {
+	if err != nil || rec.State != store.StateCompleted {
 		t.Fatalf("the record: %+v, %v; want completed", rec, err)
 	}
 }
@@ -692,7 +693,7 @@ func TestLeaseWatchWithoutHeartbeats(t *testing.T) {
 // unreachableUntil refuses Complete and Heartbeat as an unreachable server
 // does until open is closed.
 type unreachableUntil struct {
-	idem.Store
+	store.Store
 	open chan struct{}
 }
 
@@ -732,21 +733,21 @@ func (s *unreachableUntil) Heartbeat(ctx context.Context, key string, fence uint
 func TestSettleTriesUntilTheLeaseEnds(t *testing.T) {
 	s := memstore.New(memstore.Config{})
 	t.Cleanup(func() { s.Close() })
-	store := &unreachableUntil{Store: s, open: make(chan struct{})}
-	g, err := idem.NewGuard(idem.Config{Store: store, Lease: time.Second})
+	st := &unreachableUntil{Store: s, open: make(chan struct{})}
+	g, err := idem.NewGuard(idem.Config{Store: st, Lease: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
 	v, err := idem.Do(ctx, g, key, func(ctx context.Context) (string, error) {
-		time.AfterFunc(820*time.Millisecond, func() { close(store.open) })
+		time.AfterFunc(820*time.Millisecond, func() { close(st.open) })
 		return "done", nil
 	})
 	if err != nil || v != "done" {
 		t.Fatalf("Do: %q, %v; want done, settled once the store was back within the lease", v, err)
 	}
 	rec, err := s.Get(ctx, g.StorageKey(key))
-	if err != nil || rec.State != idem.StateCompleted {
+	if err != nil || rec.State != store.StateCompleted {
 		t.Fatalf("the record: %+v, %v; want completed", rec, err)
 	}
 }
@@ -790,14 +791,14 @@ func TestStoreClockStepsForward(t *testing.T) {
 		close(taken)
 		return []byte("taker"), nil
 	})
-	if err != nil || res.Outcome != idem.TakenOver {
+	if err != nil || res.Outcome != store.TakenOver {
 		t.Fatalf("after the step: %v %v, want the key taken over", res.Outcome, err)
 	}
-	if err := <-firstRun; !errors.Is(err, idem.ErrStaleFence) {
+	if err := <-firstRun; !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("the first owner's Run: %v, want ErrStaleFence", err)
 	}
 	rec, err := s.Get(ctx, first.StorageKey(key))
-	if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "taker" {
+	if err != nil || rec.State != store.StateCompleted || string(rec.Result) != "taker" {
 		t.Fatalf("the record: %+v %v, want the taker's result", rec, err)
 	}
 }

@@ -2,35 +2,22 @@ package idem
 
 import (
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"fmt"
-	"strings"
+	"strconv"
 	"unicode/utf8"
+
+	"github.com/idemgo/idem/store"
 )
 
-// Bounds of the key model. They are fixed so that every backend agrees on
-// what fits; the result size, lease and retention limits are per store (see
-// [Limits]).
+// Bounds of the key model. They are fixed so that every store agrees on
+// what fits; the result size, lease and retention limits are per store.
 const (
 	// MaxScopeBytes bounds Key.Scope.
 	MaxScopeBytes = 255
 	// MaxIDBytes bounds Key.ID (the IETF draft and Stripe use 255).
 	MaxIDBytes = 255
-	// MaxStorageKeyBytes bounds the string a store indexes.
-	MaxStorageKeyBytes = MaxScopeBytes + 1 + MaxIDBytes
-	// MaxFingerprintBytes bounds a request fingerprint.
-	MaxFingerprintBytes = 128
 )
-
-// scopeSep joins scope and id in the raw storage key. Control characters are
-// refused in both, so the join is unambiguous.
-const scopeSep = '\x1f'
-
-// compactPrefix starts every compact storage key: the digit is the version of
-// the canonical form that was hashed. A raw storage key always contains
-// scopeSep, a compact one never does.
-const compactPrefix = "1~"
 
 // Key identifies one business intent: the producer's id within a scope. The
 // same id in two scopes is two keys, so one tenant can never replay another
@@ -98,91 +85,25 @@ func (k Key) String() string {
 	return k.Scope + "/" + k.ID
 }
 
-// Storage returns the string a store indexes for k. The raw form keeps the
-// scope and id readable (see [ParseStorageKey]); the compact form is
-// [CompactKey]. Storage does not validate k.
+// Storage returns the string a store indexes for k: the raw form keeps the
+// scope and id readable (store.RawKey), the compact form hashes them to 24
+// bytes (store.CompactKey). Storage does not validate k.
 func (k Key) Storage(compact bool) string {
 	if compact {
-		return CompactKey(k)
+		return store.CompactKey(k.Scope, k.ID)
 	}
-	return k.Scope + string(scopeSep) + k.ID
-}
-
-// CompactKey returns the compact storage form of k: "1~" followed by the
-// base64url (unpadded) SHA-256 of the canonical key, truncated to 128 bits —
-// 24 bytes whatever the key's length. The leading "1" versions the canonical
-// form (len(scope) as decimal, ":", scope, id), so it can change later without
-// colliding with keys stored today. The raw key cannot be recovered from it.
-func CompactKey(k Key) string {
-	h := sha256.New()
-	var n [20]byte
-	b := appendUint(n[:0], uint64(len(k.Scope)))
-	b = append(b, ':')
-	h.Write(b)
-	h.Write([]byte(k.Scope))
-	h.Write([]byte(k.ID))
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	out := make([]byte, len(compactPrefix)+base64.RawURLEncoding.EncodedLen(16))
-	copy(out, compactPrefix)
-	base64.RawURLEncoding.Encode(out[len(compactPrefix):], sum[:16])
-	return string(out)
-}
-
-func appendUint(b []byte, v uint64) []byte {
-	var tmp [20]byte
-	i := len(tmp)
-	for {
-		i--
-		tmp[i] = byte('0' + v%10)
-		v /= 10
-		if v == 0 {
-			break
-		}
-	}
-	return append(b, tmp[i:]...)
-}
-
-// ParseStorageKey recovers the key from a raw storage key. For a compact
-// storage key it returns ok=false: the hash cannot be reversed.
-func ParseStorageKey(s string) (k Key, ok bool) {
-	scope, id, found := strings.Cut(s, string(scopeSep))
-	if !found {
-		return Key{}, false
-	}
-	return Key{Scope: scope, ID: id}, true
-}
-
-// DisplayKey renders a storage key for people: "scope/id" for a raw key, the
-// compact form unchanged.
-func DisplayKey(storage string) string {
-	if k, ok := ParseStorageKey(storage); ok {
-		return k.String()
-	}
-	return storage
-}
-
-// ValidateStorageKey checks a storage key handed to a store directly: not
-// empty and at most MaxStorageKeyBytes.
-func ValidateStorageKey(s string) error {
-	if s == "" {
-		return fmt.Errorf("%w: empty key", ErrInvalidKey)
-	}
-	if len(s) > MaxStorageKeyBytes {
-		return fmt.Errorf("%w: key is %d bytes, the limit is %d", ErrInvalidKey, len(s), MaxStorageKeyBytes)
-	}
-	return nil
+	return store.RawKey(k.Scope, k.ID)
 }
 
 // Fingerprint returns a request fingerprint: the hex SHA-256 of the parts,
 // each length-prefixed so that ("ab","c") and ("a","bc") differ, truncated to
 // 128 bits (32 hex characters). Same key with another fingerprint is a
-// client error ([Mismatch]), never a replay.
+// client error (store.Mismatch), never a replay.
 func Fingerprint(parts ...[]byte) string {
 	h := sha256.New()
 	var n [20]byte
 	for _, p := range parts {
-		b := appendUint(n[:0], uint64(len(p)))
+		b := strconv.AppendUint(n[:0], uint64(len(p)), 10)
 		b = append(b, ':')
 		h.Write(b)
 		h.Write(p)

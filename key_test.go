@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 func TestKeyValidate(t *testing.T) {
@@ -39,11 +40,11 @@ func TestKeyValidate(t *testing.T) {
 func TestStorageKeys(t *testing.T) {
 	k := idem.Key{Scope: "payments", ID: "PAY-1"}
 	raw := k.Storage(false)
-	back, ok := idem.ParseStorageKey(raw)
-	if !ok || back != k {
-		t.Fatalf("ParseStorageKey(%q) = %v, %v", raw, back, ok)
+	scope, id, ok := store.SplitKey(raw)
+	if back := (idem.Key{Scope: scope, ID: id}); !ok || back != k {
+		t.Fatalf("SplitKey(%q) = %v, %v", raw, back, ok)
 	}
-	if got := idem.DisplayKey(raw); got != "payments/PAY-1" {
+	if got := store.DisplayKey(raw); got != "payments/PAY-1" {
 		t.Fatalf("DisplayKey = %q", got)
 	}
 	c := k.Storage(true)
@@ -51,16 +52,16 @@ func TestStorageKeys(t *testing.T) {
 	if c != "1~"+c[2:] || len(c) != 24 {
 		t.Fatalf("compact key %q", c)
 	}
-	if c != idem.CompactKey(idem.Key{Scope: "payments", ID: "PAY-1"}) {
+	if c != store.CompactKey("payments", "PAY-1") {
 		t.Fatal("compact key is not deterministic")
 	}
-	if idem.CompactKey(idem.Key{Scope: "pay", ID: "mentsPAY-1"}) == c {
+	if store.CompactKey("pay", "mentsPAY-1") == c {
 		t.Fatal("scope/id boundary is not part of the compact key")
 	}
-	if _, ok := idem.ParseStorageKey(c); ok {
+	if _, _, ok := store.SplitKey(c); ok {
 		t.Fatal("a compact key parsed as raw")
 	}
-	if got, want := idem.CompactKey(idem.Key{Scope: "s", ID: "id"}), "1~"; got[:2] != want {
+	if got, want := store.CompactKey("s", "id"), "1~"; got[:2] != want {
 		t.Fatalf("version prefix %q", got)
 	}
 }
@@ -68,7 +69,7 @@ func TestStorageKeys(t *testing.T) {
 func TestCompactKeyGolden(t *testing.T) {
 	// sha256("1:s" + "id")[:16], base64url. Changing this breaks every stored
 	// compact key: bump the version prefix instead.
-	if got := idem.CompactKey(idem.Key{Scope: "s", ID: "id"}); got != "1~"+goldenCompact {
+	if got := store.CompactKey("s", "id"); got != "1~"+goldenCompact {
 		t.Fatalf("CompactKey = %q, want 1~%s", got, goldenCompact)
 	}
 }
@@ -96,11 +97,11 @@ func FuzzKey(f *testing.F) {
 			}
 			return
 		}
-		back, ok := idem.ParseStorageKey(k.Storage(false))
-		if !ok || back != k {
+		scope, id, ok := store.SplitKey(k.Storage(false))
+		if back := (idem.Key{Scope: scope, ID: id}); !ok || back != k {
 			t.Fatalf("raw storage key does not round-trip: %+v → %+v", k, back)
 		}
-		if err := idem.ValidateStorageKey(k.Storage(false)); err != nil {
+		if err := store.ValidateKey(k.Storage(false)); err != nil {
 			t.Fatalf("a valid key's storage form is refused: %v", err)
 		}
 		if c := k.Storage(true); len(c) != 24 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -63,8 +64,8 @@ func BenchmarkGuardOverhead(b *testing.B) {
 			buf := make([]byte, 0, 24)
 			for pb.Next() {
 				k := nextKey(buf).Storage(false)
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Fingerprint: fp, Lease: 30 * time.Second, Retention: retention})
-				if err != nil || a.Outcome != idem.Acquired {
+				a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Fingerprint: fp, Lease: 30 * time.Second, Retention: retention})
+				if err != nil || a.Outcome != store.Acquired {
 					b.Fatal(a.Outcome, err)
 				}
 				if err := s.Complete(ctx, k, a.Fence, result, retention); err != nil {
@@ -84,7 +85,7 @@ func BenchmarkGuardOverhead(b *testing.B) {
 			buf := make([]byte, 0, 24)
 			for pb.Next() {
 				res, err := g.Run(ctx, nextKey(buf), opts, work)
-				if err != nil || res.Outcome != idem.Acquired {
+				if err != nil || res.Outcome != store.Acquired {
 					b.Fatal(res.Outcome, err)
 				}
 			}
@@ -109,7 +110,7 @@ func BenchmarkGuardOverhead(b *testing.B) {
 			ctx := context.Background()
 			for pb.Next() {
 				res, err := g.Run(ctx, k, nil, work)
-				if err != nil || res.Outcome != idem.Replayed || len(res.Value) == 0 {
+				if err != nil || res.Outcome != store.Replayed || len(res.Value) == 0 {
 					b.Fatal(res.Outcome, err)
 				}
 			}

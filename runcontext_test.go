@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -59,7 +60,7 @@ func TestLostLeaseSeenWithoutWaitingOnDone(t *testing.T) {
 	g, s := newGuard(t, idem.Config{
 		Lease: 200 * time.Millisecond, HeartbeatInterval: 20 * time.Millisecond,
 		Observer: func(e idem.Event) {
-			if e.Phase == "heartbeat" && errors.Is(e.Err, idem.ErrStaleFence) {
+			if e.Phase == "heartbeat" && errors.Is(e.Err, store.ErrStaleFence) {
 				select {
 				case stale <- struct{}{}:
 				default:
@@ -83,12 +84,12 @@ func TestLostLeaseSeenWithoutWaitingOnDone(t *testing.T) {
 		if !errors.Is(ctx.Err(), context.Canceled) {
 			t.Errorf("Err = %v, want Canceled", ctx.Err())
 		}
-		if !errors.Is(context.Cause(ctx), idem.ErrStaleFence) {
+		if !errors.Is(context.Cause(ctx), store.ErrStaleFence) {
 			t.Errorf("Cause = %v, want ErrStaleFence", context.Cause(ctx))
 		}
 		select {
 		case <-derived.Done():
-			if !errors.Is(context.Cause(derived), idem.ErrStaleFence) {
+			if !errors.Is(context.Cause(derived), store.ErrStaleFence) {
 				t.Errorf("derived Cause = %v, want ErrStaleFence", context.Cause(derived))
 			}
 		case <-time.After(10 * time.Second):
@@ -154,8 +155,8 @@ func TestGuardRunAllocations(t *testing.T) {
 	raw := testing.AllocsPerRun(runs, func() {
 		k := keys[i]
 		i++
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: 30 * time.Second, Retention: time.Hour})
-		if err != nil || a.Outcome != idem.Acquired {
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: 30 * time.Second, Retention: time.Hour})
+		if err != nil || a.Outcome != store.Acquired {
 			t.Fatal(a.Outcome, err)
 		}
 		if err := s.Complete(ctx, k, a.Fence, result, time.Hour); err != nil {
@@ -171,7 +172,7 @@ func TestGuardRunAllocations(t *testing.T) {
 		// Scope "alloc" and the ID give the same storage key as above's keys[i].
 		res, err := g.Run(ctx, idem.Key{Scope: "alloc", ID: strconv.Itoa(i)}, nil, work)
 		i++
-		if err != nil || res.Outcome != idem.Acquired {
+		if err != nil || res.Outcome != store.Acquired {
 			t.Fatal(res.Outcome, err)
 		}
 	})

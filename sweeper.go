@@ -3,13 +3,14 @@ package idem
 import (
 	"context"
 	"errors"
+	"github.com/idemgo/idem/store"
 	"time"
 )
 
 // SweeperConfig configures a Sweeper.
 type SweeperConfig struct {
 	// Store to sweep. Required.
-	Store Store
+	Store store.Store
 	// Interval between passes. Defaults to 1m.
 	Interval time.Duration
 	// Batch is the most records one Sweep call deletes; a pass calls Sweep

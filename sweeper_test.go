@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/storetest"
 )
@@ -17,7 +18,7 @@ func TestSweeper(t *testing.T) {
 	ctx := context.Background()
 	for i := range 25 {
 		k := idem.Key{ID: string(rune('a' + i))}.Storage(false)
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -26,7 +27,7 @@ func TestSweeper(t *testing.T) {
 		}
 	}
 	live := idem.Key{ID: "live"}.Storage(false)
-	if _, err := s.Acquire(ctx, idem.AcquireRequest{Key: live, Lease: time.Minute, Retention: time.Millisecond}); err != nil {
+	if _, err := s.Acquire(ctx, store.AcquireRequest{Key: live, Lease: time.Minute, Retention: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	clock.Advance(5 * time.Millisecond)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -40,11 +41,11 @@ func TestDuplicatesWait(t *testing.T) {
 		}
 	}()
 	<-started
-	if res, err := g.Run(ctx, key, nil, work); err != nil || res.Outcome != idem.InProgress {
+	if res, err := g.Run(ctx, key, nil, work); err != nil || res.Outcome != store.InProgress {
 		t.Fatalf("without the option: %v %v", res.Outcome, err)
 	}
 	start := time.Now()
-	if res, err := g.Run(ctx, key, &idem.RunOptions{WaitInProgress: 30 * time.Millisecond}, work); err != nil || res.Outcome != idem.InProgress {
+	if res, err := g.Run(ctx, key, &idem.RunOptions{WaitInProgress: 30 * time.Millisecond}, work); err != nil || res.Outcome != store.InProgress {
 		t.Fatalf("past a short bound: %v %v", res.Outcome, err)
 	} else if waited := time.Since(start); waited < 30*time.Millisecond || waited > bound {
 		t.Fatalf("waited %v for a bound of 30ms", waited)
@@ -57,7 +58,7 @@ func TestDuplicatesWait(t *testing.T) {
 			start := time.Now()
 			res, err := g.Run(ctx, key, &idem.RunOptions{WaitInProgress: bound}, work)
 			longest.Store(max(longest.Load(), int64(time.Since(start))))
-			if err == nil && res.Outcome == idem.Replayed && string(res.Value) == "captured" {
+			if err == nil && res.Outcome == store.Replayed && string(res.Value) == "captured" {
 				replays.Add(1)
 			}
 		})
@@ -71,16 +72,16 @@ func TestDuplicatesWait(t *testing.T) {
 
 // countingStore counts the calls its store gets.
 type countingStore struct {
-	idem.Store
+	store.Store
 	acquires, gets atomic.Int64
 }
 
-func (c *countingStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+func (c *countingStore) Acquire(ctx context.Context, req store.AcquireRequest) (store.Acquisition, error) {
 	c.acquires.Add(1)
 	return c.Store.Acquire(ctx, req)
 }
 
-func (c *countingStore) Get(ctx context.Context, key string) (idem.Record, error) {
+func (c *countingStore) Get(ctx context.Context, key string) (store.Record, error) {
 	c.gets.Add(1)
 	return c.Store.Get(ctx, key)
 }
@@ -102,7 +103,7 @@ func TestWaitersShareOnePoll(t *testing.T) {
 	ctx := context.Background()
 	key := idem.Key{Scope: "payments", ID: "PAY-2"}
 	// Another process holds the key.
-	acq, err := mem.Acquire(ctx, idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Minute, Retention: time.Hour})
+	acq, err := mem.Acquire(ctx, store.AcquireRequest{Key: g.StorageKey(key), Lease: time.Minute, Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,11 +123,11 @@ func TestWaitersShareOnePoll(t *testing.T) {
 			switch {
 			case err != nil:
 				t.Error(err)
-			case res.Outcome == idem.Replayed:
+			case res.Outcome == store.Replayed:
 				replayed.Add(1)
-			case wctx == clientLeft && res.Outcome == idem.InProgress:
+			case wctx == clientLeft && res.Outcome == store.InProgress:
 				left.Add(1)
-			case res.Outcome == idem.InProgress:
+			case res.Outcome == store.InProgress:
 				inProgress.Add(1)
 			}
 		})

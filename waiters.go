@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemgo/idem/internal/ctxsleep"
 	"github.com/idemgo/idem/internal/mono"
+	"github.com/idemgo/idem/store"
 )
 
 // waiters are the duplicates of keys in progress waiting in this Guard
@@ -103,10 +104,10 @@ func (g *Guard) pollWait(skey string, kw *keyWaiters) {
 		pause = min(2*pause, 200*time.Millisecond)
 		rec, err := g.cfg.Store.Get(context.Background(), skey)
 		switch {
-		case errors.Is(err, ErrNotFound):
+		case errors.Is(err, store.ErrNotFound):
 		case err != nil:
 			continue // the waiters' own claims will say; keep polling
-		case rec.State == StateInFlight && g.cfg.Clock.Now().Before(rec.LeaseUntil):
+		case rec.State == store.StateInFlight && g.cfg.Clock.Now().Before(rec.LeaseUntil):
 			continue
 		}
 		g.wakeWaiters(skey)
@@ -120,7 +121,7 @@ func (g *Guard) pollWait(skey string, kw *keyWaiters) {
 // it — then claims it again; acq and sent are the acquisition that found it
 // in progress, returned as they are if it still is (or the caps on waiters
 // are reached).
-func (g *Guard) waitInProgress(ctx, claimCtx context.Context, skey, fp string, bound time.Duration, acq Acquisition, sent mono.Time) (Acquisition, mono.Time, error) {
+func (g *Guard) waitInProgress(ctx, claimCtx context.Context, skey, fp string, bound time.Duration, acq store.Acquisition, sent mono.Time) (store.Acquisition, mono.Time, error) {
 	kw := g.joinWait(skey)
 	if kw == nil {
 		return acq, sent, nil
@@ -132,7 +133,7 @@ func (g *Guard) waitInProgress(ctx, claimCtx context.Context, skey, fp string, b
 		// A settle between the claim that found the key in progress and
 		// joining was missed: ask once more before sleeping.
 		next, nextSent, err := g.acquire(claimCtx, skey, fp)
-		if err != nil || next.Outcome != InProgress {
+		if err != nil || next.Outcome != store.InProgress {
 			return next, nextSent, err
 		}
 		acq, sent = next, nextSent

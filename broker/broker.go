@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // Message is the view of a delivery the key extractors need.
@@ -139,13 +140,13 @@ func (p Policy) FromGuard(res idem.Result, err error, attempt int) Decision {
 		return Decision{Retry, p.Backoff(attempt), err.Error()}
 	}
 	switch res.Outcome {
-	case idem.Replayed:
+	case store.Replayed:
 		return Decision{Verdict: Ack}
-	case idem.InProgress:
+	case store.InProgress:
 		return Decision{Retry, inProgress, "in progress elsewhere"}
-	case idem.Mismatch:
+	case store.Mismatch:
 		return Decision{DeadLetter, 0, "the key was used before with another payload"}
-	case idem.Poisoned:
+	case store.Poisoned:
 		return Decision{DeadLetter, 0, "poisoned: too many attempts"}
 	}
 	return Decision{Retry, p.Backoff(attempt), "unexpected outcome " + res.Outcome.String()}

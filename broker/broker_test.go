@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/store"
 )
 
 type msg struct {
@@ -48,14 +49,14 @@ func TestDecisions(t *testing.T) {
 		err  error
 		want Verdict
 	}{
-		{"done", idem.Result{Outcome: idem.Acquired, Disposition: idem.Complete}, nil, Ack},
-		{"definite failure", idem.Result{Outcome: idem.Acquired, Disposition: idem.Fail}, errors.New("declined"), Ack},
-		{"transient", idem.Result{Outcome: idem.Acquired, Disposition: idem.Release}, errors.New("timeout"), Retry},
-		{"held", idem.Result{Outcome: idem.TakenOver, Disposition: idem.Hold}, errors.New("?"), Retry},
-		{"replayed", idem.Result{Outcome: idem.Replayed}, nil, Ack},
-		{"in progress", idem.Result{Outcome: idem.InProgress}, nil, Retry},
-		{"mismatch", idem.Result{Outcome: idem.Mismatch}, nil, DeadLetter},
-		{"poisoned", idem.Result{Outcome: idem.Poisoned}, nil, DeadLetter},
+		{"done", idem.Result{Outcome: store.Acquired, Disposition: idem.Complete}, nil, Ack},
+		{"definite failure", idem.Result{Outcome: store.Acquired, Disposition: idem.Fail}, errors.New("declined"), Ack},
+		{"transient", idem.Result{Outcome: store.Acquired, Disposition: idem.Release}, errors.New("timeout"), Retry},
+		{"held", idem.Result{Outcome: store.TakenOver, Disposition: idem.Hold}, errors.New("?"), Retry},
+		{"replayed", idem.Result{Outcome: store.Replayed}, nil, Ack},
+		{"in progress", idem.Result{Outcome: store.InProgress}, nil, Retry},
+		{"mismatch", idem.Result{Outcome: store.Mismatch}, nil, DeadLetter},
+		{"poisoned", idem.Result{Outcome: store.Poisoned}, nil, DeadLetter},
 		{"store down", idem.Result{}, idem.ErrStoreUnavailable, Retry},
 		{"bad key", idem.Result{}, idem.ErrInvalidKey, DeadLetter},
 	}
@@ -64,7 +65,7 @@ func TestDecisions(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tt.name, d.Verdict, tt.want)
 		}
 	}
-	if d := p.FromGuard(idem.Result{Outcome: idem.InProgress}, nil, 1); d.Delay != 2*time.Second {
+	if d := p.FromGuard(idem.Result{Outcome: store.InProgress}, nil, 1); d.Delay != 2*time.Second {
 		t.Errorf("in-progress delay %v", d.Delay)
 	}
 	if d := p.FromInbox(inbox.Duplicate, nil, 1); d.Verdict != Ack {

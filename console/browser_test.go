@@ -22,6 +22,7 @@ import (
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/httpsender"
+	"github.com/idemgo/idem/store"
 )
 
 // chromiumPath finds Debian's chromium (.ci/run installs it); without it
@@ -74,7 +75,7 @@ func TestInABrowser(t *testing.T) {
 	}
 	for _, id := range []string{"ORD-7", "ORD-8"} {
 		key := idem.Key{Scope: "orders", ID: id}.Storage(false)
-		a, err := f.store.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+		a, err := f.store.Acquire(ctx, store.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -181,7 +182,7 @@ func TestInABrowser(t *testing.T) {
 	if flash := text(`.flash`); !strings.Contains(question, "orders/ORD-7") || !strings.Contains(flash, "forgot orders/ORD-7") {
 		t.Fatalf("forget: question %q, flash %q (screenshot: %s)", question, flash, screenshot("failure.png"))
 	}
-	if _, err := f.store.Get(ctx, idem.Key{Scope: "orders", ID: "ORD-7"}.Storage(false)); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := f.store.Get(ctx, idem.Key{Scope: "orders", ID: "ORD-7"}.Storage(false)); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the key is still in the store: %v", err)
 	}
 

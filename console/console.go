@@ -34,9 +34,9 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/store"
 )
 
 //go:embed assets
@@ -52,7 +52,7 @@ type Inbox interface {
 // Config configures a Console; every source is optional.
 type Config struct {
 	// Store holds idempotency records.
-	Store idem.Store
+	Store store.Store
 	// Outbox holds outgoing messages.
 	Outbox *outbox.Store
 	// Inbox holds processed keys.
@@ -114,7 +114,7 @@ func New(cfg Config) (*Console, error) {
 		return nil, err
 	}
 	funcs := template.FuncMap{
-		"display": idem.DisplayKey,
+		"display": store.DisplayKey,
 		"redact":  outbox.RedactDestination,
 		"preview": preview,
 		"result":  resultSummary,

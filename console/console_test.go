@@ -24,6 +24,7 @@ import (
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -116,7 +117,7 @@ func TestEverythingIsEscaped(t *testing.T) {
 	f := newFixture(t, console.Config{Loopback: true})
 	ctx := context.Background()
 	key := idem.Key{Scope: "web", ID: hostile}.Storage(false)
-	a, err := f.store.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
+	a, err := f.store.Acquire(ctx, store.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +187,7 @@ func TestKeysPagesAndFilters(t *testing.T) {
 	for i := range 35 {
 		for _, scope := range []string{"orders", "payments"} {
 			key := idem.Key{Scope: scope, ID: "K-" + string(rune('a'+i%26)) + strings.Repeat("x", i/26)}.Storage(false)
-			a, err := f.store.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
+			a, err := f.store.Acquire(ctx, store.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/store"
 )
 
 // --- overview ---
@@ -45,12 +46,12 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if c.cfg.Store != nil {
-		if sc, ok := c.cfg.Store.(idem.StateCounter); ok {
+		if sc, ok := c.cfg.Store.(store.StateCounter); ok {
 			counts, err := sc.CountStates(ctx)
 			if err != nil {
 				d.StatesError = c.describe(err)
 			}
-			for _, st := range []idem.State{idem.StateInFlight, idem.StateCompleted, idem.StateFailed, idem.StateReleased, idem.StatePoisoned} {
+			for _, st := range []store.State{store.StateInFlight, store.StateCompleted, store.StateFailed, store.StateReleased, store.StatePoisoned} {
 				d.States = append(d.States, stateCount{st.String(), counts[st]})
 			}
 		} else {
@@ -87,7 +88,7 @@ type keysData struct {
 }
 
 type recordView struct {
-	idem.Record
+	store.Record
 	Display   string
 	LeaseLeft string
 }
@@ -95,16 +96,16 @@ type recordView struct {
 func (c *Console) keys(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	d := keysData{Scope: q.Get("scope"), Prefix: q.Get("prefix"), State: q.Get("state")}
-	lister, ok := c.cfg.Store.(idem.Lister)
+	lister, ok := c.cfg.Store.(store.Lister)
 	if c.cfg.Store == nil || !ok {
 		d.Note = "This console has no store that lists its keys; use Find with a key."
 		c.render(w, r, "keys", "Keys", d)
 		return
 	}
-	var want idem.State
+	var want store.State
 	if d.State != "" {
 		var err error
-		if want, err = idem.ParseState(d.State); err != nil {
+		if want, err = store.ParseState(d.State); err != nil {
 			c.render(w, r, "keys", "Keys", err)
 			return
 		}
@@ -143,8 +144,8 @@ func (c *Console) keys(w http.ResponseWriter, r *http.Request) {
 			if want != 0 && rec.State != want {
 				continue
 			}
-			v := recordView{Record: rec, Display: idem.DisplayKey(rec.Key)}
-			if rec.State == idem.StateInFlight {
+			v := recordView{Record: rec, Display: store.DisplayKey(rec.Key)}
+			if rec.State == store.StateInFlight {
 				v.LeaseLeft = humanDuration(rec.LeaseUntil.Sub(c.cfg.Now()))
 			}
 			d.Records = append(d.Records, v)
@@ -163,7 +164,7 @@ func (c *Console) keys(w http.ResponseWriter, r *http.Request) {
 
 type confirmData struct {
 	Action, Key, Display, Question, Back string
-	Record                               *idem.Record
+	Record                               *store.Record
 }
 
 // forget deletes a record after a confirmation page (readable without
@@ -177,11 +178,11 @@ func (c *Console) forget(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.PostFormValue("confirm") != "yes" {
-		d := confirmData{Action: "/keys/forget", Key: key, Display: idem.DisplayKey(key), Back: "/keys",
+		d := confirmData{Action: "/keys/forget", Key: key, Display: store.DisplayKey(key), Back: "/keys",
 			Question: "Forget this key? Its next delivery runs the work again."}
 		if rec, err := c.cfg.Store.Get(r.Context(), key); err == nil {
 			d.Record = &rec
-			if rec.State == idem.StatePoisoned {
+			if rec.State == store.StatePoisoned {
 				d.Question = "Release this poisoned key? Its record is removed and its next delivery runs the work again."
 			}
 		}
@@ -192,7 +193,7 @@ func (c *Console) forget(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, "message", "Error", err)
 		return
 	}
-	http.Redirect(w, r, "/keys?done="+url.QueryEscape("forgot "+idem.DisplayKey(key)), http.StatusSeeOther)
+	http.Redirect(w, r, "/keys?done="+url.QueryEscape("forgot "+store.DisplayKey(key)), http.StatusSeeOther)
 }
 
 // --- outbox ---
@@ -238,7 +239,7 @@ func (c *Console) outboxList(w http.ResponseWriter, r *http.Request) {
 type rowData struct {
 	Row     outbox.Row
 	Headers []string
-	Record  *idem.Record
+	Record  *store.Record
 }
 
 func (c *Console) outboxRow(w http.ResponseWriter, r *http.Request) {
@@ -353,15 +354,15 @@ func (c *Console) find(w http.ResponseWriter, r *http.Request) {
 		}
 		seen := map[string]bool{}
 		for _, k := range candidates {
-			if seen[k] || idem.ValidateStorageKey(k) != nil {
+			if seen[k] || store.ValidateKey(k) != nil {
 				continue
 			}
 			seen[k] = true
 			rec, err := c.cfg.Store.Get(ctx, k)
 			switch {
 			case err == nil:
-				d.Records = append(d.Records, recordView{Record: rec, Display: idem.DisplayKey(rec.Key)})
-			case !errors.Is(err, idem.ErrNotFound):
+				d.Records = append(d.Records, recordView{Record: rec, Display: store.DisplayKey(rec.Key)})
+			case !errors.Is(err, store.ErrNotFound):
 				d.Errors = append(d.Errors, c.describe(err))
 			}
 		}

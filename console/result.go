@@ -10,15 +10,15 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/internal/storedresp"
 )
 
 // resultSummary shows a record's result in a table cell: a stored HTTP
 // response as its status and a body preview, anything else as preview.
 func resultSummary(b []byte) string {
-	if resp, err := httpidem.DecodeStoredResponse(b); err == nil {
-		s := fmt.Sprintf("%d %s", resp.Status, http.StatusText(resp.Status))
-		if body := preview(resp.Body); body != "" {
+	if status, _, body, err := storedresp.Decode(b); err == nil {
+		s := fmt.Sprintf("%d %s", status, http.StatusText(status))
+		if body := preview(body); body != "" {
 			s += " · " + body
 		}
 		return s
@@ -30,24 +30,24 @@ func resultSummary(b []byte) string {
 // characters): a stored HTTP response as its status line, its headers and
 // its body, a JSON body pretty-printed.
 func resultDetail(b []byte) string {
-	resp, err := httpidem.DecodeStoredResponse(b)
+	status, header, body, err := storedresp.Decode(b)
 	if err != nil {
 		return bodyText(b)
 	}
 	var s strings.Builder
-	fmt.Fprintf(&s, "HTTP %d %s\n", resp.Status, http.StatusText(resp.Status))
-	names := make([]string, 0, len(resp.Header))
-	for name := range resp.Header {
+	fmt.Fprintf(&s, "HTTP %d %s\n", status, http.StatusText(status))
+	names := make([]string, 0, len(header))
+	for name := range header {
 		names = append(names, name)
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		for _, v := range resp.Header[name] {
+		for _, v := range header[name] {
 			fmt.Fprintf(&s, "%s: %s\n", name, v)
 		}
 	}
-	if len(resp.Body) > 0 {
-		s.WriteString("\n" + bodyText(resp.Body))
+	if len(body) > 0 {
+		s.WriteString("\n" + bodyText(body))
 	}
 	return s.String()
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/grpcidem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -97,7 +98,7 @@ func start(t *testing.T, faults bool, cfg grpcidem.Config) *fixture {
 	t.Cleanup(func() { s.Close() })
 	f := &fixture{svc: &service{}, faults: &dropFirst{seen: map[string]bool{}}, attempts: make(chan string, 64)}
 	g, err := idem.NewGuard(idem.Config{Store: s, Observer: func(e idem.Event) {
-		if e.Phase == "acquire" && e.Outcome == idem.InProgress {
+		if e.Phase == "acquire" && e.Outcome == store.InProgress {
 			f.inProgress.Add(1)
 		}
 	}})

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // KeyMetadata is the metadata key the key travels in by default.
@@ -260,7 +261,7 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 				return s.settle(out, herr)
 			})
 		switch res.Outcome {
-		case idem.Acquired, idem.TakenOver:
+		case store.Acquired, store.TakenOver:
 			// The handler ran: its own answer, whatever became of the key
 			// (a settle the store refused is the store's concern, not the
 			// caller's: the work is done).
@@ -272,15 +273,15 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 				return nil, err
 			}
 			return resp, nil
-		case idem.Replayed:
+		case store.Replayed:
 			return replay(info.FullMethod, res.Value)
-		case idem.InProgress:
+		case store.InProgress:
 			st, _ := status.New(codes.Aborted, "a call with this idempotency key is in progress").
 				WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(s.cfg.RetryDelay)})
 			return nil, st.Err()
-		case idem.Mismatch:
+		case store.Mismatch:
 			return nil, status.Error(codes.FailedPrecondition, "the idempotency key was used with another request")
-		case idem.Poisoned:
+		case store.Poisoned:
 			return nil, status.Error(codes.FailedPrecondition, "the idempotency key failed too many times")
 		}
 		if errors.Is(err, idem.ErrInvalidKey) {

@@ -21,7 +21,7 @@
 //   - fails closed with 503 when the store is unreachable;
 //   - runs the handler under the key's lease: the request's context is not
 //     cancelled when the client leaves (only Config.FinishTimeout after),
-//     but at once, with cause idem.ErrLeaseExpired or idem.ErrStaleFence,
+//     but at once, with cause idem.ErrLeaseExpired or store.ErrStaleFence,
 //     when the lease runs out or is lost; idem.FenceFrom(r.Context()) is
 //     the execution's fencing token, for writes conditioned on it (idem
 //     serve hands it to its upstream in FenceHeader).

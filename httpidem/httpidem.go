@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/keyheader"
+	"github.com/idemgo/idem/internal/storedresp"
+	"github.com/idemgo/idem/store"
 )
 
 // Response headers set by the middleware.
@@ -64,7 +67,7 @@ const (
 type Config struct {
 	// Store holds the keys and the stored responses. Required unless Guard
 	// is set.
-	Store idem.Store
+	Store store.Store
 	// Guard, if set, runs the requests: a Guard configured like any other
 	// (its store, lease, heartbeat interval, retention, cache, observer),
 	// shared with the rest of the application if you like. The middleware
@@ -236,7 +239,7 @@ func New(cfg Config) (func(http.Handler) http.Handler, error) {
 		return nil, errors.New("idem/httpidem: Config.MaxBodyBytes must not be negative")
 	}
 	if cfg.MaxResponseBytes == 0 {
-		cfg.MaxResponseBytes = idem.DefaultMaxResultBytes - 64<<10
+		cfg.MaxResponseBytes = store.DefaultMaxResultBytes - 64<<10
 	}
 	if cfg.MaxResponseBytes < 0 {
 		return nil, errors.New("idem/httpidem: Config.MaxResponseBytes must not be negative")
@@ -377,7 +380,7 @@ func (m *middleware) wrap(next http.Handler) http.Handler {
 				"The request has more than one Idempotency-Key header.", nil)
 			return
 		}
-		id, err := ParseKey(values[0], m.cfg.MaxKeyBytes)
+		id, err := keyheader.Parse(values[0], m.cfg.MaxKeyBytes)
 		if err != nil {
 			m.problem(w, http.StatusBadRequest, "malformed-key", "Malformed Idempotency-Key", err.Error()+".", err)
 			return
@@ -481,16 +484,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			h.Del("Content-Length")
 			h.Del("Content-Encoding")
 			h.Set(BodyOmittedHeader, "too-large")
-			return encodeResponse(rec.status, h, nil), storeResponse
+			return storedresp.Encode(rec.status, h, nil), storeResponse
 		}
 		if d == idem.Complete {
 			h := storable(rec.header, m.cfg.StoreSetCookie)
 			if headerBytes(h) > MaxStoredHeaderBytes {
 				// The request ran: keep its status, so a retry is answered
 				// at once and not run again.
-				return encodeResponse(rec.status, http.Header{HeadersOmittedHeader: {"too-large"}}, nil), storeResponse
+				return storedresp.Encode(rec.status, http.Header{HeadersOmittedHeader: {"too-large"}}, nil), storeResponse
 			}
-			return encodeResponse(rec.status, h, rec.body.Bytes()), storeResponse
+			return storedresp.Encode(rec.status, h, rec.body.Bytes()), storeResponse
 		}
 		return nil, decided(d, "status "+strconv.Itoa(rec.status))
 	}
@@ -501,7 +504,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if _, ok := errors.AsType[*dispositionError](err); ok {
 			err = nil
 		}
-		m.observe(Event{Outcome: "executed", Status: rec.status, TakenOver: res.Outcome == idem.TakenOver, Err: err})
+		m.observe(Event{Outcome: "executed", Status: rec.status, TakenOver: res.Outcome == store.TakenOver, Err: err})
 		return
 	}
 	if err != nil {
@@ -514,16 +517,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	switch res.Outcome {
-	case idem.Replayed:
+	case store.Replayed:
 		m.replay(w, res)
-	case idem.InProgress:
+	case store.InProgress:
 		w.Header().Set("Retry-After", "1")
 		m.problemOutcome(w, http.StatusConflict, "conflict", "Request in progress",
 			"A request with this Idempotency-Key is being processed. Retry later with the same key.")
-	case idem.Mismatch:
+	case store.Mismatch:
 		m.problemOutcome(w, http.StatusUnprocessableEntity, "mismatch", "Idempotency-Key reused",
 			"This Idempotency-Key was used with a different request. Use a new key for a new request.")
-	case idem.Poisoned:
+	case store.Poisoned:
 		m.problemOutcome(w, http.StatusConflict, "poisoned", "Too many attempts",
 			"Requests with this Idempotency-Key failed too many times; it is not executed again. Use a new key.")
 	}
@@ -531,7 +534,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 func (m *middleware) replay(w http.ResponseWriter, res idem.Result) {
 	dst := w.Header()
-	status, body, err := decodeResponseInto(res.Value, dst)
+	status, body, err := storedresp.DecodeInto(res.Value, dst)
 	if err != nil {
 		m.problem(w, http.StatusInternalServerError, "corrupt-record", "Stored response unreadable", err.Error(), err)
 		return

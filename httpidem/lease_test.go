@@ -10,6 +10,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/httpidem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/storetest"
 )
 
@@ -83,7 +84,7 @@ func TestHandlerStopsWhenItsLeaseRunsOut(t *testing.T) {
 			proxy.Cut()
 			defer proxy.Restore()
 			key := g.StorageKey(idem.Key{Scope: "POST /payments anonymous", ID: "slow"})
-			storetest.TakeOverAfterTheLease(t, direct, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour,
+			storetest.TakeOverAfterTheLease(t, direct, store.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour,
 				Fingerprint: idem.Fingerprint([]byte("POST"), []byte("/payments"), []byte("pay 10"))}, handler, lease)
 		})
 	}

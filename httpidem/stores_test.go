@@ -5,17 +5,17 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/httpidem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/sqlitestore"
 )
 
 // TestEveryStore runs the replay and a 50-request storm on every backend.
 func TestEveryStore(t *testing.T) {
-	stores := map[string]func(t *testing.T) idem.Store{
-		"sqlite": func(t *testing.T) idem.Store {
+	stores := map[string]func(t *testing.T) store.Store{
+		"sqlite": func(t *testing.T) store.Store {
 			s, err := sqlitestore.Open(t.Context(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "h.db")})
 			if err != nil {
 				t.Fatal(err)
@@ -23,10 +23,10 @@ func TestEveryStore(t *testing.T) {
 			t.Cleanup(func() { s.Close() })
 			return s
 		},
-		"postgres": func(t *testing.T) idem.Store {
+		"postgres": func(t *testing.T) store.Store {
 			return testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
 		},
-		"redis": func(t *testing.T) idem.Store { return testenv.OpenRedis(t, testenv.RandomName("idemtest:")+":") },
+		"redis": func(t *testing.T) store.Store { return testenv.OpenRedis(t, testenv.RandomName("idemtest:")+":") },
 	}
 	for name, open := range stores {
 		t.Run(name, func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemgo/idem/internal/ctxsleep"
+	"github.com/idemgo/idem/internal/keyheader"
 )
 
 // Transport is an http.RoundTripper for the client side of the
@@ -63,7 +64,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, fmt.Errorf("idem/httpidem: a new key: %w", err)
 		}
 		req = req.Clone(req.Context()) // a RoundTripper must not change the caller's request
-		req.Header.Set(HeaderName, FormatKey(key))
+		req.Header.Set(HeaderName, keyheader.Format(key))
 	}
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 	if req.Header.Get(HeaderName) == "" || !replayable {

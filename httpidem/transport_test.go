@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/httpidem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -130,7 +131,7 @@ func TestDuplicatesWaitForTheFirst(t *testing.T) {
 	var waiting atomic.Int32 // acquisitions that found the key in progress
 	mw, err := httpidem.New(httpidem.Config{Store: s, Principal: httpidem.NoPrincipal, WaitInProgress: bound,
 		StoreObserver: func(e idem.Event) {
-			if e.Phase == "acquire" && e.Outcome == idem.InProgress {
+			if e.Phase == "acquire" && e.Outcome == store.InProgress {
 				waiting.Add(1)
 			}
 		}})
@@ -187,16 +188,16 @@ func TestDuplicatesWaitForTheFirst(t *testing.T) {
 
 // askingStore counts the claims and reads its store gets.
 type askingStore struct {
-	idem.Store
+	store.Store
 	asks atomic.Int64
 }
 
-func (c *askingStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+func (c *askingStore) Acquire(ctx context.Context, req store.AcquireRequest) (store.Acquisition, error) {
 	c.asks.Add(1)
 	return c.Store.Acquire(ctx, req)
 }
 
-func (c *askingStore) Get(ctx context.Context, key string) (idem.Record, error) {
+func (c *askingStore) Get(ctx context.Context, key string) (store.Record, error) {
 	c.asks.Add(1)
 	return c.Store.Get(ctx, key)
 }

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // Observer returns an observer recording into meters of mp.
@@ -23,7 +24,7 @@ func Observer(mp metric.MeterProvider) (func(idem.Event), error) {
 	ctx := context.Background()
 	return func(e idem.Event) {
 		phase := metric.WithAttributes(attribute.String("phase", e.Phase))
-		if e.Err != nil && !errors.Is(e.Err, idem.ErrStaleFence) {
+		if e.Err != nil && !errors.Is(e.Err, store.ErrStaleFence) {
 			errs.Add(ctx, 1, phase)
 		}
 		if !e.Cached && e.Duration > 0 {

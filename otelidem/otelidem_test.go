@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/otelidem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -75,7 +76,7 @@ func TestObserverRecordsOutcomes(t *testing.T) {
 
 // completeFailsOnce fails the first Complete as a store out of reach does.
 type completeFailsOnce struct {
-	idem.Store
+	store.Store
 	failed bool
 }
 

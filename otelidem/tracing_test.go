@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/otelidem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -97,7 +98,7 @@ func TestTracingSampledOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, err := g.Run(context.Background(), idem.Key{Scope: "s", ID: "k"}, nil, func(context.Context, uint64) ([]byte, error) { return []byte("v"), nil })
-	if err != nil || res.Outcome != idem.Acquired || len(exp.GetSpans()) != 0 {
+	if err != nil || res.Outcome != store.Acquired || len(exp.GetSpans()) != 0 {
 		t.Fatalf("%v %v, %d spans", res.Outcome, err, len(exp.GetSpans()))
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/idemgo/idem/as2"
 	"github.com/idemgo/idem/edi"
 	"github.com/idemgo/idem/internal/testsignal"
+	"github.com/idemgo/idem/store"
 )
 
 // Delivery is one interchange to hand on.
@@ -311,13 +312,13 @@ func (rv *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		rv.cfg.Logger.Error("idem as2: not delivered yet", "message_id", in.MessageID, "as2_from", in.From, "error", err)
 		busy(w, "not delivered yet, send it again")
-	case res.Outcome == idem.Replayed || res.Outcome.Owns():
+	case res.Outcome == store.Replayed || res.Outcome.Owns():
 		rv.reply(w, ctx, in, res.Value, nil)
-	case res.Outcome == idem.InProgress:
+	case res.Outcome == store.InProgress:
 		busy(w, "the same message is being delivered")
 	default:
 		f := &as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: fmt.Errorf("the message is %v", res.Outcome)}
-		if res.Outcome == idem.Mismatch {
+		if res.Outcome == store.Mismatch {
 			f.Err = errors.New("this Message-ID came before with other content")
 		}
 		rv.cfg.Logger.Warn("idem as2: refused a message", "message_id", in.MessageID, "as2_from", in.From, "error", f)
@@ -365,10 +366,10 @@ func (rv *Receiver) deliver(ctx context.Context, in *as2.Incoming, h http.Header
 		switch {
 		case err != nil || res.Failed:
 			return refuse(&as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: fmt.Errorf("interchange %s cannot be delivered: %s", d.Key, res.Value)})
-		case res.Outcome == idem.Acquired, res.Outcome == idem.TakenOver, res.Outcome == idem.Replayed:
-		case res.Outcome == idem.Mismatch:
+		case res.Outcome == store.Acquired, res.Outcome == store.TakenOver, res.Outcome == store.Replayed:
+		case res.Outcome == store.Mismatch:
 			return refuse(&as2.Failure{Modifier: as2.UnexpectedProcessingError, Err: fmt.Errorf("interchange %s came before with other content", d.Key)})
-		case res.Outcome == idem.InProgress:
+		case res.Outcome == store.InProgress:
 			return nil, fmt.Errorf("interchange %s is being delivered from another message", d.Key)
 		default:
 			return nil, fmt.Errorf("interchange %s is %v", d.Key, res.Outcome)

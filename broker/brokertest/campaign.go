@@ -21,6 +21,7 @@ import (
 	"github.com/idemgo/idem/internal/drain"
 	"github.com/idemgo/idem/internal/fleet"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/storeurl"
 )
 
@@ -112,11 +113,11 @@ func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 	}
 	stop := consumeForCampaign(t, h, 0, topic, dir, proxied)
 	procs := fleet.New(t, cfg.TestName, campaignReady, []string{"-broker.campaign.duration=" + campaignDuration().String()}, func(n int) []string {
-		store := direct
+		st := direct
 		if n%2 == 1 {
-			store = proxied
+			st = proxied
 		}
-		return []string{envCampaignProc + "=" + strconv.Itoa(n), envCampaignTopic + "=" + topic, envCampaignDir + "=" + dir, envCampaignStore + "=" + store}
+		return []string{envCampaignProc + "=" + strconv.Itoa(n), envCampaignTopic + "=" + topic, envCampaignDir + "=" + dir, envCampaignStore + "=" + st}
 	})
 	for range 3 {
 		procs.Spawn()
@@ -173,7 +174,7 @@ func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	track := &tracker{s: s, g: newGuard(t, idem.Config{Store: s}), records: map[string]idem.Record{}}
+	track := &tracker{s: s, g: newGuard(t, idem.Config{Store: s}), records: map[string]store.Record{}}
 	maxBacklog := cfg.MaxBacklog
 	if maxBacklog == 0 {
 		maxBacklog = 300
@@ -266,13 +267,13 @@ func containsString(s []string, v string) bool {
 
 // consumeForCampaign consumes topic as consumer proc, logging its runs to
 // a file of its own in dir, and prints campaignReady.
-func consumeForCampaign(t *testing.T, h Harness, proc int, topic, dir, store string) (stop func()) {
+func consumeForCampaign(t *testing.T, h Harness, proc int, topic, dir, st string) (stop func()) {
 	// A consumer started while the store is cut off opens it again, as a
 	// supervisor would restart it.
-	var s idem.Store
+	var s store.Store
 	var err error
 	for tries := 0; ; tries++ {
-		if s, err = storeurl.Open(context.Background(), store, nil); err == nil || tries == 300 {
+		if s, err = storeurl.Open(context.Background(), st, nil); err == nil || tries == 300 {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -360,10 +361,10 @@ func drainBound() time.Duration { return drain.Bound(campaignDuration()) }
 
 // tracker follows which published keys are completed in the store.
 type tracker struct {
-	s       idem.Store
+	s       store.Store
 	g       *idem.Guard
-	pending []string               // published, not known completed, in publishing order
-	records map[string]idem.Record // the completed keys' records
+	pending []string                // published, not known completed, in publishing order
+	records map[string]store.Record // the completed keys' records
 	done    int
 }
 
@@ -373,12 +374,12 @@ func (k *tracker) refresh() (drain.Progress, error) {
 	kept := k.pending[:0]
 	var err error
 	for i, key := range k.pending {
-		var r idem.Record
+		var r store.Record
 		if err == nil {
 			r, err = k.s.Get(context.Background(), k.g.StorageKey(idem.Key{Scope: Scope, ID: key}))
-			if errors.Is(err, idem.ErrNotFound) {
+			if errors.Is(err, store.ErrNotFound) {
 				err = nil
-			} else if err == nil && r.State == idem.StateCompleted {
+			} else if err == nil && r.State == store.StateCompleted {
 				k.records[key] = r
 				k.done++
 				continue
@@ -448,7 +449,7 @@ func readRuns(t *testing.T, dir string) (map[string][]*run, map[string][]decisio
 	return runs, decisions
 }
 
-func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, decisions map[string][]decision, bodies map[string][]string, records map[string]idem.Record,
+func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, decisions map[string][]decision, bodies map[string][]string, records map[string]store.Record,
 	cutOff func(proc int, from, to int64) bool) {
 	violations := 0
 	fail := func(format string, args ...any) {
@@ -521,7 +522,7 @@ func checkCampaign(t *testing.T, procs *fleet.Fleet, runs map[string][]*run, dec
 		}
 	}
 	for key := range bodies {
-		if len(runs[key]) == 0 && records[key].State == idem.StateCompleted {
+		if len(runs[key]) == 0 && records[key].State == store.StateCompleted {
 			fail("key %s is completed but never ran", key)
 		}
 	}

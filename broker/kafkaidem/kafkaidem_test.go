@@ -24,6 +24,7 @@ import (
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -41,7 +42,7 @@ type consumer struct {
 	stop   func() // cancels Run and waits for it to return
 }
 
-func newGuard(t testing.TB, s idem.Store) *idem.Guard {
+func newGuard(t testing.TB, s store.Store) *idem.Guard {
 	g, err := idem.NewGuard(idem.Config{Store: s, Lease: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +50,7 @@ func newGuard(t testing.TB, s idem.Store) *idem.Guard {
 	return g
 }
 
-func newStore(t testing.TB) idem.Store {
+func newStore(t testing.TB) store.Store {
 	s := memstore.New(memstore.Config{})
 	t.Cleanup(func() { s.Close() })
 	return s
@@ -178,8 +179,8 @@ func awaitCommitted(t *testing.T, brokers []string, topic string, partition int3
 func TestAKeyInProgressHoldsOnlyItsPartition(t *testing.T) {
 	brokers := testenv.Kafka(t)
 	topic := testenv.KafkaTopic(t, brokers, "idemkafka-", 2)
-	store := newStore(t)
-	holder := newGuard(t, store)
+	st := newStore(t)
+	holder := newGuard(t, st)
 	release, started, held := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	go func() {
 		_, err := holder.Run(context.Background(), idem.Key{Scope: "kafkaidem-test", ID: "HELD"}, &idem.RunOptions{Fingerprint: idem.Fingerprint([]byte("held"))},
@@ -189,7 +190,7 @@ func TestAKeyInProgressHoldsOnlyItsPartition(t *testing.T) {
 	<-started
 	var mu sync.Mutex
 	ran := map[string]int{}
-	c := guardConsumer(t, brokers, topic, newGuard(t, store), kafkaidem.Config{}, func(key string) error {
+	c := guardConsumer(t, brokers, topic, newGuard(t, st), kafkaidem.Config{}, func(key string) error {
 		mu.Lock()
 		ran[key]++
 		mu.Unlock()
@@ -233,11 +234,11 @@ func TestAKeyInProgressHoldsOnlyItsPartition(t *testing.T) {
 func TestARecordFinishedAfterRevocationReplays(t *testing.T) {
 	brokers := testenv.Kafka(t)
 	topic := testenv.KafkaTopic(t, brokers, "idemkafka-", 1)
-	store := newStore(t)
+	st := newStore(t)
 	var mu sync.Mutex
 	runs := 0
 	release, started := make(chan struct{}), make(chan struct{})
-	old := guardConsumer(t, brokers, topic, newGuard(t, store), kafkaidem.Config{RevokeTimeout: 200 * time.Millisecond}, func(key string) error {
+	old := guardConsumer(t, brokers, topic, newGuard(t, st), kafkaidem.Config{RevokeTimeout: 200 * time.Millisecond}, func(key string) error {
 		mu.Lock()
 		runs++
 		mu.Unlock()
@@ -247,7 +248,7 @@ func TestARecordFinishedAfterRevocationReplays(t *testing.T) {
 	})
 	produce(t, producer(t, brokers), topic, 0, "SLOW", "slow")
 	<-started
-	successor := guardConsumer(t, brokers, topic, newGuard(t, store), kafkaidem.Config{}, func(key string) error {
+	successor := guardConsumer(t, brokers, topic, newGuard(t, st), kafkaidem.Config{}, func(key string) error {
 		mu.Lock()
 		runs++
 		mu.Unlock()
@@ -279,7 +280,7 @@ func TestRebalanceWhileConsuming(t *testing.T) {
 	const partitions, records = 8, 400
 	brokers := testenv.Kafka(t)
 	topic := testenv.KafkaTopic(t, brokers, "idemkafka-", partitions)
-	store := newStore(t)
+	st := newStore(t)
 	var mu sync.Mutex
 	runs := map[string]int{}
 	acked := map[string]bool{}
@@ -308,7 +309,7 @@ func TestRebalanceWhileConsuming(t *testing.T) {
 		}()
 	}
 	join := func() *consumer {
-		c := guardConsumer(t, brokers, topic, newGuard(t, store), kafkaidem.Config{Concurrency: 2, RevokeTimeout: time.Second}, work)
+		c := guardConsumer(t, brokers, topic, newGuard(t, st), kafkaidem.Config{Concurrency: 2, RevokeTimeout: time.Second}, work)
 		members = append(members, c)
 		collect(c)
 		return c

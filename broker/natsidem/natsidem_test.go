@@ -18,6 +18,7 @@ import (
 	"github.com/idemgo/idem/broker/natsidem"
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -171,7 +172,7 @@ func TestInProgressNaksWithDelay(t *testing.T) {
 	defer s.Close()
 	g, _ := idem.NewGuard(idem.Config{Store: s})
 	// Another consumer holds the key.
-	if _, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: g.StorageKey(idem.Key{Scope: "credits", ID: "busy"}),
+	if _, err := s.Acquire(context.Background(), store.AcquireRequest{Key: g.StorageKey(idem.Key{Scope: "credits", ID: "busy"}),
 		Fingerprint: idem.Fingerprint([]byte(`{"correlation_id":"busy"}`)), Lease: time.Minute, Retention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
+	"github.com/idemgo/idem/store"
 )
 
 // ErrInProgress is returned (so the message is nacked) when another consumer
@@ -96,11 +97,11 @@ func guarded(g *idem.Guard, scope string, h message.HandlerFunc) func(ctx contex
 			return nil, err // the handler's error (key released) or the store's: nack
 		}
 		switch res.Outcome {
-		case idem.Acquired, idem.TakenOver:
+		case store.Acquired, store.TakenOver:
 			return produced, nil
-		case idem.Replayed:
+		case store.Replayed:
 			return nil, nil // done before (or failed definitely, recorded): ack
-		case idem.InProgress:
+		case store.InProgress:
 			return nil, ErrInProgress
 		default:
 			return nil, fmt.Errorf("%w: %s", ErrRejected, res.Outcome)

@@ -18,6 +18,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/broker/watermillidem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -120,9 +121,9 @@ func TestRetriesAfterFailureUnlikeDeduplicator(t *testing.T) {
 // m.Context(), and its context ends when the lease is lost (here: a
 // store that refuses the heartbeat because another owner took the key).
 func TestHandlerGetsTheGuardContext(t *testing.T) {
-	store := memstore.New(memstore.Config{})
-	defer store.Close()
-	g, err := idem.NewGuard(idem.Config{Store: store, Lease: 300 * time.Millisecond, HeartbeatInterval: 20 * time.Millisecond})
+	st := memstore.New(memstore.Config{})
+	defer st.Close()
+	g, err := idem.NewGuard(idem.Config{Store: st, Lease: 300 * time.Millisecond, HeartbeatInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,10 +146,10 @@ func TestHandlerGetsTheGuardContext(t *testing.T) {
 		// Another owner deletes the record and claims the key: the next
 		// heartbeat is refused and the handler's context ends.
 		skey := g.StorageKey(idem.Key{Scope: "credits", ID: "PAY-ctx"})
-		if err := store.Delete(context.Background(), skey); err != nil {
+		if err := st.Delete(context.Background(), skey); err != nil {
 			t.Error(err)
 		}
-		if _, err := store.Acquire(context.Background(), idem.AcquireRequest{Key: skey, Fingerprint: "other", Lease: time.Minute, Retention: time.Hour}); err != nil {
+		if _, err := st.Acquire(context.Background(), store.AcquireRequest{Key: skey, Fingerprint: "other", Lease: time.Minute, Retention: time.Hour}); err != nil {
 			t.Error(err)
 		}
 		select {

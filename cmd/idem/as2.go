@@ -23,7 +23,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/as2"
 	"github.com/idemgo/idem/as2/receiver"
-	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/internal/keyheader"
 	"github.com/idemgo/idem/otelidem"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/as2sender"
@@ -297,7 +297,7 @@ func forwardInterchange(ctx context.Context, client *http.Client, url string, d 
 		ct = "application/octet-stream"
 	}
 	req.Header.Set("Content-Type", ct)
-	req.Header.Set("Idempotency-Key", httpidem.FormatKey(d.Key))
+	req.Header.Set("Idempotency-Key", keyheader.Format(d.Key))
 	req.Header.Set("AS2-From", d.Message.From)
 	req.Header.Set("AS2-To", d.Message.To)
 	req.Header.Set("Message-ID", "<"+d.Message.MessageID+">")

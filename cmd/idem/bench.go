@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/storeurl"
 )
 
@@ -108,14 +109,14 @@ type benchReport struct {
 	CallsPerSharedTrip float64 `json:"calls_per_shared_trip,omitempty"`
 }
 
-func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benchOpts) error {
+func runBench(ctx context.Context, out, progress io.Writer, s store.Store, o benchOpts) error {
 	var runID [6]byte
 	_, _ = rand.Read(runID[:])
 	// Keys are scoped "idem-bench", with a run id so runs never collide.
 	prefix := idem.Key{Scope: "idem-bench", ID: hex.EncodeToString(runID[:]) + "-"}.Storage(false)
 	rep := benchReport{Store: o.store, Concurrency: o.concurrency}
-	req := func(key string) idem.AcquireRequest {
-		return idem.AcquireRequest{Key: key, Fingerprint: "bench", Lease: time.Minute, Retention: o.retention}
+	req := func(key string) store.AcquireRequest {
+		return store.AcquireRequest{Key: key, Fingerprint: "bench", Lease: time.Minute, Retention: o.retention}
 	}
 	result := []byte(`{"status":"ok"}`)
 
@@ -127,7 +128,7 @@ func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benc
 		if err != nil {
 			return buf, err
 		}
-		if a.Outcome != idem.Acquired {
+		if a.Outcome != store.Acquired {
 			return buf, fmt.Errorf("fresh key %s: %v", key, a.Outcome)
 		}
 		return buf, s.Complete(ctx, key, a.Fence, result, o.retention)
@@ -158,7 +159,7 @@ func runBench(ctx context.Context, out, progress io.Writer, s idem.Store, o benc
 		var next atomic.Uint64
 		replay := func(ctx context.Context, buf []byte) ([]byte, error) {
 			a, err := s.Acquire(ctx, req(names[next.Add(1)%uint64(len(names))]))
-			if err == nil && a.Outcome != idem.Replayed {
+			if err == nil && a.Outcome != store.Replayed {
 				err = fmt.Errorf("replay: %v", a.Outcome)
 			}
 			return buf, err

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/sqlitestore"
 )
 
@@ -137,7 +138,7 @@ func (d *demo) lostAnswer(ctx context.Context) error {
 			first = b
 		} else {
 			d.say("server", "%s: answers 201 with the stored booking %s — no second booking", res.Outcome, b.ID)
-			t.extra = res.Outcome == idem.Replayed && b == first
+			t.extra = res.Outcome == store.Replayed && b == first
 			t.extraWhat = "the retry got the first booking back"
 		}
 	}
@@ -183,7 +184,7 @@ func (d *demo) crashBeforeAck(ctx context.Context) error {
 			d.say("consumer", "restarts and reopens the store file")
 		} else {
 			d.say("consumer", "%s: already credited; acks without crediting again", res.Outcome)
-			t.extra = res.Outcome == idem.Replayed && balance == 2500
+			t.extra = res.Outcome == store.Replayed && balance == 2500
 			t.extraWhat = "balance is 25.00, credited once"
 		}
 	}
@@ -233,7 +234,7 @@ func (d *demo) concurrentDuplicates(ctx context.Context) error {
 		return firstErr
 	}
 	d.say("workers", "acquired %d, in progress %d (nack, retry later), replayed %d",
-		outcomes[idem.Acquired].Load(), outcomes[idem.InProgress].Load(), outcomes[idem.Replayed].Load())
+		outcomes[store.Acquired].Load(), outcomes[store.InProgress].Load(), outcomes[store.Replayed].Load())
 	res, err := g.Run(ctx, key, nil, func(ctx context.Context, fence uint64) ([]byte, error) {
 		executions.Add(1)
 		return nil, nil
@@ -243,7 +244,7 @@ func (d *demo) concurrentDuplicates(ctx context.Context) error {
 	}
 	d.say("broker", "redelivers one of the nacked copies: %s %s", res.Outcome, res.Value)
 	d.tallies = append(d.tallies, tally{name: "20 concurrent duplicates", deliveries: n + 1, execution: int(executions.Load()), want: 1,
-		extra: outcomes[idem.Acquired].Load() == 1 && res.Outcome == idem.Replayed, extraWhat: "exactly one worker acquired"})
+		extra: outcomes[store.Acquired].Load() == 1 && res.Outcome == store.Replayed, extraWhat: "exactly one worker acquired"})
 	return nil
 }
 
@@ -253,7 +254,7 @@ func (d *demo) zombieLease(ctx context.Context) error {
 	fmt.Fprintln(d.w, "4. A zombie lease is taken over")
 	const lease = 300 * time.Millisecond
 	key := idem.Key{Scope: "invoices", ID: "INV-88"}.Storage(false)
-	req := idem.AcquireRequest{Key: key, Lease: lease, Retention: time.Hour}
+	req := store.AcquireRequest{Key: key, Lease: lease, Retention: time.Hour}
 	t := tally{name: "zombie lease taken over", want: 2, deliveries: 2}
 	a, err := d.store.Acquire(ctx, req)
 	if err != nil {
@@ -274,7 +275,7 @@ func (d *demo) zombieLease(ctx context.Context) error {
 	}
 	d.say("worker B", "completes the record with fence %d", b.Fence)
 	errA := d.store.Complete(ctx, key, a.Fence, []byte("sent by A"), time.Hour)
-	if errors.Is(errA, idem.ErrStaleFence) {
+	if errors.Is(errA, store.ErrStaleFence) {
 		d.say("worker A", "wakes up and tries to complete with fence %d → refused: %v", a.Fence, errA)
 	} else {
 		d.say("worker A", "wakes up and completes with fence %d → %v (NOT refused!)", a.Fence, errA)
@@ -284,7 +285,7 @@ func (d *demo) zombieLease(ctx context.Context) error {
 		return err
 	}
 	d.say("store", "holds %q with fence %d; a business write conditioned on the fence rejects A too", rec.Result, rec.Fence)
-	t.extra = b.Outcome == idem.TakenOver && b.Fence > a.Fence && errors.Is(errA, idem.ErrStaleFence) && string(rec.Result) == "sent by B"
+	t.extra = b.Outcome == store.TakenOver && b.Fence > a.Fence && errors.Is(errA, store.ErrStaleFence) && string(rec.Result) == "sent by B"
 	t.extraWhat = "the stale fence was refused, B's result kept"
 	d.tallies = append(d.tallies, t)
 	return nil

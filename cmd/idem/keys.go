@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 func newKeysCmd() *cobra.Command {
@@ -60,11 +61,11 @@ type recordJSON struct {
 	Result      string     `json:"result,omitempty"`
 }
 
-func toJSON(r idem.Record) recordJSON {
-	j := recordJSON{Key: idem.DisplayKey(r.Key), State: r.State.String(), Fence: r.Fence, Attempts: r.Attempts,
+func toJSON(r store.Record) recordJSON {
+	j := recordJSON{Key: store.DisplayKey(r.Key), State: r.State.String(), Fence: r.Fence, Attempts: r.Attempts,
 		Fingerprint: r.Fingerprint, ExpiresAt: r.ExpiresAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(), ResultBytes: len(r.Result)}
-	if k, ok := idem.ParseStorageKey(r.Key); ok {
-		j.Scope, j.ID = k.Scope, k.ID
+	if scope, id, ok := store.SplitKey(r.Key); ok {
+		j.Scope, j.ID = scope, id
 	}
 	if !r.LeaseUntil.IsZero() {
 		t := r.LeaseUntil.UTC()
@@ -76,7 +77,7 @@ func toJSON(r idem.Record) recordJSON {
 	return j
 }
 
-func printRecords(w io.Writer, recs []idem.Record, asJSON bool, header bool) error {
+func printRecords(w io.Writer, recs []store.Record, asJSON bool, header bool) error {
 	if asJSON {
 		enc := json.NewEncoder(w)
 		for _, r := range recs {
@@ -100,7 +101,7 @@ func printRecords(w io.Writer, recs []idem.Record, asJSON bool, header bool) err
 				lease = "expired"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", idem.DisplayKey(r.Key), r.State, r.Fence, r.Attempts, lease,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", store.DisplayKey(r.Key), r.State, r.Fence, r.Attempts, lease,
 			r.ExpiresAt.UTC().Format(time.RFC3339), preview(r.Result))
 	}
 	return tw.Flush()
@@ -128,7 +129,7 @@ func newKeysGetCmd() *cobra.Command {
 		Short: "Show the record of one key",
 		Args:  cobra.ExactArgs(1),
 	}
-	store := storeFlag(cmd)
+	st := storeFlag(cmd)
 	ka.register(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
@@ -136,19 +137,19 @@ func newKeysGetCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		s, err := openStore(cmd.Context(), *store)
+		s, err := openStore(cmd.Context(), *st)
 		if err != nil {
 			return err
 		}
 		defer s.Close()
 		rec, err := s.Get(cmd.Context(), key)
-		if errors.Is(err, idem.ErrNotFound) {
-			return fmt.Errorf("%s: no record (never seen, deleted, or past retention)", idem.DisplayKey(key))
+		if errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("%s: no record (never seen, deleted, or past retention)", store.DisplayKey(key))
 		}
 		if err != nil {
 			return err
 		}
-		return printRecords(cmd.OutOrStdout(), []idem.Record{rec}, asJSON, true)
+		return printRecords(cmd.OutOrStdout(), []store.Record{rec}, asJSON, true)
 	}
 	return cmd
 }
@@ -156,8 +157,8 @@ func newKeysGetCmd() *cobra.Command {
 // walk calls page for every live record of s, once each: through Scan
 // where the store has it (no order; a key met twice is skipped), else
 // through List in key order.
-func walk(ctx context.Context, s idem.Store, batch int, page func([]idem.Record) (more bool, err error)) error {
-	if sc, ok := s.(idem.Scanner); ok {
+func walk(ctx context.Context, s store.Store, batch int, page func([]store.Record) (more bool, err error)) error {
+	if sc, ok := s.(store.Scanner); ok {
 		seen := map[string]bool{}
 		cursor := ""
 		for {
@@ -195,8 +196,8 @@ func walk(ctx context.Context, s idem.Store, batch int, page func([]idem.Record)
 	}
 }
 
-func lister(s idem.Store) (idem.Lister, error) {
-	l, ok := s.(idem.Lister)
+func lister(s store.Store) (store.Lister, error) {
+	l, ok := s.(store.Lister)
 	if !ok {
 		return nil, errors.New("this store cannot list its records")
 	}
@@ -212,25 +213,25 @@ func newKeysLsCmd() *cobra.Command {
 		Short: "List records in key order",
 		Args:  cobra.NoArgs,
 	}
-	store := storeFlag(cmd)
+	st := storeFlag(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
 	cmd.Flags().StringVar(&state, "state", "", "only records in this state (in-flight, completed, failed, poisoned, released)")
 	cmd.Flags().IntVar(&limit, "limit", 0, "at most this many records (0: all)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		var want idem.State
+		var want store.State
 		if state != "" {
 			var err error
-			if want, err = idem.ParseState(state); err != nil {
+			if want, err = store.ParseState(state); err != nil {
 				return err
 			}
 		}
-		s, err := openStore(cmd.Context(), *store)
+		s, err := openStore(cmd.Context(), *st)
 		if err != nil {
 			return err
 		}
 		defer s.Close()
 		shown, header := 0, true
-		err = walk(cmd.Context(), s, 500, func(page []idem.Record) (bool, error) {
+		err = walk(cmd.Context(), s, 500, func(page []store.Record) (bool, error) {
 			keep := page[:0]
 			for _, r := range page {
 				if (want == 0 || r.State == want) && (limit == 0 || shown < limit) {
@@ -262,7 +263,7 @@ func newKeysRmCmd() *cobra.Command {
 		Short: "Forget keys, whatever their state (the next delivery runs the work again)",
 		Args:  cobra.MinimumNArgs(1),
 	}
-	store := storeFlag(cmd)
+	st := storeFlag(cmd)
 	ka.register(cmd)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		keys := make([]string, len(args))
@@ -273,7 +274,7 @@ func newKeysRmCmd() *cobra.Command {
 			}
 			keys[i] = k
 		}
-		s, err := openStore(cmd.Context(), *store)
+		s, err := openStore(cmd.Context(), *st)
 		if err != nil {
 			return err
 		}
@@ -282,7 +283,7 @@ func newKeysRmCmd() *cobra.Command {
 			if err := s.Delete(cmd.Context(), k); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", idem.DisplayKey(k))
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %s\n", store.DisplayKey(k))
 		}
 		return nil
 	}
@@ -296,7 +297,7 @@ func newKeysPurgeCmd() *cobra.Command {
 		Short: "Delete expired records (--expired) or every record (--all), in batches",
 		Args:  cobra.NoArgs,
 	}
-	store := storeFlag(cmd)
+	st := storeFlag(cmd)
 	cmd.Flags().BoolVar(&expired, "expired", false, "delete records past their retention (never a live lease)")
 	cmd.Flags().BoolVar(&all, "all", false, "delete every record, live leases included")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress bar")
@@ -304,7 +305,7 @@ func newKeysPurgeCmd() *cobra.Command {
 		if expired == all {
 			return errors.New("say which records to purge: --expired or --all")
 		}
-		s, err := openStore(cmd.Context(), *store)
+		s, err := openStore(cmd.Context(), *st)
 		if err != nil {
 			return err
 		}
@@ -321,7 +322,7 @@ func newKeysPurgeCmd() *cobra.Command {
 		total := 0
 		const batch = 1000
 		if all {
-			err := walk(cmd.Context(), s, batch, func(page []idem.Record) (bool, error) {
+			err := walk(cmd.Context(), s, batch, func(page []store.Record) (bool, error) {
 				for _, r := range page {
 					if err := s.Delete(cmd.Context(), r.Key); err != nil {
 						return false, err

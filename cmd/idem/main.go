@@ -12,11 +12,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqlmigrate"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/sqlitestore"
@@ -61,7 +61,7 @@ func storeFlag(cmd *cobra.Command) *string {
 	return cmd.Flags().String("store", storeurl.Default, "store URL: memory:, sqlite:PATH, postgres://… or redis://…")
 }
 
-func openStore(ctx context.Context, url string) (idem.Store, error) {
+func openStore(ctx context.Context, url string) (store.Store, error) {
 	return storeurl.Open(ctx, url, nil)
 }
 
@@ -98,11 +98,11 @@ loses acknowledged records (the store's ServerWarnings: a Redis without an appen
 a PostgreSQL with fsync off, …).`,
 		Args: cobra.NoArgs,
 	}
-	store := storeFlag(cmd)
+	st := storeFlag(cmd)
 	status := cmd.Flags().Bool("status", false, "print the applied versions without migrating")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
-		spec, err := storeurl.Parse(*store)
+		spec, err := storeurl.Parse(*st)
 		if err != nil {
 			return err
 		}
@@ -117,7 +117,7 @@ a PostgreSQL with fsync off, …).`,
 			defer db.Close()
 			conn = databasesql.New(db, sqldriver.SQLite)
 		case storeurl.Postgres:
-			s, err := storeurl.Open(ctx, *store, &storeurl.Options{SkipMigrate: true})
+			s, err := storeurl.Open(ctx, *st, &storeurl.Options{SkipMigrate: true})
 			if err != nil {
 				return err
 			}
@@ -125,8 +125,8 @@ a PostgreSQL with fsync off, …).`,
 			pg := s.(*pgstore.Store)
 			conn, schema = pgxv5.New(pg.Pool()), pg.Schema()
 		case storeurl.Redis:
-			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate. %s\n", *store, redisNote)
-			s, err := openStore(ctx, *store)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate. %s\n", *st, redisNote)
+			s, err := openStore(ctx, *st)
 			if err != nil {
 				return err
 			}
@@ -141,17 +141,17 @@ a PostgreSQL with fsync off, …).`,
 			}
 			return nil
 		default:
-			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate\n", *store)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate\n", *st)
 			return nil
 		}
 		if !*status {
-			s, err := openStore(ctx, *store) // migrates the records
+			s, err := openStore(ctx, *st) // migrates the records
 			if err != nil {
 				return err
 			}
 			defer s.Close()
 			logServerWarnings(ctx, s, migrateLogger(cmd))
-			ob, closeFn, err := openOutbox(ctx, *store)
+			ob, closeFn, err := openOutbox(ctx, *st)
 			if err != nil {
 				return err
 			}
@@ -166,7 +166,7 @@ a PostgreSQL with fsync off, …).`,
 		}
 		w := cmd.OutOrStdout()
 		if len(applied) == 0 {
-			fmt.Fprintf(w, "%s: no migrations applied (run idem migrate)\n", *store)
+			fmt.Fprintf(w, "%s: no migrations applied (run idem migrate)\n", *st)
 		}
 		for _, a := range applied {
 			fmt.Fprintf(w, "%-8s %3d  %-22s applied %s\n", a.Component, a.Version, a.Name, a.AppliedAt.Format(time.RFC3339))

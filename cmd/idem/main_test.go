@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/storeurl"
 )
 
@@ -41,8 +41,8 @@ func TestDemo(t *testing.T) {
 }
 
 func TestBenchJSON(t *testing.T) {
-	for _, store := range []string{"memory:", "sqlite:" + filepath.Join(t.TempDir(), "b.db")} {
-		out, err := run(t, "bench", "--store", store, "--duration", "300ms", "--concurrency", "4", "--keys", "50", "--json", "--quiet")
+	for _, st := range []string{"memory:", "sqlite:" + filepath.Join(t.TempDir(), "b.db")} {
+		out, err := run(t, "bench", "--store", st, "--duration", "300ms", "--concurrency", "4", "--keys", "50", "--json", "--quiet")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,7 +53,7 @@ func TestBenchJSON(t *testing.T) {
 		}
 		for _, k := range []string{"ops_per_sec", "p50_us", "p99_us"} {
 			if v, ok := rep[k].(float64); !ok || v <= 0 {
-				t.Errorf("%s: %s = %v", store, k, rep[k])
+				t.Errorf("%s: %s = %v", st, k, rep[k])
 			}
 		}
 		// The process's CPU per operation: more than nothing, and no more
@@ -64,7 +64,7 @@ func TestBenchJSON(t *testing.T) {
 			cpu, _ := life["client_cpu_us_per_op"].(float64)
 			most := life["seconds"].(float64) * 1e6 * float64(runtime.NumCPU()) / life["ops"].(float64)
 			if cpu <= 0 || cpu > most || rep["client_cpu_us_per_op"] != life["client_cpu_us_per_op"] {
-				t.Errorf("%s: client_cpu_us_per_op %v (headline %v), at most %.1f", store, cpu, rep["client_cpu_us_per_op"], most)
+				t.Errorf("%s: client_cpu_us_per_op %v (headline %v), at most %.1f", st, cpu, rep["client_cpu_us_per_op"], most)
 			}
 		}
 	}
@@ -73,16 +73,16 @@ func TestBenchJSON(t *testing.T) {
 // TestBenchRecordsExpire: the records a bench run writes live for
 // --retention (default 5m), not for an hour in the user's store.
 func TestBenchRecordsExpire(t *testing.T) {
-	store := "sqlite:" + filepath.Join(t.TempDir(), "r.db")
-	if _, err := run(t, "bench", "--store", store, "--duration", "100ms", "--concurrency", "2", "--keys", "10", "--quiet", "--retention", "2m"); err != nil {
+	st := "sqlite:" + filepath.Join(t.TempDir(), "r.db")
+	if _, err := run(t, "bench", "--store", st, "--duration", "100ms", "--concurrency", "2", "--keys", "10", "--quiet", "--retention", "2m"); err != nil {
 		t.Fatal(err)
 	}
-	s, err := storeurl.Open(context.Background(), store, nil)
+	s, err := storeurl.Open(context.Background(), st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	recs, err := s.(idem.Lister).List(context.Background(), "", 0)
+	recs, err := s.(store.Lister).List(context.Background(), "", 0)
 	if err != nil || len(recs) == 0 {
 		t.Fatalf("%d records, %v", len(recs), err)
 	}
@@ -94,15 +94,15 @@ func TestBenchRecordsExpire(t *testing.T) {
 }
 
 func TestKeysCommands(t *testing.T) {
-	store := "sqlite:" + filepath.Join(t.TempDir(), "k.db")
-	if _, err := run(t, "migrate", "--store", store); err != nil {
+	st := "sqlite:" + filepath.Join(t.TempDir(), "k.db")
+	if _, err := run(t, "migrate", "--store", st); err != nil {
 		t.Fatal(err)
 	}
 	// Fill the store through bench's replay keys.
-	if _, err := run(t, "bench", "--store", store, "--duration", "100ms", "--concurrency", "2", "--keys", "30", "--mode", "replay", "--quiet"); err != nil {
+	if _, err := run(t, "bench", "--store", st, "--duration", "100ms", "--concurrency", "2", "--keys", "30", "--mode", "replay", "--quiet"); err != nil {
 		t.Fatal(err)
 	}
-	out, err := run(t, "keys", "ls", "--store", store, "--json", "--limit", "5")
+	out, err := run(t, "keys", "ls", "--store", st, "--json", "--limit", "5")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,39 +114,39 @@ func TestKeysCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(lines[0]), &rec); err != nil || rec.State != "completed" || rec.ID == "" {
 		t.Fatalf("ls --json line %q: %+v %v", lines[0], rec, err)
 	}
-	out, err = run(t, "keys", "get", "--store", store, "--scope", rec.Scope, rec.ID)
+	out, err = run(t, "keys", "get", "--store", st, "--scope", rec.Scope, rec.ID)
 	if err != nil || !strings.Contains(out, "completed") {
 		t.Fatalf("get: %v\n%s", err, out)
 	}
-	if _, err := run(t, "keys", "rm", "--store", store, "--scope", rec.Scope, rec.ID); err != nil {
+	if _, err := run(t, "keys", "rm", "--store", st, "--scope", rec.Scope, rec.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := run(t, "keys", "get", "--store", store, "--scope", rec.Scope, rec.ID); err == nil || !strings.Contains(err.Error(), "no record") {
+	if _, err := run(t, "keys", "get", "--store", st, "--scope", rec.Scope, rec.ID); err == nil || !strings.Contains(err.Error(), "no record") {
 		t.Fatalf("get after rm: %v", err)
 	}
-	if _, err := run(t, "keys", "purge", "--store", store); err == nil {
+	if _, err := run(t, "keys", "purge", "--store", st); err == nil {
 		t.Fatal("purge without --expired or --all ran")
 	}
-	out, err = run(t, "keys", "purge", "--store", store, "--all", "--quiet")
+	out, err = run(t, "keys", "purge", "--store", st, "--all", "--quiet")
 	if err != nil || !strings.Contains(out, "purged 29 records") {
 		t.Fatalf("purge --all: %v %q", err, out)
 	}
-	if out, _ := run(t, "keys", "ls", "--store", store, "--json"); strings.TrimSpace(out) != "" {
+	if out, _ := run(t, "keys", "ls", "--store", st, "--json"); strings.TrimSpace(out) != "" {
 		t.Fatalf("records left after purge: %s", out)
 	}
 }
 
 func TestBadInput(t *testing.T) {
-	store := "sqlite:" + filepath.Join(t.TempDir(), "bad.db")
+	st := "sqlite:" + filepath.Join(t.TempDir(), "bad.db")
 	tests := []struct {
 		args []string
 		want string
 	}{
 		{[]string{"keys", "ls", "--store", "mysql://x"}, "unknown store URL scheme"},
 		{[]string{"keys", "ls", "--store", "idem.db"}, "no scheme"},
-		{[]string{"keys", "get", "--store", store, ""}, "empty id"},
-		{[]string{"keys", "get", "--store", store, strings.Repeat("k", 10<<10)}, "the limit is 255"},
-		{[]string{"keys", "ls", "--store", store, "--state", "weird"}, "unknown state"},
+		{[]string{"keys", "get", "--store", st, ""}, "empty id"},
+		{[]string{"keys", "get", "--store", st, strings.Repeat("k", 10<<10)}, "the limit is 255"},
+		{[]string{"keys", "ls", "--store", st, "--state", "weird"}, "unknown state"},
 		{[]string{"bench", "--store", "memory:", "--concurrency", "0"}, "must be positive"},
 		{[]string{"bench", "--store", "memory:", "--duration", "10s", "--retention", "15s"}, "must outlast both phases"},
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/idemgo/idem/edi"
 	"github.com/idemgo/idem/httpidem"
 	"github.com/idemgo/idem/otelidem"
+	"github.com/idemgo/idem/store"
 )
 
 type serveOpts struct {
@@ -139,8 +140,8 @@ func newGatewayMetrics() *gatewayMetrics {
 // store server's unsafe settings, read at each scrape (a setting changed
 // while the gateway runs shows at the next one): NaN when they cannot be
 // read. Nothing for a store without server settings.
-func (m *gatewayMetrics) exportServerWarnings(store idem.Store) {
-	w, ok := store.(serverWarner)
+func (m *gatewayMetrics) exportServerWarnings(st store.Store) {
+	w, ok := st.(serverWarner)
 	if !ok {
 		return
 	}
@@ -166,12 +167,12 @@ func (m *gatewayMetrics) request(e httpidem.Event) {
 	}
 }
 
-func (m *gatewayMetrics) store(e idem.Event) {
+func (m *gatewayMetrics) st(e idem.Event) {
 	if e.Cached {
 		return
 	}
 	m.storeTime.WithLabelValues(e.Phase).Observe(e.Duration.Seconds())
-	if e.Err != nil && !errors.Is(e.Err, idem.ErrStaleFence) {
+	if e.Err != nil && !errors.Is(e.Err, store.ErrStaleFence) {
 		m.storeErrs.WithLabelValues(e.Phase).Inc()
 	}
 }
@@ -282,15 +283,15 @@ func runServe(ctx context.Context, o serveOpts) error {
 	if err != nil || (up.Scheme != "http" && up.Scheme != "https") || up.Host == "" {
 		return fmt.Errorf("--upstream %q: want http://HOST[:PORT][/PATH] or https://…", o.upstream)
 	}
-	store, err := openStore(ctx, o.store)
+	st, err := openStore(ctx, o.store)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer st.Close()
 	logger := log.New(os.Stderr, "idem serve: ", log.LstdFlags)
-	logServerWarnings(ctx, store, logger)
+	logServerWarnings(ctx, st, logger)
 	metrics := newGatewayMetrics()
-	metrics.exportServerWarnings(store)
+	metrics.exportServerWarnings(st)
 	tp, flushTraces, err := startTracing(ctx, "idem-serve", os.Stderr)
 	if err != nil {
 		return err
@@ -305,7 +306,7 @@ func runServe(ctx context.Context, o serveOpts) error {
 	// stored answer on its retry instead of a second execution.
 	var unscopedOnce sync.Once
 	cfg := httpidem.Config{
-		Store: store, Lease: o.lease, Retention: o.retention, RequireKey: o.requireKey,
+		Store: st, Lease: o.lease, Retention: o.retention, RequireKey: o.requireKey,
 		MaxBodyBytes: o.maxBody, ProblemTypeBase: o.problemBase,
 		Principal: principal, StoreSetCookie: o.storeSetCookie, FinishTimeout: o.timeout, WaitInProgress: o.waitInFlight,
 		Observer: func(e httpidem.Event) {
@@ -317,7 +318,7 @@ func runServe(ctx context.Context, o serveOpts) error {
 				})
 			}
 		},
-		StoreObserver: metrics.store,
+		StoreObserver: metrics.st,
 	}
 	if tp != nil {
 		cfg.Tracer = otelidem.Tracing(tp)
@@ -338,7 +339,7 @@ func runServe(ctx context.Context, o serveOpts) error {
 		return err
 	}
 	if o.sweep > 0 {
-		sw, err := idem.NewSweeper(idem.SweeperConfig{Store: store, Interval: o.sweep,
+		sw, err := idem.NewSweeper(idem.SweeperConfig{Store: st, Interval: o.sweep,
 			OnPass: func(n int, err error) {
 				if err != nil {
 					logger.Printf("retention sweep: %v", err)
@@ -368,13 +369,13 @@ func runServe(ctx context.Context, o serveOpts) error {
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 			hctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 			defer cancel()
-			if _, err := store.Get(hctx, idem.Key{Scope: "idem", ID: "healthz"}.Storage(false)); err != nil && !errors.Is(err, idem.ErrNotFound) {
+			if _, err := st.Get(hctx, idem.Key{Scope: "idem", ID: "healthz"}.Storage(false)); err != nil && !errors.Is(err, store.ErrNotFound) {
 				http.Error(w, "store: "+err.Error(), http.StatusServiceUnavailable)
 				return
 			}
 			fmt.Fprintln(w, "ok")
 		})
-		if err := mountConsole(mux, o.admin, o.adminListener, console.Config{Store: store, Token: o.adminToken, History: metrics.history, HistoryTitle: "Requests"}); err != nil {
+		if err := mountConsole(mux, o.admin, o.adminListener, console.Config{Store: st, Token: o.adminToken, History: metrics.history, HistoryTitle: "Requests"}); err != nil {
 			srv.Close()
 			aln.Close()
 			return err
@@ -409,8 +410,8 @@ type serverWarner interface {
 // logServerWarnings logs what the store says is off in its server's
 // settings (redisstore.Store.ServerWarnings, pgstore.Store.ServerWarnings);
 // a server that does not let it read them is logged as such.
-func logServerWarnings(ctx context.Context, store idem.Store, logger *log.Logger) {
-	w, ok := store.(serverWarner)
+func logServerWarnings(ctx context.Context, st store.Store, logger *log.Logger) {
+	w, ok := st.(serverWarner)
 	if !ok {
 		return
 	}

@@ -12,15 +12,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
 // settingsStore is a store whose server has settings to warn about (as
 // redisstore.Store reports them), for the logging of idem serve.
 type settingsStore struct {
-	idem.Store
+	store.Store
 	warnings []string
 	err      error
 }
@@ -35,7 +35,7 @@ func TestServeLogsServerWarnings(t *testing.T) {
 	ctx := context.Background()
 	mem := memstore.New(memstore.Config{})
 	for _, tc := range []struct {
-		store idem.Store
+		store store.Store
 		want  []string
 	}{
 		{mem, nil},

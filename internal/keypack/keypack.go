@@ -16,7 +16,7 @@ import (
 var compact = base64.RawURLEncoding.Strict()
 
 // AppendKey appends the packed form of the storage key key to b: the 16
-// bytes of a compact key (idem.CompactKey); else 0 and the key, but 1, the
+// bytes of a compact key (store.CompactKey); else 0 and the key, but 1, the
 // key and 1 for a key of 15 bytes, so that no other key packs to 16 bytes.
 func AppendKey(b []byte, key string) []byte {
 	if len(key) == 24 && strings.HasPrefix(key, "1~") {

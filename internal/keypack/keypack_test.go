@@ -6,6 +6,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/keypack"
+	"github.com/idemgo/idem/store"
 )
 
 // FuzzKey: every storage key's packed form reads back as the key (so two
@@ -13,7 +14,7 @@ import (
 // key packs to 16 bytes.
 func FuzzKey(f *testing.F) {
 	for _, k := range []string{"k", strings.Repeat("x", 15), strings.Repeat("y", 16), "\x00\x01", "\x01" + strings.Repeat("z", 13) + "\x01",
-		idem.CompactKey(idem.Key{Scope: "s", ID: "id"}), "1~AAAAAAAAAAAAAAAAAAAAAB" /* pad bits set: not canonical */} {
+		store.CompactKey("s", "id"), "1~AAAAAAAAAAAAAAAAAAAAAB" /* pad bits set: not canonical */} {
 		f.Add(k)
 	}
 	f.Fuzz(func(t *testing.T, key string) {
@@ -32,7 +33,7 @@ func FuzzKey(f *testing.F) {
 
 // TestCompactKeyPacksTo16Bytes: a compact key's packed form is its digest.
 func TestCompactKeyPacksTo16Bytes(t *testing.T) {
-	if p := keypack.AppendKey(nil, idem.CompactKey(idem.Key{Scope: "s", ID: "id"})); len(p) != 16 {
+	if p := keypack.AppendKey(nil, store.CompactKey("s", "id")); len(p) != 16 {
 		t.Fatalf("compact key packed: %d bytes", len(p))
 	}
 }
@@ -62,7 +63,7 @@ func TestDigestPacksTo17Bytes(t *testing.T) {
 
 // TestArgs: the statements' arguments are the packed forms, and read back.
 func TestArgs(t *testing.T) {
-	key, fp := idem.CompactKey(idem.Key{Scope: "s", ID: "id"}), idem.Fingerprint([]byte("body"))
+	key, fp := store.CompactKey("s", "id"), idem.Fingerprint([]byte("body"))
 	k, f := keypack.KeyArg(key), keypack.FingerprintArg(fp)
 	if len(k) != 16 || len(f) != 17 || keypack.Key(string(k)) != key || keypack.UnpackFingerprint(string(f)) != fp {
 		t.Fatalf("packed: key %x, fingerprint %x", k, f)

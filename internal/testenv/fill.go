@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // CompleteMany acquires and completes n records in s, 16 at once; key(i)
 // is the storage key of record i.
-func CompleteMany(t testing.TB, s idem.Store, n int, key func(i int) string) {
+func CompleteMany(t testing.TB, s store.Store, n int, key func(i int) string) {
 	t.Helper()
 	ctx := context.Background()
 	var wg sync.WaitGroup
@@ -22,7 +22,7 @@ func CompleteMany(t testing.TB, s idem.Store, n int, key func(i int) string) {
 			defer wg.Done()
 			for i := w; i < n; i += 16 {
 				k := key(i)
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+				a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
 				if err == nil {
 					err = s.Complete(ctx, k, a.Fence, []byte("ok"), time.Hour)
 				}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/internal/keyheader"
 	"github.com/idemgo/idem/internal/redirect"
 	"github.com/idemgo/idem/outbox"
 )
@@ -84,7 +85,7 @@ func (h *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	for k, v := range h.cfg.HostHeaders[req.URL.Host] {
 		req.Header[http.CanonicalHeaderKey(k)] = v
 	}
-	req.Header.Set(httpidem.HeaderName, httpidem.FormatKey(m.Key))
+	req.Header.Set(httpidem.HeaderName, keyheader.Format(m.Key))
 	if m.OrderingKey != "" {
 		req.Header.Set(outbox.OrderingKeyHeader, m.OrderingKey)
 	}

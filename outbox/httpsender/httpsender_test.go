@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/internal/keyheader"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/httpsender"
 	"github.com/idemgo/idem/outbox/sendertest"
@@ -47,7 +48,7 @@ func TestConformance(t *testing.T) {
 				return append([]sendertest.Delivery(nil), got...)
 			}
 		},
-		KeyField:    httpidem.FormatKey,
+		KeyField:    keyheader.Format,
 		Unreachable: func(*testing.T) string { return "http://127.0.0.1:1/orders" },
 		Refused: func(t *testing.T) []string {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -23,6 +23,7 @@ import (
 	"github.com/idemgo/idem/httpidem"
 	"github.com/idemgo/idem/internal/drain"
 	"github.com/idemgo/idem/internal/fleet"
+	"github.com/idemgo/idem/internal/keyheader"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/httpsender"
 )
@@ -392,7 +393,7 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now().UnixNano()
 	body, _ := io.ReadAll(r.Body)
 	field := r.Header.Get(httpidem.HeaderName)
-	key, _ := httpidem.ParseKey(field, outbox.MaxKeyBytes)
+	key, _ := keyheader.Parse(field, outbox.MaxKeyBytes)
 	proc, _ := strconv.Atoi(r.Header.Get(relayHeader))
 	rc.mu.Lock()
 	rc.attempts = append(rc.attempts, attempt{Key: key, Payload: string(body), Trace: r.Header.Get("X-Trace"), KeyField: field, Proc: proc, Start: start})
@@ -684,7 +685,7 @@ func checkOutboxCampaign[TTx any](t *testing.T, ctx context.Context, b Backend[T
 			violate("%s: an attempt (relay %d) of nothing committed, payload %q", a.Key, a.Proc, a.Payload)
 		case a.Payload != v:
 			violate("%s: an attempt (relay %d) carried %q, the committed payload is %q", a.Key, a.Proc, a.Payload, v)
-		case a.KeyField != httpidem.FormatKey(a.Key) || a.Trace != a.Key:
+		case a.KeyField != keyheader.Format(a.Key) || a.Trace != a.Key:
 			violate("%s: an attempt carried Idempotency-Key %q and X-Trace %q", a.Key, a.KeyField, a.Trace)
 		}
 	}

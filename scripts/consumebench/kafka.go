@@ -17,6 +17,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/broker/kafkaidem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -29,7 +30,7 @@ const kafkaPartitions = 8
 // from a fresh topic holding the same n records; with brokers "" on a kfake
 // cluster in this process. The rate counts from the group's assignment of
 // the partitions to the last record consumed, so the join is not in it.
-func benchKafka(ctx context.Context, n int, brokers string, redisWorkers int, openRedis func() idem.Store) {
+func benchKafka(ctx context.Context, n int, brokers string, redisWorkers int, openRedis func() store.Store) {
 	seeds := strings.Split(brokers, ",")
 	where := brokers
 	if brokers == "" {
@@ -101,7 +102,7 @@ func benchKafka(ctx context.Context, n int, brokers string, redisWorkers int, op
 		}()
 		return func() { cancel(); cl.Close() }
 	})
-	guarded := func(s idem.Store, concurrency int) func(string, kgo.Opt, func()) func() {
+	guarded := func(s store.Store, concurrency int) func(string, kgo.Opt, func()) func() {
 		return func(topic string, assigned kgo.Opt, done func()) func() {
 			g, err := idem.NewGuard(idem.Config{Store: s, Retention: benchRetention})
 			check(err)

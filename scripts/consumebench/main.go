@@ -27,6 +27,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/broker/natsidem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/storeurl"
 )
@@ -60,7 +61,7 @@ func main() {
 		return runJS(ctx, js, *n, name, func(done func()) (jetstream.MessageHandler, func()) { return handler(done), func() {} })
 	}
 
-	openRedis := func() idem.Store {
+	openRedis := func() store.Store {
 		s, err := storeurl.Open(ctx, *redisURL+"?pool_size=64&idem_prefix="+fmt.Sprintf("consumebench%d:", time.Now().UnixNano()), nil)
 		check(err)
 		return s
@@ -87,8 +88,8 @@ const benchRetention = 5 * time.Minute
 // benchGuard: bare JetStream consumption, natsidem over a Guard on the
 // memory store (confirmed and plain acks, 1 and 8 at once) and on Redis
 // (against the store's own lifecycles at 8 workers).
-func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url string, openRedis func() idem.Store, redisWorkers int, run func(string, func(func()) jetstream.MessageHandler) float64) {
-	guarded := func(concurrency int, confirm bool, open func() idem.Store) func(done func()) jetstream.MessageHandler {
+func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url string, openRedis func() store.Store, redisWorkers int, run func(string, func(func()) jetstream.MessageHandler) float64) {
+	guarded := func(concurrency int, confirm bool, open func() store.Store) func(done func()) jetstream.MessageHandler {
 		return func(done func()) jetstream.MessageHandler {
 			s := open()
 			g, err := idem.NewGuard(idem.Config{Store: s, Retention: benchRetention})
@@ -107,7 +108,7 @@ func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url string, 
 	fmt.Printf("== %d messages, one durable pull consumer, NATS at %s\n", n, url)
 	fmt.Printf("bare JetStream, plain ack                 %8.0f msg/s  1.00\n", bare)
 	fmt.Printf("  %s\n", cpu["bare"])
-	mem := func() idem.Store { return memstore.New(memstore.Config{}) }
+	mem := func() store.Store { return memstore.New(memstore.Config{}) }
 	for _, c := range []struct {
 		name        string
 		concurrency int
@@ -133,7 +134,7 @@ func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url string, 
 // redisLifecycles runs Acquire+Complete on s with workers goroutines for
 // five seconds, as idem bench does, and returns lifecycles per second and
 // the CPU per lifecycle.
-func redisLifecycles(ctx context.Context, s idem.Store, workers int) (float64, string) {
+func redisLifecycles(ctx context.Context, s store.Store, workers int) (float64, string) {
 	cpu1 := cpuSeconds()
 	var lifecycles atomic.Int64
 	start := time.Now()
@@ -144,7 +145,7 @@ func redisLifecycles(ctx context.Context, s idem.Store, workers int) (float64, s
 			defer wg.Done()
 			for i := 0; time.Since(start) < 5*time.Second; i++ {
 				k := fmt.Sprintf("w%d-%d", w, i)
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: benchRetention})
+				a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: benchRetention})
 				check(err)
 				check(s.Complete(ctx, k, a.Fence, nil, benchRetention))
 				lifecycles.Add(1)

@@ -11,6 +11,7 @@ import (
 	peer "github.com/faustbrian/go-idempotency"
 	"github.com/faustbrian/go-idempotency/idempotencycommand"
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // The work both libraries guard: it returns one small JSON document.
@@ -30,9 +31,9 @@ type runner struct {
 	close func()
 }
 
-// idemRunner wraps a Guard over store: Guard.Run and idem.Do.
-func idemRunner(store idem.Store, closeStore func()) (runner, error) {
-	g, err := idem.NewGuard(idem.Config{Store: store})
+// idemRunner wraps a Guard over s: Guard.Run and idem.Do.
+func idemRunner(s store.Store, closeStore func()) (runner, error) {
+	g, err := idem.NewGuard(idem.Config{Store: s})
 	if err != nil {
 		return runner{}, err
 	}
@@ -44,7 +45,7 @@ func idemRunner(store idem.Store, closeStore func()) (runner, error) {
 	return runner{
 		run: func(ctx context.Context, id string) ([]byte, bool, error) {
 			res, err := g.Run(ctx, idem.Key{Scope: "payments", ID: id}, opts, work)
-			return res.Value, res.Outcome == idem.Replayed, err
+			return res.Value, res.Outcome == store.Replayed, err
 		},
 		do: func(ctx context.Context, id string) (payment, error) {
 			return idem.DoWith(ctx, g, idem.Key{Scope: "payments", ID: id}, opts, fn)

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -74,8 +75,8 @@ func BenchmarkLifecycleVsBareMap(b *testing.B) {
 			for pb.Next() {
 				buf = strconv.AppendUint(append(buf[:0], "k-"...), seq.Add(1), 10)
 				key := string(buf)
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
-				if err != nil || a.Outcome != idem.Acquired {
+				a, err := s.Acquire(ctx, store.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+				if err != nil || a.Outcome != store.Acquired {
 					b.Fatal(a.Outcome, err)
 				}
 				if err := s.Complete(ctx, key, a.Fence, result, time.Hour); err != nil {

@@ -9,13 +9,14 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 var (
-	_ idem.Store     = (*Store)(nil)
-	_ idem.Lister    = (*Store)(nil)
-	_ idem.Archiver  = (*Store)(nil)
-	_ idem.Unclaimer = (*Store)(nil)
+	_ store.Store     = (*Store)(nil)
+	_ store.Lister    = (*Store)(nil)
+	_ store.Archiver  = (*Store)(nil)
+	_ store.Unclaimer = (*Store)(nil)
 )
 
 // Config configures a Store. The zero value works.
@@ -33,18 +34,18 @@ type Config struct {
 	// server store decides by its server's clock.
 	Clock idem.Clock
 	// Limits bound what the store accepts. Defaults to idem's defaults.
-	Limits idem.Limits
+	Limits store.Limits
 }
 
-// Store is an in-memory idem.Store. Every method is one critical section on
+// Store is an in-memory store.Store. Every method is one critical section on
 // the key's shard, so transitions are atomic.
 type Store struct {
 	shards []shard
 	mask   uint64
 	seed   maphash.Seed
 	clock  idem.Clock
-	limits idem.Limits
-	fences idem.FenceSequence
+	limits store.Limits
+	fences store.FenceSequence
 
 	stop     chan struct{}
 	done     chan struct{}
@@ -58,7 +59,7 @@ type shard struct {
 }
 
 type entry struct {
-	state       idem.State
+	state       store.State
 	fence       uint64
 	fingerprint string
 	attempts    int
@@ -125,24 +126,24 @@ func (s *Store) sweepLoop(interval time.Duration) {
 
 // record is the entry as a Record the caller owns: its Result a copy, so a
 // caller that modifies it changes nothing the next duplicate receives.
-func (e *entry) record(key string) idem.Record {
-	r := idem.Record{
+func (e *entry) record(key string) store.Record {
+	r := store.Record{
 		Key: key, State: e.state, Fence: e.fence, Fingerprint: e.fingerprint,
 		Attempts: e.attempts, Result: bytes.Clone(e.result), ExpiresAt: e.expiresAt, UpdatedAt: e.updatedAt,
 	}
-	if e.state == idem.StateInFlight {
+	if e.state == store.StateInFlight {
 		r.LeaseUntil = e.leaseUntil
 	}
 	return r
 }
 
-// Acquire implements idem.Store.
-func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+// Acquire implements store.Store.
+func (s *Store) Acquire(ctx context.Context, req store.AcquireRequest) (store.Acquisition, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.Acquisition{}, err
+		return store.Acquisition{}, err
 	}
 	if err := s.limits.CheckAcquire(req); err != nil {
-		return idem.Acquisition{}, err
+		return store.Acquisition{}, err
 	}
 	now := s.now()
 	leaseUntil := now.Add(req.Lease)
@@ -161,39 +162,39 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 			sh.m[req.Key] = e
 		}
 		fence := s.fences.Next(now, prev)
-		*e = entry{state: idem.StateInFlight, fence: fence, fingerprint: req.Fingerprint, attempts: 1,
+		*e = entry{state: store.StateInFlight, fence: fence, fingerprint: req.Fingerprint, attempts: 1,
 			leaseUntil: leaseUntil, expiresAt: expiresAt, updatedAt: now}
-		return idem.Acquisition{Outcome: idem.Acquired, Fence: fence, Record: e.record(req.Key)}, nil
+		return store.Acquisition{Outcome: store.Acquired, Fence: fence, Record: e.record(req.Key)}, nil
 	}
 	if e.fingerprint != req.Fingerprint {
-		return idem.Acquisition{Outcome: idem.Mismatch, Record: e.record(req.Key)}, nil
+		return store.Acquisition{Outcome: store.Mismatch, Record: e.record(req.Key)}, nil
 	}
 	switch e.state {
-	case idem.StateCompleted, idem.StateFailed:
-		return idem.Acquisition{Outcome: idem.Replayed, Record: e.record(req.Key)}, nil
-	case idem.StatePoisoned:
-		return idem.Acquisition{Outcome: idem.Poisoned, Record: e.record(req.Key)}, nil
-	case idem.StateInFlight:
+	case store.StateCompleted, store.StateFailed:
+		return store.Acquisition{Outcome: store.Replayed, Record: e.record(req.Key)}, nil
+	case store.StatePoisoned:
+		return store.Acquisition{Outcome: store.Poisoned, Record: e.record(req.Key)}, nil
+	case store.StateInFlight:
 		if now.Before(e.leaseUntil) {
-			return idem.Acquisition{Outcome: idem.InProgress, Record: e.record(req.Key)}, nil
+			return store.Acquisition{Outcome: store.InProgress, Record: e.record(req.Key)}, nil
 		}
 	}
 	// In flight with an expired lease, or released: run again, unless the
 	// attempt limit is reached.
 	if req.MaxAttempts > 0 && e.attempts >= req.MaxAttempts {
-		e.state = idem.StatePoisoned
-		e.fence = s.fences.Next(now, e.fence) // a change after the claim (see idem.FencedDeleter)
+		e.state = store.StatePoisoned
+		e.fence = s.fences.Next(now, e.fence) // a change after the claim (see store.FencedDeleter)
 		if expiresAt.After(e.expiresAt) {
 			e.expiresAt = expiresAt // poisoning never shortens the retention
 		}
 		e.updatedAt = now
-		return idem.Acquisition{Outcome: idem.Poisoned, Record: e.record(req.Key)}, nil
+		return store.Acquisition{Outcome: store.Poisoned, Record: e.record(req.Key)}, nil
 	}
-	outcome := idem.Acquired
-	if e.state == idem.StateInFlight {
-		outcome = idem.TakenOver
+	outcome := store.Acquired
+	if e.state == store.StateInFlight {
+		outcome = store.TakenOver
 	}
-	e.state = idem.StateInFlight
+	e.state = store.StateInFlight
 	e.fence = s.fences.Next(now, e.fence)
 	e.attempts++
 	e.leaseUntil = leaseUntil
@@ -201,7 +202,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		e.expiresAt = expiresAt
 	}
 	e.updatedAt = now
-	return idem.Acquisition{Outcome: outcome, Fence: e.fence, Record: e.record(req.Key)}, nil
+	return store.Acquisition{Outcome: outcome, Fence: e.fence, Record: e.record(req.Key)}, nil
 }
 
 // owned runs fn on the record if it is in flight under fence.
@@ -209,7 +210,7 @@ func (s *Store) owned(ctx context.Context, key string, fence uint64, fn func(e *
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := idem.ValidateStorageKey(key); err != nil {
+	if err := store.ValidateKey(key); err != nil {
 		return err
 	}
 	now := s.now()
@@ -217,14 +218,14 @@ func (s *Store) owned(ctx context.Context, key string, fence uint64, fn func(e *
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[key]
-	if !ok || e.state != idem.StateInFlight || e.fence != fence || !now.Before(e.expiresAt) {
-		return idem.ErrStaleFence // absent, settled, another owner's, or past retention
+	if !ok || e.state != store.StateInFlight || e.fence != fence || !now.Before(e.expiresAt) {
+		return store.ErrStaleFence // absent, settled, another owner's, or past retention
 	}
 	fn(e, now)
 	return nil
 }
 
-// Heartbeat implements idem.Store.
+// Heartbeat implements store.Store.
 func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
 	if err := s.limits.CheckLease(lease); err != nil {
 		return err
@@ -238,17 +239,17 @@ func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease t
 	})
 }
 
-// Complete implements idem.Store.
+// Complete implements store.Store.
 func (s *Store) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
-	return s.settle(ctx, key, fence, idem.StateCompleted, result, retention)
+	return s.settle(ctx, key, fence, store.StateCompleted, result, retention)
 }
 
-// Fail implements idem.Store.
+// Fail implements store.Store.
 func (s *Store) Fail(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
-	return s.settle(ctx, key, fence, idem.StateFailed, result, retention)
+	return s.settle(ctx, key, fence, store.StateFailed, result, retention)
 }
 
-func (s *Store) settle(ctx context.Context, key string, fence uint64, st idem.State, result []byte, retention time.Duration) error {
+func (s *Store) settle(ctx context.Context, key string, fence uint64, st store.State, result []byte, retention time.Duration) error {
 	if err := s.limits.CheckSettle(key, result, retention); err != nil {
 		return err
 	}
@@ -265,33 +266,33 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, st idem.St
 	})
 }
 
-// Release implements idem.Store.
+// Release implements store.Store.
 func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 	return s.owned(ctx, key, fence, func(e *entry, now time.Time) {
-		e.state = idem.StateReleased
+		e.state = store.StateReleased
 		e.leaseUntil = time.Time{}
 		e.updatedAt = now
 	})
 }
 
-// Unclaim implements idem.Unclaimer.
+// Unclaim implements store.Unclaimer.
 func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 	return s.owned(ctx, key, fence, func(e *entry, now time.Time) {
-		e.state = idem.StateReleased
+		e.state = store.StateReleased
 		e.leaseUntil = time.Time{}
 		e.updatedAt = now
 		e.attempts = max(e.attempts-1, 0)
 	})
 }
 
-// Archive implements idem.Archiver.
-func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
+// Archive implements store.Archiver.
+func (s *Store) Archive(ctx context.Context, rec store.Record, retention time.Duration) error {
 	_, err := s.ArchiveStored(ctx, rec, retention)
 	return err
 }
 
-// ArchiveStored implements idem.StoredArchiver.
-func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention time.Duration) (bool, error) {
+// ArchiveStored implements store.StoredArchiver.
+func (s *Store) ArchiveStored(ctx context.Context, rec store.Record, retention time.Duration) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -304,8 +305,8 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[rec.Key]
-	held := ok && (e.state == idem.StateCompleted || e.state == idem.StateFailed || e.state == idem.StateReleased) && now.Before(e.expiresAt)
-	settled := rec.State == idem.StateCompleted || rec.State == idem.StateFailed
+	held := ok && (e.state == store.StateCompleted || e.state == store.StateFailed || e.state == store.StateReleased) && now.Before(e.expiresAt)
+	settled := rec.State == store.StateCompleted || rec.State == store.StateFailed
 	if held && (e.fence > rec.Fence || (e.fence == rec.Fence && settled)) {
 		return false, nil
 	}
@@ -318,13 +319,13 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 	return true, nil
 }
 
-// Get implements idem.Store.
-func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, key string) (store.Record, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.Record{}, err
+		return store.Record{}, err
 	}
-	if err := idem.ValidateStorageKey(key); err != nil {
-		return idem.Record{}, err
+	if err := store.ValidateKey(key); err != nil {
+		return store.Record{}, err
 	}
 	now := s.now()
 	sh := s.shard(key)
@@ -332,12 +333,12 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 	defer sh.mu.Unlock()
 	e, ok := sh.m[key]
 	if !ok || !now.Before(e.expiresAt) {
-		return idem.Record{}, idem.ErrNotFound
+		return store.Record{}, store.ErrNotFound
 	}
 	return e.record(key), nil
 }
 
-// Delete implements idem.Store.
+// Delete implements store.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -349,7 +350,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
-// DeleteUpTo implements idem.FencedDeleter.
+// DeleteUpTo implements store.FencedDeleter.
 func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -363,7 +364,7 @@ func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error 
 	return nil
 }
 
-// Sweep implements idem.Store. A limit of zero or less means no limit.
+// Sweep implements store.Store. A limit of zero or less means no limit.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	now := s.now()
 	n := 0
@@ -388,10 +389,10 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	return n, nil
 }
 
-// CountStates implements idem.StateCounter.
-func (s *Store) CountStates(ctx context.Context) (map[idem.State]int64, error) {
+// CountStates implements store.StateCounter.
+func (s *Store) CountStates(ctx context.Context) (map[store.State]int64, error) {
 	now := s.now()
-	out := map[idem.State]int64{}
+	out := map[store.State]int64{}
 	for i := range s.shards {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -408,14 +409,14 @@ func (s *Store) CountStates(ctx context.Context) (map[idem.State]int64, error) {
 	return out, nil
 }
 
-// List implements idem.Lister. It copies and sorts every key: for operators,
+// List implements store.Lister. It copies and sorts every key: for operators,
 // not for hot paths.
-func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Record, error) {
+func (s *Store) List(ctx context.Context, after string, limit int) ([]store.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	now := s.now()
-	var out []idem.Record
+	var out []store.Record
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()

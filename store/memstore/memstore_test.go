@@ -6,11 +6,12 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/storetest"
 )
 
-func newStore(t testing.TB) idem.Store {
+func newStore(t testing.TB) store.Store {
 	s := memstore.New(memstore.Config{})
 	t.Cleanup(func() { _ = s.Close() })
 	return s
@@ -19,7 +20,7 @@ func newStore(t testing.TB) idem.Store {
 // TestConformance runs the suite on the store's injected clock: the lease
 // and retention cases advance it instead of sleeping.
 func TestConformance(t *testing.T) {
-	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
+	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) store.Store {
 		s := memstore.New(memstore.Config{Clock: clock})
 		t.Cleanup(func() { _ = s.Close() })
 		return s
@@ -32,7 +33,7 @@ func BenchmarkStore(b *testing.B) {
 
 func TestCampaign(t *testing.T) {
 	storetest.Campaign(t, storetest.CampaignConfig{TestName: "TestCampaign",
-		Open: func(t testing.TB, _ string) idem.Store { return newStore(t) }})
+		Open: func(t testing.TB, _ string) store.Store { return newStore(t) }})
 }
 
 // TestTimeIsTheWallClock: the store decides by the time it reports. A
@@ -49,7 +50,7 @@ func TestCampaign(t *testing.T) {
 func TestTimeIsTheWallClock(t *testing.T) {
 	s := newStore(t)
 	ctx := context.Background()
-	acq, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour})
+	acq, err := s.Acquire(ctx, store.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/keypack"
+	"github.com/idemgo/idem/store"
 )
 
 // maxBatch bounds the calls of one shared statement. An acquisition holds
@@ -39,7 +39,7 @@ type settleCall struct {
 // holds (a data exception, SQLSTATE class 22) is retried call by call, so
 // only that call fails; a statement that failed for the store's sake
 // fails every call of it, and nothing of it was applied.
-func (s *Store) acquireMany(ctx context.Context, calls []acquireCall, out []idem.Acquisition, errs []error) {
+func (s *Store) acquireMany(ctx context.Context, calls []acquireCall, out []store.Acquisition, errs []error) {
 	order := make([]int, len(calls))
 	for i := range order {
 		order[i] = i
@@ -67,7 +67,7 @@ func cmpParams(x, y *acquireCall) int {
 
 // acquireGroup runs one statement for the calls at idx (sorted by key,
 // equal parameters).
-func (s *Store) acquireGroup(ctx context.Context, calls []acquireCall, idx []int, out []idem.Acquisition, errs []error) {
+func (s *Store) acquireGroup(ctx context.Context, calls []acquireCall, idx []int, out []store.Acquisition, errs []error) {
 	if len(idx) == 1 {
 		out[idx[0]], errs[idx[0]] = s.acquireOne(ctx, calls[idx[0]])
 		return
@@ -117,7 +117,7 @@ func (s *Store) acquireGroup(ctx context.Context, calls []acquireCall, idx []int
 	}
 	err = wrap("acquire", err)
 	for _, i := range idx {
-		out[i], errs[i] = idem.Acquisition{}, err
+		out[i], errs[i] = store.Acquisition{}, err
 	}
 }
 
@@ -166,7 +166,7 @@ func (s *Store) settleMany(ctx context.Context, calls []settleCall, _ []struct{}
 	case err == nil:
 		for j, i := range order {
 			if !settled[j] {
-				errs[i] = idem.ErrStaleFence
+				errs[i] = store.ErrStaleFence
 			}
 		}
 	case refusedForItsInput(err):

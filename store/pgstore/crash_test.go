@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/pgstore"
 )
 
@@ -141,23 +141,23 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 	key := func(i int) string { return fmt.Sprintf("k%05d", i) }
 	// want says what each key written so far must be.
 	type expect struct {
-		state      idem.State // completed, released, or in flight with a lease
-		leaseFloor time.Time  // lasting at least until then
-		absent     bool       // deleted
+		state      store.State // completed, released, or in flight with a lease
+		leaseFloor time.Time   // lasting at least until then
+		absent     bool        // deleted
 	}
-	completed := expect{state: idem.StateCompleted}
+	completed := expect{state: store.StateCompleted}
 	claimed := func() expect {
-		return expect{state: idem.StateInFlight, leaseFloor: time.Now().Add(30 * time.Minute)}
+		return expect{state: store.StateInFlight, leaseFloor: time.Now().Add(30 * time.Minute)}
 	}
-	released := func() expect { return expect{state: idem.StateReleased} }
+	released := func() expect { return expect{state: store.StateReleased} }
 	deleted := func() expect { return expect{absent: true} }
 	want := map[string]expect{}
 	// claimAll claims keys one by one and returns their fences.
 	claimAll := func(keys []string, lease time.Duration) []uint64 {
 		fences := make([]uint64, len(keys))
 		for j, k := range keys {
-			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: lease, Retention: time.Hour})
-			if err == nil && a.Outcome != idem.Acquired {
+			a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: lease, Retention: time.Hour})
+			if err == nil && a.Outcome != store.Acquired {
 				err = fmt.Errorf("%s: %v", k, a.Outcome)
 			}
 			if err != nil {
@@ -202,8 +202,8 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 				go func() {
 					defer wg.Done()
 					for j := g; j < len(keys); j += 8 {
-						a, err := s.Acquire(ctx, idem.AcquireRequest{Key: keys[j], Lease: time.Hour, Retention: time.Hour})
-						if err == nil && a.Outcome != idem.Acquired {
+						a, err := s.Acquire(ctx, store.AcquireRequest{Key: keys[j], Lease: time.Hour, Retention: time.Hour})
+						if err == nil && a.Outcome != store.Acquired {
 							err = fmt.Errorf("%s: %v", keys[j], a.Outcome)
 						}
 						errs[j] = err
@@ -246,7 +246,7 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 		}},
 		{"archives", func(keys []string) {
 			for _, k := range keys {
-				rec := idem.Record{Key: k, State: idem.StateCompleted, Fence: 1, Attempts: 1, Result: []byte("archived")}
+				rec := store.Record{Key: k, State: store.StateCompleted, Fence: 1, Attempts: 1, Result: []byte("archived")}
 				if stored, err := s.ArchiveStored(ctx, rec, time.Hour); err != nil || !stored {
 					t.Fatalf("archive %s: stored %v, %v", k, stored, err)
 				}
@@ -291,7 +291,7 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 		failed := 0
 		testenv.Eventually(t, 30*time.Second, "the store answers after the restart", func() error {
 			_, err := s.Get(ctx, key(0))
-			if err != nil && !errors.Is(err, idem.ErrStoreUnavailable) {
+			if err != nil && !errors.Is(err, store.ErrUnavailable) {
 				t.Fatalf("a call after the restart: %v, want ErrStoreUnavailable until the store reconnects", err)
 			}
 			if err != nil {
@@ -303,7 +303,7 @@ func crashCheck(t *testing.T, s *pgstore.Store, srv *testenv.Postgres, name stri
 		for k, w := range want {
 			r, err := s.Get(ctx, k)
 			switch {
-			case errors.Is(err, idem.ErrNotFound):
+			case errors.Is(err, store.ErrNotFound):
 				if !w.absent {
 					lost = append(lost, k)
 				}

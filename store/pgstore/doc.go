@@ -1,4 +1,4 @@
-// Package pgstore is the PostgreSQL idem.Store, on pgx v5: a durable store
+// Package pgstore is the PostgreSQL store.Store, on pgx v5: a durable store
 // shared by any number of processes, and the one to use where the inbox and
 // outbox live in the business database.
 //

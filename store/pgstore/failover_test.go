@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/pgstore"
 )
 
@@ -53,8 +53,8 @@ func TestFailover(t *testing.T) {
 			defer s.Close()
 
 			acked, parted := testenv.FailOver(t, primary, standby, link, func(ctx context.Context, k string) bool {
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Hour, Retention: time.Hour})
-				if err == nil && a.Outcome != idem.Acquired {
+				a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Hour, Retention: time.Hour})
+				if err == nil && a.Outcome != store.Acquired {
 					t.Errorf("%s: %v", k, a.Outcome)
 				}
 				return err == nil
@@ -68,7 +68,7 @@ func TestFailover(t *testing.T) {
 			var lost []string
 			for _, k := range acked {
 				r, err := after.Get(ctx, k)
-				if errors.Is(err, idem.ErrNotFound) || err == nil && r.State != idem.StateInFlight {
+				if errors.Is(err, store.ErrNotFound) || err == nil && r.State != store.StateInFlight {
 					lost = append(lost, k)
 				} else if err != nil {
 					t.Fatal(err)

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/pgstore"
 )
 
@@ -29,9 +29,9 @@ func TestFenceGrowsAfterAnAcquireWaitedOnDeletes(t *testing.T) {
 	other := testenv.OpenPostgres(t, schema, pgstore.Config{ConnString: testenv.PostgresURL + "&application_name=" + otherApp})
 	watch := testenv.OpenPostgres(t, schema, pgstore.Config{})
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "k", Fingerprint: "A", Lease: time.Minute, Retention: time.Hour}
+	req := store.AcquireRequest{Key: "k", Fingerprint: "A", Lease: time.Minute, Retention: time.Hour}
 	first, err := other.Acquire(ctx, req)
-	if err != nil || first.Outcome != idem.Acquired {
+	if err != nil || first.Outcome != store.Acquired {
 		t.Fatalf("first acquire: %+v, %v", first, err)
 	}
 	// A session of app waiting for a lock: its backend's process id.
@@ -82,7 +82,7 @@ func TestFenceGrowsAfterAnAcquireWaitedOnDeletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	second, err := other.Acquire(ctx, req)
-	if err != nil || second.Outcome != idem.Acquired {
+	if err != nil || second.Outcome != store.Acquired {
 		t.Fatalf("the claim after the first delete: %+v, %v", second, err)
 	}
 	// The second Delete: it either removes that claim at once, or waits
@@ -105,7 +105,7 @@ func TestFenceGrowsAfterAnAcquireWaitedOnDeletes(t *testing.T) {
 	if got.err != nil {
 		t.Fatalf("the held acquisition: %v", got.err)
 	}
-	if got.a.Outcome == idem.Acquired && got.a.Fence <= second.Fence {
+	if got.a.Outcome == store.Acquired && got.a.Fence <= second.Fence {
 		t.Fatalf("the held acquisition took the key with fence %d, after fence %d was handed out (fences went back)", got.a.Fence, second.Fence)
 	}
 	if err := <-deleted; err != nil {
@@ -113,13 +113,13 @@ func TestFenceGrowsAfterAnAcquireWaitedOnDeletes(t *testing.T) {
 	}
 	// And after everything, a claim's fence is above every fence handed out.
 	last, err := other.Acquire(ctx, req)
-	if err != nil || last.Outcome != idem.Acquired || last.Fence <= max(second.Fence, got.a.Fence) {
+	if err != nil || last.Outcome != store.Acquired || last.Fence <= max(second.Fence, got.a.Fence) {
 		t.Fatalf("the last claim: %+v, %v; want a fence above %d and %d", last, err, second.Fence, got.a.Fence)
 	}
 }
 
 type acquisition struct {
-	a   idem.Acquisition
+	a   store.Acquisition
 	err error
 }
 

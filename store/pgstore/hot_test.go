@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/pgstore"
 )
 
@@ -76,7 +76,7 @@ func TestExpiryRoundedUpToASecond(t *testing.T) {
 	for _, ret := range []time.Duration{time.Hour, 90 * time.Second, 30 * time.Second} {
 		key := fmt.Sprintf("k-%v", ret)
 		before := serverNow()
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: 10 * time.Second, Retention: ret})
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: key, Lease: 10 * time.Second, Retention: ret})
 		if err != nil {
 			t.Fatal(err)
 		}

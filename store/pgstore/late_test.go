@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/pgstore"
 )
 
@@ -27,12 +27,12 @@ func TestArchiveHeldUpPastItsDeadline(t *testing.T) {
 	direct := testenv.OpenPostgres(t, schema, pgstore.Config{})
 	ctx := context.Background()
 	// The pool's one connection, open, its archive statement prepared.
-	if _, err := s.ArchiveStored(ctx, idem.Record{Key: "warm", State: idem.StateCompleted, Fence: 1}, time.Hour); err != nil {
+	if _, err := s.ArchiveStored(ctx, store.Record{Key: "warm", State: store.StateCompleted, Fence: 1}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	p.Stall()
 	actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	_, err := s.ArchiveStored(actx, idem.Record{Key: "k", State: idem.StateCompleted, Fence: 1, Result: []byte("late")}, time.Hour)
+	_, err := s.ArchiveStored(actx, store.Record{Key: "k", State: store.StateCompleted, Fence: 1, Result: []byte("late")}, time.Hour)
 	cancel()
 	if err == nil {
 		t.Fatal("an archive held up on its way succeeded")
@@ -58,7 +58,7 @@ func TestArchiveHeldUpPastItsDeadline(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // polling the server: it has no signal to give
 	}
-	if rec, err := direct.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+	if rec, err := direct.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the archive its caller was told failed landed late: %+v, %v", rec, err)
 	}
 }
@@ -103,17 +103,17 @@ func testGetAwaitingArchives(t *testing.T, bouncer string) {
 	}
 	archived := make(chan error, 1)
 	go func() {
-		_, err := s.ArchiveStored(ctx, idem.Record{Key: "k", State: idem.StateCompleted, Fence: 7, Fingerprint: "A", Result: []byte("booked")}, time.Hour)
+		_, err := s.ArchiveStored(ctx, store.Record{Key: "k", State: store.StateCompleted, Fence: 7, Fingerprint: "A", Result: []byte("booked")}, time.Hour)
 		archived <- err
 	}()
 	testenv.Eventually(t, 10*time.Second, "the archive waiting for the row", func() error { return waiting("transactionid", schema) })
-	if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get while the archive is under way: %v, want ErrNotFound (it does not wait)", err)
 	}
 	read := make(chan error, 1)
 	go func() {
 		rec, err := s.GetAwaitingArchives(ctx, "k")
-		if err == nil && (rec.State != idem.StateCompleted || rec.Fence != 7 || string(rec.Result) != "booked") {
+		if err == nil && (rec.State != store.StateCompleted || rec.Fence != 7 || string(rec.Result) != "booked") {
 			err = fmt.Errorf("read %+v, want the archive", rec)
 		}
 		read <- err
@@ -135,7 +135,7 @@ func testGetAwaitingArchives(t *testing.T, bouncer string) {
 	}
 	// Nothing under way: it reads at once, and answers ErrNotFound for a
 	// key without a record.
-	if _, err := s.GetAwaitingArchives(ctx, "none"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.GetAwaitingArchives(ctx, "none"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("GetAwaitingArchives of an unknown key: %v, want ErrNotFound", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/storetest"
 )
@@ -18,7 +19,7 @@ import (
 func TestANewTableKeepsKeysAndFingerprintsPacked(t *testing.T) {
 	s := newStore(t).(*pgstore.Store)
 	ctx := context.Background()
-	compact := idem.CompactKey(idem.Key{Scope: "orders", ID: "4711"})
+	compact := store.CompactKey("orders", "4711")
 	fp := idem.Fingerprint([]byte("body"))
 	storetest.KeysReadBack(t, s, fp, compact, "raw\x00\xff")
 	var keyType, fpType string
@@ -31,10 +32,10 @@ func TestANewTableKeepsKeysAndFingerprintsPacked(t *testing.T) {
 		t.Fatalf("the compact key's row: k %s of %d bytes, fp %s of %d bytes; want bytea of 16 and 17", keyType, keyBytes, fpType, fpBytes)
 	}
 	// A batch holding such keys is decided whole.
-	reqs := []idem.AcquireRequest{{Key: "a\x00", Lease: time.Minute, Retention: time.Hour}, {Key: "b", Lease: time.Minute, Retention: time.Hour}}
+	reqs := []store.AcquireRequest{{Key: "a\x00", Lease: time.Minute, Retention: time.Hour}, {Key: "b", Lease: time.Minute, Retention: time.Hour}}
 	out, errs := pgstore.AcquireBatch(ctx, s, reqs)
 	for i := range reqs {
-		if errs[i] != nil || out[i].Outcome != idem.Acquired || out[i].Record.Key != reqs[i].Key {
+		if errs[i] != nil || out[i].Outcome != store.Acquired || out[i].Record.Key != reqs[i].Key {
 			t.Fatalf("%q in a batch: %+v %v", reqs[i].Key, out[i], errs[i])
 		}
 	}

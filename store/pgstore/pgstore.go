@@ -14,20 +14,20 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/coalesce"
 	"github.com/idemgo/idem/internal/keypack"
 	"github.com/idemgo/idem/internal/sqlmigrate"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
+	"github.com/idemgo/idem/store"
 )
 
 var (
-	_ idem.Store     = (*Store)(nil)
-	_ idem.Lister    = (*Store)(nil)
-	_ idem.Migrator  = (*Store)(nil)
-	_ idem.Archiver  = (*Store)(nil)
-	_ idem.Unclaimer = (*Store)(nil)
+	_ store.Store     = (*Store)(nil)
+	_ store.Lister    = (*Store)(nil)
+	_ store.Migrator  = (*Store)(nil)
+	_ store.Archiver  = (*Store)(nil)
+	_ store.Unclaimer = (*Store)(nil)
 )
 
 // Config configures a Store: New takes Pool, Open takes ConnString (or
@@ -67,7 +67,7 @@ type Config struct {
 	// SkipMigrate leaves the schema alone at Open (run Migrate yourself).
 	SkipMigrate bool
 	// Limits bound what the store accepts.
-	Limits idem.Limits
+	Limits store.Limits
 	// NoCoalesce makes every Acquire, Complete and Fail its own statement.
 	// By default, calls that arrive while earlier ones are in flight join
 	// the next round trip: one statement over arrays decides every key's
@@ -82,22 +82,22 @@ type Config struct {
 // keep the server busy without queueing callers.
 func DefaultMaxConns() int32 { return int32(max(8, 4*runtime.GOMAXPROCS(0))) }
 
-// CountStates implements idem.StateCounter: live records by state, one
+// CountStates implements store.StateCounter: live records by state, one
 // query (a scan of the table: an overview, not a hot path).
-func (s *Store) CountStates(ctx context.Context) (map[idem.State]int64, error) {
+func (s *Store) CountStates(ctx context.Context) (map[store.State]int64, error) {
 	rows, err := s.pool.Query(ctx, `SELECT state, count(*) FROM `+s.table+` WHERE expires_at > now() GROUP BY state`)
 	if err != nil {
 		return nil, fmt.Errorf("idem/pgstore: count: %w", err)
 	}
 	defer rows.Close()
-	out := map[idem.State]int64{}
+	out := map[store.State]int64{}
 	for rows.Next() {
 		var st int16
 		var n int64
 		if err := rows.Scan(&st, &n); err != nil {
 			return nil, fmt.Errorf("idem/pgstore: count: %w", err)
 		}
-		out[idem.State(st)] = n
+		out[store.State(st)] = n
 	}
 	return out, rows.Err()
 }
@@ -115,20 +115,20 @@ func (s *Store) CoalesceStats() (statements, calls int64) {
 // PoolSize returns the most connections the store's pool opens.
 func (s *Store) PoolSize() int32 { return s.pool.Config().MaxConns }
 
-// Store is a PostgreSQL idem.Store.
+// Store is a PostgreSQL store.Store.
 type Store struct {
 	pool   *pgxpool.Pool
 	owned  bool
 	table  string
 	schema string
-	limits idem.Limits
+	limits store.Limits
 	// sql holds the statements on the records table: those that commit
 	// durably (buildSQL), unless Open's connection string chose the
 	// sessions' synchronous_commit; durably says which.
 	sql     statements
 	durably bool
 
-	acquires *coalesce.Group[acquireCall, idem.Acquisition] // nil: NoCoalesce
+	acquires *coalesce.Group[acquireCall, store.Acquisition] // nil: NoCoalesce
 	settles  *coalesce.Group[settleCall, struct{}]
 }
 
@@ -251,7 +251,7 @@ func New(cfg Config) (*Store, error) {
 	return newStore(cfg.Pool, cfg.Schema, cfg.Limits, !cfg.NoCoalesce, true), nil
 }
 
-func newStore(pool *pgxpool.Pool, schema string, limits idem.Limits, coalesced, durably bool) *Store {
+func newStore(pool *pgxpool.Pool, schema string, limits store.Limits, coalesced, durably bool) *Store {
 	s := &Store{pool: pool, table: tableOf(schema), schema: schema, limits: limits.WithDefaults()}
 	s.sql, s.durably = buildSQL(s.table, durably), durably
 	if coalesced {
@@ -359,7 +359,7 @@ func buildSQL(table string, durably bool) statements {
 		take     = `(` + expired + ` OR NOT (` + mismatch + ` OR ` + live + ` OR ` + settled + ` OR ` + limit + `))`
 		poison   = `(NOT ` + expired + ` AND NOT ` + mismatch + ` AND NOT ` + live + ` AND NOT ` + settled + ` AND ` + limit + `)`
 		leaseEnd = `(now() + $3::float8 * interval '1 millisecond')`
-		// the fence floor: the server's clock in microseconds (idem.FenceFloor)
+		// the fence floor: the server's clock in microseconds (store.FenceFloor)
 		floor = `(extract(epoch from clock_timestamp()) * 1000000)::bigint`
 	)
 	keepEnd := expiryAfter(`$4::float8`)
@@ -518,7 +518,7 @@ func wrap(op string, err error) error {
 	if errors.As(err, &pgErr) && !transient(pgErr.Code) {
 		return fmt.Errorf("idem/pgstore: %s: %w", op, err)
 	}
-	return fmt.Errorf("%w: postgres %s: %w", idem.ErrStoreUnavailable, op, err)
+	return fmt.Errorf("%w: postgres %s: %w", store.ErrUnavailable, op, err)
 }
 
 // transient reports whether a SQLSTATE says the server may serve the same
@@ -535,8 +535,8 @@ func transient(code string) bool {
 }
 
 // scanRecord reads recordCols (after extra) of row.
-func (st *statements) scanRecord(row pgx.Row, extra ...any) (idem.Record, error) {
-	var r idem.Record
+func (st *statements) scanRecord(row pgx.Row, extra ...any) (store.Record, error) {
+	var r store.Record
 	var key, fp []byte
 	var state int16
 	var fence int64
@@ -544,22 +544,22 @@ func (st *statements) scanRecord(row pgx.Row, extra ...any) (idem.Record, error)
 	var lease, exp, upd time.Time
 	dest := append(extra, &key, &state, &fence, &fp, &attempts, &r.Result, &lease, &exp, &upd)
 	if err := row.Scan(dest...); err != nil {
-		return idem.Record{}, err
+		return store.Record{}, err
 	}
 	r.Key, r.Fingerprint = keypack.Key(string(key)), keypack.UnpackFingerprint(string(fp))
-	r.State, r.Fence, r.Attempts = idem.State(state), uint64(fence), int(attempts)
-	if r.State == idem.StateInFlight {
+	r.State, r.Fence, r.Attempts = store.State(state), uint64(fence), int(attempts)
+	if r.State == store.StateInFlight {
 		r.LeaseUntil = lease
 	}
 	r.ExpiresAt, r.UpdatedAt = exp, upd
 	return r, nil
 }
 
-// Acquire implements idem.Store with one statement, alone or shared with
+// Acquire implements store.Store with one statement, alone or shared with
 // the calls that wait for the store at the same time (Config.NoCoalesce).
-func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+func (s *Store) Acquire(ctx context.Context, req store.AcquireRequest) (store.Acquisition, error) {
 	if err := s.limits.CheckAcquire(req); err != nil {
-		return idem.Acquisition{}, err
+		return store.Acquisition{}, err
 	}
 	c := acquireCall{key: req.Key, fp: req.Fingerprint, lease: req.Lease.Milliseconds(),
 		keep: max(req.Retention, req.Lease).Milliseconds(), maxAttempts: int32(req.MaxAttempts)}
@@ -569,18 +569,18 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	return s.acquires.Do(ctx, c)
 }
 
-func (s *Store) acquireOne(ctx context.Context, c acquireCall) (idem.Acquisition, error) {
+func (s *Store) acquireOne(ctx context.Context, c acquireCall) (store.Acquisition, error) {
 	st := &s.sql
 	var outcome int16
 	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.acquire, keypack.KeyArg(c.key), keypack.FingerprintArg(c.fp), c.lease, c.keep, c.maxAttempts), &outcome)
 	if err != nil {
-		return idem.Acquisition{}, wrap("acquire", err)
+		return store.Acquisition{}, wrap("acquire", err)
 	}
 	return acquisition(outcome, rec), nil
 }
 
-func acquisition(outcome int16, rec idem.Record) idem.Acquisition {
-	a := idem.Acquisition{Outcome: idem.Outcome(outcome), Record: rec}
+func acquisition(outcome int16, rec store.Record) store.Acquisition {
+	a := store.Acquisition{Outcome: store.Outcome(outcome), Record: rec}
 	if a.Outcome.Owns() {
 		a.Fence = rec.Fence
 	}
@@ -598,12 +598,12 @@ func (s *Store) exec(ctx context.Context, op string, sql func(*statements) strin
 		return wrap(op, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return idem.ErrStaleFence
+		return store.ErrStaleFence
 	}
 	return nil
 }
 
-// Heartbeat implements idem.Store.
+// Heartbeat implements store.Store.
 func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
 	if err := s.limits.CheckHeartbeat(key, lease); err != nil {
 		return err
@@ -611,17 +611,17 @@ func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease t
 	return s.exec(ctx, "heartbeat", func(st *statements) string { return st.heartbeat }, key, int64(fence), lease.Milliseconds())
 }
 
-// Complete implements idem.Store.
+// Complete implements store.Store.
 func (s *Store) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
-	return s.settle(ctx, "complete", key, fence, idem.StateCompleted, result, retention)
+	return s.settle(ctx, "complete", key, fence, store.StateCompleted, result, retention)
 }
 
-// Fail implements idem.Store.
+// Fail implements store.Store.
 func (s *Store) Fail(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
-	return s.settle(ctx, "fail", key, fence, idem.StateFailed, result, retention)
+	return s.settle(ctx, "fail", key, fence, store.StateFailed, result, retention)
 }
 
-func (s *Store) settle(ctx context.Context, op, key string, fence uint64, st idem.State, result []byte, retention time.Duration) error {
+func (s *Store) settle(ctx context.Context, op, key string, fence uint64, st store.State, result []byte, retention time.Duration) error {
 	if err := s.limits.CheckSettle(key, result, retention); err != nil {
 		return err
 	}
@@ -639,42 +639,42 @@ func (s *Store) settle(ctx context.Context, op, key string, fence uint64, st ide
 
 func (s *Store) settleOne(ctx context.Context, c settleCall) (struct{}, error) {
 	op := "complete"
-	if c.state == int16(idem.StateFailed) {
+	if c.state == int16(store.StateFailed) {
 		op = "fail"
 	}
 	return struct{}{}, s.exec(ctx, op, func(st *statements) string { return st.settle }, c.key, c.fence, c.keep, c.state, c.result)
 }
 
-// Release implements idem.Store.
+// Release implements store.Store.
 func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
-	if err := idem.ValidateStorageKey(key); err != nil {
+	if err := store.ValidateKey(key); err != nil {
 		return err
 	}
 	return s.exec(ctx, "release", func(st *statements) string { return st.release }, key, int64(fence))
 }
 
-// Unclaim implements idem.Unclaimer with one statement.
+// Unclaim implements store.Unclaimer with one statement.
 func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
-	if err := idem.ValidateStorageKey(key); err != nil {
+	if err := store.ValidateKey(key); err != nil {
 		return err
 	}
 	return s.exec(ctx, "unclaim", func(st *statements) string { return st.unclaim }, key, int64(fence))
 }
 
-// Get implements idem.Store.
-func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
-	if err := idem.ValidateStorageKey(key); err != nil {
-		return idem.Record{}, err
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, key string) (store.Record, error) {
+	if err := store.ValidateKey(key); err != nil {
+		return store.Record{}, err
 	}
 	st := &s.sql
 	rec, err := st.scanRecord(s.pool.QueryRow(ctx, st.get, keypack.KeyArg(key)))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return idem.Record{}, idem.ErrNotFound
+		return store.Record{}, store.ErrNotFound
 	}
 	return rec, wrap("get", err)
 }
 
-// GetAwaitingArchives implements idem.ArchiveAwaiter: Get that first waits
+// GetAwaitingArchives implements store.ArchiveAwaiter: Get that first waits
 // for the archives of key under way (ArchiveStored), in one round trip. An
 // archive takes an advisory lock of its key before it checks its deadline
 // and holds it until its commit is visible; this read takes the lock
@@ -683,9 +683,9 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
 // for the disk, after its caller gave up on it — is either seen or still
 // ahead, waited for: a read past every archive's deadline never misses one
 // that lands later. The wait ends with ctx.
-func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Record, error) {
-	if err := idem.ValidateStorageKey(key); err != nil {
-		return idem.Record{}, err
+func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (store.Record, error) {
+	if err := store.ValidateKey(key); err != nil {
+		return store.Record{}, err
 	}
 	// One implicit transaction: the lock is released at its end, and the
 	// read, a statement of its own, takes its snapshot after the lock.
@@ -696,7 +696,7 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 	b.Queue(st.get, keypack.KeyArg(key))
 	br := s.pool.SendBatch(ctx, b)
 	_, err = br.Exec()
-	var rec idem.Record
+	var rec store.Record
 	if err == nil {
 		rec, err = st.scanRecord(br.QueryRow())
 	}
@@ -706,24 +706,24 @@ func (s *Store) GetAwaitingArchives(ctx context.Context, key string) (idem.Recor
 		err = cerr
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
-		return idem.Record{}, idem.ErrNotFound
+		return store.Record{}, store.ErrNotFound
 	}
 	return rec, wrap("get", err)
 }
 
-// Delete implements idem.Store.
+// Delete implements store.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	_, err := s.pool.Exec(ctx, s.sql.del, keypack.KeyArg(key))
 	return wrap("delete", err)
 }
 
-// DeleteUpTo implements idem.FencedDeleter.
+// DeleteUpTo implements store.FencedDeleter.
 func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
 	_, err := s.pool.Exec(ctx, s.sql.delUpTo, keypack.KeyArg(key), int64(fence))
 	return wrap("delete", err)
 }
 
-// Sweep implements idem.Store: it deletes up to limit expired records (1000
+// Sweep implements store.Store: it deletes up to limit expired records (1000
 // when limit <= 0), oldest first, skipping rows another sweeper holds and
 // keys an acquisition holds, in DELETEs of at most sweepChunk rows, each its
 // own transaction: every key a DELETE takes holds an advisory lock until its
@@ -755,8 +755,8 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 // its transaction holds.
 const sweepChunk = 64
 
-// List implements idem.Lister.
-func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Record, error) {
+// List implements store.Lister.
+func (s *Store) List(ctx context.Context, after string, limit int) ([]store.Record, error) {
 	if limit <= 0 {
 		limit = 1000
 	}
@@ -766,7 +766,7 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 		return nil, wrap("list", err)
 	}
 	defer rows.Close()
-	var out []idem.Record
+	var out []store.Record
 	for rows.Next() {
 		r, err := st.scanRecord(rows)
 		if err != nil {
@@ -777,20 +777,20 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	return out, wrap("list", rows.Err())
 }
 
-// Archive implements idem.Archiver with one statement.
-func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
+// Archive implements store.Archiver with one statement.
+func (s *Store) Archive(ctx context.Context, rec store.Record, retention time.Duration) error {
 	_, err := s.ArchiveStored(ctx, rec, retention)
 	return err
 }
 
-// ArchiveStored implements idem.StoredArchiver: the upsert's affected rows
+// ArchiveStored implements store.StoredArchiver: the upsert's affected rows
 // tell (none when its WHERE kept the row). Where ctx has a deadline, the
 // archive is applied only if it reaches the database before it, by the
 // database's clock: one held up on the way (a stalled network) past the
 // point its caller was told it failed does not land later, beside what
 // the caller did next — the tiered store lets the claim go
 // (TestArchiveHeldUpPastItsDeadline). Otherwise ErrArchiveLate.
-func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention time.Duration) (bool, error) {
+func (s *Store) ArchiveStored(ctx context.Context, rec store.Record, retention time.Duration) (bool, error) {
 	if err := s.limits.CheckArchive(rec, retention); err != nil {
 		return false, err
 	}
@@ -816,7 +816,7 @@ func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention ti
 
 // ErrArchiveLate: an archive reached the database after its context's
 // deadline and was not applied (ArchiveStored). It is ErrStoreUnavailable.
-var ErrArchiveLate = fmt.Errorf("%w: idem/pgstore: the archive reached the database after its context's deadline and was not applied", idem.ErrStoreUnavailable)
+var ErrArchiveLate = fmt.Errorf("%w: idem/pgstore: the archive reached the database after its context's deadline and was not applied", store.ErrUnavailable)
 
 // Close closes the pool if Open created it.
 func (s *Store) Close() error {

@@ -12,18 +12,18 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/storetest"
 	"github.com/idemgo/idem/store/storeurl"
 )
 
-func openAt(t testing.TB, schema string) idem.Store {
+func openAt(t testing.TB, schema string) store.Store {
 	return testenv.OpenPostgres(t, schema, pgstore.Config{})
 }
 
-func newStore(t testing.TB) idem.Store { return openAt(t, testenv.RandomName("idemtest_")) }
+func newStore(t testing.TB) store.Store { return openAt(t, testenv.RandomName("idemtest_")) }
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, newStore)
@@ -37,7 +37,7 @@ func TestConformanceThroughPgBouncer(t *testing.T) {
 		t.Skip("-short: TestConformance runs the suite; this runs it through PgBouncer")
 	}
 	bouncer := testenv.StartPgBouncer(t)
-	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) idem.Store {
+	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) store.Store {
 		return testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{ConnString: bouncer, PgBouncer: true})
 	})
 }
@@ -48,7 +48,7 @@ func TestConformanceThroughPgBouncer(t *testing.T) {
 // (TestServerCrash shows what it is for); the outcomes must be the same.
 func TestConformanceWhereCommitsAreAsync(t *testing.T) {
 	srv := testenv.StartPostgres(t, "synchronous_commit=off")
-	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) idem.Store {
+	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) store.Store {
 		ctx := context.Background()
 		pool, err := pgxpool.New(ctx, srv.URL)
 		if err != nil {
@@ -89,7 +89,7 @@ func TestExistingPool(t *testing.T) {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("second Migrate: %v", err)
 	}
-	if _, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Lease: time.Second, Retention: time.Hour}); err != nil {
+	if _, err := s.Acquire(ctx, store.AcquireRequest{Key: "k", Lease: time.Second, Retention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -129,7 +129,7 @@ func TestGuardCampaign(t *testing.T) {
 // campaign crashes now and then.
 func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
-		Open: func(t testing.TB, location string) idem.Store {
+		Open: func(t testing.TB, location string) store.Store {
 			return openThroughFaults(t, location, pgstore.Config{})
 		}}
 	if !storetest.IsChild() {
@@ -154,12 +154,12 @@ func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
 // the campaign cuts the server, or while PgBouncer refuses logins for a
 // while after a crash (server_login_retry), finds its Open failing closed
 // (ErrStoreUnavailable) and tries again, for up to 10 s.
-func openThroughFaults(t testing.TB, location string, cfg pgstore.Config) idem.Store {
+func openThroughFaults(t testing.TB, location string, cfg pgstore.Config) store.Store {
 	cfg.Schema, cfg.ConnString, _ = strings.Cut(location, " ")
 	var s *pgstore.Store
 	testenv.Eventually(t, 10*time.Second, "open the store", func() (err error) {
 		s, err = pgstore.Open(context.Background(), cfg)
-		if err != nil && !errors.Is(err, idem.ErrStoreUnavailable) {
+		if err != nil && !errors.Is(err, store.ErrUnavailable) {
 			t.Fatal(err)
 		}
 		return err
@@ -177,12 +177,12 @@ func TestSchemaErrorsKeepTheirCause(t *testing.T) {
 	if _, err := s.Pool().Exec(context.Background(), `DROP TABLE `+s.Table()); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: "k", Lease: time.Second, Retention: time.Hour})
+	_, err := s.Acquire(context.Background(), store.AcquireRequest{Key: "k", Lease: time.Second, Retention: time.Hour})
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
 		t.Fatalf("err = %v, want a *pgconn.PgError 42P01 in the chain", err)
 	}
-	if errors.Is(err, idem.ErrStoreUnavailable) {
+	if errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("a missing table reported as unavailable: %v", err)
 	}
 }
@@ -194,7 +194,7 @@ func TestSchemaErrorsKeepTheirCause(t *testing.T) {
 // its own transaction) and which the campaign crashes now and then.
 func TestCampaignThroughPgBouncer(t *testing.T) {
 	cfg := storetest.CampaignConfig{TestName: "TestCampaignThroughPgBouncer", Processes: 2,
-		Open: func(t testing.TB, location string) idem.Store {
+		Open: func(t testing.TB, location string) store.Store {
 			return openThroughFaults(t, location, pgstore.Config{PgBouncer: true})
 		}}
 	if !storetest.IsChild() {
@@ -255,7 +255,7 @@ func TestConformanceUncoalesced(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: TestConformance runs the suite; this runs it uncoalesced")
 	}
-	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) idem.Store {
+	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB) store.Store {
 		return testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{NoCoalesce: true})
 	})
 }
@@ -281,7 +281,7 @@ func TestBatchSettleOfAGoneKey(t *testing.T) {
 	ctx := context.Background()
 	var fences []uint64
 	for _, k := range []string{"gone", "kept"} {
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -291,20 +291,20 @@ func TestBatchSettleOfAGoneKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	errs := pgstore.CompleteBatch(ctx, s, []string{"gone", "kept"}, fences, []byte("done"))
-	if !errors.Is(errs[0], idem.ErrStaleFence) || errs[1] != nil {
+	if !errors.Is(errs[0], store.ErrStaleFence) || errs[1] != nil {
 		t.Fatalf("settles: %v", errs)
 	}
-	if _, err := s.Get(ctx, "gone"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.Get(ctx, "gone"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get of the gone key: %v", err)
 	}
 	if recs, err := s.List(ctx, "", 10); err != nil || len(recs) != 1 || recs[0].Key != "kept" {
 		t.Fatalf("List: %+v %v", recs, err)
 	}
-	if n, err := s.CountStates(ctx); err != nil || n[idem.StateCompleted] != 1 || len(n) != 1 {
+	if n, err := s.CountStates(ctx); err != nil || n[store.StateCompleted] != 1 || len(n) != 1 {
 		t.Fatalf("CountStates: %v %v", n, err)
 	}
-	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "gone", Fingerprint: "other", Lease: time.Minute, Retention: time.Hour})
-	if err != nil || a.Outcome != idem.Acquired || a.Fence <= fences[0] {
+	a, err := s.Acquire(ctx, store.AcquireRequest{Key: "gone", Fingerprint: "other", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || a.Outcome != store.Acquired || a.Fence <= fences[0] {
 		t.Fatalf("acquire after: %+v %v (old fence %d)", a, err, fences[0])
 	}
 }

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/redisstore"
 )
 
@@ -24,7 +24,7 @@ func TestBatchScripts(t *testing.T) {
 	a, b, held := s.KeyName("a"), s.KeyName("b"), s.KeyName("held")
 	fp := redisstore.EncodeFingerprint("fp")
 	// "held" is claimed first by a lone acquisition.
-	if _, err := s.Acquire(ctx, idem.AcquireRequest{Key: "held", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}); err != nil {
+	if _, err := s.Acquire(ctx, store.AcquireRequest{Key: "held", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	acquire := func() []any {
@@ -39,7 +39,7 @@ func TestBatchScripts(t *testing.T) {
 		return v
 	}
 	first, again := acquire(), acquire()
-	outcomes := []idem.Outcome{idem.Acquired, idem.InProgress, idem.Acquired}
+	outcomes := []store.Outcome{store.Acquired, store.InProgress, store.Acquired}
 	fences := make([]uint64, 3)
 	for i, want := range outcomes {
 		got := first[i].([]any)
@@ -75,10 +75,10 @@ func TestBatchScripts(t *testing.T) {
 	if v[0] != int64(1) || v[2] != int64(0) || v[3] != int64(1) {
 		t.Fatalf("settles answered %v, want 1, an error, 0, 1", v[:4])
 	}
-	if got := v[4].([]any); got[0] != int64(idem.Replayed) {
+	if got := v[4].([]any); got[0] != int64(store.Replayed) {
 		t.Fatalf("acquire of b after its completion in the same run: %v, want Replayed", got)
 	}
-	if got := v[5].([]any); got[0] != int64(idem.Acquired) {
+	if got := v[5].([]any); got[0] != int64(store.Acquired) {
 		t.Fatalf("acquire of c1: %v, want Acquired", got)
 	}
 	if v[6] != int64(0) {
@@ -88,11 +88,11 @@ func TestBatchScripts(t *testing.T) {
 		t.Fatalf("the unknown op answered %#v, want its own error", v[1])
 	}
 	for key, want := range map[string]string{"a": "done-a", "b": "done-b"} {
-		if rec, err := s.Get(ctx, key); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != want {
+		if rec, err := s.Get(ctx, key); err != nil || rec.State != store.StateCompleted || string(rec.Result) != want {
 			t.Fatalf("%s: %+v %v", key, rec, err)
 		}
 	}
-	if rec, err := s.Get(ctx, "held"); err != nil || rec.State != idem.StateInFlight {
+	if rec, err := s.Get(ctx, "held"); err != nil || rec.State != store.StateInFlight {
 		t.Fatalf("held after an erring settle: %+v %v, want still in flight", rec, err)
 	}
 }
@@ -112,8 +112,8 @@ func TestConcurrentLifecyclesShareRoundTrips(t *testing.T) {
 				go func() {
 					for i := range each {
 						key := fmt.Sprintf("w%d-%d", w, i)
-						a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: "fp-" + key, Lease: time.Minute, Retention: time.Hour})
-						if err == nil && a.Outcome != idem.Acquired {
+						a, err := s.Acquire(ctx, store.AcquireRequest{Key: key, Fingerprint: "fp-" + key, Lease: time.Minute, Retention: time.Hour})
+						if err == nil && a.Outcome != store.Acquired {
 							err = fmt.Errorf("%s: %v", key, a.Outcome)
 						}
 						if err == nil {
@@ -136,7 +136,7 @@ func TestConcurrentLifecyclesShareRoundTrips(t *testing.T) {
 				for i := range each {
 					key := fmt.Sprintf("w%d-%d", w, i)
 					rec, err := s.Get(ctx, key)
-					if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "result of "+key {
+					if err != nil || rec.State != store.StateCompleted || string(rec.Result) != "result of "+key {
 						t.Fatalf("%s: %+v %v", key, rec, err)
 					}
 				}
@@ -184,12 +184,12 @@ func TestBatchCallsKeepTheirOwnBucketTTL(t *testing.T) {
 // calls share one location table too (functions.go).
 func TestLoneCallsKeepTheirOwnBucketTTL(t *testing.T) {
 	s := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, NoCoalesce: true})
-	callsKeepTheirOwnBucketTTL(t, s, func(ctx context.Context, keys []string, fences []uint64, result []byte) ([]idem.Outcome, []error) {
-		outcomes, errs := make([]idem.Outcome, len(keys)), make([]error, len(keys))
+	callsKeepTheirOwnBucketTTL(t, s, func(ctx context.Context, keys []string, fences []uint64, result []byte) ([]store.Outcome, []error) {
+		outcomes, errs := make([]store.Outcome, len(keys)), make([]error, len(keys))
 		for i, k := range keys {
 			if fences[i] == 0 {
-				var a idem.Acquisition
-				a, errs[i] = s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+				var a store.Acquisition
+				a, errs[i] = s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
 				outcomes[i] = a.Outcome
 			} else {
 				errs[i] = s.Complete(ctx, k, fences[i], result, time.Hour)
@@ -202,13 +202,13 @@ func TestLoneCallsKeepTheirOwnBucketTTL(t *testing.T) {
 // callsKeepTheirOwnBucketTTL runs the calls of TestBatchCallsKeepTheirOwnBucketTTL
 // through run: an acquisition (for an hour) where the fence is 0, else a
 // completion for an hour.
-func callsKeepTheirOwnBucketTTL(t *testing.T, s *redisstore.Store, run func(ctx context.Context, keys []string, fences []uint64, result []byte) ([]idem.Outcome, []error)) {
+func callsKeepTheirOwnBucketTTL(t *testing.T, s *redisstore.Store, run func(ctx context.Context, keys []string, fences []uint64, result []byte) ([]store.Outcome, []error)) {
 	ctx := context.Background()
 	bucketOf := func(key string) string { keys, _ := s.Locate(key); return keys[1] }
 	claim := func(key string, retention time.Duration) uint64 {
 		t.Helper()
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: retention})
-		if err != nil || a.Outcome != idem.Acquired {
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: key, Lease: time.Minute, Retention: retention})
+		if err != nil || a.Outcome != store.Acquired {
 			t.Fatalf("claim %s: %v, %v", key, a.Outcome, err)
 		}
 		return a.Fence
@@ -243,7 +243,7 @@ func callsKeepTheirOwnBucketTTL(t *testing.T, s *redisstore.Store, run func(ctx 
 			t.Fatalf("call %d (%s): %v", i, keys[i], errs[i])
 		}
 	}
-	if outcomes[0] != idem.Acquired || outcomes[3] != idem.Acquired {
+	if outcomes[0] != store.Acquired || outcomes[3] != store.Acquired {
 		t.Fatalf("acquisitions of x and z: %v, %v", outcomes[0], outcomes[3])
 	}
 	for _, k := range keys {

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/keypack"
+	"github.com/idemgo/idem/store"
 )
 
 // Buckets (Config.Buckets): the records of many keys share one hash, laid
@@ -127,10 +127,10 @@ var slotTags = sync.OnceValue(func() *[clusterSlots]string {
 })
 
 // decodeBucketRecord reads a record of a bucket's encoding (bucket.lua).
-func decodeBucketRecord(key, v string) (rec idem.Record, ok bool) {
+func decodeBucketRecord(key, v string) (rec store.Record, ok bool) {
 	const head, offsetHead = 19, 16 // flags … expires at less updated at
 	if len(v) < offsetHead+1 {
-		return idem.Record{}, false
+		return store.Record{}, false
 	}
 	fl := v[0]
 	var fence uint64
@@ -141,7 +141,7 @@ func decodeBucketRecord(key, v string) (rec idem.Record, ok bool) {
 		pos = 5
 	} else {
 		if len(v) < head+1 {
-			return idem.Record{}, false
+			return store.Record{}, false
 		}
 		fence = uint64(v[1])<<48 | uint64(be48(v[2:8]))
 		pos = 8
@@ -151,9 +151,9 @@ func decodeBucketRecord(key, v string) (rec idem.Record, ok bool) {
 	if offset {
 		fence = uint64(updated+1)*1000 - fence
 	}
-	rec = idem.Record{
+	rec = store.Record{
 		Key:       key,
-		State:     idem.State(fl & 7),
+		State:     store.State(fl & 7),
 		Fence:     fence,
 		Attempts:  int(v[pos]),
 		ExpiresAt: msTime(expires),
@@ -161,9 +161,9 @@ func decodeBucketRecord(key, v string) (rec idem.Record, ok bool) {
 	}
 	pos += 11
 	switch {
-	case rec.State == idem.StateInFlight:
+	case rec.State == store.StateInFlight:
 		if len(v) < pos+17 {
-			return idem.Record{}, false
+			return store.Record{}, false
 		}
 		rec.LeaseUntil = msTime(be48(v[pos : pos+6]))
 		pos += 17 // lease, tag, nonce
@@ -172,18 +172,18 @@ func decodeBucketRecord(key, v string) (rec idem.Record, ok bool) {
 	}
 	if fl&64 != 0 {
 		if len(v) < pos+16 {
-			return idem.Record{}, false
+			return store.Record{}, false
 		}
 		rec.Fingerprint = keypack.UnpackFingerprint("\x01" + v[pos:pos+16])
 		pos += 16
 	} else {
 		if len(v) < pos+1 || len(v) < pos+1+int(v[pos]) {
-			return idem.Record{}, false
+			return store.Record{}, false
 		}
 		rec.Fingerprint = v[pos+1 : pos+1+int(v[pos])]
 		pos += 1 + int(v[pos])
 	}
-	if rec.State == idem.StateCompleted || rec.State == idem.StateFailed {
+	if rec.State == store.StateCompleted || rec.State == store.StateFailed {
 		rec.Result = []byte(v[pos:])
 	}
 	return rec, true

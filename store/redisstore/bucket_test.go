@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/storetest"
 	"github.com/idemgo/idem/store/storeurl"
@@ -30,10 +31,10 @@ func TestConformanceBuckets(t *testing.T) {
 	}
 	caps := storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}
 	t.Run("Coalesced", func(t *testing.T) {
-		storetest.Run(t, caps, func(t testing.TB) idem.Store { return openBuckets(t, testenv.RandomName("idemtest:")+":") })
+		storetest.Run(t, caps, func(t testing.TB) store.Store { return openBuckets(t, testenv.RandomName("idemtest:")+":") })
 	})
 	t.Run("Uncoalesced", func(t *testing.T) {
-		storetest.Run(t, caps, func(t testing.TB) idem.Store {
+		storetest.Run(t, caps, func(t testing.TB) store.Store {
 			return testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, NoCoalesce: true})
 		})
 	})
@@ -42,13 +43,13 @@ func TestConformanceBuckets(t *testing.T) {
 func TestMultiProcessBuckets(t *testing.T) {
 	testenv.RedisClient(t).Close()
 	storetest.MultiProcess(t, "TestMultiProcessBuckets", testenv.RandomName("idemtest:")+":", 4, 200,
-		func(t testing.TB, prefix string) idem.Store { return openBuckets(t, prefix) })
+		func(t testing.TB, prefix string) store.Store { return openBuckets(t, prefix) })
 }
 
 func TestCrashTakeoverBuckets(t *testing.T) {
 	testenv.RedisClient(t).Close()
 	storetest.CrashTakeover(t, "TestCrashTakeoverBuckets", testenv.RandomName("idemtest:")+":",
-		func(t testing.TB, prefix string) idem.Store { return openBuckets(t, prefix) })
+		func(t testing.TB, prefix string) store.Store { return openBuckets(t, prefix) })
 }
 
 // TestBucketSlots: every slot has a tag without braces, and a bucket's name
@@ -100,7 +101,7 @@ func TestBucketPlacement(t *testing.T) {
 		}
 		return "nowhere"
 	}
-	compact := idem.CompactKey(idem.Key{Scope: "POST /bookings", ID: "0f8fad5b-d9cb-469f-a165-70867728950e"})
+	compact := store.CompactKey("POST /bookings", "0f8fad5b-d9cb-469f-a165-70867728950e")
 	long := strings.Repeat("k", 100)
 	small, large := []byte(`{"status":201,"id":"B-0001"}`), []byte(strings.Repeat("r", 200))
 	for _, c := range []struct {
@@ -113,7 +114,7 @@ func TestBucketPlacement(t *testing.T) {
 		{long, small, "own key"},
 		{compact + "x", large, "own key"},
 	} {
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: c.key, Fingerprint: idem.Fingerprint(c.result), Lease: time.Minute, Retention: time.Hour})
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: c.key, Fingerprint: idem.Fingerprint(c.result), Lease: time.Minute, Retention: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,8 +127,8 @@ func TestBucketPlacement(t *testing.T) {
 		if got := where(c.key); got != c.want {
 			t.Fatalf("%.30q completed with a %d-byte result: in %s, want %s", c.key, len(c.result), got, c.want)
 		}
-		r, err := s.Acquire(ctx, idem.AcquireRequest{Key: c.key, Fingerprint: idem.Fingerprint(c.result), Lease: time.Minute, Retention: time.Hour})
-		if err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != string(c.result) || r.Record.Attempts != 1 || r.Record.Fence != a.Fence {
+		r, err := s.Acquire(ctx, store.AcquireRequest{Key: c.key, Fingerprint: idem.Fingerprint(c.result), Lease: time.Minute, Retention: time.Hour})
+		if err != nil || r.Outcome != store.Replayed || string(r.Record.Result) != string(c.result) || r.Record.Attempts != 1 || r.Record.Fence != a.Fence {
 			t.Fatalf("%.30q replay: %v %+v %v", c.key, r.Outcome, r.Record, err)
 		}
 	}
@@ -135,7 +136,7 @@ func TestBucketPlacement(t *testing.T) {
 	// to a key of its own, and back when a new generation starts.
 	var fence uint64
 	for i := 1; i <= 256; i++ {
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "retried", Lease: time.Minute, Retention: time.Hour})
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: "retried", Lease: time.Minute, Retention: time.Hour})
 		if err != nil || a.Record.Attempts != i {
 			t.Fatalf("attempt %d: %+v %v", i, a.Record, err)
 		}
@@ -152,7 +153,7 @@ func TestBucketPlacement(t *testing.T) {
 	if err := s.Delete(ctx, "retried"); err != nil || where("retried") != "nowhere" {
 		t.Fatalf("Delete: %v, the record in %s", err, where("retried"))
 	}
-	if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "retried", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Fence <= fence || where("retried") != "bucket" {
+	if a, err := s.Acquire(ctx, store.AcquireRequest{Key: "retried", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Fence <= fence || where("retried") != "bucket" {
 		t.Fatalf("after Delete: fence %d (was %d), %v, in %s", a.Fence, fence, err, where("retried"))
 	}
 	if ttl, err := c.PTTL(ctx, func() string { keys, _ := s.Locate(compact); return keys[1] }()).Result(); err != nil || ttl < 59*time.Minute || ttl > 3*time.Hour { // at most three retentions (bucket.lua)
@@ -162,7 +163,7 @@ func TestBucketPlacement(t *testing.T) {
 
 // claimAll claims keys in s with req (key, lease): a minute's lease, 1 ms
 // for "lease-over"; returns their fences.
-func claimAll(t *testing.T, s *redisstore.Store, req func(string, time.Duration) idem.AcquireRequest, keys ...string) map[string]uint64 {
+func claimAll(t *testing.T, s *redisstore.Store, req func(string, time.Duration) store.AcquireRequest, keys ...string) map[string]uint64 {
 	t.Helper()
 	fences := map[string]uint64{}
 	for _, k := range keys {
@@ -181,14 +182,14 @@ func claimAll(t *testing.T, s *redisstore.Store, req func(string, time.Duration)
 
 // takeOver waits for req to take over the claim of its key, taken with a
 // 1 ms lease under fence, with a larger fence.
-func takeOver(t *testing.T, s *redisstore.Store, req idem.AcquireRequest, fence uint64) {
+func takeOver(t *testing.T, s *redisstore.Store, req store.AcquireRequest, fence uint64) {
 	t.Helper()
 	testenv.Eventually(t, 5*time.Second, "a takeover of the claim whose 1 ms lease ran out", func() error {
 		a, err := s.Acquire(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a.Outcome != idem.TakenOver || a.Fence <= fence {
+		if a.Outcome != store.TakenOver || a.Fence <= fence {
 			return fmt.Errorf("%v, fence %d", a.Outcome, a.Fence)
 		}
 		return nil
@@ -203,8 +204,8 @@ func TestRecordsMoveIntoBuckets(t *testing.T) {
 	prefix := testenv.RandomName("idemtest:") + ":"
 	before := testenv.OpenRedis(t, prefix)
 	ctx := context.Background()
-	req := func(k string, lease time.Duration) idem.AcquireRequest {
-		return idem.AcquireRequest{Key: k, Fingerprint: idem.Fingerprint([]byte("body")), Lease: lease, Retention: time.Hour}
+	req := func(k string, lease time.Duration) store.AcquireRequest {
+		return store.AcquireRequest{Key: k, Fingerprint: idem.Fingerprint([]byte("body")), Lease: lease, Retention: time.Hour}
 	}
 	fences := claimAll(t, before, req, "completed", "in-flight", "lease-over", "mismatch")
 	for _, k := range []string{"completed", "mismatch"} {
@@ -234,10 +235,10 @@ func TestRecordsMoveIntoBuckets(t *testing.T) {
 	if rec, err := after.Get(ctx, "completed"); err != nil || string(rec.Result) != "r-completed" {
 		t.Fatalf("Get: %+v %v", rec, err)
 	}
-	if a, err := after.Acquire(ctx, req("completed", time.Minute)); err != nil || a.Outcome != idem.Replayed {
+	if a, err := after.Acquire(ctx, req("completed", time.Minute)); err != nil || a.Outcome != store.Replayed {
 		t.Fatalf("replay: %v %v", a.Outcome, err)
 	}
-	if a, err := after.Acquire(ctx, idem.AcquireRequest{Key: "mismatch", Fingerprint: "other", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Mismatch {
+	if a, err := after.Acquire(ctx, store.AcquireRequest{Key: "mismatch", Fingerprint: "other", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != store.Mismatch {
 		t.Fatalf("mismatch: %v %v", a.Outcome, err)
 	}
 	if err := after.Complete(ctx, "in-flight", fences["in-flight"], []byte("done after"), time.Hour); err != nil {
@@ -253,7 +254,7 @@ func TestRecordsMoveIntoBuckets(t *testing.T) {
 			t.Errorf("%s: own key %d, in its bucket %v; moved by a transition: %v", k, own, inBucket, moved)
 		}
 	}
-	if rec, err := after.Get(ctx, "in-flight"); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "done after" {
+	if rec, err := after.Get(ctx, "in-flight"); err != nil || rec.State != store.StateCompleted || string(rec.Result) != "done after" {
 		t.Fatalf("moved record: %+v %v", rec, err)
 	}
 }
@@ -282,7 +283,7 @@ func TestBucketSweepsExpiredRecords(t *testing.T) {
 	complete := func(retention time.Duration) string {
 		k := same[next]
 		next++
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -304,7 +305,7 @@ func TestBucketSweepsExpiredRecords(t *testing.T) {
 	expired := []string{complete(time.Millisecond), complete(time.Millisecond)}
 	testenv.Eventually(t, 5*time.Second, "Redis's clock passing the 1 ms retention", func() error {
 		for _, k := range expired {
-			if _, err := s.Get(ctx, k); !errors.Is(err, idem.ErrNotFound) {
+			if _, err := s.Get(ctx, k); !errors.Is(err, store.ErrNotFound) {
 				return fmt.Errorf("%s: %v", k, err)
 			}
 		}
@@ -358,7 +359,7 @@ func TestBucketsRefused(t *testing.T) {
 }
 
 func BenchmarkStoreBuckets(b *testing.B) {
-	storetest.Bench(b, func(t testing.TB) idem.Store { return openBuckets(t, testenv.RandomName("idemtest:")+":") })
+	storetest.Bench(b, func(t testing.TB) store.Store { return openBuckets(t, testenv.RandomName("idemtest:")+":") })
 }
 
 // TestBucketsFromTheStoreURL: idem_buckets=N in a store URL turns buckets
@@ -373,7 +374,7 @@ func TestBucketsFromTheStoreURL(t *testing.T) {
 	}
 	defer st.Close()
 	s := st.(*redisstore.Store)
-	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour})
+	a, err := s.Acquire(ctx, store.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,7 +441,7 @@ func TestBucketSweepIsBounded(t *testing.T) {
 				k = fmt.Sprintf("live-%d", j)
 			}
 		}
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -511,7 +512,7 @@ func TestBucketTTLAskedOncePerLifecycle(t *testing.T) {
 	}
 	lifecycle := func(key string, claim, settle time.Duration) {
 		t.Helper()
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: claim})
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: key, Lease: time.Minute, Retention: claim})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -539,7 +540,7 @@ func TestBucketTTLAskedOncePerLifecycle(t *testing.T) {
 
 	// A claim saved without the flag (as where its save knew the TTL to
 	// reach its expiry, not its retention twice over).
-	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "unflagged", Lease: time.Minute, Retention: time.Hour})
+	a, err := s.Acquire(ctx, store.AcquireRequest{Key: "unflagged", Lease: time.Minute, Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -591,7 +592,7 @@ func TestBucketAcquisitionCalls(t *testing.T) {
 	bucketOf := func(key string) string { keys, _ := s.Locate(key); return keys[1] }
 	// Keys of one bucket, which exists, with its next sweep an hour away:
 	// a sweep check is then one HGET of its time.
-	if _, err := s.Acquire(ctx, idem.AcquireRequest{Key: "first", Lease: time.Minute, Retention: time.Hour}); err != nil {
+	if _, err := s.Acquire(ctx, store.AcquireRequest{Key: "first", Lease: time.Minute, Retention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	b := bucketOf("first")
@@ -610,8 +611,8 @@ func TestBucketAcquisitionCalls(t *testing.T) {
 	}
 	checks := 0
 	for _, k := range keys {
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
-		if err != nil || a.Outcome != idem.Acquired {
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+		if err != nil || a.Outcome != store.Acquired {
 			t.Fatalf("%s: %v %v", k, a.Outcome, err)
 		}
 		if a.Fence%8 == 0 {
@@ -626,8 +627,8 @@ func TestBucketAcquisitionCalls(t *testing.T) {
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: keys[0], Lease: time.Minute, Retention: time.Hour})
-	if err != nil || a.Outcome != idem.InProgress {
+	a, err := s.Acquire(ctx, store.AcquireRequest{Key: keys[0], Lease: time.Minute, Retention: time.Hour})
+	if err != nil || a.Outcome != store.InProgress {
 		t.Fatalf("a duplicate: %v %v", a.Outcome, err)
 	}
 	if got, n := scriptCalls(t, c); n != 2 || got["hget"] != 1 {
@@ -647,8 +648,8 @@ func TestRecordInItsOwnKeyBesideItsBucket(t *testing.T) {
 	after := openBuckets(t, prefix)
 	ctx := context.Background()
 	bucketOf := func(key string) string { keys, _ := after.Locate(key); return keys[1] }
-	req := func(k string, lease time.Duration) idem.AcquireRequest {
-		return idem.AcquireRequest{Key: k, Lease: lease, Retention: time.Hour}
+	req := func(k string, lease time.Duration) store.AcquireRequest {
+		return store.AcquireRequest{Key: k, Lease: lease, Retention: time.Hour}
 	}
 	fences := claimAll(t, before, req, "done", "running", "lease-over")
 	for k := range fences {
@@ -673,10 +674,10 @@ func TestRecordInItsOwnKeyBesideItsBucket(t *testing.T) {
 		}
 		return in
 	}
-	if a, err := after.Acquire(ctx, req("done", time.Minute)); err != nil || a.Outcome != idem.Replayed || string(a.Record.Result) != "result" {
+	if a, err := after.Acquire(ctx, req("done", time.Minute)); err != nil || a.Outcome != store.Replayed || string(a.Record.Result) != "result" {
 		t.Fatalf("done: %v %+v %v", a.Outcome, a.Record, err)
 	}
-	if a, err := after.Acquire(ctx, req("running", time.Minute)); err != nil || a.Outcome != idem.InProgress {
+	if a, err := after.Acquire(ctx, req("running", time.Minute)); err != nil || a.Outcome != store.InProgress {
 		t.Fatalf("running: %v %v", a.Outcome, err)
 	}
 	for _, k := range []string{"done", "running"} {
@@ -703,7 +704,7 @@ func TestBucketValueFitsTheDefaultListpack(t *testing.T) {
 	if v, err := c.ConfigGet(ctx, "hash-max-listpack-value").Result(); err != nil || v["hash-max-listpack-value"] != "64" {
 		t.Fatalf("hash-max-listpack-value: %v %v, want the default 64", v, err)
 	}
-	key := idem.CompactKey(idem.Key{Scope: "POST /bookings", ID: "0f8fad5b-d9cb-469f-a165-70867728950e"})
+	key := store.CompactKey("POST /bookings", "0f8fad5b-d9cb-469f-a165-70867728950e")
 	result := []byte(`{"status":201,"id":"B-0001"}`)
 	keys, field := s.Locate(key)
 	check := func(when string) {
@@ -718,8 +719,8 @@ func TestBucketValueFitsTheDefaultListpack(t *testing.T) {
 		}
 	}
 	for i := range 3 { // three generations: a claim, its completion and its replay each time
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: idem.Fingerprint(result), Lease: time.Minute, Retention: time.Hour})
-		if err != nil || a.Outcome != idem.Acquired {
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: key, Fingerprint: idem.Fingerprint(result), Lease: time.Minute, Retention: time.Hour})
+		if err != nil || a.Outcome != store.Acquired {
 			t.Fatalf("generation %d: %v %v", i, a.Outcome, err)
 		}
 		check("in flight")
@@ -727,8 +728,8 @@ func TestBucketValueFitsTheDefaultListpack(t *testing.T) {
 			t.Fatal(err)
 		}
 		check("completed")
-		r, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: idem.Fingerprint(result), Lease: time.Minute, Retention: time.Hour})
-		if err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != string(result) || r.Record.Fence != a.Fence {
+		r, err := s.Acquire(ctx, store.AcquireRequest{Key: key, Fingerprint: idem.Fingerprint(result), Lease: time.Minute, Retention: time.Hour})
+		if err != nil || r.Outcome != store.Replayed || string(r.Record.Result) != string(result) || r.Record.Fence != a.Fence {
 			t.Fatalf("replay: %v %+v %v", r.Outcome, r.Record, err)
 		}
 		if err := s.Delete(ctx, key); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/storetest"
 	"github.com/idemgo/idem/store/storeurl"
@@ -33,14 +34,14 @@ func TestCluster(t *testing.T) {
 		return s
 	}
 	t.Run("Conformance", func(t *testing.T) {
-		storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store { return open(t) })
+		storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) store.Store { return open(t) })
 	})
 	t.Run("ConformanceBuckets", func(t *testing.T) {
 		// A record's own key and its bucket share a slot (else every
 		// script would fail with CROSSSLOT); with WaitReplicas, the
 		// pipelines per master carry two keys per call.
 		for _, wait := range []int{0, 1} {
-			storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
+			storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) store.Store {
 				s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", Buckets: 1, WaitReplicas: wait})
 				if err != nil {
 					t.Fatal(err)
@@ -52,7 +53,7 @@ func TestCluster(t *testing.T) {
 	t.Run("ConformanceWaitingForAReplica", func(t *testing.T) {
 		// Coalesced pipelines on a Cluster with WaitReplicas: one per master,
 		// each ending with its WAIT.
-		storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
+		storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) store.Store {
 			s, err := redisstore.New(redisstore.Config{Client: cluster.Client(t), Prefix: testenv.RandomName("idemtest:") + ":", WaitReplicas: 1})
 			if err != nil {
 				t.Fatal(err)
@@ -81,7 +82,7 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		if _, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour}); err != nil {
+		if _, err := s.Acquire(context.Background(), store.AcquireRequest{Key: "k", Lease: time.Minute, Retention: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -98,7 +99,7 @@ func TestCluster(t *testing.T) {
 			start := time.Now()
 			for i := range 500 {
 				k := fmt.Sprintf("w-%d", i)
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+				a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
 				if err == nil {
 					err = s.Complete(ctx, k, a.Fence, []byte("r"), time.Hour)
 				}
@@ -234,7 +235,7 @@ func TestCluster(t *testing.T) {
 				t.Fatalf("a Scan page of %d records, limit 1,000", len(recs))
 			}
 			for _, r := range recs {
-				if r.State != idem.StateCompleted {
+				if r.State != store.StateCompleted {
 					t.Fatalf("Scan: %+v", r)
 				}
 				scanned[r.Key] = true
@@ -304,7 +305,7 @@ func TestClusterCampaignWaitReplicas(t *testing.T) {
 
 func clusterCampaign(t *testing.T, name string, waitReplicas, buckets int) {
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
-		Open: func(t testing.TB, location string) idem.Store {
+		Open: func(t testing.TB, location string) store.Store {
 			prefix, addrs, _ := strings.Cut(location, " ")
 			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ","), MaxRetries: -1})
 			s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, CloseClient: true, WaitReplicas: waitReplicas, Buckets: buckets})

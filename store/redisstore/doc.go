@@ -1,4 +1,4 @@
-// Package redisstore is the Redis idem.Store, on go-redis v9: a hot shared
+// Package redisstore is the Redis store.Store, on go-redis v9: a hot shared
 // store whose records expire by themselves.
 //
 // It takes a redis.UniversalClient, so a single node, Sentinel and Cluster

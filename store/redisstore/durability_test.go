@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/redisstore"
 )
 
@@ -49,7 +49,7 @@ func TestServerCrash(t *testing.T) {
 			const n = 2000
 			for i := range n {
 				k := fmt.Sprintf("k%05d", i)
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+				a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
 				if err == nil {
 					err = s.Complete(ctx, k, a.Fence, []byte("r"), time.Hour)
 				}
@@ -64,7 +64,7 @@ func TestServerCrash(t *testing.T) {
 			defer s.Close()
 			lost := 0
 			for i := range n {
-				if _, err := s.Get(ctx, fmt.Sprintf("k%05d", i)); errors.Is(err, idem.ErrNotFound) {
+				if _, err := s.Get(ctx, fmt.Sprintf("k%05d", i)); errors.Is(err, store.ErrNotFound) {
 					lost++
 				} else if err != nil {
 					t.Fatal(err)

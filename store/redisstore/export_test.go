@@ -6,12 +6,12 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/keypack"
+	"github.com/idemgo/idem/store"
 )
 
 // DecodeRecord reads a record as the scripts answer it, for the tests.
-func DecodeRecord(v string) (idem.Record, bool) { return decodeRecord("", v) }
+func DecodeRecord(v string) (store.Record, bool) { return decodeRecord("", v) }
 
 // EncodeFingerprint is the fingerprint as the scripts compare it.
 func EncodeFingerprint(fp string) string { return keypack.Fingerprint(fp) }
@@ -63,8 +63,8 @@ var LuaParts = struct{ Record, Bucket, Acquire, Owned, Clock string }{recordLua,
 // Batch runs one coalesced batch, as the store's group would: for each key
 // an acquisition (fence 0, a minute's lease, an hour's retention) or a
 // completion under its fence with result. Each call's error, or
-// idem.ErrStaleFence for a completion refused; an acquisition's outcome.
-func (s *Store) Batch(ctx context.Context, keys []string, fences []uint64, result []byte) ([]idem.Outcome, []error) {
+// store.ErrStaleFence for a completion refused; an acquisition's outcome.
+func (s *Store) Batch(ctx context.Context, keys []string, fences []uint64, result []byte) ([]store.Outcome, []error) {
 	calls := make([]scriptCall, len(keys))
 	for i, key := range keys {
 		c := scriptCall{one: s.ownedScript, op: "c", fence: fences[i], ms: 3600000, result: result}
@@ -77,15 +77,15 @@ func (s *Store) Batch(ctx context.Context, keys []string, fences []uint64, resul
 	}
 	out := make([]answer, len(calls))
 	s.runMany(ctx, calls, out)
-	outcomes, errs := make([]idem.Outcome, len(calls)), make([]error, len(calls))
+	outcomes, errs := make([]store.Outcome, len(calls)), make([]error, len(calls))
 	for i, a := range out {
 		switch v, err := a.val, a.err; {
 		case err != nil:
 			errs[i] = err
 		case calls[i].acquire:
-			outcomes[i] = idem.Outcome(v.([]any)[0].(int64))
+			outcomes[i] = store.Outcome(v.([]any)[0].(int64))
 		case v == int64(0):
-			errs[i] = idem.ErrStaleFence
+			errs[i] = store.ErrStaleFence
 		}
 	}
 	return outcomes, errs

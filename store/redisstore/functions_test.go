@@ -10,8 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/storetest"
 )
@@ -86,7 +86,7 @@ func TestFunctionsLoadedWhereMissing(t *testing.T) {
 			close(done)
 			n := <-flushed
 			for i := range 16 * 50 {
-				if rec, err := s.Get(ctx, fmt.Sprintf("fn-%d", i)); err != nil || rec.State != idem.StateCompleted {
+				if rec, err := s.Get(ctx, fmt.Sprintf("fn-%d", i)); err != nil || rec.State != store.StateCompleted {
 					t.Fatalf("fn-%d: %+v %v", i, rec, err)
 				}
 			}
@@ -99,7 +99,7 @@ func TestFunctionsLoadedWhereMissing(t *testing.T) {
 			if err := c.ConfigResetStat(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
-			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "after", Lease: time.Minute, Retention: time.Hour})
+			a, err := s.Acquire(ctx, store.AcquireRequest{Key: "after", Lease: time.Minute, Retention: time.Hour})
 			if err == nil {
 				err = s.Complete(ctx, "after", a.Fence, []byte("r"), time.Hour)
 			}
@@ -140,14 +140,14 @@ func TestFunctionsDeniedFallBackToScripts(t *testing.T) {
 		}
 		for i := range 20 {
 			key := fmt.Sprint("k-", i)
-			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
-			if err != nil || a.Outcome != idem.Acquired {
+			a, err := s.Acquire(ctx, store.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
+			if err != nil || a.Outcome != store.Acquired {
 				t.Fatalf("%s: %v %v", key, a.Outcome, err)
 			}
 			if err := s.Complete(ctx, key, a.Fence, []byte("r"), time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Replayed {
+			if a, err := s.Acquire(ctx, store.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != store.Replayed {
 				t.Fatalf("%s again: %v %v", key, a.Outcome, err)
 			}
 		}
@@ -177,7 +177,7 @@ func TestConformanceScripts(t *testing.T) {
 		{"BucketsUncoalesced", redisstore.Config{NoFunctions: true, Buckets: 1, NoCoalesce: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			storetest.Run(t, caps, func(t testing.TB) idem.Store {
+			storetest.Run(t, caps, func(t testing.TB) store.Store {
 				cfg := tc.cfg
 				cfg.Prefix = testenv.RandomName("idemtest:") + ":"
 				return testenv.OpenRedisConfig(t, "", cfg)

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/redisstore"
 )
 
@@ -32,15 +32,15 @@ func TestFullServer(t *testing.T) {
 				const held = 60
 				fences := make([]uint64, held)
 				for i := range fences {
-					a, err := s.Acquire(ctx, idem.AcquireRequest{Key: fmt.Sprint("held-", i), Lease: time.Minute, Retention: time.Hour})
-					if err != nil || a.Outcome != idem.Acquired {
+					a, err := s.Acquire(ctx, store.AcquireRequest{Key: fmt.Sprint("held-", i), Lease: time.Minute, Retention: time.Hour})
+					if err != nil || a.Outcome != store.Acquired {
 						t.Fatalf("acquire held-%d: %v, %v", i, a.Outcome, err)
 					}
 					fences[i] = a.Fence
 				}
 				// A key completed before: its duplicates are answered from the
 				// record, which needs no memory.
-				done, err := s.Acquire(ctx, idem.AcquireRequest{Key: "done", Lease: time.Minute, Retention: time.Hour})
+				done, err := s.Acquire(ctx, store.AcquireRequest{Key: "done", Lease: time.Minute, Retention: time.Hour})
 				if err == nil {
 					err = s.Complete(ctx, "done", done.Fence, []byte("done"), time.Hour)
 				}
@@ -53,13 +53,13 @@ func TestFullServer(t *testing.T) {
 				defer c.ConfigSet(ctx, "maxmemory", "0")
 				refused := func(what string, err error) {
 					t.Helper()
-					if !errors.Is(err, idem.ErrStoreUnavailable) || !strings.Contains(err.Error(), "OOM") {
+					if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "OOM") {
 						t.Errorf("%s on a full server: %v, want ErrStoreUnavailable (OOM)", what, err)
 					}
 				}
-				_, err = s.Acquire(ctx, idem.AcquireRequest{Key: "new", Lease: time.Minute, Retention: time.Hour})
+				_, err = s.Acquire(ctx, store.AcquireRequest{Key: "new", Lease: time.Minute, Retention: time.Hour})
 				refused("a new claim", err)
-				if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "done", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Replayed {
+				if a, err := s.Acquire(ctx, store.AcquireRequest{Key: "done", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != store.Replayed {
 					t.Errorf("a duplicate of a completed key on a full server: %v, %v, want Replayed", a.Outcome, err)
 				}
 				if err := s.Heartbeat(ctx, "held-0", fences[0], 2*time.Minute); err != nil {
@@ -83,7 +83,7 @@ func TestFullServer(t *testing.T) {
 					}()
 					go func() {
 						defer wg.Done()
-						_, err := s.Acquire(ctx, idem.AcquireRequest{Key: fmt.Sprint("new-", i), Lease: time.Minute, Retention: time.Hour})
+						_, err := s.Acquire(ctx, store.AcquireRequest{Key: fmt.Sprint("new-", i), Lease: time.Minute, Retention: time.Hour})
 						refused("a new claim beside settles", err)
 					}()
 				}
@@ -98,7 +98,7 @@ func TestFullServer(t *testing.T) {
 				outcomes, errs := s.Batch(ctx, keys, batch, []byte("done"))
 				for i, err := range errs {
 					if keys[i] == "done" {
-						if err != nil || outcomes[i] != idem.Replayed {
+						if err != nil || outcomes[i] != store.Replayed {
 							t.Errorf("a duplicate of a completed key in a batch on a full server: %v, %v, want Replayed", outcomes[i], err)
 						}
 					} else if batch[i] == 0 {
@@ -111,7 +111,7 @@ func TestFullServer(t *testing.T) {
 				}
 				for i := 3; i < held; i++ {
 					rec, err := s.Get(ctx, fmt.Sprint("held-", i))
-					if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "done" {
+					if err != nil || rec.State != store.StateCompleted || string(rec.Result) != "done" {
 						t.Errorf("held-%d after its settle: %v %q, %v", i, rec.State, rec.Result, err)
 					}
 				}
@@ -119,14 +119,14 @@ func TestFullServer(t *testing.T) {
 					if strings.HasPrefix(key, "held-") || key == "done" {
 						continue
 					}
-					if _, err := s.Get(ctx, key); !errors.Is(err, idem.ErrNotFound) {
+					if _, err := s.Get(ctx, key); !errors.Is(err, store.ErrNotFound) {
 						t.Errorf("%s, refused on a full server, is in the store: %v", key, err)
 					}
 				}
 				if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 					t.Fatal(err)
 				}
-				if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "new", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Acquired {
+				if a, err := s.Acquire(ctx, store.AcquireRequest{Key: "new", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != store.Acquired {
 					t.Errorf("a new claim once memory is free: %v, %v", a.Outcome, err)
 				}
 			})
@@ -153,8 +153,8 @@ func TestSettlesWhereScriptFlagsAreRefused(t *testing.T) {
 					go func() {
 						defer wg.Done()
 						key := fmt.Sprint("k-", i)
-						a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
-						if err != nil || a.Outcome != idem.Acquired {
+						a, err := s.Acquire(ctx, store.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
+						if err != nil || a.Outcome != store.Acquired {
 							t.Errorf("acquire %s: %v, %v", key, a.Outcome, err)
 							return
 						}
@@ -164,7 +164,7 @@ func TestSettlesWhereScriptFlagsAreRefused(t *testing.T) {
 						if err := s.Complete(ctx, key, a.Fence, []byte("done"), time.Hour); err != nil {
 							t.Errorf("complete %s: %v", key, err)
 						}
-						if rec, err := s.Get(ctx, key); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "done" {
+						if rec, err := s.Get(ctx, key); err != nil || rec.State != store.StateCompleted || string(rec.Result) != "done" {
 							t.Errorf("%s after its settle: %v %q, %v", key, rec.State, rec.Result, err)
 						}
 					}()

@@ -18,16 +18,16 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/coalesce"
 	"github.com/idemgo/idem/internal/keypack"
+	"github.com/idemgo/idem/store"
 )
 
 var (
-	_ idem.Store     = (*Store)(nil)
-	_ idem.Lister    = (*Store)(nil)
-	_ idem.Scanner   = (*Store)(nil)
-	_ idem.Unclaimer = (*Store)(nil)
+	_ store.Store     = (*Store)(nil)
+	_ store.Lister    = (*Store)(nil)
+	_ store.Scanner   = (*Store)(nil)
+	_ store.Unclaimer = (*Store)(nil)
 )
 
 //go:embed record.lua
@@ -254,7 +254,7 @@ type Config struct {
 	// Prefix starts every key name. Defaults to "idem:".
 	Prefix string
 	// Limits bound what the store accepts.
-	Limits idem.Limits
+	Limits store.Limits
 	// CloseClient makes Close close Client too. Defaults to false.
 	CloseClient bool
 	// WaitReplicas makes every transition wait until this many replicas
@@ -322,9 +322,9 @@ type Config struct {
 // acknowledged a write within Config.WaitTimeout. It wraps
 // idem.ErrStoreUnavailable (the call failed closed), and the write may or
 // may not survive a failover.
-var ErrReplicationShortfall = fmt.Errorf("%w: fewer replicas than required acknowledged the write", idem.ErrStoreUnavailable)
+var ErrReplicationShortfall = fmt.Errorf("%w: fewer replicas than required acknowledged the write", store.ErrUnavailable)
 
-// Store is a Redis idem.Store.
+// Store is a Redis store.Store.
 //
 // Its scripts are safe to run twice for one call: go-redis resends a
 // command whose connection broke before the answer came back (MaxRetries),
@@ -335,7 +335,7 @@ type Store struct {
 	given   redis.UniversalClient // Config.Client
 	ownRing *redis.Ring           // see steadyRing
 	prefix  string
-	limits  idem.Limits
+	limits  store.Limits
 	close   bool
 
 	nonces  atomic.Uint32
@@ -445,9 +445,9 @@ func wrap(op string, err error) error {
 		return err
 	}
 	if errors.Is(err, redis.ErrClosed) {
-		return fmt.Errorf("%w: redis %s: %w", idem.ErrClosed, op, err)
+		return fmt.Errorf("%w: redis %s: %w", store.ErrClosed, op, err)
 	}
-	return fmt.Errorf("%w: redis %s: %w", idem.ErrStoreUnavailable, op, err)
+	return fmt.Errorf("%w: redis %s: %w", store.ErrUnavailable, op, err)
 }
 
 func toInt(v any) int64 {
@@ -489,7 +489,7 @@ func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, ar
 	return cmd
 }
 
-// Scan implements idem.Scanner: SCAN on each node (each master of a
+// Scan implements store.Scanner: SCAN on each node (each master of a
 // cluster, each shard of a ring, in address order), continuing from the
 // cursor, then one
 // pipeline reading the page's records. The cursor names every node and its
@@ -498,7 +498,7 @@ func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, ar
 // move during a walk (a reshard: a record moved from a master not walked
 // yet to one walked would be missed), or are moving when a page starts or
 // ends: the cursor keeps the slots each master serves (slotLayout).
-func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Record, string, error) {
+func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]store.Record, string, error) {
 	if limit <= 0 {
 		limit = 1000
 	}
@@ -540,17 +540,17 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 				continue
 			}
 			if _, known := nodes[addr]; !known {
-				return nil, "", fmt.Errorf("%w: idem/redisstore: scan: node %s is no longer a master (a failover during the walk): start again", idem.ErrStoreUnavailable, addr)
+				return nil, "", fmt.Errorf("%w: idem/redisstore: scan: node %s is no longer a master (a failover during the walk): start again", store.ErrUnavailable, addr)
 			}
 			cursors[addr] = c
 		}
 		if len(cursors) != len(addrs) {
-			return nil, "", fmt.Errorf("%w: idem/redisstore: scan: the cluster's masters changed during the walk: start again", idem.ErrStoreUnavailable)
+			return nil, "", fmt.Errorf("%w: idem/redisstore: scan: the cluster's masters changed during the walk: start again", store.ErrUnavailable)
 		}
 	}
 	pattern := escapeGlob(s.prefix) + "{*"
 	var keys []string
-	var buckets []idem.Record // the records of the buckets met
+	var buckets []store.Record // the records of the buckets met
 	for _, addr := range addrs {
 		c := cursors[addr]
 		for c != "-" && len(keys)+len(buckets) < limit {
@@ -611,7 +611,7 @@ func (s *Store) Scan(ctx context.Context, cursor string, limit int) ([]idem.Reco
 }
 
 // errSlotsMoved: a cluster's slots moved during a Scan walk.
-var errSlotsMoved = fmt.Errorf("%w: idem/redisstore: scan: the cluster's slots moved between masters during the walk (a reshard): start again", idem.ErrStoreUnavailable)
+var errSlotsMoved = fmt.Errorf("%w: idem/redisstore: scan: the cluster's slots moved between masters during the walk (a reshard): start again", store.ErrUnavailable)
 
 // slotLayout returns the slots each master of a cluster serves, as one
 // string ("" for one server or a ring), read from each master's own
@@ -667,7 +667,7 @@ func ownSlots(ctx context.Context, node redis.Cmdable) (string, error) {
 		}
 		for _, slot := range f[8:] {
 			if strings.HasPrefix(slot, "[") {
-				return "", fmt.Errorf("%w: idem/redisstore: scan: slot %s is moving between masters (a reshard): walk again once it is done", idem.ErrStoreUnavailable, slot)
+				return "", fmt.Errorf("%w: idem/redisstore: scan: slot %s is moving between masters (a reshard): walk again once it is done", store.ErrUnavailable, slot)
 			}
 		}
 		return strings.Join(f[8:], " "), nil
@@ -677,7 +677,7 @@ func ownSlots(ctx context.Context, node redis.Cmdable) (string, error) {
 
 // bucketRecords reads the live records of buckets on node: one pipeline
 // of their HGETALLs, with the server's TIME.
-func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, buckets []string) ([]idem.Record, error) {
+func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, buckets []string) ([]store.Record, error) {
 	pipe := node.Pipeline()
 	now := pipe.Time(ctx)
 	all := make([]*redis.MapStringStringCmd, len(buckets))
@@ -688,7 +688,7 @@ func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, buckets [
 	if err := now.Err(); err != nil {
 		return nil, err
 	}
-	var recs []idem.Record
+	var recs []store.Record
 	for _, cmd := range all {
 		if err := cmd.Err(); err != nil {
 			return nil, err
@@ -708,22 +708,22 @@ func (s *Store) bucketRecords(ctx context.Context, node redis.Cmdable, buckets [
 
 // decodeGet reads the answer of a GET of key: found is false when the key
 // is gone.
-func (s *Store) decodeGet(key, v string, err error) (rec idem.Record, found bool, _ error) {
+func (s *Store) decodeGet(key, v string, err error) (rec store.Record, found bool, _ error) {
 	switch {
 	case errors.Is(err, redis.Nil):
-		return idem.Record{}, false, nil
+		return store.Record{}, false, nil
 	case err != nil:
-		return idem.Record{}, false, err
+		return store.Record{}, false, err
 	}
 	if rec, found = decodeRecord(key, v); !found {
-		return idem.Record{}, false, fmt.Errorf("%s is not an idem record", s.KeyName(key)) // wrap makes it ErrStoreUnavailable
+		return store.Record{}, false, fmt.Errorf("%s is not an idem record", s.KeyName(key)) // wrap makes it ErrStoreUnavailable
 	}
 	return rec, true, nil
 }
 
 // read gets the records of keys in one pipeline, skipping those gone (a
 // record that expired since a scan).
-func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) {
+func (s *Store) read(ctx context.Context, keys []string) ([]store.Record, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
@@ -736,7 +736,7 @@ func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) 
 		gets[i] = pipe.Get(ctx, s.KeyName(k))
 	}
 	_, _ = pipe.Exec(ctx)
-	recs := make([]idem.Record, len(keys)) // Key "" where none was found
+	recs := make([]store.Record, len(keys)) // Key "" where none was found
 	for i, k := range keys {
 		rec, found, err := s.decodeGet(k, gets[i].Val(), gets[i].Err())
 		switch {
@@ -757,7 +757,7 @@ func (s *Store) read(ctx context.Context, keys []string) ([]idem.Record, error) 
 
 // peekAll reads the records of keys of a bucketed store in one pipeline,
 // skipping those gone.
-func (s *Store) peekAll(ctx context.Context, keys []string) ([]idem.Record, error) {
+func (s *Store) peekAll(ctx context.Context, keys []string) ([]store.Record, error) {
 	cmds := make([]*redis.Cmd, len(keys))
 	for try := 0; ; try++ {
 		pipe := s.c.Pipeline()
@@ -776,7 +776,7 @@ func (s *Store) peekAll(ctx context.Context, keys []string) ([]idem.Record, erro
 			break
 		}
 	}
-	out := make([]idem.Record, 0, len(keys))
+	out := make([]store.Record, 0, len(keys))
 	for i, k := range keys {
 		rec, found, err := s.decodePeek(k, cmds[i])
 		if err != nil {
@@ -861,28 +861,28 @@ func flagsRefused(err error) bool {
 	return strings.Contains(msg, "near '#'") || strings.Contains(msg, "shebang")
 }
 
-// Acquire implements idem.Store with one script.
-func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+// Acquire implements store.Store with one script.
+func (s *Store) Acquire(ctx context.Context, req store.AcquireRequest) (store.Acquisition, error) {
 	if err := s.limits.CheckAcquire(req); err != nil {
-		return idem.Acquisition{}, err
+		return store.Acquisition{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return idem.Acquisition{}, err
+		return store.Acquisition{}, err
 	}
 	v, err := s.transition(ctx, req.Key, scriptCall{one: s.acquireScript, acquire: true, fp: keypack.Fingerprint(req.Fingerprint),
 		lease: req.Lease.Milliseconds(), keep: max(req.Retention, req.Lease).Milliseconds(), maxAttempts: req.MaxAttempts}).Slice()
 	if err != nil {
-		return idem.Acquisition{}, wrap("acquire", err)
+		return store.Acquisition{}, wrap("acquire", err)
 	}
-	var rec idem.Record
+	var rec store.Record
 	ok := len(v) == 2
 	if ok {
 		rec, ok = decodeRecord(req.Key, toStr(v[1]))
 	}
 	if !ok {
-		return idem.Acquisition{}, fmt.Errorf("%w: redis acquire: unexpected reply %q", idem.ErrStoreUnavailable, v)
+		return store.Acquisition{}, fmt.Errorf("%w: redis acquire: unexpected reply %q", store.ErrUnavailable, v)
 	}
-	a := idem.Acquisition{Outcome: idem.Outcome(toInt(v[0])), Record: rec}
+	a := store.Acquisition{Outcome: store.Outcome(toInt(v[0])), Record: rec}
 	if a.Outcome.Owns() {
 		a.Fence = rec.Fence
 	}
@@ -898,12 +898,12 @@ func (s *Store) owned(ctx context.Context, op, code string, key string, fence ui
 		return wrap(op, err)
 	}
 	if n == 0 {
-		return idem.ErrStaleFence
+		return store.ErrStaleFence
 	}
 	return nil
 }
 
-// Heartbeat implements idem.Store.
+// Heartbeat implements store.Store.
 func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
 	if err := s.limits.CheckHeartbeat(key, lease); err != nil {
 		return err
@@ -911,7 +911,7 @@ func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease t
 	return s.owned(ctx, "heartbeat", "h", key, fence, lease.Milliseconds(), nil)
 }
 
-// Complete implements idem.Store.
+// Complete implements store.Store.
 func (s *Store) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
 	if err := s.limits.CheckSettle(key, result, retention); err != nil {
 		return err
@@ -919,7 +919,7 @@ func (s *Store) Complete(ctx context.Context, key string, fence uint64, result [
 	return s.owned(ctx, "complete", "c", key, fence, retention.Milliseconds(), result)
 }
 
-// Fail implements idem.Store.
+// Fail implements store.Store.
 func (s *Store) Fail(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
 	if err := s.limits.CheckSettle(key, result, retention); err != nil {
 		return err
@@ -927,53 +927,53 @@ func (s *Store) Fail(ctx context.Context, key string, fence uint64, result []byt
 	return s.owned(ctx, "fail", "f", key, fence, retention.Milliseconds(), result)
 }
 
-// Release implements idem.Store.
+// Release implements store.Store.
 func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
-	if err := idem.ValidateStorageKey(key); err != nil {
+	if err := store.ValidateKey(key); err != nil {
 		return err
 	}
 	return s.owned(ctx, "release", "x", key, fence, 0, nil)
 }
 
-// Unclaim implements idem.Unclaimer with one script.
+// Unclaim implements store.Unclaimer with one script.
 func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
-	if err := idem.ValidateStorageKey(key); err != nil {
+	if err := store.ValidateKey(key); err != nil {
 		return err
 	}
 	return s.owned(ctx, "unclaim", "u", key, fence, 0, nil)
 }
 
-// Get implements idem.Store (one GET; an expired record is gone by TTL).
-func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
-	if err := idem.ValidateStorageKey(key); err != nil {
-		return idem.Record{}, err
+// Get implements store.Store (one GET; an expired record is gone by TTL).
+func (s *Store) Get(ctx context.Context, key string) (store.Record, error) {
+	if err := store.ValidateKey(key); err != nil {
+		return store.Record{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return idem.Record{}, err
+		return store.Record{}, err
 	}
 	if s.bucketsPerSlot > 0 {
 		keys, field := s.locate(key)
 		rec, found, err := s.decodePeek(key, peekScript.Run(ctx, s.c, keys, field))
 		if err != nil {
-			return idem.Record{}, wrap("get", err)
+			return store.Record{}, wrap("get", err)
 		}
 		if !found {
-			return idem.Record{}, idem.ErrNotFound
+			return store.Record{}, store.ErrNotFound
 		}
 		return rec, nil
 	}
 	v, err := s.c.Get(ctx, s.KeyName(key)).Result()
 	rec, found, err := s.decodeGet(key, v, err)
 	if err != nil {
-		return idem.Record{}, wrap("get", err)
+		return store.Record{}, wrap("get", err)
 	}
 	if !found {
-		return idem.Record{}, idem.ErrNotFound
+		return store.Record{}, store.ErrNotFound
 	}
 	return rec, nil
 }
 
-// Delete implements idem.Store.
+// Delete implements store.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	if s.bucketsPerSlot == 0 {
 		return wrap("delete", s.c.Del(ctx, s.KeyName(key)).Err())
@@ -982,7 +982,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	return wrap("delete", s.run(ctx, bucketDeleteScript, keys, field).Err())
 }
 
-// DeleteUpTo implements idem.FencedDeleter: one script reads the record
+// DeleteUpTo implements store.FencedDeleter: one script reads the record
 // (its own key or its bucket's field) and removes it if its fence is at
 // most fence.
 func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
@@ -995,34 +995,34 @@ func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error 
 }
 
 // decodePeek reads the answer of peekScript for key.
-func (s *Store) decodePeek(key string, cmd *redis.Cmd) (rec idem.Record, found bool, _ error) {
+func (s *Store) decodePeek(key string, cmd *redis.Cmd) (rec store.Record, found bool, _ error) {
 	v, err := cmd.Result()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return idem.Record{}, false, nil
+		return store.Record{}, false, nil
 	case err != nil:
-		return idem.Record{}, false, err
+		return store.Record{}, false, err
 	}
 	switch v := v.(type) {
 	case string:
 		if rec, found = decodeRecord(key, v); !found {
-			return idem.Record{}, false, fmt.Errorf("%s is not an idem record", s.KeyName(key))
+			return store.Record{}, false, fmt.Errorf("%s is not an idem record", s.KeyName(key))
 		}
 		return rec, true, nil
 	}
-	return idem.Record{}, false, fmt.Errorf("%s: unexpected answer %v", s.KeyName(key), v)
+	return store.Record{}, false, fmt.Errorf("%s: unexpected answer %v", s.KeyName(key), v)
 }
 
-// Sweep implements idem.Store. Redis expires every record by its TTL (with
+// Sweep implements store.Store. Redis expires every record by its TTL (with
 // Config.Buckets, each bucket deletes its expired records itself and
 // expires after its last one), so there is nothing to sweep: it returns 0.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	return 0, ctx.Err()
 }
 
-// List implements idem.Lister with SCAN over the prefix (on every master of
+// List implements store.Lister with SCAN over the prefix (on every master of
 // a Cluster). It reads the whole key space of the prefix: for operators.
-func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Record, error) {
+func (s *Store) List(ctx context.Context, after string, limit int) ([]store.Record, error) {
 	// Redis keeps no order: every page scans the prefix (on a cluster or a
 	// ring, each master or shard separately) and keeps the smallest
 	// keys after the cursor; the records are then read in one pipeline.

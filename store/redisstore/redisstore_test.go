@@ -9,16 +9,16 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/storetest"
 	"github.com/idemgo/idem/store/storeurl"
 )
 
-func openAt(t testing.TB, prefix string) idem.Store { return testenv.OpenRedis(t, prefix) }
+func openAt(t testing.TB, prefix string) store.Store { return testenv.OpenRedis(t, prefix) }
 
-func newStore(t testing.TB) idem.Store { return openAt(t, testenv.RandomName("idemtest:")+":") }
+func newStore(t testing.TB) store.Store { return openAt(t, testenv.RandomName("idemtest:")+":") }
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, newStore)
@@ -28,7 +28,7 @@ func TestEveryKeyHasTTL(t *testing.T) {
 	s := testenv.OpenRedis(t, testenv.RandomName("idemtest:")+":")
 	ctx := context.Background()
 	for _, k := range []string{"inflight", "done", "released"} {
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +95,7 @@ func TestGuardCampaign(t *testing.T) {
 func campaignConfig(t *testing.T, name string, base redisstore.Config) storetest.CampaignConfig {
 	testenv.RedisClient(t).Close()
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
-		Open: func(t testing.TB, location string) idem.Store {
+		Open: func(t testing.TB, location string) store.Store {
 			prefix, addr, _ := strings.Cut(location, " ")
 			c := base
 			c.Prefix = prefix
@@ -145,7 +145,7 @@ func TestRetriedScriptsAreIdempotent(t *testing.T) {
 				return v
 			}
 			first, again := acquire(), acquire()
-			if first[0] != int64(idem.Acquired) || again[0] != first[0] || again[1] != first[1] {
+			if first[0] != int64(store.Acquired) || again[0] != first[0] || again[1] != first[1] {
 				t.Fatalf("acquire run twice: first %q, again %q — want the same claim", first, again)
 			}
 			rec, ok := redisstore.DecodeRecord(first[1].(string))
@@ -162,7 +162,7 @@ func TestRetriedScriptsAreIdempotent(t *testing.T) {
 			if a, b := settle("done", "process\x00\x00\x00\x02"), settle("done", "process\x00\x00\x00\x02"); a != 1 || b != 1 {
 				t.Fatalf("complete run twice: %d then %d, want 1 both times", a, b)
 			}
-			if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Replayed || string(a.Record.Result) != "done" {
+			if a, err := s.Acquire(ctx, store.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != store.Replayed || string(a.Record.Result) != "done" {
 				t.Fatalf("after the retried calls: %v %q %v", a.Outcome, a.Record.Result, err)
 			}
 			// Another call's nonce is not a retry: a stale fence stays stale.
@@ -204,7 +204,7 @@ func TestConformanceUncoalesced(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: TestConformance runs the suite; this runs it uncoalesced")
 	}
-	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store {
+	storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) store.Store {
 		prefix := testenv.RandomName("idemtest:") + ":"
 		s, err := redisstore.New(redisstore.Config{Client: testenv.RedisClient(t), Prefix: prefix, CloseClient: true, NoCoalesce: true})
 		if err != nil {
@@ -256,7 +256,7 @@ func TestCoalescedPipelinesCarryManyCalls(t *testing.T) {
 		t.Fatalf("16 goroutines at once shared %d pipelines carrying %d calls", trips, calls)
 	}
 	for i := range 16 * 100 {
-		if rec, err := s.Get(context.Background(), fmt.Sprintf("many-%d", i)); err != nil || rec.State != idem.StateCompleted {
+		if rec, err := s.Get(context.Background(), fmt.Sprintf("many-%d", i)); err != nil || rec.State != store.StateCompleted {
 			t.Fatalf("many-%d: %+v %v", i, rec, err)
 		}
 	}
@@ -294,7 +294,7 @@ func TestAcquisitionCalls(t *testing.T) {
 	}
 	const n = 40
 	for i := range n {
-		if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: fmt.Sprint("k-", i), Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Acquired {
+		if a, err := s.Acquire(ctx, store.AcquireRequest{Key: fmt.Sprint("k-", i), Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != store.Acquired {
 			t.Fatalf("k-%d: %v %v", i, a.Outcome, err)
 		}
 	}
@@ -304,7 +304,7 @@ func TestAcquisitionCalls(t *testing.T) {
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k-0", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.InProgress {
+	if a, err := s.Acquire(ctx, store.AcquireRequest{Key: "k-0", Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != store.InProgress {
 		t.Fatalf("a duplicate: %v %v", a.Outcome, err)
 	}
 	if got, total := scriptCalls(t, c); total != 2 || got["get"] != 1 {

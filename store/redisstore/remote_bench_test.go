@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/storetest"
 )
@@ -27,7 +27,7 @@ func BenchmarkRemote(b *testing.B) {
 	for _, workers := range []int{8, 32} {
 		for _, coalesce := range []bool{true, false} {
 			b.Run(fmt.Sprintf("workers=%d/coalesce=%v", workers, coalesce), func(b *testing.B) {
-				storetest.BenchLifecycle(b, func(t testing.TB) idem.Store {
+				storetest.BenchLifecycle(b, func(t testing.TB) store.Store {
 					return testenv.OpenRedisConfig(t, p.Addr(), redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", NoCoalesce: !coalesce})
 				}, max(1, workers/runtime.GOMAXPROCS(0)))
 			})

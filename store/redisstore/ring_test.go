@@ -12,8 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/redisstore"
 )
 
@@ -62,8 +62,8 @@ func TestRingKeepsEveryKeyOnItsShard(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			k := fmt.Sprintf("ring-%d", i)
-			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Minute})
-			if err == nil && a.Outcome != idem.Acquired {
+			a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Minute})
+			if err == nil && a.Outcome != store.Acquired {
 				err = fmt.Errorf("%s: %v", k, a.Outcome)
 			}
 			errs <- err
@@ -78,10 +78,10 @@ func TestRingKeepsEveryKeyOnItsShard(t *testing.T) {
 	}
 	for i := range n {
 		k := fmt.Sprintf("ring-%d", i)
-		if rec, err := s.Get(ctx, k); err != nil || rec.State != idem.StateInFlight {
+		if rec, err := s.Get(ctx, k); err != nil || rec.State != store.StateInFlight {
 			t.Fatalf("%s after its acquisition: %+v, %v — written on another shard", k, rec, err)
 		}
-		if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Minute}); err != nil || a.Outcome != idem.InProgress {
+		if a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Minute}); err != nil || a.Outcome != store.InProgress {
 			t.Fatalf("%s acquired again: %v, %v — want InProgress", k, a.Outcome, err)
 		}
 	}
@@ -163,18 +163,18 @@ func TestRingShardDownFailsClosed(t *testing.T) {
 	ran := 0
 	for i := range n {
 		k := key(i)
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Hour})
 		switch {
 		case err == nil && a.Outcome.Owns():
 			ran++
 			t.Errorf("%s (completed on shard %v) claimed again while shard a is down: its work would run twice", k, map[bool]string{true: "a", false: "b"}[onA[k]])
-		case onA[k] && !errors.Is(err, idem.ErrStoreUnavailable):
+		case onA[k] && !errors.Is(err, store.ErrUnavailable):
 			t.Errorf("%s, on the shard that is down: %v, %v; want ErrStoreUnavailable", k, a.Outcome, err)
-		case !onA[k] && (err != nil || a.Outcome != idem.Replayed):
+		case !onA[k] && (err != nil || a.Outcome != store.Replayed):
 			t.Errorf("%s, on the shard that is up: %v, %v; want Replayed", k, a.Outcome, err)
 		}
 	}
-	if _, _, err := s.Scan(ctx, "", 1000); !errors.Is(err, idem.ErrStoreUnavailable) {
+	if _, _, err := s.Scan(ctx, "", 1000); !errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("a Scan walk while shard a is down: %v; want ErrStoreUnavailable (it would miss its records)", err)
 	}
 
@@ -187,7 +187,7 @@ func TestRingShardDownFailsClosed(t *testing.T) {
 		return nil
 	})
 	for i := range n {
-		if a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key(i), Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != idem.Replayed {
+		if a, err := s.Acquire(ctx, store.AcquireRequest{Key: key(i), Lease: time.Minute, Retention: time.Hour}); err != nil || a.Outcome != store.Replayed {
 			t.Errorf("%s once shard a is back: %v, %v; want Replayed", key(i), a.Outcome, err)
 		}
 	}

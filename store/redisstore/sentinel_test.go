@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/storetest"
 )
@@ -31,12 +32,12 @@ func TestSentinel(t *testing.T) {
 		return s
 	}
 	t.Run("Conformance", func(t *testing.T) {
-		storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) idem.Store { return open(t, redisstore.Config{}) })
+		storetest.Run(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, ListsRecords: true, SelfExpiring: true}, func(t testing.TB) store.Store { return open(t, redisstore.Config{}) })
 	})
 	t.Run("WaitReplicas", func(t *testing.T) {
 		ctx := context.Background()
 		one := open(t, redisstore.Config{WaitReplicas: 1})
-		a, err := one.Acquire(ctx, idem.AcquireRequest{Key: "w", Lease: time.Minute, Retention: time.Hour})
+		a, err := one.Acquire(ctx, store.AcquireRequest{Key: "w", Lease: time.Minute, Retention: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,8 +46,8 @@ func TestSentinel(t *testing.T) {
 		}
 		// Three replicas asked, two exist: a shortfall, failing closed.
 		three := open(t, redisstore.Config{WaitReplicas: 3, WaitTimeout: 50 * time.Millisecond})
-		_, err = three.Acquire(ctx, idem.AcquireRequest{Key: "w2", Lease: time.Minute, Retention: time.Hour})
-		if !errors.Is(err, redisstore.ErrReplicationShortfall) || !errors.Is(err, idem.ErrStoreUnavailable) {
+		_, err = three.Acquire(ctx, store.AcquireRequest{Key: "w2", Lease: time.Minute, Retention: time.Hour})
+		if !errors.Is(err, redisstore.ErrReplicationShortfall) || !errors.Is(err, store.ErrUnavailable) {
 			t.Fatalf("WAIT for 3 replicas of 2: %v, want ErrReplicationShortfall", err)
 		}
 		// The same through coalesced batches (one batch script and its
@@ -60,7 +61,7 @@ func TestSentinel(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := range 64 {
 				wg.Go(func() {
-					_, err := c.s.Acquire(ctx, idem.AcquireRequest{Key: fmt.Sprintf("b%d", i), Lease: time.Minute, Retention: time.Hour})
+					_, err := c.s.Acquire(ctx, store.AcquireRequest{Key: fmt.Sprintf("b%d", i), Lease: time.Minute, Retention: time.Hour})
 					errs <- err
 				})
 			}
@@ -148,7 +149,7 @@ func failover(t *testing.T, client redis.UniversalClient, waitReplicas int,
 			return nil
 		}
 		failures++
-		if !errors.Is(err, idem.ErrStoreUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, store.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("a failure that is not 'unavailable': %v", err)
 		}
 		return err
@@ -197,7 +198,7 @@ func failover(t *testing.T, client redis.UniversalClient, waitReplicas int,
 	}
 	lost := 0
 	for _, id := range done {
-		if _, err := s.Get(ctx, g.StorageKey(idem.Key{Scope: "failover", ID: id})); errors.Is(err, idem.ErrNotFound) {
+		if _, err := s.Get(ctx, g.StorageKey(idem.Key{Scope: "failover", ID: id})); errors.Is(err, store.ErrNotFound) {
 			lost++
 		}
 	}
@@ -225,7 +226,7 @@ func TestSentinelCampaignWaitReplicas(t *testing.T) {
 
 func sentinelCampaign(t *testing.T, name string, waitReplicas int) {
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
-		Open: func(t testing.TB, location string) idem.Store {
+		Open: func(t testing.TB, location string) store.Store {
 			f := strings.Fields(location)
 			c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: f[1], SentinelAddrs: strings.Split(f[2], ","), MaxRetries: -1})
 			s, err := redisstore.New(redisstore.Config{Client: c, Prefix: f[0], CloseClient: true, WaitReplicas: waitReplicas})

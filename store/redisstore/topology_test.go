@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/redisstore"
 )
 
@@ -80,7 +80,7 @@ func scanWhileSlotsMove(t *testing.T, cluster *testenv.RedisCluster) {
 	for page := 0; ; page++ {
 		recs, next, err := s.Scan(ctx, cursor, 50)
 		if err != nil {
-			if moved > 0 && errors.Is(err, idem.ErrStoreUnavailable) {
+			if moved > 0 && errors.Is(err, store.ErrUnavailable) {
 				walkFailed = true
 				t.Logf("the walk failed after %d pages, %d records, slots of %d records moved: %v", page, len(seen), moved, err)
 				break // start again: nothing was claimed complete
@@ -118,7 +118,7 @@ func scanWhileSlotsMove(t *testing.T, cluster *testenv.RedisCluster) {
 	cluster.MoveSlot(t, slot, to, func() {
 		if !asked {
 			asked = true
-			if _, _, err := s.Scan(ctx, "", 50); !errors.Is(err, idem.ErrStoreUnavailable) || !strings.Contains(err.Error(), "moving") {
+			if _, _, err := s.Scan(ctx, "", 50); !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "moving") {
 				t.Errorf("Scan while slot %d is moving: %v", slot, err)
 			}
 		}
@@ -214,12 +214,12 @@ func underLoadOf(t *testing.T, stores []*redisstore.Store, keys []string, what s
 	lifecycle := func(s *redisstore.Store, key string) error {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		a, err := s.Acquire(cctx, idem.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
+		a, err := s.Acquire(cctx, store.AcquireRequest{Key: key, Lease: time.Minute, Retention: time.Hour})
 		if err != nil {
 			return err
 		}
 		switch a.Outcome {
-		case idem.Acquired:
+		case store.Acquired:
 			mu.Lock()
 			claimed[key]++
 			mu.Unlock()
@@ -229,11 +229,11 @@ func underLoadOf(t *testing.T, stores []*redisstore.Store, keys []string, what s
 			mu.Lock()
 			completed[key] = true
 			mu.Unlock()
-		case idem.Replayed:
+		case store.Replayed:
 			if !bytes.Equal(a.Record.Result, result(key)) {
 				t.Errorf("%s replayed %q", key, a.Record.Result)
 			}
-		case idem.InProgress:
+		case store.InProgress:
 		default:
 			t.Errorf("%s: %v (no lease ran out, nothing was released)", key, a.Outcome)
 		}
@@ -316,7 +316,7 @@ func underLoadOf(t *testing.T, stores []*redisstore.Store, keys []string, what s
 	lost := 0
 	for key := range completed {
 		r, err := stores[1].Get(ctx, key)
-		if err != nil || r.State != idem.StateCompleted || !bytes.Equal(r.Result, result(key)) {
+		if err != nil || r.State != store.StateCompleted || !bytes.Equal(r.Result, result(key)) {
 			lost++
 			t.Logf("%s: %+v %v", key, r, err)
 		}

@@ -5,9 +5,9 @@ import (
 	"database/sql"
 	"errors"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/coalesce"
 	"github.com/idemgo/idem/internal/keypack"
+	"github.com/idemgo/idem/store"
 )
 
 // maxBatch bounds the calls of one shared transaction.
@@ -25,28 +25,28 @@ type writeCall struct {
 	op          string
 }
 
-func (s *Store) newWrites() *coalesce.Group[writeCall, idem.Acquisition] {
+func (s *Store) newWrites() *coalesce.Group[writeCall, store.Acquisition] {
 	// One round trip in flight: SQLite has one writer at a time.
 	return coalesce.New(coalesce.Config[writeCall]{MaxBatch: maxBatch, MaxInFlight: 1},
-		func(ctx context.Context, c writeCall) (idem.Acquisition, error) {
+		func(ctx context.Context, c writeCall) (store.Acquisition, error) {
 			return s.runWrite(ctx, s.acquire, s.settle, &c)
 		}, s.writeMany)
 }
 
 // write runs c alone or, while another write is in flight, in the next
 // shared transaction.
-func (s *Store) write(ctx context.Context, c writeCall) (idem.Acquisition, error) {
+func (s *Store) write(ctx context.Context, c writeCall) (store.Acquisition, error) {
 	if s.writes == nil {
 		return s.runWrite(ctx, s.acquire, s.settle, &c)
 	}
 	return s.writes.Do(ctx, c)
 }
 
-func (s *Store) runWrite(ctx context.Context, acquire, settle *sql.Stmt, c *writeCall) (idem.Acquisition, error) {
+func (s *Store) runWrite(ctx context.Context, acquire, settle *sql.Stmt, c *writeCall) (store.Acquisition, error) {
 	if c.acquire {
 		return s.acquireWith(ctx, acquire, c)
 	}
-	return idem.Acquisition{}, s.owned(ctx, c.op, settle, keypack.KeyArg(c.key), c.fence, s.nowMs(), c.keep, c.state, c.result)
+	return store.Acquisition{}, s.owned(ctx, c.op, settle, keypack.KeyArg(c.key), c.fence, s.nowMs(), c.keep, c.state, c.result)
 }
 
 // writeMany runs calls in one BEGIN IMMEDIATE transaction, each its own
@@ -55,10 +55,10 @@ func (s *Store) runWrite(ctx context.Context, acquire, settle *sql.Stmt, c *writ
 // fails for its own input fails its call alone (SQLite undoes just that
 // statement); a failure of the database (busy, I/O, full) or of the commit
 // rolls everything back and fails every call: none was applied.
-func (s *Store) writeMany(ctx context.Context, calls []writeCall, out []idem.Acquisition, errs []error) {
+func (s *Store) writeMany(ctx context.Context, calls []writeCall, out []store.Acquisition, errs []error) {
 	fail := func(err error) {
 		for i := range errs {
-			out[i], errs[i] = idem.Acquisition{}, err
+			out[i], errs[i] = store.Acquisition{}, err
 		}
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -69,7 +69,7 @@ func (s *Store) writeMany(ctx context.Context, calls []writeCall, out []idem.Acq
 	acquire, settle := tx.StmtContext(ctx, s.acquire), tx.StmtContext(ctx, s.settle)
 	for i := range calls {
 		out[i], errs[i] = s.runWrite(ctx, acquire, settle, &calls[i])
-		if errors.Is(errs[i], idem.ErrStoreUnavailable) || errors.Is(errs[i], idem.ErrClosed) || ctx.Err() != nil {
+		if errors.Is(errs[i], store.ErrUnavailable) || errors.Is(errs[i], store.ErrClosed) || ctx.Err() != nil {
 			_ = tx.Rollback()
 			fail(errs[i])
 			return

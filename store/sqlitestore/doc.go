@@ -1,4 +1,4 @@
-// Package sqlitestore is the embedded default idem.Store: a SQLite file
+// Package sqlitestore is the embedded default store.Store: a SQLite file
 // (pure Go, modernc.org/sqlite, no cgo) in WAL mode, safe for several
 // goroutines and several processes on the same file.
 //

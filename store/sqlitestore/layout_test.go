@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/sqlitestore"
 	"github.com/idemgo/idem/store/storetest"
 )
@@ -15,7 +16,7 @@ import (
 // (keypack), and refuses a TEXT key (STRICT).
 func TestANewTableKeepsKeysAndFingerprintsPacked(t *testing.T) {
 	s := newStore(t).(*sqlitestore.Store)
-	compact := idem.CompactKey(idem.Key{Scope: "orders", ID: "4711"})
+	compact := store.CompactKey("orders", "4711")
 	fp := idem.Fingerprint([]byte("body"))
 	storetest.KeysReadBack(t, s, fp, compact, "raw\x00\xff", "fifteen-bytes!!")
 	var keyType, fpType string

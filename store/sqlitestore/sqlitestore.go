@@ -17,14 +17,15 @@ import (
 	"github.com/idemgo/idem/internal/sqlmigrate"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
+	"github.com/idemgo/idem/store"
 )
 
 var (
-	_ idem.Store     = (*Store)(nil)
-	_ idem.Lister    = (*Store)(nil)
-	_ idem.Migrator  = (*Store)(nil)
-	_ idem.Archiver  = (*Store)(nil)
-	_ idem.Unclaimer = (*Store)(nil)
+	_ store.Store     = (*Store)(nil)
+	_ store.Lister    = (*Store)(nil)
+	_ store.Migrator  = (*Store)(nil)
+	_ store.Archiver  = (*Store)(nil)
+	_ store.Unclaimer = (*Store)(nil)
 )
 
 // Config configures a Store. Only Path is required.
@@ -47,7 +48,7 @@ type Config struct {
 	// Clock tells the store's time. Defaults to the wall clock.
 	Clock idem.Clock
 	// Limits bound what the store accepts. Defaults to idem's defaults.
-	Limits idem.Limits
+	Limits store.Limits
 	// NoCoalesce makes every Acquire, Complete and Fail its own
 	// transaction. By default, the calls that arrive while a write is in
 	// flight share the next transaction (one commit: on synchronous=FULL,
@@ -56,16 +57,16 @@ type Config struct {
 	NoCoalesce bool
 }
 
-// Store is a SQLite idem.Store.
+// Store is a SQLite store.Store.
 type Store struct {
 	db     *sql.DB
 	clock  idem.Clock
-	limits idem.Limits
+	limits store.Limits
 
 	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive *sql.Stmt
 	closed                                                                                atomic.Bool
 
-	writes *coalesce.Group[writeCall, idem.Acquisition] // nil: NoCoalesce
+	writes *coalesce.Group[writeCall, store.Acquisition] // nil: NoCoalesce
 }
 
 // Open opens (and by default migrates) the database at cfg.Path.
@@ -130,7 +131,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // The acquire statement. Parameters: ?1 key, ?2 fingerprint, ?3 now (ms),
 // ?4 lease (ms), ?5 unsettled retention (ms, at least the lease), ?6 max
-// attempts (0 = none), ?7 the fence floor (see idem.FenceFloor). In DO
+// attempts (0 = none), ?7 the fence floor (see store.FenceFloor). In DO
 // UPDATE, bare column names are the row as it was.
 const (
 	condExpired  = `(expires_at <= ?3)`
@@ -236,7 +237,7 @@ const deleted = `state = 5, result = NULL, lease_until = 0, expires_at = 0, upda
 // increasing even for a file opened twice and with an injected clock;
 // between processes on one file, the floor of the moment the statement runs
 // (SQLite's clock, floorAtExecution) keeps them growing.
-var fences idem.FenceSequence
+var fences store.FenceSequence
 
 func (s *Store) nowMs() int64 { return s.clock.Now().UnixMilli() }
 
@@ -249,18 +250,18 @@ func ms(t int64) time.Time {
 
 type scanner interface{ Scan(dest ...any) error }
 
-func (s *Store) scanRecord(sc scanner, extra ...any) (idem.Record, error) {
-	var r idem.Record
+func (s *Store) scanRecord(sc scanner, extra ...any) (store.Record, error) {
+	var r store.Record
 	var key, fp []byte
 	var state int
 	var lease, exp, upd int64
 	dest := append(extra, &key, &state, &r.Fence, &fp, &r.Attempts, &r.Result, &lease, &exp, &upd)
 	if err := sc.Scan(dest...); err != nil {
-		return idem.Record{}, err
+		return store.Record{}, err
 	}
 	r.Key, r.Fingerprint = keypack.Key(string(key)), keypack.UnpackFingerprint(string(fp))
-	r.State = idem.State(state)
-	if r.State == idem.StateInFlight {
+	r.State = store.State(state)
+	if r.State == store.StateInFlight {
 		r.LeaseUntil = ms(lease)
 	}
 	r.ExpiresAt, r.UpdatedAt = ms(exp), ms(upd)
@@ -280,7 +281,7 @@ func (s *Store) wrap(op string, err error) error {
 		return err
 	}
 	if s.closed.Load() || errors.Is(err, sql.ErrConnDone) {
-		return fmt.Errorf("%w: sqlite %s: %w", idem.ErrClosed, op, err)
+		return fmt.Errorf("%w: sqlite %s: %w", store.ErrClosed, op, err)
 	}
 	var se *sqlite.Error
 	if errors.As(err, &se) {
@@ -290,29 +291,29 @@ func (s *Store) wrap(op string, err error) error {
 			return fmt.Errorf("idem/sqlitestore: %s: %w", op, err)
 		}
 	}
-	return fmt.Errorf("%w: sqlite %s: %w", idem.ErrStoreUnavailable, op, err)
+	return fmt.Errorf("%w: sqlite %s: %w", store.ErrUnavailable, op, err)
 }
 
-// Acquire implements idem.Store with one statement, alone or in a
+// Acquire implements store.Store with one statement, alone or in a
 // transaction shared with the calls that wait for the store at the same
 // time (Config.NoCoalesce).
-func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
+func (s *Store) Acquire(ctx context.Context, req store.AcquireRequest) (store.Acquisition, error) {
 	if err := s.limits.CheckAcquire(req); err != nil {
-		return idem.Acquisition{}, err
+		return store.Acquisition{}, err
 	}
 	return s.write(ctx, writeCall{acquire: true, key: req.Key, fp: req.Fingerprint, lease: req.Lease.Milliseconds(),
 		keep: max(req.Retention, req.Lease).Milliseconds(), maxAttempts: req.MaxAttempts})
 }
 
-func (s *Store) acquireWith(ctx context.Context, st *sql.Stmt, c *writeCall) (idem.Acquisition, error) {
+func (s *Store) acquireWith(ctx context.Context, st *sql.Stmt, c *writeCall) (store.Acquisition, error) {
 	t := s.clock.Now()
 	var outcome int
 	rec, err := s.scanRecord(st.QueryRowContext(ctx, keypack.KeyArg(c.key), keypack.FingerprintArg(c.fp), t.UnixMilli(), c.lease, c.keep, c.maxAttempts,
 		int64(fences.Next(t, 0))), &outcome)
 	if err != nil {
-		return idem.Acquisition{}, s.wrap("acquire", err)
+		return store.Acquisition{}, s.wrap("acquire", err)
 	}
-	a := idem.Acquisition{Outcome: idem.Outcome(outcome), Record: rec}
+	a := store.Acquisition{Outcome: store.Outcome(outcome), Record: rec}
 	if a.Outcome.Owns() {
 		a.Fence = rec.Fence
 	}
@@ -329,12 +330,12 @@ func (s *Store) owned(ctx context.Context, op string, st *sql.Stmt, args ...any)
 		return s.wrap(op, err)
 	}
 	if n == 0 {
-		return idem.ErrStaleFence
+		return store.ErrStaleFence
 	}
 	return nil
 }
 
-// Heartbeat implements idem.Store.
+// Heartbeat implements store.Store.
 func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
 	if err := s.limits.CheckHeartbeat(key, lease); err != nil {
 		return err
@@ -342,17 +343,17 @@ func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease t
 	return s.owned(ctx, "heartbeat", s.heartbeat, keypack.KeyArg(key), int64(fence), s.nowMs(), lease.Milliseconds())
 }
 
-// Complete implements idem.Store.
+// Complete implements store.Store.
 func (s *Store) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
-	return s.settleAs(ctx, "complete", key, fence, idem.StateCompleted, result, retention)
+	return s.settleAs(ctx, "complete", key, fence, store.StateCompleted, result, retention)
 }
 
-// Fail implements idem.Store.
+// Fail implements store.Store.
 func (s *Store) Fail(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
-	return s.settleAs(ctx, "fail", key, fence, idem.StateFailed, result, retention)
+	return s.settleAs(ctx, "fail", key, fence, store.StateFailed, result, retention)
 }
 
-func (s *Store) settleAs(ctx context.Context, op, key string, fence uint64, st idem.State, result []byte, retention time.Duration) error {
+func (s *Store) settleAs(ctx context.Context, op, key string, fence uint64, st store.State, result []byte, retention time.Duration) error {
 	if err := s.limits.CheckSettle(key, result, retention); err != nil {
 		return err
 	}
@@ -363,47 +364,47 @@ func (s *Store) settleAs(ctx context.Context, op, key string, fence uint64, st i
 	return err
 }
 
-// Release implements idem.Store.
+// Release implements store.Store.
 func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
-	if err := idem.ValidateStorageKey(key); err != nil {
+	if err := store.ValidateKey(key); err != nil {
 		return err
 	}
 	return s.owned(ctx, "release", s.release, keypack.KeyArg(key), int64(fence), s.nowMs())
 }
 
-// Unclaim implements idem.Unclaimer with one statement.
+// Unclaim implements store.Unclaimer with one statement.
 func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
-	if err := idem.ValidateStorageKey(key); err != nil {
+	if err := store.ValidateKey(key); err != nil {
 		return err
 	}
 	return s.owned(ctx, "unclaim", s.unclaim, keypack.KeyArg(key), int64(fence), s.nowMs())
 }
 
-// Get implements idem.Store.
-func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
-	if err := idem.ValidateStorageKey(key); err != nil {
-		return idem.Record{}, err
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, key string) (store.Record, error) {
+	if err := store.ValidateKey(key); err != nil {
+		return store.Record{}, err
 	}
 	rec, err := s.scanRecord(s.get.QueryRowContext(ctx, keypack.KeyArg(key), s.nowMs()))
 	if errors.Is(err, sql.ErrNoRows) {
-		return idem.Record{}, idem.ErrNotFound
+		return store.Record{}, store.ErrNotFound
 	}
 	return rec, s.wrap("get", err)
 }
 
-// Delete implements idem.Store.
+// Delete implements store.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	_, err := s.del.ExecContext(ctx, keypack.KeyArg(key))
 	return s.wrap("delete", err)
 }
 
-// DeleteUpTo implements idem.FencedDeleter.
+// DeleteUpTo implements store.FencedDeleter.
 func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error {
 	_, err := s.delUpTo.ExecContext(ctx, keypack.KeyArg(key), int64(fence))
 	return s.wrap("delete", err)
 }
 
-// Sweep implements idem.Store: one DELETE of up to limit expired rows (no
+// Sweep implements store.Store: one DELETE of up to limit expired rows (no
 // limit when limit <= 0). It counts the records past their retention; the
 // rows that deleted records leave (see deleted) go too, uncounted.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
@@ -428,8 +429,8 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	return n, s.wrap("sweep", rows.Err())
 }
 
-// List implements idem.Lister.
-func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Record, error) {
+// List implements store.Lister.
+func (s *Store) List(ctx context.Context, after string, limit int) ([]store.Record, error) {
 	if limit <= 0 {
 		limit = -1
 	}
@@ -438,7 +439,7 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 		return nil, s.wrap("list", err)
 	}
 	defer rows.Close()
-	var out []idem.Record
+	var out []store.Record
 	for rows.Next() {
 		r, err := s.scanRecord(rows)
 		if err != nil {
@@ -449,34 +450,34 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]idem.Recor
 	return out, s.wrap("list", rows.Err())
 }
 
-// CountStates implements idem.StateCounter: live records by state, one
+// CountStates implements store.StateCounter: live records by state, one
 // query.
-func (s *Store) CountStates(ctx context.Context) (map[idem.State]int64, error) {
+func (s *Store) CountStates(ctx context.Context) (map[store.State]int64, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT state, count(*) FROM idem_records WHERE expires_at > ? GROUP BY state`, s.nowMs())
 	if err != nil {
 		return nil, s.wrap("count", err)
 	}
 	defer rows.Close()
-	out := map[idem.State]int64{}
+	out := map[store.State]int64{}
 	for rows.Next() {
 		var st, n int64
 		if err := rows.Scan(&st, &n); err != nil {
 			return nil, s.wrap("count", err)
 		}
-		out[idem.State(st)] = n
+		out[store.State(st)] = n
 	}
 	return out, s.wrap("count", rows.Err())
 }
 
-// Archive implements idem.Archiver with one statement.
-func (s *Store) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
+// Archive implements store.Archiver with one statement.
+func (s *Store) Archive(ctx context.Context, rec store.Record, retention time.Duration) error {
 	_, err := s.ArchiveStored(ctx, rec, retention)
 	return err
 }
 
-// ArchiveStored implements idem.StoredArchiver: the statement's changed
+// ArchiveStored implements store.StoredArchiver: the statement's changed
 // rows tell.
-func (s *Store) ArchiveStored(ctx context.Context, rec idem.Record, retention time.Duration) (bool, error) {
+func (s *Store) ArchiveStored(ctx context.Context, rec store.Record, retention time.Duration) (bool, error) {
 	if err := s.limits.CheckArchive(rec, retention); err != nil {
 		return false, err
 	}

@@ -13,11 +13,12 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/sqlitestore"
 	"github.com/idemgo/idem/store/storetest"
 )
 
-func openAt(t testing.TB, path string) idem.Store {
+func openAt(t testing.TB, path string) store.Store {
 	s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: path})
 	if err != nil {
 		t.Fatal(err)
@@ -26,14 +27,14 @@ func openAt(t testing.TB, path string) idem.Store {
 	return s
 }
 
-func newStore(t testing.TB) idem.Store {
+func newStore(t testing.TB) store.Store {
 	return openAt(t, filepath.Join(t.TempDir(), "idem.db"))
 }
 
 // TestConformance runs the suite on the store's injected clock: the lease
 // and retention cases advance it instead of sleeping.
 func TestConformance(t *testing.T) {
-	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
+	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) store.Store {
 		s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Clock: clock})
 		if err != nil {
 			t.Fatal(err)
@@ -78,13 +79,13 @@ func TestErrorsKeepTheirCause(t *testing.T) {
 	if _, err := s.DB().Exec(`DROP TABLE idem_records`); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: "k", Lease: time.Second, Retention: time.Hour})
+	_, err := s.Acquire(context.Background(), store.AcquireRequest{Key: "k", Lease: time.Second, Retention: time.Hour})
 	var se *sqlite.Error
-	if !errors.As(err, &se) || errors.Is(err, idem.ErrStoreUnavailable) {
+	if !errors.As(err, &se) || errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("err = %v: want the driver's *sqlite.Error, not ErrStoreUnavailable", err)
 	}
 	s.Close()
-	if _, err := s.Get(context.Background(), "k"); !errors.Is(err, idem.ErrClosed) {
+	if _, err := s.Get(context.Background(), "k"); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("after Close: %v, want ErrClosed", err)
 	}
 }
@@ -112,7 +113,7 @@ func TestFenceFloorAtExecution(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	other := idem.FenceFloor(time.Now()) // another process's claim, just issued
+	other := store.FenceFloor(time.Now()) // another process's claim, just issued
 	now := time.Now().UnixMilli()
 	if _, err := db.Exec(`INSERT INTO idem_records (k, state, fence, fp, attempts, lease_until, expires_at, updated_at, outcome)
 		VALUES (X'006B', 1, ?, X'006670', 1, ?, ?, ?, 1) -- k and fp, packed
@@ -122,8 +123,8 @@ func TestFenceFloorAtExecution(t *testing.T) {
 	if err := s.Delete(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
-	a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
-	if err != nil || a.Outcome != idem.Acquired {
+	a, err := s.Acquire(ctx, store.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
 	if a.Fence <= other {
@@ -147,7 +148,7 @@ func TestFencesAcrossADeleteWithinAMillisecond(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	req := idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	req := store.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 	for i := range 50 {
 		now := time.Now().UnixMilli()
 		other := (now + 1) * 1000 // the floor another process's claim took this millisecond
@@ -160,10 +161,10 @@ func TestFencesAcrossADeleteWithinAMillisecond(t *testing.T) {
 			t.Fatal(err)
 		}
 		a, err := s.Acquire(ctx, req)
-		if err != nil || a.Outcome != idem.Acquired {
+		if err != nil || a.Outcome != store.Acquired {
 			t.Fatal(a.Outcome, err)
 		}
-		if err := s.Complete(ctx, "k", uint64(other), []byte("the old owner's"), time.Hour); !errors.Is(err, idem.ErrStaleFence) {
+		if err := s.Complete(ctx, "k", uint64(other), []byte("the old owner's"), time.Hour); !errors.Is(err, store.ErrStaleFence) {
 			t.Fatalf("round %d: the deleted claim's owner (fence %d) completed the new claim (fence %d): %v", i, other, a.Fence, err)
 		}
 		// A claim of this process, deleted and claimed again at once.
@@ -171,7 +172,7 @@ func TestFencesAcrossADeleteWithinAMillisecond(t *testing.T) {
 			t.Fatal(err)
 		}
 		b, err := s.Acquire(ctx, req)
-		if err != nil || b.Outcome != idem.Acquired {
+		if err != nil || b.Outcome != store.Acquired {
 			t.Fatal(b.Outcome, err)
 		}
 		if b.Fence <= a.Fence {
@@ -198,29 +199,29 @@ func TestDeletedSeenByAnEarlierClock(t *testing.T) {
 	start := time.Now().Truncate(time.Millisecond)
 	for _, c := range []struct {
 		name  string
-		check func(t *testing.T, s idem.Store)
+		check func(t *testing.T, s store.Store)
 	}{
-		{"acquire with MaxAttempts 1", func(t *testing.T, s idem.Store) {
-			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour, MaxAttempts: 1})
-			if err != nil || a.Outcome != idem.Acquired || a.Record.Attempts != 1 {
+		{"acquire with MaxAttempts 1", func(t *testing.T, s store.Store) {
+			a, err := s.Acquire(ctx, store.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour, MaxAttempts: 1})
+			if err != nil || a.Outcome != store.Acquired || a.Record.Attempts != 1 {
 				t.Fatalf("acquired %v, attempts %d, %v; want a new generation (Acquired, attempts 1)", a.Outcome, a.Record.Attempts, err)
 			}
 		}},
-		{"acquire with another fingerprint", func(t *testing.T, s idem.Store) {
-			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "other", Lease: time.Minute, Retention: time.Hour})
-			if err != nil || a.Outcome != idem.Acquired {
+		{"acquire with another fingerprint", func(t *testing.T, s store.Store) {
+			a, err := s.Acquire(ctx, store.AcquireRequest{Key: "k", Fingerprint: "other", Lease: time.Minute, Retention: time.Hour})
+			if err != nil || a.Outcome != store.Acquired {
 				t.Fatalf("acquired %v, %v; want Acquired", a.Outcome, err)
 			}
 		}},
-		{"get", func(t *testing.T, s idem.Store) {
-			if rec, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+		{"get", func(t *testing.T, s store.Store) {
+			if rec, err := s.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
 				t.Fatalf("got %+v, %v; want ErrNotFound", rec, err)
 			}
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "idem.db")
-			open := func(clock idem.Clock) idem.Store {
+			open := func(clock idem.Clock) store.Store {
 				s, err := sqlitestore.Open(ctx, sqlitestore.Config{Path: path, Clock: clock})
 				if err != nil {
 					t.Fatal(err)
@@ -229,7 +230,7 @@ func TestDeletedSeenByAnEarlierClock(t *testing.T) {
 				return s
 			}
 			deleter, late := open(storetest.NewManualClock(start.Add(10*time.Millisecond))), open(storetest.NewManualClock(start.Add(5*time.Millisecond)))
-			a, err := deleter.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+			a, err := deleter.Acquire(ctx, store.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -247,7 +248,7 @@ func TestDeletedSeenByAnEarlierClock(t *testing.T) {
 // TestConformanceUncoalesced runs the suite with every call its own
 // transaction (Config.NoCoalesce).
 func TestConformanceUncoalesced(t *testing.T) {
-	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) idem.Store {
+	storetest.RunClocked(t, storetest.Capabilities{Unclaims: true, FencedDeletes: true, Persistent: true, ListsRecords: true, Archives: true}, func(t testing.TB, clock idem.Clock) store.Store {
 		s, err := sqlitestore.Open(context.Background(), sqlitestore.Config{Path: filepath.Join(t.TempDir(), "idem.db"), Clock: clock, NoCoalesce: true})
 		if err != nil {
 			t.Fatal(err)
@@ -275,7 +276,7 @@ func TestCoalescedTransactionsCarryManyCalls(t *testing.T) {
 				t.Fatalf("16 goroutines at once shared %d transactions carrying %d calls", trips, calls)
 			}
 			for i := range 16 * 50 {
-				if rec, err := s.Get(context.Background(), fmt.Sprintf("many-%d", i)); err != nil || rec.State != idem.StateCompleted {
+				if rec, err := s.Get(context.Background(), fmt.Sprintf("many-%d", i)); err != nil || rec.State != store.StateCompleted {
 					t.Fatalf("many-%d: %+v %v", i, rec, err)
 				}
 			}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // Bench runs the shared benchmarks on a store from newStore:
@@ -29,7 +29,7 @@ func Bench(b *testing.B, newStore NewStore) {
 		names := make([]string, keys)
 		for i := range names {
 			names[i] = "replay-" + strconv.Itoa(i)
-			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: names[i], Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+			a, err := s.Acquire(ctx, store.AcquireRequest{Key: names[i], Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -43,8 +43,8 @@ func Bench(b *testing.B, newStore NewStore) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				k := names[seq.Add(1)%keys]
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
-				if err != nil || a.Outcome != idem.Replayed {
+				a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+				if err != nil || a.Outcome != store.Replayed {
 					b.Fatalf("replay: %v %v", a.Outcome, err)
 				}
 			}
@@ -53,15 +53,15 @@ func Bench(b *testing.B, newStore NewStore) {
 	b.Run("HotKey", func(b *testing.B) {
 		s := newStore(b)
 		ctx := context.Background()
-		if _, err := s.Acquire(ctx, idem.AcquireRequest{Key: "hot", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}); err != nil {
+		if _, err := s.Acquire(ctx, store.AcquireRequest{Key: "hot", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}); err != nil {
 			b.Fatal(err)
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "hot", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour})
-				if err != nil || a.Outcome != idem.InProgress {
+				a, err := s.Acquire(ctx, store.AcquireRequest{Key: "hot", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour})
+				if err != nil || a.Outcome != store.InProgress {
 					b.Fatalf("hot key: %v %v", a.Outcome, err)
 				}
 			}
@@ -84,8 +84,8 @@ func BenchLifecycle(b *testing.B, newStore NewStore, parallelism int) {
 		for pb.Next() {
 			buf = strconv.AppendUint(append(buf[:0], "life-"...), seq.Add(1), 10)
 			key := string(buf)
-			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
-			if err != nil || a.Outcome != idem.Acquired {
+			a, err := s.Acquire(ctx, store.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+			if err != nil || a.Outcome != store.Acquired {
 				b.Fatalf("acquire: %v %v", a.Outcome, err)
 			}
 			if err := s.Complete(ctx, key, a.Fence, result, time.Hour); err != nil {

@@ -23,8 +23,8 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/fleet"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/sqlitestore" // the ledger
 )
 
@@ -388,9 +388,9 @@ func outputOf(err error) opOutput {
 	switch {
 	case err == nil:
 		return opOutput{Res: resOK}
-	case errors.Is(err, idem.ErrStaleFence):
+	case errors.Is(err, store.ErrStaleFence):
 		return opOutput{Res: resStale}
-	case errors.Is(err, idem.ErrNotFound):
+	case errors.Is(err, store.ErrNotFound):
 		return opOutput{Res: resAbsent}
 	}
 	return opOutput{Res: resUnknown}
@@ -399,7 +399,7 @@ func outputOf(err error) opOutput {
 type workerStats struct{ stalls atomic.Int64 }
 
 type worker struct {
-	s      idem.Store
+	s      store.Store
 	log    *opLog
 	ledger *sql.DB
 	proc   int
@@ -432,7 +432,7 @@ func (w *worker) run(deadline time.Time) {
 		in := opInput{Kind: opAcquire, Key: key, FP: fp, Lease: lease.Milliseconds(), Ret: ret.Milliseconds(), Max: maxAttempts}
 		id := w.log.call(in)
 		ctx, cancel := context.WithTimeout(bg, 2*time.Second)
-		a, err := w.s.Acquire(ctx, idem.AcquireRequest{Key: key, Fingerprint: fp, Lease: lease, Retention: ret, MaxAttempts: maxAttempts})
+		a, err := w.s.Acquire(ctx, store.AcquireRequest{Key: key, Fingerprint: fp, Lease: lease, Retention: ret, MaxAttempts: maxAttempts})
 		cancel()
 		out := outputOf(err)
 		if err == nil {
@@ -476,7 +476,7 @@ func (w *worker) owned(in opInput, fn func(ctx context.Context) error) {
 }
 
 func (w *worker) execute(key, fp string, fence uint64, lease, ret time.Duration) {
-	if u, ok := w.s.(idem.Unclaimer); ok && w.rng.IntN(10) == 0 {
+	if u, ok := w.s.(store.Unclaimer); ok && w.rng.IntN(10) == 0 {
 		// Nothing ran under the claim (the caller failed before the work):
 		// give it back with its attempt.
 		w.owned(opInput{Kind: opUnclaim, Key: key, Fence: fence}, func(ctx context.Context) error { return u.Unclaim(ctx, key, fence) })
@@ -594,7 +594,7 @@ func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]in
 		if out.Res == resUnknown {
 			rep.Unknown++
 		}
-		if in.Kind == opAcquire && out.Res == resOK && out.Outcome == idem.Poisoned {
+		if in.Kind == opAcquire && out.Res == resOK && out.Outcome == store.Poisoned {
 			rep.PoisonedAnswers++
 		}
 		if in.Kind == opUnclaim {
@@ -683,7 +683,7 @@ func checkFences(h []porcupine.Operation, violate func(string, ...any)) {
 				}
 			}
 		}
-		if in.Kind == opAcquire && out.Res == resOK && out.Outcome == idem.Replayed {
+		if in.Kind == opAcquire && out.Res == resOK && out.Outcome == store.Replayed {
 			if refused[out.Result] || !stored[out.Result] {
 				violate("%s: replayed %q, which no accepted settle stored", in.Key, out.Result)
 			}

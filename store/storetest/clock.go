@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // ManualClock is an idem.Clock that moves only when told: the suite's lease
@@ -34,7 +35,7 @@ func (c *ManualClock) Advance(d time.Duration) {
 
 // NewClockedStore returns a fresh, isolated store whose time is clock, and
 // registers its cleanup on t.
-type NewClockedStore func(t testing.TB, clock idem.Clock) idem.Store
+type NewClockedStore func(t testing.TB, clock idem.Clock) store.Store
 
 // RunClocked is Run for stores that take an injected clock (memstore,
 // sqlitestore): every case gets a ManualClock of its own, and the lease and
@@ -42,7 +43,7 @@ type NewClockedStore func(t testing.TB, clock idem.Clock) idem.Store
 // microseconds and cannot flake on a loaded machine. Stores that keep time
 // on their server (PostgreSQL, Redis) run Run, which sleeps.
 func RunClocked(t *testing.T, caps Capabilities, newStore NewClockedStore) {
-	Run(t, caps, func(t testing.TB) idem.Store {
+	Run(t, caps, func(t testing.TB) store.Store {
 		clock := NewManualClock(time.Now())
 		s := newStore(t, clock)
 		clocks.Store(s, clock)
@@ -52,11 +53,11 @@ func RunClocked(t *testing.T, caps Capabilities, newStore NewClockedStore) {
 }
 
 // clocks maps a store under RunClocked to its clock.
-var clocks sync.Map // idem.Store → *ManualClock
+var clocks sync.Map // store.Store → *ManualClock
 
 // pass lets d go by for s: advances its clock, or sleeps when its time is
 // the wall clock (a server's).
-func pass(s idem.Store, d time.Duration) {
+func pass(s store.Store, d time.Duration) {
 	if c, ok := clocks.Load(s); ok {
 		c.(*ManualClock).Advance(d)
 		return
@@ -65,7 +66,7 @@ func pass(s idem.Store, d time.Duration) {
 }
 
 // now is s's time.
-func now(s idem.Store) time.Time {
+func now(s store.Store) time.Time {
 	if c, ok := clocks.Load(s); ok {
 		return c.(*ManualClock).Now()
 	}

@@ -1,8 +1,8 @@
-// Package storetest is the conformance suite of idem.Store. Every backend's
+// Package storetest is the conformance suite of store.Store. Every backend's
 // tests call Run with a constructor; a change of semantics lands here first.
 //
 //	func TestConformance(t *testing.T) {
-//		storetest.Run(t, storetest.Capabilities{Persistent: true}, func(t testing.TB) idem.Store {
+//		storetest.Run(t, storetest.Capabilities{Persistent: true}, func(t testing.TB) store.Store {
 //			return openIsolatedStore(t) // cleaned up with t.Cleanup
 //		})
 //	}

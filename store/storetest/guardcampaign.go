@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // The Guard campaign's lease: long enough that a cancelled work returns well
@@ -214,7 +215,7 @@ const (
 // whether its settle reached the store) and one for each replay ("R", with
 // the record's fence and the result or failure it replayed: each names the
 // fence of the run that left it).
-func runGuardWorkers(t *testing.T, s idem.Store, n, proc int, dir string, deadline time.Time, seed uint64) {
+func runGuardWorkers(t *testing.T, s store.Store, n, proc int, dir string, deadline time.Time, seed uint64) {
 	f, err := os.OpenFile(filepath.Join(dir, "runs-"+strconv.Itoa(proc)+".log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		t.Fatal(err)
@@ -296,9 +297,9 @@ func runGuardWorkers(t *testing.T, s idem.Store, n, proc int, dir string, deadli
 					default:
 						logLine("T", key, res.Fence, "unsettled (no settle was tried)")
 					}
-				case err == nil && res.Outcome == idem.Replayed:
+				case err == nil && res.Outcome == store.Replayed:
 					logLine("R", key, res.Record.Fence, string(res.Value))
-				case err == nil && res.Outcome == idem.InProgress:
+				case err == nil && res.Outcome == store.InProgress:
 					if key != redeliver {
 						redeliver, redeliverUntil = key, time.Now().Add(3*guardCampaignLease)
 					}
@@ -424,7 +425,7 @@ func keysOf(runs []guardRun) map[string][]guardRun {
 
 // checkGuardRuns checks the runs of every key (see GuardCampaign), excusing
 // the settles lost to outages, then asks each key once more.
-func checkGuardRuns(t *testing.T, s idem.Store, runs []guardRun, seed uint64, killedAt map[int]int64, outages [][2]int64) {
+func checkGuardRuns(t *testing.T, s store.Store, runs []guardRun, seed uint64, killedAt map[int]int64, outages [][2]int64) {
 	g, err := idem.NewGuard(idem.Config{Store: s, Lease: guardCampaignLease})
 	if err != nil {
 		t.Fatal(err)
@@ -490,7 +491,7 @@ func checkGuardRuns(t *testing.T, s idem.Store, runs []guardRun, seed uint64, ki
 				ran = true
 				return []byte("after"), nil
 			})
-			if err != nil || res.Outcome != idem.InProgress || time.Since(asked) > guardCampaignLease+5*time.Second {
+			if err != nil || res.Outcome != store.InProgress || time.Since(asked) > guardCampaignLease+5*time.Second {
 				break
 			}
 		}
@@ -499,7 +500,7 @@ func checkGuardRuns(t *testing.T, s idem.Store, runs []guardRun, seed uint64, ki
 			violate("key %s: asked after the campaign: %v", key, err)
 		case ran && settled != nil:
 			violate("key %s: ran after the campaign although its run under fence %d %s and was settled", key, settled.fence, settled.did)
-		case !ran && res.Outcome != idem.Replayed:
+		case !ran && res.Outcome != store.Replayed:
 			violate("key %s: after the campaign: %v, want a replay or a run", key, res.Outcome)
 		case !ran && !final[value]:
 			violate("key %s: after the campaign replays %q (record fence %d), which no run of it left behind (%v)", key, value, res.Record.Fence, final)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // The campaign's sequential model of one key's record, for porcupine. Time
@@ -62,15 +62,15 @@ const (
 )
 
 type opOutput struct {
-	Res        int          `json:"r"`
-	Outcome    idem.Outcome `json:"o,omitempty"`
-	Fence      uint64       `json:"f,omitempty"`
-	State      idem.State   `json:"s,omitempty"`
-	Result     string       `json:"res,omitempty"`
-	FP         string       `json:"fp,omitempty"` // a Get's record's
-	Attempts   int          `json:"a,omitempty"`
-	LeaseUntil int64        `json:"lu,omitempty"` // ms
-	ExpiresAt  int64        `json:"e,omitempty"`  // ms
+	Res        int           `json:"r"`
+	Outcome    store.Outcome `json:"o,omitempty"`
+	Fence      uint64        `json:"f,omitempty"`
+	State      store.State   `json:"s,omitempty"`
+	Result     string        `json:"res,omitempty"`
+	FP         string        `json:"fp,omitempty"` // a Get's record's
+	Attempts   int           `json:"a,omitempty"`
+	LeaseUntil int64         `json:"lu,omitempty"` // ms
+	ExpiresAt  int64         `json:"e,omitempty"`  // ms
 }
 
 // mstate is the record as the model knows it. Times the model cannot know
@@ -78,7 +78,7 @@ type opOutput struct {
 // intervals.
 type mstate struct {
 	Exists     bool
-	St         idem.State
+	St         store.State
 	Fence      uint64
 	FenceKnown bool   // false after an acquisition whose answer was lost
 	MaxFence   uint64 // the largest fence known to be issued for the key, ever
@@ -112,22 +112,22 @@ func leaseMayLast(s mstate, in opInput) bool { return in.Call-slackMs < s.LeaseH
 // and the settle may then succeed. Only InProgress and Mismatch answers —
 // answers that run nothing — get this slack.
 func settleMayHold(s mstate, in opInput) bool {
-	return in.SettleLease > 0 && s.Exists && s.St == idem.StateInFlight &&
+	return in.SettleLease > 0 && s.Exists && s.St == store.StateInFlight &&
 		in.Call-slackMs < addSat(max(s.LeaseHi, s.ExpHi), in.SettleLease)
 }
 func absentLike(s mstate, in opInput) bool  { return !s.Exists || mayBeExpired(s, in) }
 func presentLike(s mstate, in opInput) bool { return s.Exists && mayBeLive(s, in) }
 func owns(s mstate, f uint64) bool {
-	return s.Exists && s.St == idem.StateInFlight && s.FenceKnown && s.Fence == f
+	return s.Exists && s.St == store.StateInFlight && s.FenceKnown && s.Fence == f
 }
-func settled(st idem.State) bool              { return st == idem.StateCompleted || st == idem.StateFailed }
+func settled(st store.State) bool             { return st == store.StateCompleted || st == store.StateFailed }
 func interval(lo, hi, d int64) (int64, int64) { return lo + d, addSat(hi, d) }
 
 // claimed is the state after an acquisition handed out a claim, the
 // generation's attempts counted to attempts.
 func claimed(s mstate, in opInput, out opOutput, attempts int) mstate {
 	n := s
-	n.Exists, n.St, n.FP, n.Result, n.Attempts = true, idem.StateInFlight, in.FP, "", attempts
+	n.Exists, n.St, n.FP, n.Result, n.Attempts = true, store.StateInFlight, in.FP, "", attempts
 	if out.Res == resOK {
 		n.Fence, n.FenceKnown, n.MaxFence = out.Fence, true, out.Fence
 		// The answer's times are the store's; a composed store may report a
@@ -167,7 +167,7 @@ func attemptsMatch(in opInput, out opOutput, want int) bool {
 // may hand out a claim on it (released, or in flight past its lease).
 func rerunnable(s mstate, in opInput) bool {
 	return presentLike(s, in) && s.FP == in.FP &&
-		(s.St == idem.StateReleased || (s.St == idem.StateInFlight && leaseMayEnd(s, in)))
+		(s.St == store.StateReleased || (s.St == store.StateInFlight && leaseMayEnd(s, in)))
 }
 
 // poisoned is the state after an acquisition poisoned the record: no
@@ -175,7 +175,7 @@ func rerunnable(s mstate, in opInput) bool {
 // does not say), kept at least the request's retention (never shortened).
 func poisoned(s mstate, in opInput) mstate {
 	n := s
-	n.St, n.LeaseLo, n.LeaseHi = idem.StatePoisoned, 0, 0
+	n.St, n.LeaseLo, n.LeaseHi = store.StatePoisoned, 0, 0
 	n.Fence, n.FenceKnown = 0, false
 	lo, hi := interval(in.Call, in.Return, max(in.Lease, in.Ret))
 	n.ExpLo, n.ExpHi = max(s.ExpLo, lo), max(s.ExpHi, hi)
@@ -189,7 +189,7 @@ func poisoned(s mstate, in opInput) mstate {
 // claim's, which the model does not know.
 func poisonedMomentary(s mstate, in opInput) mstate {
 	n := s
-	n.Exists, n.St, n.FP, n.Result, n.Fence, n.FenceKnown = true, idem.StatePoisoned, in.FP, "", 0, false
+	n.Exists, n.St, n.FP, n.Result, n.Fence, n.FenceKnown = true, store.StatePoisoned, in.FP, "", 0, false
 	n.LeaseLo, n.LeaseHi = 0, 0
 	n.ExpLo = in.Call + max(in.Lease, in.Ret) - slackMs
 	n.ExpHi = math.MaxInt64 / 2
@@ -209,7 +209,7 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 			next = append(next, c)
 			if in.LaxTakeover {
 				r := c
-				r.St, r.LeaseLo, r.LeaseHi, r.Attempts = idem.StateReleased, 0, 0, attempts-1
+				r.St, r.LeaseLo, r.LeaseHi, r.Attempts = store.StateReleased, 0, 0, attempts-1
 				next = append(next, r)
 			}
 		}
@@ -235,22 +235,22 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 	newFence := out.Fence > s.MaxFence
 	rerun := rerunnable(s, in) && !poisonDue(s, in) && attemptsMatch(in, out, s.Attempts+1)
 	switch out.Outcome {
-	case idem.Acquired:
+	case store.Acquired:
 		if newFence && absentLike(s, in) && attemptsMatch(in, out, 1) {
 			return []mstate{claimed(s, in, out, out.Attempts)}
 		}
-		if newFence && rerun && s.St == idem.StateReleased {
+		if newFence && rerun && s.St == store.StateReleased {
 			return []mstate{claimed(s, in, out, out.Attempts)}
 		}
-	case idem.TakenOver:
-		if newFence && rerun && s.St == idem.StateInFlight {
+	case store.TakenOver:
+		if newFence && rerun && s.St == store.StateInFlight {
 			return []mstate{claimed(s, in, out, out.Attempts)}
 		}
-		if in.LaxTakeover && newFence && ((absentLike(s, in) && attemptsMatch(in, out, 1)) || (rerun && s.St == idem.StateReleased)) {
+		if in.LaxTakeover && newFence && ((absentLike(s, in) && attemptsMatch(in, out, 1)) || (rerun && s.St == store.StateReleased)) {
 			return []mstate{claimed(s, in, out, out.Attempts)} // see CampaignConfig.TakeoverOfMomentaryClaims
 		}
-	case idem.Poisoned:
-		if presentLike(s, in) && s.FP == in.FP && s.St == idem.StatePoisoned {
+	case store.Poisoned:
+		if presentLike(s, in) && s.FP == in.FP && s.St == store.StatePoisoned {
 			return []mstate{s}
 		}
 		if rerunnable(s, in) && poisonMayBeDue(s, in) {
@@ -259,8 +259,8 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 		if in.LaxTakeover && in.Max > 0 && momentaryClaimMayStand(s, in) {
 			return []mstate{poisonedMomentary(s, in)} // see CampaignConfig.TakeoverOfMomentaryClaims
 		}
-	case idem.InProgress:
-		if presentLike(s, in) && s.St == idem.StateInFlight && s.FP == in.FP && leaseMayLast(s, in) {
+	case store.InProgress:
+		if presentLike(s, in) && s.St == store.StateInFlight && s.FP == in.FP && leaseMayLast(s, in) {
 			return []mstate{s}
 		}
 		if s.FP == in.FP && settleMayHold(s, in) {
@@ -272,11 +272,11 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 		if in.LaxTakeover && momentaryClaimMayStand(s, in) {
 			return []mstate{s} // see CampaignConfig.TakeoverOfMomentaryClaims
 		}
-	case idem.Replayed:
+	case store.Replayed:
 		if presentLike(s, in) && settled(s.St) && s.FP == in.FP && out.State == s.St && out.Result == s.Result {
 			return []mstate{s}
 		}
-	case idem.Mismatch:
+	case store.Mismatch:
 		if (presentLike(s, in) || settleMayHold(s, in)) && s.FP != in.FP {
 			return []mstate{s}
 		}
@@ -296,7 +296,7 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 // it asks the cold one, then answers the replay), and InProgress or
 // Mismatch may come from it: answers that run nothing and change nothing.
 func momentaryClaimMayStand(s mstate, in opInput) bool {
-	return absentLike(s, in) || (presentLike(s, in) && s.St == idem.StateReleased)
+	return absentLike(s, in) || (presentLike(s, in) && s.St == store.StateReleased)
 }
 
 // stepOwned covers complete, fail, release and heartbeat.
@@ -306,18 +306,18 @@ func stepOwned(s mstate, in opInput, out opOutput) []mstate {
 	applied := s
 	switch in.Kind {
 	case opComplete, opFail:
-		applied.St = idem.StateCompleted
+		applied.St = store.StateCompleted
 		if in.Kind == opFail {
-			applied.St = idem.StateFailed
+			applied.St = store.StateFailed
 		}
 		applied.Result = in.Result
 		applied.LeaseLo, applied.LeaseHi = 0, 0
 		applied.ExpLo, applied.ExpHi = interval(in.Call, in.Return, in.Ret)
 	case opRelease:
-		applied.St = idem.StateReleased
+		applied.St = store.StateReleased
 		applied.LeaseLo, applied.LeaseHi = 0, 0
 	case opUnclaim: // a release that takes back the claim's attempt
-		applied.St = idem.StateReleased
+		applied.St = store.StateReleased
 		applied.LeaseLo, applied.LeaseHi = 0, 0
 		applied.Attempts = max(s.Attempts-1, 0)
 	case opHeartbeat:
@@ -370,7 +370,7 @@ func stepGet(s mstate, in opInput, out opOutput) []mstate {
 		}
 		// A momentary claim, standing or given back (released, its
 		// attempt taken back).
-		momentary := out.State == idem.StateInFlight || (out.State == idem.StateReleased && out.Result == "")
+		momentary := out.State == store.StateInFlight || (out.State == store.StateReleased && out.Result == "")
 		if momentary && in.LaxTakeover && momentaryClaimMayStand(s, in) {
 			return []mstate{s} // see CampaignConfig.TakeoverOfMomentaryClaims
 		}

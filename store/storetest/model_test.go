@@ -5,7 +5,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // TestTakeoverOfAMomentaryClaim: the history a tiered-store campaign
@@ -20,29 +20,29 @@ import (
 func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 	const f1, f3 = 1796080027640376, 1796080027648611
 	result := "c1/A/p0/f1796080027648611"
-	history := func(lax bool, second idem.Outcome) []porcupine.Operation {
+	history := func(lax bool, second store.Outcome) []porcupine.Operation {
 		op := func(client int, in opInput, out opOutput) porcupine.Operation { return c1Op(client, lax, in, out) }
 		return []porcupine.Operation{
 			op(0, opInput{Kind: opAcquire, FP: "A", Lease: 104, Ret: 616, Call: 0, Return: 1100},
-				opOutput{Outcome: idem.Replayed, State: idem.StateCompleted, Result: result, ExpiresAt: 2276}),
+				opOutput{Outcome: store.Replayed, State: store.StateCompleted, Result: result, ExpiresAt: 2276}),
 			op(1, opInput{Kind: opAcquire, FP: "A", Lease: 309, Ret: 455, Call: 112, Return: 117},
 				opOutput{Outcome: second, Fence: f1, Attempts: 1, LeaseUntil: 423, ExpiresAt: 621}),
 			op(1, opInput{Kind: opRelease, Fence: f1, Call: 119, Return: 121}, opOutput{}),
 			op(2, opInput{Kind: opAcquire, FP: "A", Lease: 105, Ret: 1128, Call: 120, Return: 129},
-				opOutput{Outcome: idem.Acquired, Fence: f3, Attempts: 2, LeaseUntil: 230, ExpiresAt: 1249}),
+				opOutput{Outcome: store.Acquired, Fence: f3, Attempts: 2, LeaseUntil: 230, ExpiresAt: 1249}),
 			op(2, opInput{Kind: opComplete, Fence: f3, Result: result, Ret: 1128, Call: 130, Return: 144}, opOutput{}),
 		}
 	}
 	model := recordModel.ToModel()
 	for _, c := range []struct {
 		lax    bool
-		second idem.Outcome
+		second store.Outcome
 		want   bool // linearizable
 	}{
-		{false, idem.TakenOver, false},
-		{true, idem.TakenOver, true},
-		{true, idem.Acquired, true},
-		{true, idem.Replayed, false},
+		{false, store.TakenOver, false},
+		{true, store.TakenOver, true},
+		{true, store.Acquired, true},
+		{true, store.Replayed, false},
 	} {
 		if got := porcupine.CheckOperations(model, history(c.lax, c.second)); got != c.want {
 			t.Errorf("lax=%v, second answered %v: linearizable %v, want %v", c.lax, c.second, got, c.want)
@@ -62,15 +62,15 @@ func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 func TestInProgressFromAMomentaryClaim(t *testing.T) {
 	const f2 = 1796105469720139
 	result := "c1/A/p0/f1796105469720139"
-	history := func(lax bool, fp string, seen idem.Outcome) []porcupine.Operation {
+	history := func(lax bool, fp string, seen store.Outcome) []porcupine.Operation {
 		op := func(client int, in opInput, out opOutput) porcupine.Operation { return c1Op(client, lax, in, out) }
 		return []porcupine.Operation{
 			op(0, opInput{Kind: opAcquire, FP: "A", Lease: 214, Ret: 1489, Call: 0, Return: 1900},
-				opOutput{Outcome: idem.Replayed, State: idem.StateCompleted, Result: result, ExpiresAt: 3000}),
+				opOutput{Outcome: store.Replayed, State: store.StateCompleted, Result: result, ExpiresAt: 3000}),
 			op(1, opInput{Kind: opAcquire, FP: fp, Lease: 392, Ret: 371, Call: 100, Return: 110},
 				opOutput{Outcome: seen, LeaseUntil: 300, ExpiresAt: 1500}),
 			op(1, opInput{Kind: opAcquire, FP: "A", Lease: 217, Ret: 988, Call: 1300, Return: 1310},
-				opOutput{Outcome: idem.TakenOver, Fence: f2, Attempts: 1, LeaseUntil: 1520, ExpiresAt: 2300}),
+				opOutput{Outcome: store.TakenOver, Fence: f2, Attempts: 1, LeaseUntil: 1520, ExpiresAt: 2300}),
 			op(1, opInput{Kind: opComplete, Fence: f2, Result: result, Ret: 988, Call: 1500, Return: 1510}, opOutput{}),
 		}
 	}
@@ -78,13 +78,13 @@ func TestInProgressFromAMomentaryClaim(t *testing.T) {
 	for _, c := range []struct {
 		lax  bool
 		fp   string
-		seen idem.Outcome
+		seen store.Outcome
 		want bool // linearizable
 	}{
-		{false, "A", idem.InProgress, false},
-		{true, "A", idem.InProgress, true},
-		{true, "B", idem.Mismatch, true},
-		{true, "A", idem.Replayed, false}, // a replay before any completion
+		{false, "A", store.InProgress, false},
+		{true, "A", store.InProgress, true},
+		{true, "B", store.Mismatch, true},
+		{true, "A", store.Replayed, false}, // a replay before any completion
 	} {
 		if got := porcupine.CheckOperations(model, history(c.lax, c.fp, c.seen)); got != c.want {
 			t.Errorf("lax=%v, fp %s answered %v: linearizable %v, want %v", c.lax, c.fp, c.seen, got, c.want)
@@ -106,17 +106,17 @@ func TestAttemptsAndPoisoning(t *testing.T) {
 	acq := func(at int64, max int, out opOutput) porcupine.Operation {
 		return c1Op(0, false, opInput{Kind: opAcquire, FP: "A", Lease: 100, Ret: 1000, Max: max, Call: at, Return: at + 1}, out)
 	}
-	claim := func(o idem.Outcome, fence uint64, attempts int, at int64) opOutput {
+	claim := func(o store.Outcome, fence uint64, attempts int, at int64) opOutput {
 		return opOutput{Outcome: o, Fence: fence, Attempts: attempts, LeaseUntil: at + 100, ExpiresAt: at + 1000}
 	}
 	giveBack := func(kind string, fence uint64, at int64) porcupine.Operation {
 		return c1Op(0, false, opInput{Kind: kind, Fence: fence, Call: at, Return: at + 1}, opOutput{})
 	}
-	poison := opOutput{Outcome: idem.Poisoned, State: idem.StatePoisoned}
+	poison := opOutput{Outcome: store.Poisoned, State: store.StatePoisoned}
 	releasedTwice := func(then ...porcupine.Operation) []porcupine.Operation {
 		return append([]porcupine.Operation{
-			acq(0, 2, claim(idem.Acquired, 10, 1, 0)), giveBack(opRelease, 10, 5),
-			acq(10, 2, claim(idem.Acquired, 20, 2, 10)), giveBack(opRelease, 20, 15),
+			acq(0, 2, claim(store.Acquired, 10, 1, 0)), giveBack(opRelease, 10, 5),
+			acq(10, 2, claim(store.Acquired, 20, 2, 10)), giveBack(opRelease, 20, 15),
 		}, then...)
 	}
 	model := recordModel.ToModel()
@@ -126,24 +126,24 @@ func TestAttemptsAndPoisoning(t *testing.T) {
 		want bool
 	}{
 		{"released twice, poisoned at the third acquisition", releasedTwice(acq(20, 2, poison), acq(30, 0, poison)), true},
-		{"run a third time", releasedTwice(acq(20, 2, claim(idem.Acquired, 30, 3, 20))), false},
+		{"run a third time", releasedTwice(acq(20, 2, claim(store.Acquired, 30, 3, 20))), false},
 		{"poisoned early", []porcupine.Operation{
-			acq(0, 2, claim(idem.Acquired, 10, 1, 0)), giveBack(opRelease, 10, 5),
+			acq(0, 2, claim(store.Acquired, 10, 1, 0)), giveBack(opRelease, 10, 5),
 			acq(10, 2, poison)}, false},
 		{"counted twice", []porcupine.Operation{
-			acq(0, 0, claim(idem.Acquired, 10, 1, 0)), giveBack(opRelease, 10, 5),
-			acq(10, 0, claim(idem.Acquired, 20, 3, 10))}, false},
+			acq(0, 0, claim(store.Acquired, 10, 1, 0)), giveBack(opRelease, 10, 5),
+			acq(10, 0, claim(store.Acquired, 20, 3, 10))}, false},
 		{"a takeover counts", []porcupine.Operation{
-			acq(0, 2, claim(idem.Acquired, 10, 1, 0)),
-			acq(200, 2, claim(idem.TakenOver, 20, 2, 200)),
+			acq(0, 2, claim(store.Acquired, 10, 1, 0)),
+			acq(200, 2, claim(store.TakenOver, 20, 2, 200)),
 			acq(400, 2, poison)}, true},
 		{"an unclaim takes its attempt back", []porcupine.Operation{
-			acq(0, 2, claim(idem.Acquired, 10, 1, 0)), giveBack(opUnclaim, 10, 5),
-			acq(10, 2, claim(idem.Acquired, 20, 1, 10)), giveBack(opRelease, 20, 15),
-			acq(20, 2, claim(idem.Acquired, 30, 2, 20))}, true},
+			acq(0, 2, claim(store.Acquired, 10, 1, 0)), giveBack(opUnclaim, 10, 5),
+			acq(10, 2, claim(store.Acquired, 20, 1, 10)), giveBack(opRelease, 20, 15),
+			acq(20, 2, claim(store.Acquired, 30, 2, 20))}, true},
 		{"a release does not", []porcupine.Operation{
-			acq(0, 2, claim(idem.Acquired, 10, 1, 0)), giveBack(opRelease, 10, 5),
-			acq(10, 2, claim(idem.Acquired, 20, 1, 10))}, false},
+			acq(0, 2, claim(store.Acquired, 10, 1, 0)), giveBack(opRelease, 10, 5),
+			acq(10, 2, claim(store.Acquired, 20, 1, 10))}, false},
 	} {
 		if got := porcupine.CheckOperations(model, c.h); got != c.want {
 			t.Errorf("%s: linearizable %v, want %v", c.name, got, c.want)
@@ -159,7 +159,7 @@ func TestGetAnswersTheRecord(t *testing.T) {
 	get := func(at int64, out opOutput) porcupine.Operation {
 		return c1Op(1, false, opInput{Kind: opGet, Call: at, Return: at + 1}, out)
 	}
-	done := opOutput{State: idem.StateCompleted, FP: "A", Fence: f, Result: "r", Attempts: 1}
+	done := opOutput{State: store.StateCompleted, FP: "A", Fence: f, Result: "r", Attempts: 1}
 	model := recordModel.ToModel()
 	for _, c := range []struct {
 		name string
@@ -169,14 +169,14 @@ func TestGetAnswersTheRecord(t *testing.T) {
 		{"the completed record", get(20, done), true},
 		{"absent after its retention", get(2000, opOutput{Res: resAbsent}), true},
 		{"absent while live", get(20, opOutput{Res: resAbsent}), false},
-		{"another result", get(20, opOutput{State: idem.StateCompleted, FP: "A", Fence: f, Result: "other", Attempts: 1}), false},
-		{"in flight", get(20, opOutput{State: idem.StateInFlight, FP: "A", Fence: f, Attempts: 1}), false},
-		{"another fence", get(20, opOutput{State: idem.StateCompleted, FP: "A", Fence: f + 1, Result: "r", Attempts: 1}), false},
-		{"attempts counted twice", get(20, opOutput{State: idem.StateCompleted, FP: "A", Fence: f, Result: "r", Attempts: 2}), false},
+		{"another result", get(20, opOutput{State: store.StateCompleted, FP: "A", Fence: f, Result: "other", Attempts: 1}), false},
+		{"in flight", get(20, opOutput{State: store.StateInFlight, FP: "A", Fence: f, Attempts: 1}), false},
+		{"another fence", get(20, opOutput{State: store.StateCompleted, FP: "A", Fence: f + 1, Result: "r", Attempts: 1}), false},
+		{"attempts counted twice", get(20, opOutput{State: store.StateCompleted, FP: "A", Fence: f, Result: "r", Attempts: 2}), false},
 	} {
 		h := []porcupine.Operation{
 			c1Op(0, false, opInput{Kind: opAcquire, FP: "A", Lease: 100, Ret: 1000, Call: 0, Return: 1},
-				opOutput{Outcome: idem.Acquired, Fence: f, Attempts: 1, LeaseUntil: 100, ExpiresAt: 1000}),
+				opOutput{Outcome: store.Acquired, Fence: f, Attempts: 1, LeaseUntil: 100, ExpiresAt: 1000}),
 			c1Op(0, false, opInput{Kind: opComplete, Fence: f, Result: "r", Ret: 1000, Call: 5, Return: 6}, opOutput{}),
 			c.get,
 		}
@@ -199,12 +199,12 @@ func TestPoisonOfAMomentaryClaim(t *testing.T) {
 		op := func(client int, in opInput, out opOutput) porcupine.Operation { return c1Op(client, lax, in, out) }
 		return []porcupine.Operation{
 			op(0, opInput{Kind: opAcquire, FP: "A", Lease: 100, Ret: 200, Call: 0, Return: 1},
-				opOutput{Outcome: idem.Acquired, Fence: 10, Attempts: 1, LeaseUntil: 100, ExpiresAt: 200}),
+				opOutput{Outcome: store.Acquired, Fence: 10, Attempts: 1, LeaseUntil: 100, ExpiresAt: 200}),
 			op(0, opInput{Kind: opComplete, Fence: 10, Result: "r", Ret: 200, Call: 2, Return: 3}, opOutput{}),
 			op(1, opInput{Kind: opAcquire, FP: "A", Lease: 300, Ret: 300, Max: 1, Call: 190, Return: 700},
-				opOutput{Outcome: idem.Poisoned, State: idem.StatePoisoned, Attempts: 1}),
+				opOutput{Outcome: store.Poisoned, State: store.StatePoisoned, Attempts: 1}),
 			op(2, opInput{Kind: opAcquire, FP: "A", Lease: 300, Ret: 300, Call: 710, Return: 711},
-				opOutput{Outcome: idem.Poisoned, State: idem.StatePoisoned, Attempts: 1}),
+				opOutput{Outcome: store.Poisoned, State: store.StatePoisoned, Attempts: 1}),
 		}
 	}
 	model := recordModel.ToModel()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // Outage proves that a store fails closed while its server is unreachable and
@@ -19,7 +20,7 @@ import (
 // idem.ErrStoreUnavailable (or a deadline) and the work never runs; after
 // restore, the same store serves again and replays what was done before the
 // outage.
-func Outage(t *testing.T, s idem.Store, cut, restore func()) {
+func Outage(t *testing.T, s store.Store, cut, restore func()) {
 	g, err := idem.NewGuard(idem.Config{Store: s, Lease: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +42,7 @@ func Outage(t *testing.T, s idem.Store, cut, restore func()) {
 		if err == nil {
 			t.Fatalf("%s: a call succeeded with the server unreachable", id)
 		}
-		if !errors.Is(err, idem.ErrStoreUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, store.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("%s: error %v, want ErrStoreUnavailable", id, err)
 		}
 		t.Logf("while unreachable (%v): %v", time.Since(start).Round(time.Millisecond), err)
@@ -78,7 +79,7 @@ func Outage(t *testing.T, s idem.Store, cut, restore func()) {
 // request through direct can take the key over (the lease runs out on the
 // server's clock, which the test cannot move: it asks again until then).
 // After restore, the first owner's run ends without settling the record.
-func LeaseRunsOutInAnOutage(t *testing.T, s, direct idem.Store, cut, restore func()) {
+func LeaseRunsOutInAnOutage(t *testing.T, s, direct store.Store, cut, restore func()) {
 	const lease = 2 * time.Second
 	g, err := idem.NewGuard(idem.Config{Store: s, Lease: lease, HeartbeatInterval: lease / 4})
 	if err != nil {
@@ -115,7 +116,7 @@ func LeaseRunsOutInAnOutage(t *testing.T, s, direct idem.Store, cut, restore fun
 		close(finish)
 		<-ran
 	}()
-	TakeOverAfterTheLease(t, direct, idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Minute, Retention: time.Hour}, work, lease)
+	TakeOverAfterTheLease(t, direct, store.AcquireRequest{Key: g.StorageKey(key), Lease: time.Minute, Retention: time.Hour}, work, lease)
 	restore()
 	restored = true
 	if err := <-ran; !errors.Is(err, context.Canceled) || !errors.Is(err, idem.ErrLeaseExpired) {
@@ -129,7 +130,7 @@ func LeaseRunsOutInAnOutage(t *testing.T, s, direct idem.Store, cut, restore fun
 // context was cancelled by then with cause idem.ErrLeaseExpired: never two
 // owners' work at once. The lease runs out on the server's clock, which
 // the caller cannot move, so it asks every lease/20, for up to 30 s.
-func TakeOverAfterTheLease(t testing.TB, direct idem.Store, req idem.AcquireRequest, work context.Context, lease time.Duration) {
+func TakeOverAfterTheLease(t testing.TB, direct store.Store, req store.AcquireRequest, work context.Context, lease time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -137,7 +138,7 @@ func TakeOverAfterTheLease(t testing.TB, direct idem.Store, req idem.AcquireRequ
 		if err != nil {
 			t.Fatalf("the direct store: %v", err)
 		}
-		if a.Outcome == idem.TakenOver {
+		if a.Outcome == store.TakenOver {
 			if work.Err() == nil {
 				t.Fatal("the key was taken over while its first owner's work still ran: its context was not cancelled when its lease ran out")
 			}
@@ -146,7 +147,7 @@ func TakeOverAfterTheLease(t testing.TB, direct idem.Store, req idem.AcquireRequ
 			}
 			return
 		}
-		if a.Outcome != idem.InProgress {
+		if a.Outcome != store.InProgress {
 			t.Fatalf("while the first owner's lease runs: %v, want InProgress", a.Outcome)
 		}
 		if time.Now().After(deadline) {
@@ -163,7 +164,7 @@ func TakeOverAfterTheLease(t testing.TB, direct idem.Store, req idem.AcquireRequ
 // connection that cut takes away and restore gives back; the work cuts it
 // as it returns, and the first failed settle (seen by the Guard's
 // observer) restores it. The run must then succeed, and the key replay.
-func SettleAcrossABlip(t *testing.T, s idem.Store, cut, restore func()) {
+func SettleAcrossABlip(t *testing.T, s store.Store, cut, restore func()) {
 	var restored atomic.Bool
 	defer func() {
 		if restored.CompareAndSwap(false, true) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // Environment of a child process started by MultiProcess or CrashTakeover.
@@ -25,7 +26,7 @@ const (
 
 // OpenAt opens the store at a location shared between processes (a file
 // path, a schema name, a key prefix).
-type OpenAt func(t testing.TB, location string) idem.Store
+type OpenAt func(t testing.TB, location string) store.Store
 
 // IsChild reports whether this test binary was started by MultiProcess or
 // CrashTakeover. A child must not drop the shared store at its cleanup.
@@ -85,7 +86,7 @@ func MultiProcess(t *testing.T, testName, location string, procs, keys int, open
 	t.Logf("%d processes × %d keys: every key executed exactly once", procs, keys)
 }
 
-func hammer(t *testing.T, s idem.Store, keys int, logPath string) {
+func hammer(t *testing.T, s store.Store, keys int, logPath string) {
 	f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		t.Fatal(err)
@@ -128,8 +129,8 @@ func CrashTakeover(t *testing.T, testName, location string, open OpenAt) {
 	const lease = 2 * time.Second
 	if os.Getenv(envMode) == "crash" {
 		s := open(t, os.Getenv(envLocation))
-		a, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: "crash", Fingerprint: "fp", Lease: lease, Retention: time.Hour})
-		if err != nil || a.Outcome != idem.Acquired {
+		a, err := s.Acquire(context.Background(), store.AcquireRequest{Key: "crash", Fingerprint: "fp", Lease: lease, Retention: time.Hour})
+		if err != nil || a.Outcome != store.Acquired {
 			fmt.Printf("ERROR %v %v\n", a.Outcome, err)
 			os.Exit(1)
 		}
@@ -167,7 +168,7 @@ func CrashTakeover(t *testing.T, testName, location string, open OpenAt) {
 	}
 	_ = cmd.Wait()
 	ctx := context.Background()
-	r := idem.AcquireRequest{Key: "crash", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	r := store.AcquireRequest{Key: "crash", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 	sawInProgress := false
 	deadline := time.Now().Add(lease + 10*time.Second)
 	for {
@@ -175,7 +176,7 @@ func CrashTakeover(t *testing.T, testName, location string, open OpenAt) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a.Outcome == idem.InProgress {
+		if a.Outcome == store.InProgress {
 			sawInProgress = true
 			if time.Now().After(deadline) {
 				t.Fatal("the dead owner's lease never expired")
@@ -183,7 +184,7 @@ func CrashTakeover(t *testing.T, testName, location string, open OpenAt) {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		if a.Outcome != idem.TakenOver {
+		if a.Outcome != store.TakenOver {
 			t.Fatalf("after the owner was killed: %v", a.Outcome)
 		}
 		if a.Fence <= fence {
@@ -201,7 +202,7 @@ func CrashTakeover(t *testing.T, testName, location string, open OpenAt) {
 		t.Fatal("the dead owner's fence completed the record")
 	}
 	rep, err := s.Acquire(ctx, r)
-	if err != nil || rep.Outcome != idem.Replayed || string(rep.Record.Result) != "survivor" {
+	if err != nil || rep.Outcome != store.Replayed || string(rep.Record.Result) != "survivor" {
 		t.Fatalf("replay after takeover: %v %q %v", rep.Outcome, rep.Record.Result, err)
 	}
 	t.Logf("owner (fence %d) killed with SIGKILL; in progress until its lease expired, then taken over", fence)

@@ -12,13 +12,14 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/race"
+	"github.com/idemgo/idem/store"
 )
 
 // RecordBytes completes a typical record under a UUID id and under a
 // 200-byte id, each with a raw and a compact key, logs what measure says one
 // record costs in the backend, and checks that the compact key saves space on
 // the long id. what names the measure in the log.
-func RecordBytes(t *testing.T, s idem.Store, what string, measure func(storageKey string) (int64, error)) {
+func RecordBytes(t *testing.T, s store.Store, what string, measure func(storageKey string) (int64, error)) {
 	ctx := context.Background()
 	result := []byte(`{"status":201,"id":"B-0001"}`)
 	ids := []struct{ name, id string }{
@@ -30,7 +31,7 @@ func RecordBytes(t *testing.T, s idem.Store, what string, measure func(storageKe
 		var sizes [2]int64
 		for i, compact := range []bool{false, true} {
 			sk := k.Storage(compact)
-			a, err := s.Acquire(ctx, idem.AcquireRequest{Key: sk, Fingerprint: idem.Fingerprint(result), Lease: time.Minute, Retention: time.Hour})
+			a, err := s.Acquire(ctx, store.AcquireRequest{Key: sk, Fingerprint: idem.Fingerprint(result), Lease: time.Minute, Retention: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -59,7 +60,7 @@ func RecordsForBytes() int { return *recordsForBytes }
 // compact keys, each with a 28-byte result, and logs what the backend's
 // memory or size grew by per record (used reads it: Redis used_memory, a
 // table's total relation size) and the projection to a billion records.
-func MemoryPerRecord(t *testing.T, s idem.Store, what string, used func() (int64, error)) {
+func MemoryPerRecord(t *testing.T, s store.Store, what string, used func() (int64, error)) {
 	for _, compact := range []bool{false, true} {
 		MemoryPerRecordOf(t, s, compact, what, used)
 	}
@@ -67,7 +68,7 @@ func MemoryPerRecord(t *testing.T, s idem.Store, what string, used func() (int64
 
 // MemoryPerRecordOf is MemoryPerRecord for one kind of key: compact or raw
 // UUID keys.
-func MemoryPerRecordOf(t *testing.T, s idem.Store, compact bool, what string, used func() (int64, error)) {
+func MemoryPerRecordOf(t *testing.T, s store.Store, compact bool, what string, used func() (int64, error)) {
 	if testing.Short() {
 		t.Skip("-short: a measurement of the store's growth over many records")
 	}
@@ -89,7 +90,7 @@ func MemoryPerRecordOf(t *testing.T, s idem.Store, compact bool, what string, us
 		wg.Go(func() {
 			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
 				k := idem.Key{Scope: "POST /bookings", ID: fmt.Sprintf("%08x-d9cb-469f-a165-%012x", i, i)}.Storage(compact)
-				a, err := s.Acquire(ctx, idem.AcquireRequest{Key: k, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
+				a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
 				if err == nil {
 					err = s.Complete(ctx, k, a.Fence, result, time.Hour)
 				}

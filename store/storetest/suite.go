@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 )
 
 // Capabilities declare what a backend can do; the suite runs the cases that
@@ -21,23 +22,23 @@ type Capabilities struct {
 	// Persistent: records survive the process (used by MultiProcess users;
 	// informative here).
 	Persistent bool
-	// ListsRecords: the store implements idem.Lister.
+	// ListsRecords: the store implements store.Lister.
 	ListsRecords bool
 	// SelfExpiring: the backend deletes expired records by itself (Redis
 	// TTLs), so Sweep finds nothing to delete; the sweep case then checks
 	// that expired records are gone and live leases kept.
 	SelfExpiring bool
-	// Archives: the store implements idem.Archiver.
+	// Archives: the store implements store.Archiver.
 	Archives bool
-	// Unclaims: the store implements idem.Unclaimer.
+	// Unclaims: the store implements store.Unclaimer.
 	Unclaims bool
-	// FencedDeletes: the store implements idem.FencedDeleter.
+	// FencedDeletes: the store implements store.FencedDeleter.
 	FencedDeletes bool
 }
 
 // NewStore returns a fresh, isolated store for one case and registers its
 // cleanup on t.
-type NewStore func(t testing.TB) idem.Store
+type NewStore func(t testing.TB) store.Store
 
 // Timing of the lease cases. Generous margins, because the suite runs under
 // -race on a loaded two-core machine.
@@ -47,15 +48,15 @@ const (
 	retention  = time.Hour
 )
 
-func req(key string) idem.AcquireRequest {
-	return idem.AcquireRequest{Key: key, Fingerprint: "fp", Lease: longLease, Retention: retention}
+func req(key string) store.AcquireRequest {
+	return store.AcquireRequest{Key: key, Fingerprint: "fp", Lease: longLease, Retention: retention}
 }
 
 // Run runs every conformance case as a subtest of t.
 func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 	cases := []struct {
 		name string
-		fn   func(t *testing.T, s idem.Store)
+		fn   func(t *testing.T, s store.Store)
 	}{
 		{"AcquireAbsent", testAcquireAbsent},
 		{"ConcurrentAcquireOneWins", testConcurrentAcquire},
@@ -71,7 +72,7 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 		{"FingerprintMismatch", testMismatch},
 		{"HeartbeatExtendsLease", testHeartbeat},
 		{"RetentionExpiryForgets", testRetention},
-		{"SweepKeepsLiveLeases", func(t *testing.T, s idem.Store) { testSweep(t, s, caps.SelfExpiring) }},
+		{"SweepKeepsLiveLeases", func(t *testing.T, s store.Store) { testSweep(t, s, caps.SelfExpiring) }},
 		{"PoisonAfterAttemptLimit", testPoison},
 		{"BoundsRefused", testBounds},
 		{"CancelledContextReturnsPromptly", testCancelled},
@@ -91,25 +92,25 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 	if caps.ListsRecords {
 		cases = append(cases, struct {
 			name string
-			fn   func(t *testing.T, s idem.Store)
+			fn   func(t *testing.T, s store.Store)
 		}{"List", testList})
 	}
 	if caps.Archives {
 		cases = append(cases, struct {
 			name string
-			fn   func(t *testing.T, s idem.Store)
+			fn   func(t *testing.T, s store.Store)
 		}{"Archive", testArchive})
 	}
 	if caps.Unclaims {
 		cases = append(cases, struct {
 			name string
-			fn   func(t *testing.T, s idem.Store)
+			fn   func(t *testing.T, s store.Store)
 		}{"UnclaimTakesBackTheAttempt", testUnclaim})
 	}
 	if caps.FencedDeletes {
 		cases = append(cases, struct {
 			name string
-			fn   func(t *testing.T, s idem.Store)
+			fn   func(t *testing.T, s store.Store)
 		}{"DeleteUpToKeepsALaterGeneration", testDeleteUpTo})
 	}
 	for _, c := range cases {
@@ -120,7 +121,7 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 	}
 }
 
-func mustAcquire(t *testing.T, s idem.Store, r idem.AcquireRequest, want idem.Outcome) idem.Acquisition {
+func mustAcquire(t *testing.T, s store.Store, r store.AcquireRequest, want store.Outcome) store.Acquisition {
 	t.Helper()
 	a, err := s.Acquire(context.Background(), r)
 	if err != nil {
@@ -132,12 +133,12 @@ func mustAcquire(t *testing.T, s idem.Store, r idem.AcquireRequest, want idem.Ou
 	return a
 }
 
-func testAcquireAbsent(t *testing.T, s idem.Store) {
-	a := mustAcquire(t, s, req("k"), idem.Acquired)
+func testAcquireAbsent(t *testing.T, s store.Store) {
+	a := mustAcquire(t, s, req("k"), store.Acquired)
 	if a.Fence == 0 {
 		t.Fatal("fence is 0")
 	}
-	if a.Record.State != idem.StateInFlight || a.Record.Attempts != 1 || a.Record.Fingerprint != "fp" {
+	if a.Record.State != store.StateInFlight || a.Record.Attempts != 1 || a.Record.Fingerprint != "fp" {
 		t.Fatalf("record after acquire = %+v", a.Record)
 	}
 	if !a.Record.LeaseUntil.After(now(s).Add(longLease / 2)) {
@@ -145,7 +146,7 @@ func testAcquireAbsent(t *testing.T, s idem.Store) {
 	}
 }
 
-func testConcurrentAcquire(t *testing.T, s idem.Store) {
+func testConcurrentAcquire(t *testing.T, s store.Store) {
 	const n = 64
 	var owners, inProgress atomic.Int32
 	var wg sync.WaitGroup
@@ -162,9 +163,9 @@ func testConcurrentAcquire(t *testing.T, s idem.Store) {
 				return
 			}
 			switch a.Outcome {
-			case idem.Acquired:
+			case store.Acquired:
 				owners.Add(1)
-			case idem.InProgress:
+			case store.InProgress:
 				inProgress.Add(1)
 			default:
 				errs <- fmt.Errorf("unexpected outcome %v", a.Outcome)
@@ -187,7 +188,7 @@ func testConcurrentAcquire(t *testing.T, s idem.Store) {
 // own — the traffic a store that coalesces calls batches. Every key is
 // settled by exactly one owner, and every other answer for it is that
 // owner's (in progress before, a replay of its result after).
-func testConcurrentLifecycles(t *testing.T, s idem.Store) {
+func testConcurrentLifecycles(t *testing.T, s store.Store) {
 	const workers, keys, rounds = 48, 40, 12
 	type settled struct {
 		result []byte
@@ -215,7 +216,7 @@ func testConcurrentLifecycles(t *testing.T, s idem.Store) {
 					return
 				}
 				switch a.Outcome {
-				case idem.Acquired:
+				case store.Acquired:
 					result := fmt.Appendf(nil, "by %d in round %d", w, r)
 					settle := s.Complete
 					if w%3 == 0 {
@@ -231,8 +232,8 @@ func testConcurrentLifecycles(t *testing.T, s idem.Store) {
 					}
 					won[k] = settled{result, a.Fence}
 					mu.Unlock()
-				case idem.InProgress:
-				case idem.Replayed:
+				case store.InProgress:
+				case store.Replayed:
 					mu.Lock()
 					prev, ok := won[k]
 					mu.Unlock()
@@ -255,9 +256,9 @@ func testConcurrentLifecycles(t *testing.T, s idem.Store) {
 	}
 }
 
-func testInProgress(t *testing.T, s idem.Store) {
-	a := mustAcquire(t, s, req("k"), idem.Acquired)
-	b := mustAcquire(t, s, req("k"), idem.InProgress)
+func testInProgress(t *testing.T, s store.Store) {
+	a := mustAcquire(t, s, req("k"), store.Acquired)
+	b := mustAcquire(t, s, req("k"), store.InProgress)
 	if b.Record.Fence != a.Fence {
 		t.Fatalf("in-progress record fence %d, want %d", b.Record.Fence, a.Fence)
 	}
@@ -266,28 +267,28 @@ func testInProgress(t *testing.T, s idem.Store) {
 	}
 }
 
-func expireLease(t *testing.T, s idem.Store) idem.Acquisition {
+func expireLease(t *testing.T, s store.Store) store.Acquisition {
 	t.Helper()
 	r := req("k")
 	r.Lease = shortLease
-	a := mustAcquire(t, s, r, idem.Acquired)
+	a := mustAcquire(t, s, r, store.Acquired)
 	pass(s, shortLease+100*time.Millisecond)
 	return a
 }
 
-func testTakeover(t *testing.T, s idem.Store) {
+func testTakeover(t *testing.T, s store.Store) {
 	a := expireLease(t, s)
-	b := mustAcquire(t, s, req("k"), idem.TakenOver)
+	b := mustAcquire(t, s, req("k"), store.TakenOver)
 	if b.Fence <= a.Fence {
 		t.Fatalf("takeover fence %d not larger than %d", b.Fence, a.Fence)
 	}
 	if b.Record.Attempts != 2 {
 		t.Fatalf("attempts after takeover = %d, want 2", b.Record.Attempts)
 	}
-	mustAcquire(t, s, req("k"), idem.InProgress)
+	mustAcquire(t, s, req("k"), store.InProgress)
 }
 
-func testConcurrentTakeover(t *testing.T, s idem.Store) {
+func testConcurrentTakeover(t *testing.T, s store.Store) {
 	expireLease(t, s)
 	const n = 32
 	var owners atomic.Int32
@@ -303,7 +304,7 @@ func testConcurrentTakeover(t *testing.T, s idem.Store) {
 			}
 			if a.Outcome.Owns() {
 				owners.Add(1)
-			} else if a.Outcome != idem.InProgress {
+			} else if a.Outcome != store.InProgress {
 				t.Errorf("outcome %v", a.Outcome)
 			}
 		}()
@@ -314,10 +315,10 @@ func testConcurrentTakeover(t *testing.T, s idem.Store) {
 	}
 }
 
-func testStaleFence(t *testing.T, s idem.Store) {
+func testStaleFence(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	old := expireLease(t, s)
-	cur := mustAcquire(t, s, req("k"), idem.TakenOver)
+	cur := mustAcquire(t, s, req("k"), store.TakenOver)
 	checks := map[string]error{
 		"Heartbeat": s.Heartbeat(ctx, "k", old.Fence, longLease),
 		"Complete":  s.Complete(ctx, "k", old.Fence, []byte("zombie"), retention),
@@ -325,7 +326,7 @@ func testStaleFence(t *testing.T, s idem.Store) {
 		"Release":   s.Release(ctx, "k", old.Fence),
 	}
 	for op, err := range checks {
-		if !errors.Is(err, idem.ErrStaleFence) {
+		if !errors.Is(err, store.ErrStaleFence) {
 			t.Errorf("%s with stale fence: err = %v, want ErrStaleFence", op, err)
 		}
 	}
@@ -333,35 +334,35 @@ func testStaleFence(t *testing.T, s idem.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.State != idem.StateInFlight || rec.Fence != cur.Fence {
+	if rec.State != store.StateInFlight || rec.Fence != cur.Fence {
 		t.Fatalf("stale calls changed the record: %+v", rec)
 	}
 	if err := s.Complete(ctx, "k", cur.Fence, []byte("winner"), retention); err != nil {
 		t.Fatalf("current owner's Complete: %v", err)
 	}
 	// After settling, even the winner's fence is no longer in flight.
-	if err := s.Complete(ctx, "k", cur.Fence, []byte("again"), retention); !errors.Is(err, idem.ErrStaleFence) {
+	if err := s.Complete(ctx, "k", cur.Fence, []byte("again"), retention); !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("second Complete: err = %v, want ErrStaleFence", err)
 	}
-	if err := s.Heartbeat(ctx, "absent", 1, longLease); !errors.Is(err, idem.ErrStaleFence) {
+	if err := s.Heartbeat(ctx, "absent", 1, longLease); !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("Heartbeat on absent key: err = %v, want ErrStaleFence", err)
 	}
-	rep := mustAcquire(t, s, req("k"), idem.Replayed)
+	rep := mustAcquire(t, s, req("k"), store.Replayed)
 	if string(rep.Record.Result) != "winner" {
 		t.Fatalf("replayed %q, want winner", rep.Record.Result)
 	}
 }
 
-func testReplayCompleted(t *testing.T, s idem.Store) {
+func testReplayCompleted(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	a := mustAcquire(t, s, req("k"), store.Acquired)
 	result := []byte(`{"booking":"B-1"}` + "\x00\xff")
 	if err := s.Complete(ctx, "k", a.Fence, result, retention); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {
-		r := mustAcquire(t, s, req("k"), idem.Replayed)
-		if !bytes.Equal(r.Record.Result, result) || r.Record.State != idem.StateCompleted {
+		r := mustAcquire(t, s, req("k"), store.Replayed)
+		if !bytes.Equal(r.Record.Result, result) || r.Record.State != store.StateCompleted {
 			t.Fatalf("replayed %+v", r.Record)
 		}
 		if r.Record.Attempts != 1 {
@@ -369,11 +370,11 @@ func testReplayCompleted(t *testing.T, s idem.Store) {
 		}
 	}
 	// An empty result is stored and replayed as empty.
-	b := mustAcquire(t, s, req("empty"), idem.Acquired)
+	b := mustAcquire(t, s, req("empty"), store.Acquired)
 	if err := s.Complete(ctx, "empty", b.Fence, nil, retention); err != nil {
 		t.Fatal(err)
 	}
-	if r := mustAcquire(t, s, req("empty"), idem.Replayed); len(r.Record.Result) != 0 {
+	if r := mustAcquire(t, s, req("empty"), store.Replayed); len(r.Record.Result) != 0 {
 		t.Fatalf("empty result replayed as %q", r.Record.Result)
 	}
 }
@@ -383,17 +384,17 @@ func testReplayCompleted(t *testing.T, s idem.Store) {
 // changes its result after Complete, or a replayed value after Acquire or
 // Get, changes nothing the next duplicate receives — through the store and
 // through a Guard with its cache.
-func testReplayedBytesAreTheCallers(t *testing.T, s idem.Store) {
+func testReplayedBytesAreTheCallers(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	want := []byte("booking B-1")
-	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	a := mustAcquire(t, s, req("k"), store.Acquired)
 	given := bytes.Clone(want)
 	if err := s.Complete(ctx, "k", a.Fence, given, retention); err != nil {
 		t.Fatal(err)
 	}
 	copy(given, "XXXXXXX")
 	for range 2 {
-		r := mustAcquire(t, s, req("k"), idem.Replayed)
+		r := mustAcquire(t, s, req("k"), store.Replayed)
 		if !bytes.Equal(r.Record.Result, want) {
 			t.Fatalf("replayed %q, want %q", r.Record.Result, want)
 		}
@@ -404,7 +405,7 @@ func testReplayedBytesAreTheCallers(t *testing.T, s idem.Store) {
 		t.Fatalf("Get: %q (%v), want %q", rec.Result, err, want)
 	}
 	copy(rec.Result, "XXXXXXX")
-	if r := mustAcquire(t, s, req("k"), idem.Replayed); !bytes.Equal(r.Record.Result, want) {
+	if r := mustAcquire(t, s, req("k"), store.Replayed); !bytes.Equal(r.Record.Result, want) {
 		t.Fatalf("replayed %q after Get's bytes were changed, want %q", r.Record.Result, want)
 	}
 	g, err := idem.NewGuard(idem.Config{Store: s, CacheSize: 16})
@@ -422,65 +423,65 @@ func testReplayedBytesAreTheCallers(t *testing.T, s idem.Store) {
 	}
 }
 
-func testReplayFailed(t *testing.T, s idem.Store) {
-	a := mustAcquire(t, s, req("k"), idem.Acquired)
+func testReplayFailed(t *testing.T, s store.Store) {
+	a := mustAcquire(t, s, req("k"), store.Acquired)
 	if err := s.Fail(context.Background(), "k", a.Fence, []byte("card declined"), retention); err != nil {
 		t.Fatal(err)
 	}
-	r := mustAcquire(t, s, req("k"), idem.Replayed)
-	if r.Record.State != idem.StateFailed || string(r.Record.Result) != "card declined" {
+	r := mustAcquire(t, s, req("k"), store.Replayed)
+	if r.Record.State != store.StateFailed || string(r.Record.Result) != "card declined" {
 		t.Fatalf("replayed %+v", r.Record)
 	}
 }
 
-func testRelease(t *testing.T, s idem.Store) {
-	a := mustAcquire(t, s, req("k"), idem.Acquired)
+func testRelease(t *testing.T, s store.Store) {
+	a := mustAcquire(t, s, req("k"), store.Acquired)
 	if err := s.Release(context.Background(), "k", a.Fence); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := s.Get(context.Background(), "k")
-	if err != nil || rec.State != idem.StateReleased {
+	if err != nil || rec.State != store.StateReleased {
 		t.Fatalf("after release: %+v, %v", rec, err)
 	}
-	b := mustAcquire(t, s, req("k"), idem.Acquired)
+	b := mustAcquire(t, s, req("k"), store.Acquired)
 	if b.Fence <= a.Fence || b.Record.Attempts != 2 {
 		t.Fatalf("re-acquire after release: fence %d (was %d), attempts %d", b.Fence, a.Fence, b.Record.Attempts)
 	}
-	if err := s.Release(context.Background(), "k", a.Fence); !errors.Is(err, idem.ErrStaleFence) {
+	if err := s.Release(context.Background(), "k", a.Fence); !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("release with the old fence: %v", err)
 	}
 }
 
-func testMismatch(t *testing.T, s idem.Store) {
+func testMismatch(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	a := mustAcquire(t, s, req("k"), store.Acquired)
 	other := req("k")
 	other.Fingerprint = "other"
-	mustAcquire(t, s, other, idem.Mismatch)
+	mustAcquire(t, s, other, store.Mismatch)
 	if err := s.Complete(ctx, "k", a.Fence, []byte("ok"), retention); err != nil {
 		t.Fatal(err)
 	}
-	m := mustAcquire(t, s, other, idem.Mismatch)
+	m := mustAcquire(t, s, other, store.Mismatch)
 	if m.Record.Fingerprint != "fp" {
 		t.Fatalf("mismatch changed the stored fingerprint: %+v", m.Record)
 	}
-	if r := mustAcquire(t, s, req("k"), idem.Replayed); string(r.Record.Result) != "ok" {
+	if r := mustAcquire(t, s, req("k"), store.Replayed); string(r.Record.Result) != "ok" {
 		t.Fatalf("replay after mismatch: %q", r.Record.Result)
 	}
 }
 
-func testHeartbeat(t *testing.T, s idem.Store) {
+func testHeartbeat(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	r := req("k")
 	r.Lease = shortLease
-	a := mustAcquire(t, s, r, idem.Acquired)
+	a := mustAcquire(t, s, r, store.Acquired)
 	pass(s, shortLease/2)
 	if err := s.Heartbeat(ctx, "k", a.Fence, 3*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	pass(s, shortLease)
 	// Past the original lease, before the extended one.
-	mustAcquire(t, s, r, idem.InProgress)
+	mustAcquire(t, s, r, store.InProgress)
 	rec, err := s.Get(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
@@ -490,28 +491,28 @@ func testHeartbeat(t *testing.T, s idem.Store) {
 	}
 }
 
-func testRetention(t *testing.T, s idem.Store) {
+func testRetention(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	a := mustAcquire(t, s, req("k"), store.Acquired)
 	if err := s.Complete(ctx, "k", a.Fence, []byte("r"), time.Second); err != nil {
 		t.Fatal(err)
 	}
-	mustAcquire(t, s, req("k"), idem.Replayed)
+	mustAcquire(t, s, req("k"), store.Replayed)
 	pass(s, 1300*time.Millisecond)
-	if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get after retention: %v, want ErrNotFound", err)
 	}
-	b := mustAcquire(t, s, req("k"), idem.Acquired)
+	b := mustAcquire(t, s, req("k"), store.Acquired)
 	if b.Record.Attempts != 1 || len(b.Record.Result) != 0 {
 		t.Fatalf("a key past retention is new again: %+v", b.Record)
 	}
 }
 
-func testSweep(t *testing.T, s idem.Store, selfExpiring bool) {
+func testSweep(t *testing.T, s store.Store, selfExpiring bool) {
 	ctx := context.Background()
 	for i := range 5 {
 		k := fmt.Sprintf("done-%d", i)
-		a := mustAcquire(t, s, req(k), idem.Acquired)
+		a := mustAcquire(t, s, req(k), store.Acquired)
 		if err := s.Complete(ctx, k, a.Fence, nil, 100*time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
@@ -519,8 +520,8 @@ func testSweep(t *testing.T, s idem.Store, selfExpiring bool) {
 	// A live lease whose retention is shorter than its lease.
 	live := req("live")
 	live.Retention = 50 * time.Millisecond
-	mustAcquire(t, s, live, idem.Acquired)
-	mustAcquire(t, s, req("kept"), idem.Acquired)
+	mustAcquire(t, s, live, store.Acquired)
+	mustAcquire(t, s, req("kept"), store.Acquired)
 	pass(s, 300*time.Millisecond)
 	total := 0
 	for {
@@ -540,7 +541,7 @@ func testSweep(t *testing.T, s idem.Store, selfExpiring bool) {
 		t.Fatalf("swept %d records, want 5", total)
 	}
 	for i := range 5 {
-		if _, err := s.Get(ctx, fmt.Sprintf("done-%d", i)); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := s.Get(ctx, fmt.Sprintf("done-%d", i)); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("expired record done-%d still there: %v", i, err)
 		}
 	}
@@ -549,15 +550,15 @@ func testSweep(t *testing.T, s idem.Store, selfExpiring bool) {
 			t.Fatalf("Sweep deleted %s: %v", k, err)
 		}
 	}
-	mustAcquire(t, s, live, idem.InProgress)
+	mustAcquire(t, s, live, store.InProgress)
 }
 
-func testPoison(t *testing.T, s idem.Store) {
+func testPoison(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	r := req("k")
 	r.MaxAttempts = 3
 	for i := 1; i <= 3; i++ {
-		a := mustAcquire(t, s, r, idem.Acquired)
+		a := mustAcquire(t, s, r, store.Acquired)
 		if a.Record.Attempts != i {
 			t.Fatalf("attempt %d: record says %d", i, a.Record.Attempts)
 		}
@@ -565,19 +566,19 @@ func testPoison(t *testing.T, s idem.Store) {
 			t.Fatal(err)
 		}
 	}
-	mustAcquire(t, s, r, idem.Poisoned)
-	mustAcquire(t, s, r, idem.Poisoned)
+	mustAcquire(t, s, r, store.Poisoned)
+	mustAcquire(t, s, r, store.Poisoned)
 	rec, err := s.Get(ctx, "k")
-	if err != nil || rec.State != idem.StatePoisoned || rec.Attempts != 3 {
+	if err != nil || rec.State != store.StatePoisoned || rec.Attempts != 3 {
 		t.Fatalf("poisoned record: %+v, %v", rec, err)
 	}
 	// A takeover counts as an attempt too.
 	r2 := req("z")
 	r2.MaxAttempts = 1
 	r2.Lease = shortLease
-	claim := mustAcquire(t, s, r2, idem.Acquired)
+	claim := mustAcquire(t, s, r2, store.Acquired)
 	pass(s, shortLease+100*time.Millisecond)
-	p := mustAcquire(t, s, r2, idem.Poisoned)
+	p := mustAcquire(t, s, r2, store.Poisoned)
 	// Poisoning is a change another caller made after the claim: it takes
 	// a fence of its own, so nothing fenced on the claim (a DeleteUpTo of
 	// it, say) touches the poisoned record.
@@ -591,60 +592,60 @@ func testPoison(t *testing.T, s idem.Store) {
 	// (no fingerprint, no result, no settle), read back and decided on.
 	r3 := r2
 	r3.Key, r3.Fingerprint = "bare", ""
-	mustAcquire(t, s, r3, idem.Acquired)
+	mustAcquire(t, s, r3, store.Acquired)
 	pass(s, shortLease+100*time.Millisecond)
-	mustAcquire(t, s, r3, idem.Poisoned)
-	if rec, err := s.Get(ctx, "bare"); err != nil || rec.State != idem.StatePoisoned || rec.Fingerprint != "" || rec.Attempts != 1 {
+	mustAcquire(t, s, r3, store.Poisoned)
+	if rec, err := s.Get(ctx, "bare"); err != nil || rec.State != store.StatePoisoned || rec.Fingerprint != "" || rec.Attempts != 1 {
 		t.Fatalf("a record poisoned by a takeover, without a fingerprint: %+v, %v", rec, err)
 	}
-	mustAcquire(t, s, r3, idem.Poisoned)
+	mustAcquire(t, s, r3, store.Poisoned)
 }
 
-func testBounds(t *testing.T, s idem.Store) {
+func testBounds(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	big := strings.Repeat("k", 10<<10)
 	okReq := req("ok")
-	a := mustAcquire(t, s, okReq, idem.Acquired)
+	a := mustAcquire(t, s, okReq, store.Acquired)
 	huge := make([]byte, 100<<20)
 	tests := []struct {
 		name string
 		err  error
 		want error
 	}{
-		{"empty key", first(s.Acquire(ctx, idem.AcquireRequest{Key: "", Lease: time.Second, Retention: time.Hour})), idem.ErrInvalidKey},
-		{"10KB key", first(s.Acquire(ctx, idem.AcquireRequest{Key: big, Lease: time.Second, Retention: time.Hour})), idem.ErrInvalidKey},
-		{"negative lease", first(s.Acquire(ctx, idem.AcquireRequest{Key: "n", Lease: -time.Second, Retention: time.Hour})), idem.ErrInvalidLease},
-		{"zero lease", first(s.Acquire(ctx, idem.AcquireRequest{Key: "n", Retention: time.Hour})), idem.ErrInvalidLease},
-		{"lease over the limit", first(s.Acquire(ctx, idem.AcquireRequest{Key: "n", Lease: 1000 * time.Hour, Retention: time.Hour})), idem.ErrInvalidLease},
-		{"zero retention", first(s.Acquire(ctx, idem.AcquireRequest{Key: "n", Lease: time.Second})), idem.ErrInvalidRetention},
-		{"long fingerprint", first(s.Acquire(ctx, idem.AcquireRequest{Key: "n", Fingerprint: big, Lease: time.Second, Retention: time.Hour})), idem.ErrInvalidFingerprint},
-		{"100MB result", s.Complete(ctx, "ok", a.Fence, huge, retention), idem.ErrResultTooLarge},
-		{"100MB failure", s.Fail(ctx, "ok", a.Fence, huge, retention), idem.ErrResultTooLarge},
-		{"negative heartbeat", s.Heartbeat(ctx, "ok", a.Fence, -time.Second), idem.ErrInvalidLease},
-		{"negative retention", s.Complete(ctx, "ok", a.Fence, nil, -time.Second), idem.ErrInvalidRetention},
-		{"10KB key complete", s.Complete(ctx, big, 1, nil, retention), idem.ErrInvalidKey},
+		{"empty key", first(s.Acquire(ctx, store.AcquireRequest{Key: "", Lease: time.Second, Retention: time.Hour})), store.ErrInvalidKey},
+		{"10KB key", first(s.Acquire(ctx, store.AcquireRequest{Key: big, Lease: time.Second, Retention: time.Hour})), store.ErrInvalidKey},
+		{"negative lease", first(s.Acquire(ctx, store.AcquireRequest{Key: "n", Lease: -time.Second, Retention: time.Hour})), store.ErrInvalidLease},
+		{"zero lease", first(s.Acquire(ctx, store.AcquireRequest{Key: "n", Retention: time.Hour})), store.ErrInvalidLease},
+		{"lease over the limit", first(s.Acquire(ctx, store.AcquireRequest{Key: "n", Lease: 1000 * time.Hour, Retention: time.Hour})), store.ErrInvalidLease},
+		{"zero retention", first(s.Acquire(ctx, store.AcquireRequest{Key: "n", Lease: time.Second})), store.ErrInvalidRetention},
+		{"long fingerprint", first(s.Acquire(ctx, store.AcquireRequest{Key: "n", Fingerprint: big, Lease: time.Second, Retention: time.Hour})), store.ErrInvalidFingerprint},
+		{"100MB result", s.Complete(ctx, "ok", a.Fence, huge, retention), store.ErrResultTooLarge},
+		{"100MB failure", s.Fail(ctx, "ok", a.Fence, huge, retention), store.ErrResultTooLarge},
+		{"negative heartbeat", s.Heartbeat(ctx, "ok", a.Fence, -time.Second), store.ErrInvalidLease},
+		{"negative retention", s.Complete(ctx, "ok", a.Fence, nil, -time.Second), store.ErrInvalidRetention},
+		{"10KB key complete", s.Complete(ctx, big, 1, nil, retention), store.ErrInvalidKey},
 	}
 	for _, tt := range tests {
 		if !errors.Is(tt.err, tt.want) {
 			t.Errorf("%s: err = %v, want %v", tt.name, tt.err, tt.want)
 		}
 	}
-	for _, k := range []string{"n", big[:idem.MaxStorageKeyBytes]} {
-		if _, err := s.Get(ctx, k); !errors.Is(err, idem.ErrNotFound) {
+	for _, k := range []string{"n", big[:store.MaxKeyBytes]} {
+		if _, err := s.Get(ctx, k); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("refused input stored something under %.10q: %v", k, err)
 		}
 	}
 	rec, err := s.Get(ctx, "ok")
-	if err != nil || rec.State != idem.StateInFlight || len(rec.Result) != 0 {
+	if err != nil || rec.State != store.StateInFlight || len(rec.Result) != 0 {
 		t.Fatalf("refused settle changed the record: %+v, %v", rec, err)
 	}
 	// The largest key is accepted.
-	mustAcquire(t, s, req(big[:idem.MaxStorageKeyBytes]), idem.Acquired)
+	mustAcquire(t, s, req(big[:store.MaxKeyBytes]), store.Acquired)
 }
 
 func first[T any](_ T, err error) error { return err }
 
-func testCancelled(t *testing.T, s idem.Store) {
+func testCancelled(t *testing.T, s store.Store) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	start := time.Now()
@@ -661,17 +662,17 @@ func testCancelled(t *testing.T, s idem.Store) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("cancelled calls took %v", d)
 	}
-	if _, err := s.Get(context.Background(), "k"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.Get(context.Background(), "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a cancelled Acquire stored the key: %v", err)
 	}
 }
 
-func testGetDelete(t *testing.T, s idem.Store) {
+func testGetDelete(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get absent: %v", err)
 	}
-	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	a := mustAcquire(t, s, req("k"), store.Acquired)
 	if err := s.Complete(ctx, "k", a.Fence, []byte("v"), retention); err != nil {
 		t.Fatal(err)
 	}
@@ -679,7 +680,7 @@ func testGetDelete(t *testing.T, s idem.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.Key != "k" || rec.State != idem.StateCompleted || string(rec.Result) != "v" || rec.Fence != a.Fence ||
+	if rec.Key != "k" || rec.State != store.StateCompleted || string(rec.Result) != "v" || rec.Fence != a.Fence ||
 		rec.Fingerprint != "fp" || !rec.LeaseUntil.IsZero() || rec.ExpiresAt.Before(now(s).Add(retention/2)) {
 		t.Fatalf("Get = %+v", rec)
 	}
@@ -689,41 +690,41 @@ func testGetDelete(t *testing.T, s idem.Store) {
 	if err := s.Delete(ctx, "k"); err != nil {
 		t.Fatalf("Delete absent: %v", err)
 	}
-	if _, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get after Delete: %v", err)
 	}
-	mustAcquire(t, s, req("k"), idem.Acquired)
+	mustAcquire(t, s, req("k"), store.Acquired)
 }
 
-func testScopes(t *testing.T, s idem.Store) {
+func testScopes(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	ka := idem.Key{Scope: "tenant-a", ID: "order-1"}.Storage(false)
 	kb := idem.Key{Scope: "tenant-b", ID: "order-1"}.Storage(false)
-	a := mustAcquire(t, s, req(ka), idem.Acquired)
+	a := mustAcquire(t, s, req(ka), store.Acquired)
 	if err := s.Complete(ctx, ka, a.Fence, []byte("a's secret"), retention); err != nil {
 		t.Fatal(err)
 	}
-	b := mustAcquire(t, s, req(kb), idem.Acquired)
+	b := mustAcquire(t, s, req(kb), store.Acquired)
 	if len(b.Record.Result) != 0 {
 		t.Fatalf("tenant b sees %q", b.Record.Result)
 	}
 }
 
-func testCompact(t *testing.T, s idem.Store) {
+func testCompact(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	k := idem.Key{Scope: "payments", ID: strings.Repeat("x", idem.MaxIDBytes)}
 	ck := k.Storage(true)
-	a := mustAcquire(t, s, req(ck), idem.Acquired)
+	a := mustAcquire(t, s, req(ck), store.Acquired)
 	if err := s.Complete(ctx, ck, a.Fence, []byte("v"), retention); err != nil {
 		t.Fatal(err)
 	}
-	if r := mustAcquire(t, s, req(k.Storage(true)), idem.Replayed); string(r.Record.Result) != "v" {
+	if r := mustAcquire(t, s, req(k.Storage(true)), store.Replayed); string(r.Record.Result) != "v" {
 		t.Fatalf("compact replay %q", r.Record.Result)
 	}
-	mustAcquire(t, s, req(k.Storage(false)), idem.Acquired)
+	mustAcquire(t, s, req(k.Storage(false)), store.Acquired)
 }
 
-func testGuardRunsOnce(t *testing.T, s idem.Store) {
+func testGuardRunsOnce(t *testing.T, s store.Store) {
 	g, err := idem.NewGuard(idem.Config{Store: s, Lease: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -757,11 +758,11 @@ func testGuardRunsOnce(t *testing.T, s idem.Store) {
 	}
 }
 
-func testList(t *testing.T, s idem.Store) {
-	l := s.(idem.Lister)
+func testList(t *testing.T, s store.Store) {
+	l := s.(store.Lister)
 	ctx := context.Background()
 	for _, k := range []string{"c", "a", "b", "d"} {
-		mustAcquire(t, s, req(k), idem.Acquired)
+		mustAcquire(t, s, req(k), store.Acquired)
 	}
 	recs, err := l.List(ctx, "a", 2)
 	if err != nil {
@@ -772,39 +773,39 @@ func testList(t *testing.T, s idem.Store) {
 	}
 }
 
-// testCountStates: a store that counts by state (idem.StateCounter)
+// testCountStates: a store that counts by state (store.StateCounter)
 // counts each live record once, in its state.
-func testCountStates(t *testing.T, s idem.Store) {
-	c, ok := s.(idem.StateCounter)
+func testCountStates(t *testing.T, s store.Store) {
+	c, ok := s.(store.StateCounter)
 	if !ok {
 		t.Skip("the store does not count by state")
 	}
 	ctx := context.Background()
-	mustAcquire(t, s, req("flight"), idem.Acquired)
-	done := mustAcquire(t, s, req("done"), idem.Acquired)
+	mustAcquire(t, s, req("flight"), store.Acquired)
+	done := mustAcquire(t, s, req("done"), store.Acquired)
 	if err := s.Complete(ctx, "done", done.Fence, []byte("ok"), retention); err != nil {
 		t.Fatal(err)
 	}
-	failed := mustAcquire(t, s, req("failed"), idem.Acquired)
+	failed := mustAcquire(t, s, req("failed"), store.Acquired)
 	if err := s.Fail(ctx, "failed", failed.Fence, []byte("no"), retention); err != nil {
 		t.Fatal(err)
 	}
-	rel := mustAcquire(t, s, req("released"), idem.Acquired)
+	rel := mustAcquire(t, s, req("released"), store.Acquired)
 	if err := s.Release(ctx, "released", rel.Fence); err != nil {
 		t.Fatal(err)
 	}
 	p := req("poisoned")
 	p.MaxAttempts = 1
-	pa := mustAcquire(t, s, p, idem.Acquired)
+	pa := mustAcquire(t, s, p, store.Acquired)
 	if err := s.Release(ctx, "poisoned", pa.Fence); err != nil {
 		t.Fatal(err)
 	}
-	mustAcquire(t, s, p, idem.Poisoned)
+	mustAcquire(t, s, p, store.Poisoned)
 	got, err := c.CountStates(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[idem.State]int64{idem.StateInFlight: 1, idem.StateCompleted: 1, idem.StateFailed: 1, idem.StateReleased: 1, idem.StatePoisoned: 1}
+	want := map[store.State]int64{store.StateInFlight: 1, store.StateCompleted: 1, store.StateFailed: 1, store.StateReleased: 1, store.StatePoisoned: 1}
 	for st, n := range want {
 		if got[st] != n {
 			t.Fatalf("counts %v, want %v", got, want)
@@ -812,13 +813,13 @@ func testCountStates(t *testing.T, s idem.Store) {
 	}
 }
 
-func testArchive(t *testing.T, s idem.Store) {
-	a := s.(idem.Archiver)
-	if sa, ok := s.(idem.StoredArchiver); ok {
+func testArchive(t *testing.T, s store.Store) {
+	a := s.(store.Archiver)
+	if sa, ok := s.(store.StoredArchiver); ok {
 		a = storedChecker{t, sa}
 	}
 	ctx := context.Background()
-	rec := idem.Record{Key: "arch", State: idem.StateCompleted, Fence: 7, Fingerprint: "fp", Attempts: 1, Result: []byte("first")}
+	rec := store.Record{Key: "arch", State: store.StateCompleted, Fence: 7, Fingerprint: "fp", Attempts: 1, Result: []byte("first")}
 	if err := a.Archive(ctx, rec, retention); err != nil {
 		t.Fatal(err)
 	}
@@ -827,7 +828,7 @@ func testArchive(t *testing.T, s idem.Store) {
 	if err := a.Archive(ctx, second, retention); err != nil {
 		t.Fatal(err)
 	}
-	r := mustAcquire(t, s, req("arch"), idem.Replayed)
+	r := mustAcquire(t, s, req("arch"), store.Replayed)
 	if string(r.Record.Result) != "first" {
 		t.Fatalf("archive over a settled record replaced it: %q", r.Record.Result)
 	}
@@ -837,27 +838,27 @@ func testArchive(t *testing.T, s idem.Store) {
 	if err := a.Archive(ctx, later, retention); err != nil {
 		t.Fatal(err)
 	}
-	if r := mustAcquire(t, s, req("arch"), idem.Replayed); string(r.Record.Result) != "later owner" || r.Record.Fence != 8 {
+	if r := mustAcquire(t, s, req("arch"), store.Replayed); string(r.Record.Result) != "later owner" || r.Record.Fence != 8 {
 		t.Fatalf("archive with a larger fence: %q fence %d", r.Record.Result, r.Record.Fence)
 	}
 	// Over an in-flight record, the archived result wins.
-	mustAcquire(t, s, req("busy"), idem.Acquired)
+	mustAcquire(t, s, req("busy"), store.Acquired)
 	busy := rec
-	busy.Key, busy.State, busy.Result = "busy", idem.StateFailed, []byte("declined")
+	busy.Key, busy.State, busy.Result = "busy", store.StateFailed, []byte("declined")
 	if err := a.Archive(ctx, busy, retention); err != nil {
 		t.Fatal(err)
 	}
-	if r := mustAcquire(t, s, req("busy"), idem.Replayed); r.Record.State != idem.StateFailed || string(r.Record.Result) != "declined" {
+	if r := mustAcquire(t, s, req("busy"), store.Replayed); r.Record.State != store.StateFailed || string(r.Record.Result) != "declined" {
 		t.Fatalf("archived failure: %+v", r.Record)
 	}
 	bad := rec
-	bad.State = idem.StateInFlight
+	bad.State = store.StateInFlight
 	if err := a.Archive(ctx, bad, retention); err == nil {
 		t.Fatal("archived an in-flight record")
 	}
 	// A tombstone (released) with fence 8 removes the result of fence 8 and
 	// keeps that generation's late archive out; a later fence passes.
-	tomb := idem.Record{Key: "arch", State: idem.StateReleased, Fence: 8}
+	tomb := store.Record{Key: "arch", State: store.StateReleased, Fence: 8}
 	if err := a.Archive(ctx, tomb, retention); err != nil {
 		t.Fatal(err)
 	}
@@ -866,7 +867,7 @@ func testArchive(t *testing.T, s idem.Store) {
 	if err := a.Archive(ctx, late, retention); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := s.Get(ctx, "arch"); err != nil || rec.State != idem.StateReleased || len(rec.Result) != 0 {
+	if rec, err := s.Get(ctx, "arch"); err != nil || rec.State != store.StateReleased || len(rec.Result) != 0 {
 		t.Fatalf("after the tombstone and a late archive of its fence: %+v %v", rec, err)
 	}
 	next := rec
@@ -874,19 +875,19 @@ func testArchive(t *testing.T, s idem.Store) {
 	if err := a.Archive(ctx, next, retention); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := s.Get(ctx, "arch"); err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "next generation" {
+	if rec, err := s.Get(ctx, "arch"); err != nil || rec.State != store.StateCompleted || string(rec.Result) != "next generation" {
 		t.Fatalf("a larger fence over the tombstone: %+v %v", rec, err)
 	}
 	// An older tombstone does not remove a newer generation's result.
-	if err := a.Archive(ctx, idem.Record{Key: "arch", State: idem.StateReleased, Fence: 8}, retention); err != nil {
+	if err := a.Archive(ctx, store.Record{Key: "arch", State: store.StateReleased, Fence: 8}, retention); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := s.Get(ctx, "arch"); err != nil || rec.State != idem.StateCompleted || rec.Fence != 9 {
+	if rec, err := s.Get(ctx, "arch"); err != nil || rec.State != store.StateCompleted || rec.Fence != 9 {
 		t.Fatalf("an older tombstone replaced a newer result: %+v %v", rec, err)
 	}
 }
 
-func testGuardCacheCompact(t *testing.T, s idem.Store) {
+func testGuardCacheCompact(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	g, err := idem.NewGuard(idem.Config{Store: s, CompactKeys: true, CacheSize: 16})
 	if err != nil {
@@ -897,28 +898,28 @@ func testGuardCacheCompact(t *testing.T, s idem.Store) {
 	work := func(ctx context.Context, fence uint64) ([]byte, error) { runs++; return []byte("v"), nil }
 	opts := &idem.RunOptions{Fingerprint: "fp"}
 	first, err := g.Run(ctx, key, opts, work)
-	if err != nil || first.Outcome != idem.Acquired || first.Cached {
+	if err != nil || first.Outcome != store.Acquired || first.Cached {
 		t.Fatalf("first run: %+v %v", first, err)
 	}
 	// The store holds the compact key only.
-	rec, err := s.Get(ctx, idem.CompactKey(key))
-	if err != nil || rec.State != idem.StateCompleted {
+	rec, err := s.Get(ctx, key.Storage(true))
+	if err != nil || rec.State != store.StateCompleted {
 		t.Fatalf("compact record: %+v %v", rec, err)
 	}
-	if _, err := s.Get(ctx, key.Storage(false)); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.Get(ctx, key.Storage(false)); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("raw key stored too: %v", err)
 	}
 	second, err := g.Run(ctx, key, opts, work)
-	if err != nil || second.Outcome != idem.Replayed || !second.Cached || string(second.Value) != "v" {
+	if err != nil || second.Outcome != store.Replayed || !second.Cached || string(second.Value) != "v" {
 		t.Fatalf("cached replay: %+v %v", second, err)
 	}
 	// A guard without a cache gets the replay from the store.
 	g2, _ := idem.NewGuard(idem.Config{Store: s, CompactKeys: true})
 	third, err := g2.Run(ctx, key, opts, work)
-	if err != nil || third.Outcome != idem.Replayed || third.Cached {
+	if err != nil || third.Outcome != store.Replayed || third.Cached {
 		t.Fatalf("store replay: %+v %v", third, err)
 	}
-	if mm, err := g.Run(ctx, key, &idem.RunOptions{Fingerprint: "other"}, work); err != nil || mm.Outcome != idem.Mismatch {
+	if mm, err := g.Run(ctx, key, &idem.RunOptions{Fingerprint: "other"}, work); err != nil || mm.Outcome != store.Mismatch {
 		t.Fatalf("cached mismatch: %+v %v", mm, err)
 	}
 	if runs != 1 {
@@ -930,10 +931,10 @@ func testGuardCacheCompact(t *testing.T, s idem.Store) {
 // The next generation's fences must be larger than every fence of the
 // earlier ones, or a zombie of the old generation could settle the new
 // owner's record (and fool business writes conditioned on the fence).
-func checkNewGeneration(t *testing.T, s idem.Store, key string, old uint64) {
+func checkNewGeneration(t *testing.T, s store.Store, key string, old uint64) {
 	t.Helper()
 	ctx := context.Background()
-	cur := mustAcquire(t, s, req(key), idem.Acquired)
+	cur := mustAcquire(t, s, req(key), store.Acquired)
 	if cur.Fence <= old {
 		t.Fatalf("fence of the new generation %d is not larger than the old generation's %d", cur.Fence, old)
 	}
@@ -943,12 +944,12 @@ func checkNewGeneration(t *testing.T, s idem.Store, key string, old uint64) {
 		"Fail":      s.Fail(ctx, key, old, []byte("zombie"), retention),
 		"Release":   s.Release(ctx, key, old),
 	} {
-		if !errors.Is(err, idem.ErrStaleFence) {
+		if !errors.Is(err, store.ErrStaleFence) {
 			t.Errorf("%s with the old generation's fence %d: err = %v, want ErrStaleFence", op, old, err)
 		}
 	}
 	rec, err := s.Get(ctx, key)
-	if err != nil || rec.State != idem.StateInFlight || rec.Fence != cur.Fence {
+	if err != nil || rec.State != store.StateInFlight || rec.Fence != cur.Fence {
 		t.Fatalf("the old generation's calls changed the record: %+v, %v", rec, err)
 	}
 	if err := s.Complete(ctx, key, cur.Fence, []byte("new"), retention); err != nil {
@@ -956,16 +957,16 @@ func checkNewGeneration(t *testing.T, s idem.Store, key string, old uint64) {
 	}
 }
 
-func testFenceAcrossDelete(t *testing.T, s idem.Store) {
+func testFenceAcrossDelete(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	// An owner still running (in flight) when an operator deletes the key.
-	a := mustAcquire(t, s, req("live"), idem.Acquired)
+	a := mustAcquire(t, s, req("live"), store.Acquired)
 	if err := s.Delete(ctx, "live"); err != nil {
 		t.Fatal(err)
 	}
 	checkNewGeneration(t, s, "live", a.Fence)
 	// A completed key deleted, re-run, deleted again: fences keep growing.
-	b := mustAcquire(t, s, req("done"), idem.Acquired)
+	b := mustAcquire(t, s, req("done"), store.Acquired)
 	if err := s.Complete(ctx, "done", b.Fence, []byte("v"), retention); err != nil {
 		t.Fatal(err)
 	}
@@ -985,7 +986,7 @@ func testFenceAcrossDelete(t *testing.T, s idem.Store) {
 	// store whose clock has milliseconds must still tell them apart).
 	last := uint64(0)
 	for i := range 100 {
-		g := mustAcquire(t, s, req("quick"), idem.Acquired)
+		g := mustAcquire(t, s, req("quick"), store.Acquired)
 		if g.Fence <= last {
 			t.Fatalf("generation %d of a key deleted after each claim: fence %d, the one before %d", i, g.Fence, last)
 		}
@@ -996,9 +997,9 @@ func testFenceAcrossDelete(t *testing.T, s idem.Store) {
 	}
 }
 
-func testFenceAcrossSweep(t *testing.T, s idem.Store) {
+func testFenceAcrossSweep(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	a := mustAcquire(t, s, req("k"), store.Acquired)
 	if err := s.Complete(ctx, "k", a.Fence, []byte("v"), 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
@@ -1009,12 +1010,12 @@ func testFenceAcrossSweep(t *testing.T, s idem.Store) {
 	checkNewGeneration(t, s, "k", a.Fence)
 }
 
-func testFenceAcrossExpiry(t *testing.T, s idem.Store) {
+func testFenceAcrossExpiry(t *testing.T, s store.Store) {
 	// An owner whose lease and retention both ran out (a long GC pause): the
 	// record expires unswept (or by the backend's TTL) and the key is new.
 	r := req("k")
 	r.Lease, r.Retention = shortLease, shortLease
-	a := mustAcquire(t, s, r, idem.Acquired)
+	a := mustAcquire(t, s, r, store.Acquired)
 	pass(s, shortLease+100*time.Millisecond)
 	checkNewGeneration(t, s, "k", a.Fence)
 }
@@ -1022,7 +1023,7 @@ func testFenceAcrossExpiry(t *testing.T, s idem.Store) {
 // testSettlePastRetention: a record past its retention is gone, whether or
 // not the backend has deleted it yet, so its owner can no longer settle or
 // heartbeat it: the answer is ErrStaleFence on every backend.
-func testSettlePastRetention(t *testing.T, s idem.Store) {
+func testSettlePastRetention(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	r := req("k")
 	r.Lease, r.Retention = shortLease, shortLease
@@ -1030,7 +1031,7 @@ func testSettlePastRetention(t *testing.T, s idem.Store) {
 	fences := map[string]uint64{}
 	for _, op := range ops {
 		r.Key = "k-" + op
-		fences[op] = mustAcquire(t, s, r, idem.Acquired).Fence
+		fences[op] = mustAcquire(t, s, r, store.Acquired).Fence
 	}
 	pass(s, shortLease+100*time.Millisecond)
 	for _, op := range ops {
@@ -1046,10 +1047,10 @@ func testSettlePastRetention(t *testing.T, s idem.Store) {
 		case "Heartbeat":
 			err = s.Heartbeat(ctx, key, fence, longLease)
 		}
-		if !errors.Is(err, idem.ErrStaleFence) {
+		if !errors.Is(err, store.ErrStaleFence) {
 			t.Errorf("%s past the record's retention: err = %v, want ErrStaleFence", op, err)
 		}
-		if rec, err := s.Get(ctx, key); !errors.Is(err, idem.ErrNotFound) {
+		if rec, err := s.Get(ctx, key); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("%s past the record's retention revived it: %+v, %v", op, rec, err)
 		}
 	}
@@ -1057,76 +1058,76 @@ func testSettlePastRetention(t *testing.T, s idem.Store) {
 
 // testPoisonKeepsRetention: poisoning never shortens how long the record is
 // kept; it extends it to at least now + the request's retention.
-func testPoisonKeepsRetention(t *testing.T, s idem.Store) {
+func testPoisonKeepsRetention(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	r := req("k")
 	r.MaxAttempts = 1
-	a := mustAcquire(t, s, r, idem.Acquired)
+	a := mustAcquire(t, s, r, store.Acquired)
 	before := a.Record.ExpiresAt
 	if err := s.Release(ctx, "k", a.Fence); err != nil {
 		t.Fatal(err)
 	}
 	short := r
 	short.Retention = time.Second
-	p := mustAcquire(t, s, short, idem.Poisoned)
+	p := mustAcquire(t, s, short, store.Poisoned)
 	if p.Record.ExpiresAt.Before(before) {
 		t.Fatalf("poisoning shortened the expiry from %v to %v", before, p.Record.ExpiresAt)
 	}
 	rec, err := s.Get(ctx, "k")
-	if err != nil || rec.State != idem.StatePoisoned || rec.ExpiresAt.Before(before) {
+	if err != nil || rec.State != store.StatePoisoned || rec.ExpiresAt.Before(before) {
 		t.Fatalf("poisoned record %+v, %v; want expiry at or after %v", rec, err, before)
 	}
 }
 
-// testUnclaim: Unclaim (idem.Unclaimer) gives a claim back like Release
+// testUnclaim: Unclaim (store.Unclaimer) gives a claim back like Release
 // and takes back the attempt it counted: with MaxAttempts 1 the key is
 // acquired again, not poisoned. A stale fence and a second Unclaim are
 // refused; a Release after it counts as before.
-func testUnclaim(t *testing.T, s idem.Store) {
-	u, ok := s.(idem.Unclaimer)
+func testUnclaim(t *testing.T, s store.Store) {
+	u, ok := s.(store.Unclaimer)
 	if !ok {
-		t.Fatalf("%T does not implement idem.Unclaimer (Capabilities.Unclaims)", s)
+		t.Fatalf("%T does not implement store.Unclaimer (Capabilities.Unclaims)", s)
 	}
 	ctx := context.Background()
 	r := req("k")
 	r.MaxAttempts = 1
-	a := mustAcquire(t, s, r, idem.Acquired)
-	if err := u.Unclaim(ctx, "k", a.Fence+1); !errors.Is(err, idem.ErrStaleFence) {
+	a := mustAcquire(t, s, r, store.Acquired)
+	if err := u.Unclaim(ctx, "k", a.Fence+1); !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("Unclaim with another fence: %v, want ErrStaleFence", err)
 	}
 	if err := u.Unclaim(ctx, "k", a.Fence); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := s.Get(ctx, "k")
-	if err != nil || rec.State != idem.StateReleased || rec.Attempts != 0 {
+	if err != nil || rec.State != store.StateReleased || rec.Attempts != 0 {
 		t.Fatalf("after Unclaim: %+v, %v; want released with 0 attempts", rec, err)
 	}
-	if err := u.Unclaim(ctx, "k", a.Fence); !errors.Is(err, idem.ErrStaleFence) {
+	if err := u.Unclaim(ctx, "k", a.Fence); !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("a second Unclaim: %v, want ErrStaleFence", err)
 	}
-	b := mustAcquire(t, s, r, idem.Acquired)
+	b := mustAcquire(t, s, r, store.Acquired)
 	if b.Record.Attempts != 1 || b.Fence <= a.Fence {
 		t.Fatalf("the claim after Unclaim: attempts %d, fence %d (before %d)", b.Record.Attempts, b.Fence, a.Fence)
 	}
 	if err := s.Release(ctx, "k", b.Fence); err != nil {
 		t.Fatal(err)
 	}
-	mustAcquire(t, s, r, idem.Poisoned)
+	mustAcquire(t, s, r, store.Poisoned)
 }
 
-// testDeleteUpTo: DeleteUpTo (idem.FencedDeleter) removes a record whose
+// testDeleteUpTo: DeleteUpTo (store.FencedDeleter) removes a record whose
 // fence is at most the one given, in flight or settled, and keeps one with
 // a larger fence: the next generation of the key.
-func testDeleteUpTo(t *testing.T, s idem.Store) {
-	d, ok := s.(idem.FencedDeleter)
+func testDeleteUpTo(t *testing.T, s store.Store) {
+	d, ok := s.(store.FencedDeleter)
 	if !ok {
-		t.Fatalf("%T does not implement idem.FencedDeleter (Capabilities.FencedDeletes)", s)
+		t.Fatalf("%T does not implement store.FencedDeleter (Capabilities.FencedDeletes)", s)
 	}
 	ctx := context.Background()
 	if err := d.DeleteUpTo(ctx, "none", 1); err != nil {
 		t.Fatalf("a key without a record: %v", err)
 	}
-	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	a := mustAcquire(t, s, req("k"), store.Acquired)
 	for _, smaller := range []uint64{a.Fence - 1, 99} {
 		if err := d.DeleteUpTo(ctx, "k", smaller); err != nil {
 			t.Fatal(err)
@@ -1138,10 +1139,10 @@ func testDeleteUpTo(t *testing.T, s idem.Store) {
 	if err := d.DeleteUpTo(ctx, "k", a.Fence); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := s.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+	if rec, err := s.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("DeleteUpTo its own fence: %+v, %v; want it removed", rec, err)
 	}
-	b := mustAcquire(t, s, req("k"), idem.Acquired)
+	b := mustAcquire(t, s, req("k"), store.Acquired)
 	if b.Fence <= a.Fence {
 		t.Fatalf("the next generation's fence %d, the deleted one's %d", b.Fence, a.Fence)
 	}
@@ -1151,39 +1152,39 @@ func testDeleteUpTo(t *testing.T, s idem.Store) {
 	if err := d.DeleteUpTo(ctx, "k", a.Fence); err != nil {
 		t.Fatal(err)
 	}
-	mustAcquire(t, s, req("k"), idem.Replayed)
+	mustAcquire(t, s, req("k"), store.Replayed)
 	if err := d.DeleteUpTo(ctx, "k", math.MaxInt64); err != nil {
 		t.Fatal(err)
 	}
-	mustAcquire(t, s, req("k"), idem.Acquired)
+	mustAcquire(t, s, req("k"), store.Acquired)
 	// A claim poisoned by a takeover at the attempt limit: the poisoning is
 	// newer than the claim, and DeleteUpTo of the claim keeps it (the
 	// tiered store drops its momentary claims so, and must not drop a
 	// poisoning that came after).
 	r := req("p")
 	r.MaxAttempts, r.Lease = 1, shortLease
-	claim := mustAcquire(t, s, r, idem.Acquired)
+	claim := mustAcquire(t, s, r, store.Acquired)
 	pass(s, shortLease+100*time.Millisecond)
-	mustAcquire(t, s, r, idem.Poisoned)
+	mustAcquire(t, s, r, store.Poisoned)
 	if err := d.DeleteUpTo(ctx, "p", claim.Fence); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := s.Get(ctx, "p"); err != nil || rec.State != idem.StatePoisoned {
+	if rec, err := s.Get(ctx, "p"); err != nil || rec.State != store.StatePoisoned {
 		t.Fatalf("DeleteUpTo(%d), the fence of the claim a takeover poisoned: %+v, %v; want the poisoned record kept", claim.Fence, rec, err)
 	}
-	mustAcquire(t, s, r, idem.Poisoned)
+	mustAcquire(t, s, r, store.Poisoned)
 }
 
 // testReleaseKeepsRetention: a released record keeps its expiry (so its
 // attempts keep counting toward MaxAttempts for the whole retention).
-func testReleaseKeepsRetention(t *testing.T, s idem.Store) {
+func testReleaseKeepsRetention(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	a := mustAcquire(t, s, req("k"), idem.Acquired)
+	a := mustAcquire(t, s, req("k"), store.Acquired)
 	if err := s.Release(ctx, "k", a.Fence); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := s.Get(ctx, "k")
-	if err != nil || rec.State != idem.StateReleased || rec.ExpiresAt.Before(a.Record.ExpiresAt.Add(-time.Second)) {
+	if err != nil || rec.State != store.StateReleased || rec.ExpiresAt.Before(a.Record.ExpiresAt.Add(-time.Second)) {
 		t.Fatalf("released record %+v, %v; want expiry about %v", rec, err, a.Record.ExpiresAt)
 	}
 }
@@ -1193,15 +1194,15 @@ func testReleaseKeepsRetention(t *testing.T, s idem.Store) {
 // (its state and result, a fence no smaller), kept means it does not.
 type storedChecker struct {
 	t *testing.T
-	a idem.StoredArchiver
+	a store.StoredArchiver
 }
 
-func (c storedChecker) Archive(ctx context.Context, rec idem.Record, retention time.Duration) error {
+func (c storedChecker) Archive(ctx context.Context, rec store.Record, retention time.Duration) error {
 	stored, err := c.a.ArchiveStored(ctx, rec, retention)
 	if err != nil {
 		return err
 	}
-	got, gerr := c.a.(idem.Store).Get(ctx, rec.Key)
+	got, gerr := c.a.(store.Store).Get(ctx, rec.Key)
 	holds := gerr == nil && got.State == rec.State && got.Fence >= rec.Fence && bytes.Equal(got.Result, rec.Result) // the fence never decreases
 	if stored != holds {
 		c.t.Fatalf("ArchiveStored(%s fence %d %q) reported stored=%v; the key then holds %+v, %v", rec.State, rec.Fence, rec.Result, stored, got, gerr)

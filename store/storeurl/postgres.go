@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/url"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/pgstore"
 )
 
@@ -23,7 +23,7 @@ import (
 // is sent as the sessions' own (the store commits synchronously unless the
 // URL sets synchronous_commit; pgstore.Config.ConnString).
 func init() {
-	openers[Postgres] = func(ctx context.Context, spec Spec, o Options) (idem.Store, error) {
+	openers[Postgres] = func(ctx context.Context, spec Spec, o Options) (store.Store, error) {
 		u, err := url.Parse(spec.Raw)
 		if err != nil {
 			return nil, fmt.Errorf("idem: store URL: %v", err)

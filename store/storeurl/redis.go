@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/redisstore"
 )
 
@@ -30,7 +30,7 @@ import (
 // Unless the URL sets max_retries, go-redis's resending of a command whose
 // connection broke is turned off (see redisstore.Config.Client).
 func init() {
-	openers[Redis] = func(ctx context.Context, spec Spec, o Options) (idem.Store, error) {
+	openers[Redis] = func(ctx context.Context, spec Spec, o Options) (store.Store, error) {
 		u, err := url.Parse(spec.Raw)
 		if err != nil {
 			return nil, fmt.Errorf("idem: store URL: %v", err)
@@ -96,7 +96,7 @@ func init() {
 		defer cancel()
 		if err := c.Ping(pctx).Err(); err != nil {
 			c.Close()
-			return nil, fmt.Errorf("%w: redis at %s: %v", idem.ErrStoreUnavailable, u.Host, err)
+			return nil, fmt.Errorf("%w: redis at %s: %v", store.ErrUnavailable, u.Host, err)
 		}
 		s, err := redisstore.New(redisstore.Config{Client: c, Prefix: prefix, Limits: o.Limits, CloseClient: true, WaitReplicas: wait, NoCoalesce: noCoalesce,
 			NoFunctions: noFunctions, Buckets: buckets})

@@ -6,7 +6,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/sqlitestore"
 )
@@ -87,7 +87,7 @@ func Parse(raw string) (Spec, error) {
 // Options tune the opened store.
 type Options struct {
 	// Limits bound what the store accepts.
-	Limits idem.Limits
+	Limits store.Limits
 	// SkipMigrate opens a SQL store without migrating its schema.
 	SkipMigrate bool
 	// Concurrency is how many goroutines will call the store at once; a
@@ -97,7 +97,7 @@ type Options struct {
 }
 
 // Open parses raw and opens the store it names. The caller closes it.
-func Open(ctx context.Context, raw string, opts *Options) (idem.Store, error) {
+func Open(ctx context.Context, raw string, opts *Options) (store.Store, error) {
 	spec, err := Parse(raw)
 	if err != nil {
 		return nil, err
@@ -130,7 +130,7 @@ func Open(ctx context.Context, raw string, opts *Options) (idem.Store, error) {
 
 // openers holds the backends with a server, registered by their own files so
 // each is one place to read.
-var openers = map[Kind]func(context.Context, Spec, Options) (idem.Store, error){}
+var openers = map[Kind]func(context.Context, Spec, Options) (store.Store, error){}
 
 // parseCoalesce reads the idem_coalesce option of a store URL: "" or 1 (the
 // default: calls that wait for the store together share a round trip), 0

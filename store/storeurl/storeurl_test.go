@@ -10,8 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 )
 
 func TestParse(t *testing.T) {
@@ -146,7 +146,7 @@ func TestRedisURLFunctions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k-" + tc.query, Lease: time.Minute, Retention: time.Hour}); err != nil {
+		if _, err := s.Acquire(ctx, store.AcquireRequest{Key: "k-" + tc.query, Lease: time.Minute, Retention: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		s.Close()

@@ -10,7 +10,7 @@
 // ErrStaleFence: its result may have been replayed before it was withdrawn.
 // A request that meets a Delete under way is told to retry. An acquisition
 // that fails closed gives its hot claim back without counting the attempt
-// when the hot store implements idem.Unclaimer (idem's memory and Redis
+// when the hot store implements store.Unclaimer (idem's memory and Redis
 // stores do), so an outage of the cold tier never poisons a key.
 //
 // Round trips: a fresh claim costs one hot acquire, one cold read and one

@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/keypack"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/sqlitestore"
@@ -31,16 +32,16 @@ import (
 func TestColdBlipNeverSkipsTheColdTier(t *testing.T) {
 	s, proxy := proxiedColdTiers(t, 100*time.Millisecond)
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-1", Fingerprint: "fp", Lease: time.Minute, Retention: 72 * time.Hour}
+	req := store.AcquireRequest{Key: "PAY-1", Fingerprint: "fp", Lease: time.Minute, Retention: 72 * time.Hour}
 	a, err := s.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
 	if err := s.Complete(ctx, "PAY-1", a.Fence, []byte("booked"), 72*time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond) // the hot tier forgets the completion
-	if r := acquireAcrossAColdOutage(t, s, proxy, req); r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
+	if r := acquireAcrossAColdOutage(t, s, proxy, req); r.Outcome != store.Replayed || string(r.Record.Result) != "booked" {
 		t.Fatalf("retry after the cold outage: %v %q — the payment would run again", r.Outcome, r.Record.Result)
 	}
 }
@@ -51,19 +52,19 @@ func TestColdBlipNeverSkipsTheColdTier(t *testing.T) {
 func TestReleasedAndPoisonedKeepFullRetention(t *testing.T) {
 	s := newTiered(t, 100*time.Millisecond)
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "POISON", Fingerprint: "fp", Lease: 10 * time.Second, Retention: 72 * time.Hour, MaxAttempts: 1}
+	req := store.AcquireRequest{Key: "POISON", Fingerprint: "fp", Lease: 10 * time.Second, Retention: 72 * time.Hour, MaxAttempts: 1}
 	a, err := s.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
 	if err := s.Release(ctx, "POISON", a.Fence); err != nil {
 		t.Fatal(err)
 	}
-	if p, err := s.Acquire(ctx, req); err != nil || p.Outcome != idem.Poisoned {
+	if p, err := s.Acquire(ctx, req); err != nil || p.Outcome != store.Poisoned {
 		t.Fatal(p.Outcome, err)
 	}
 	time.Sleep(200 * time.Millisecond) // past the hot retention
-	if p, err := s.Acquire(ctx, req); err != nil || p.Outcome != idem.Poisoned {
+	if p, err := s.Acquire(ctx, req); err != nil || p.Outcome != store.Poisoned {
 		t.Fatalf("after the hot retention a poisoned key is %v, %v", p.Outcome, err)
 	}
 }
@@ -81,8 +82,8 @@ func TestCompletionSurvivesKill9BetweenTiers(t *testing.T) {
 			fmt.Println("BETWEEN")
 			time.Sleep(time.Minute) // killed here
 		})
-		a, err := s.Acquire(context.Background(), idem.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: lease, Retention: 72 * time.Hour})
-		if err != nil || a.Outcome != idem.Acquired {
+		a, err := s.Acquire(context.Background(), store.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: lease, Retention: 72 * time.Hour})
+		if err != nil || a.Outcome != store.Acquired {
 			fmt.Printf("ERROR %v %v\n", a.Outcome, err)
 			os.Exit(1)
 		}
@@ -97,24 +98,24 @@ func TestCompletionSurvivesKill9BetweenTiers(t *testing.T) {
 	child.WaitFor(t, "BETWEEN") // the child is between the two writes
 	child.Kill(t)
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: time.Minute, Retention: 72 * time.Hour}
+	req := store.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: time.Minute, Retention: 72 * time.Hour}
 	deadline := time.Now().Add(lease + 10*time.Second)
 	for {
 		r, err := s.Acquire(ctx, req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Outcome == idem.InProgress && time.Now().Before(deadline) {
+		if r.Outcome == store.InProgress && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond) // the dead owner's lease
 			continue
 		}
-		if r.Outcome != idem.Replayed || string(r.Record.Result) != "booked by the dead" {
+		if r.Outcome != store.Replayed || string(r.Record.Result) != "booked by the dead" {
 			t.Fatalf("after the owner died between the tiers: %v %q — the completion was lost", r.Outcome, r.Record.Result)
 		}
 		break
 	}
 	time.Sleep(300 * time.Millisecond) // past the hot retention
-	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed {
+	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != store.Replayed {
 		t.Fatalf("after the hot retention: %v %v", r.Outcome, err)
 	}
 }
@@ -150,12 +151,12 @@ func TestSettleNeverMeetsATakeover(t *testing.T) {
 	}
 	defer s.Close()
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: 200 * time.Millisecond, Retention: time.Hour}
+	req := store.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: 200 * time.Millisecond, Retention: time.Hour}
 	a, err := s.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
-	var dup idem.Acquisition
+	var dup store.Acquisition
 	tieredstore.SetBeforeArchive(s, func() {
 		time.Sleep(time.Until(a.Record.LeaseUntil) + 100*time.Millisecond) // the original lease is over
 		dup, err = s.Acquire(ctx, req)
@@ -172,7 +173,7 @@ func TestSettleNeverMeetsATakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if settleErr != nil && later.Outcome == idem.Replayed && string(later.Record.Result) == "first owner's booking" {
+	if settleErr != nil && later.Outcome == store.Replayed && string(later.Record.Result) == "first owner's booking" {
 		t.Fatalf("the settle was refused (%v) but its result is replayed", settleErr)
 	}
 	if settleErr != nil {
@@ -185,7 +186,7 @@ func TestSettleNeverMeetsATakeover(t *testing.T) {
 // its hot tier; closed when the test ends.
 func settleTiers(t *testing.T, coldKind string) (*tieredstore.Store, *memstore.Store) {
 	hot := memstore.New(memstore.Config{SweepInterval: -1})
-	var cold idem.Store = memstore.New(memstore.Config{SweepInterval: -1})
+	var cold store.Store = memstore.New(memstore.Config{SweepInterval: -1})
 	if coldKind == "postgres" {
 		cold = testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
 	}
@@ -203,7 +204,7 @@ func settleTiers(t *testing.T, coldKind string) (*tieredstore.Store, *memstore.S
 func pauseTiers(t *testing.T, coldKind string) (*tieredstore.Store, *storetest.ManualClock) {
 	clock := storetest.NewManualClock(time.Now())
 	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
-	var cold idem.Store = memstore.New(memstore.Config{SweepInterval: -1})
+	var cold store.Store = memstore.New(memstore.Config{SweepInterval: -1})
 	if coldKind == "postgres" {
 		cold = testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
 	}
@@ -239,7 +240,7 @@ func proxiedTiers(t *testing.T, hotRetention time.Duration) (*tieredstore.Store,
 // acquireAcrossAColdOutage cuts the cold tier, checks that two
 // acquisitions of req fail closed meanwhile, restores it and returns the
 // first acquisition that gets an answer after.
-func acquireAcrossAColdOutage(t *testing.T, s *tieredstore.Store, proxy *testenv.Proxy, req idem.AcquireRequest) idem.Acquisition {
+func acquireAcrossAColdOutage(t *testing.T, s *tieredstore.Store, proxy *testenv.Proxy, req store.AcquireRequest) store.Acquisition {
 	t.Helper()
 	ctx := context.Background()
 	proxy.Cut()
@@ -263,11 +264,11 @@ func acquireAcrossAColdOutage(t *testing.T, s *tieredstore.Store, proxy *testenv
 
 // completedInTheColdTierOnly claims and completes req's key ("booked"),
 // then removes the hot copy, as the hot retention would.
-func completedInTheColdTierOnly(t *testing.T, s *tieredstore.Store, hot idem.Store, req idem.AcquireRequest) {
+func completedInTheColdTierOnly(t *testing.T, s *tieredstore.Store, hot store.Store, req store.AcquireRequest) {
 	t.Helper()
 	ctx := context.Background()
 	a, err := s.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
 	if err := s.Complete(ctx, req.Key, a.Fence, []byte("booked"), time.Hour); err != nil {
@@ -293,13 +294,13 @@ func memoryTiers(t *testing.T) (*tieredstore.Store, *memstore.Store, *memstore.S
 
 // settlesAndReplays completes req's key with fence and checks that the
 // next request is replayed that result.
-func settlesAndReplays(t *testing.T, s *tieredstore.Store, req idem.AcquireRequest, fence uint64, result string) {
+func settlesAndReplays(t *testing.T, s *tieredstore.Store, req store.AcquireRequest, fence uint64, result string) {
 	t.Helper()
 	ctx := context.Background()
 	if err := s.Complete(ctx, req.Key, fence, []byte(result), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != result {
+	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != store.Replayed || string(r.Record.Result) != result {
 		t.Fatalf("after the settle of fence %d: %v %q %v, want %q replayed", fence, r.Outcome, r.Record.Result, err, result)
 	}
 }
@@ -315,9 +316,9 @@ func TestDeleteDuringSettle(t *testing.T) {
 		t.Run(coldKind, func(t *testing.T) {
 			s, hot := settleTiers(t, coldKind)
 			ctx := context.Background()
-			req := idem.AcquireRequest{Key: "PAY-7", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+			req := store.AcquireRequest{Key: "PAY-7", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 			a, err := s.Acquire(ctx, req)
-			if err != nil || a.Outcome != idem.Acquired {
+			if err != nil || a.Outcome != store.Acquired {
 				t.Fatal(a.Outcome, err)
 			}
 			tieredstore.SetBeforeArchive(s, func() {
@@ -330,11 +331,11 @@ func TestDeleteDuringSettle(t *testing.T) {
 			if settleErr == nil {
 				t.Fatal("the owner of a deleted key settled it")
 			}
-			if _, err := s.Get(ctx, "PAY-7"); !errors.Is(err, idem.ErrNotFound) {
+			if _, err := s.Get(ctx, "PAY-7"); !errors.Is(err, store.ErrNotFound) {
 				t.Fatalf("Get after the delete: %v, want ErrNotFound", err)
 			}
 			b, err := s.Acquire(ctx, req)
-			if err != nil || b.Outcome != idem.Acquired || b.Fence <= a.Fence {
+			if err != nil || b.Outcome != store.Acquired || b.Fence <= a.Fence {
 				t.Fatalf("after the delete the key must be new: %v fence %d (old %d), %v; result %q", b.Outcome, b.Fence, a.Fence, err, b.Record.Result)
 			}
 			// The next generation settles and is replayed from the cold tier.
@@ -344,7 +345,7 @@ func TestDeleteDuringSettle(t *testing.T) {
 			if err := hot.Delete(ctx, "PAY-7"); err != nil { // the hot tier forgets (its retention)
 				t.Fatal(err)
 			}
-			if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "second booking" {
+			if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != store.Replayed || string(r.Record.Result) != "second booking" {
 				t.Fatalf("the next generation's result: %v %q %v", r.Outcome, r.Record.Result, err)
 			}
 		})
@@ -369,12 +370,12 @@ func TestPauseLongerThanSettleTimeout(t *testing.T) {
 	}
 	defer s.Close()
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-11", Fingerprint: "fp", Lease: 100 * time.Millisecond, Retention: time.Hour}
+	req := store.AcquireRequest{Key: "PAY-11", Fingerprint: "fp", Lease: 100 * time.Millisecond, Retention: time.Hour}
 	a, err := s.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
-	var dup idem.Acquisition
+	var dup store.Acquisition
 	tieredstore.SetAfterArchive(s, func() {
 		time.Sleep(settle + 100*time.Millisecond) // past the extended lease: the pause
 		dup, err = s.Acquire(ctx, req)
@@ -390,14 +391,14 @@ func TestPauseLongerThanSettleTimeout(t *testing.T) {
 	}
 	// The owner's answer and what duplicates get must agree: a refused
 	// settle is never replayed, an accepted one always is.
-	replayed := later.Outcome == idem.Replayed && string(later.Record.Result) == "stalled owner's booking"
+	replayed := later.Outcome == store.Replayed && string(later.Record.Result) == "stalled owner's booking"
 	if settleErr != nil && replayed {
 		t.Fatalf("the settle was refused (%v) but its result is replayed", settleErr)
 	}
 	if settleErr == nil && !replayed {
 		t.Fatalf("the settle was accepted but a duplicate gets %v %q", later.Outcome, later.Record.Result)
 	}
-	if dup.Outcome == idem.Replayed && settleErr != nil {
+	if dup.Outcome == store.Replayed && settleErr != nil {
 		t.Fatal("a duplicate was given the result while its owner was told the settle was refused")
 	}
 	// The new owner settles normally, and its result is the one replayed.
@@ -420,16 +421,16 @@ func TestPauseLongerThanSettleTimeout(t *testing.T) {
 func TestDuplicateDuringDelete(t *testing.T) {
 	s, hot, cold := memoryTiers(t)
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	req := store.AcquireRequest{Key: "PAY-9", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 	completedInTheColdTierOnly(t, s, hot, req)
 	// A duplicate's momentary claim, taken to re-warm the hot tier …
 	rewarm, err := hot.Acquire(ctx, req)
-	if err != nil || rewarm.Outcome != idem.Acquired {
+	if err != nil || rewarm.Outcome != store.Acquired {
 		t.Fatal(rewarm.Outcome, err)
 	}
 	// … and the first half of a Delete: the cold tombstone, carrying the
 	// largest fence either tier holds.
-	if err := cold.Archive(ctx, idem.Record{Key: "PAY-9", State: idem.StateReleased, Fence: rewarm.Fence}, 2*time.Second); err != nil {
+	if err := cold.Archive(ctx, store.Record{Key: "PAY-9", State: store.StateReleased, Fence: rewarm.Fence}, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	for _, fp := range []string{"fp", "other fp"} {
@@ -438,7 +439,7 @@ func TestDuplicateDuringDelete(t *testing.T) {
 		if err == nil {
 			t.Fatalf("fingerprint %q: a duplicate during the Delete was told %v (fence %d), want an error to retry", fp, got.Outcome, got.Fence)
 		}
-		if !errors.Is(err, idem.ErrStoreUnavailable) {
+		if !errors.Is(err, store.ErrUnavailable) {
 			t.Fatalf("fingerprint %q: %v, want ErrStoreUnavailable (retry)", fp, err)
 		}
 	}
@@ -447,7 +448,7 @@ func TestDuplicateDuringDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	req.Fingerprint = "fp"
-	if b, err := s.Acquire(ctx, req); err != nil || b.Outcome != idem.Acquired || b.Fence <= rewarm.Fence {
+	if b, err := s.Acquire(ctx, req); err != nil || b.Outcome != store.Acquired || b.Fence <= rewarm.Fence {
 		t.Fatalf("after the Delete: %v fence %d, %v", b.Outcome, b.Fence, err)
 	}
 }
@@ -482,9 +483,9 @@ func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxy.Stall()
-	req := idem.AcquireRequest{Key: "PAY-12", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	req := store.AcquireRequest{Key: "PAY-12", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 	type answer struct {
-		a   idem.Acquisition
+		a   store.Acquisition
 		err error
 	}
 	firstDone := make(chan answer, 1)
@@ -498,14 +499,14 @@ func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 	// tier keeps it waiting.
 	testenv.Eventually(t, 10*time.Second, "the first caller's hot claim", func() error {
 		rec, err := hot.Get(ctx, "PAY-12")
-		if err == nil && rec.State != idem.StateInFlight {
+		if err == nil && rec.State != store.StateInFlight {
 			err = fmt.Errorf("state %v", rec.State)
 		}
 		return err
 	})
 	clock.Advance(2 * time.Minute)
 	b, err := second.Acquire(ctx, req)
-	if err != nil || b.Outcome != idem.TakenOver {
+	if err != nil || b.Outcome != store.TakenOver {
 		t.Fatalf("the second caller: %v, %v; want TakenOver", b.Outcome, err)
 	}
 	proxy.Unstall()
@@ -513,13 +514,13 @@ func TestTakeoverOfAMomentaryClaim(t *testing.T) {
 	if got.err == nil {
 		t.Fatalf("the first caller got %v (fence %d) while the second owns the key (fence %d)", got.a.Outcome, got.a.Fence, b.Fence)
 	}
-	if !errors.Is(got.err, idem.ErrStoreUnavailable) {
+	if !errors.Is(got.err, store.ErrUnavailable) {
 		t.Fatalf("the first caller: %v, want a retryable ErrStoreUnavailable", got.err)
 	}
 	if err := second.Complete(ctx, "PAY-12", b.Fence, []byte("booked"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := first.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
+	if r, err := first.Acquire(ctx, req); err != nil || r.Outcome != store.Replayed || string(r.Record.Result) != "booked" {
 		t.Fatalf("the first caller's retry: %v %q, %v; want the replay", r.Outcome, r.Record.Result, err)
 	}
 }
@@ -544,12 +545,12 @@ func TestDeleteAfterArchive(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/new-owner=%v", coldKind, newOwner), func(t *testing.T) {
 				s, _ := settleTiers(t, coldKind)
 				ctx := context.Background()
-				req := idem.AcquireRequest{Key: "PAY-13", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+				req := store.AcquireRequest{Key: "PAY-13", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 				a, err := s.Acquire(ctx, req)
-				if err != nil || a.Outcome != idem.Acquired {
+				if err != nil || a.Outcome != store.Acquired {
 					t.Fatal(a.Outcome, err)
 				}
-				var dup, next idem.Acquisition
+				var dup, next store.Acquisition
 				tieredstore.SetAfterArchive(s, func() {
 					if dup, err = s.Acquire(ctx, req); err != nil {
 						t.Error(err)
@@ -565,7 +566,7 @@ func TestDeleteAfterArchive(t *testing.T) {
 				})
 				settleErr := s.Complete(ctx, "PAY-13", a.Fence, []byte("booked"), time.Hour)
 				tieredstore.SetAfterArchive(s, nil)
-				if dup.Outcome != idem.Replayed || string(dup.Record.Result) != "booked" {
+				if dup.Outcome != store.Replayed || string(dup.Record.Result) != "booked" {
 					t.Fatalf("the duplicate before the delete: %v %q", dup.Outcome, dup.Record.Result)
 				}
 				if settleErr != nil {
@@ -574,12 +575,12 @@ func TestDeleteAfterArchive(t *testing.T) {
 				if !newOwner {
 					next, err = s.Acquire(ctx, req)
 				}
-				if err != nil || next.Outcome != idem.Acquired || next.Fence <= a.Fence {
+				if err != nil || next.Outcome != store.Acquired || next.Fence <= a.Fence {
 					t.Fatalf("after the delete the key must be new: %v fence %d (old %d), %v", next.Outcome, next.Fence, a.Fence, err)
 				}
 				// The new generation owns the key: duplicates wait for it, and
 				// its settle is the one replayed.
-				if d, err := s.Acquire(ctx, req); err != nil || d.Outcome != idem.InProgress {
+				if d, err := s.Acquire(ctx, req); err != nil || d.Outcome != store.InProgress {
 					t.Fatalf("a duplicate during the new generation: %v %q %v", d.Outcome, d.Record.Result, err)
 				}
 				settlesAndReplays(t, s, req, next.Fence, "booked again")
@@ -607,12 +608,12 @@ func TestPauseBeforeArchive(t *testing.T) {
 				// The cold reads under the claims are bounded by half the
 				// lease on the wall clock: a lease far shorter than the
 				// manual advance, yet long enough for a loaded machine.
-				req := idem.AcquireRequest{Key: "PAY-15", Fingerprint: "fp", Lease: 500 * time.Millisecond, Retention: time.Hour}
+				req := store.AcquireRequest{Key: "PAY-15", Fingerprint: "fp", Lease: 500 * time.Millisecond, Retention: time.Hour}
 				a, err := s.Acquire(ctx, req)
-				if err != nil || a.Outcome != idem.Acquired {
+				if err != nil || a.Outcome != store.Acquired {
 					t.Fatal(a.Outcome, err)
 				}
-				var taker, dup idem.Acquisition
+				var taker, dup store.Acquisition
 				tieredstore.SetBeforeArchive(s, func() {
 					tieredstore.SetBeforeArchive(s, nil)     // once: the new owner may settle too
 					clock.Advance(pauseSettle + time.Second) // the extended lease ends while the owner is paused
@@ -631,22 +632,22 @@ func TestPauseBeforeArchive(t *testing.T) {
 					}
 				})
 				settleErr := s.Complete(ctx, "PAY-15", a.Fence, []byte("paused owner's booking"), time.Hour)
-				if taker.Outcome != idem.TakenOver {
+				if taker.Outcome != store.TakenOver {
 					t.Fatalf("the takeover during the pause: %v", taker.Outcome)
 				}
-				if then == "served" && dup.Outcome != idem.Replayed {
+				if then == "served" && dup.Outcome != store.Replayed {
 					t.Fatalf("the duplicate after the late archive: %v %q (the scenario needs the archive served)", dup.Outcome, dup.Record.Result)
 				}
 				if !errors.Is(settleErr, tieredstore.ErrSettleUncertain) {
 					t.Fatalf("the paused owner was told %v, want ErrSettleUncertain", settleErr)
 				}
 				if then == "superseded" {
-					if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "new owner's booking" {
+					if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != store.Replayed || string(r.Record.Result) != "new owner's booking" {
 						t.Fatalf("the record: %v %q %v", r.Outcome, r.Record.Result, err)
 					}
 					return
 				}
-				if d, err := s.Acquire(ctx, req); err != nil || d.Outcome != idem.InProgress {
+				if d, err := s.Acquire(ctx, req); err != nil || d.Outcome != store.InProgress {
 					t.Fatalf("a duplicate after the withdrawal: %v %q %v, want InProgress (the new owner's claim)", d.Outcome, d.Record.Result, err)
 				}
 				settlesAndReplays(t, s, req, taker.Fence, "new owner's booking")
@@ -667,9 +668,9 @@ func TestAcquireDuringDelete(t *testing.T) {
 		t.Run(coldKind, func(t *testing.T) {
 			s, hot := settleTiers(t, coldKind)
 			ctx := context.Background()
-			req := idem.AcquireRequest{Key: "PAY-16", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+			req := store.AcquireRequest{Key: "PAY-16", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 			completedInTheColdTierOnly(t, s, hot, req)
-			var during idem.Acquisition
+			var during store.Acquisition
 			var duringErr error
 			tieredstore.SetDuringDelete(s, func() { during, duringErr = s.Acquire(ctx, req) })
 			if err := s.Delete(ctx, "PAY-16"); err != nil {
@@ -683,14 +684,14 @@ func TestAcquireDuringDelete(t *testing.T) {
 			if duringErr == nil && during.Outcome.Owns() && after.Outcome.Owns() {
 				t.Fatalf("two claims for one generation: %v (fence %d) during the Delete and %v (fence %d) after it", during.Outcome, during.Fence, after.Outcome, after.Fence)
 			}
-			if duringErr != nil && !errors.Is(duringErr, idem.ErrStoreUnavailable) {
+			if duringErr != nil && !errors.Is(duringErr, store.ErrUnavailable) {
 				t.Fatalf("the request during the Delete: %v, want ErrStoreUnavailable (retry)", duringErr)
 			}
 			if duringErr == nil && during.Outcome.Owns() {
-				if after.Outcome != idem.InProgress {
+				if after.Outcome != store.InProgress {
 					t.Fatalf("the claim taken during the Delete stands, yet a request after it got %v", after.Outcome)
 				}
-			} else if after.Outcome != idem.Acquired {
+			} else if after.Outcome != store.Acquired {
 				t.Fatalf("after the Delete the key must be new: %v %q", after.Outcome, after.Record.Result)
 			}
 		})
@@ -705,18 +706,18 @@ func TestAcquireDuringDelete(t *testing.T) {
 func TestAcquireDuringDeleteOfAnUnknownKey(t *testing.T) {
 	s, _ := settleTiers(t, "memory")
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-18", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
-	var during idem.Acquisition
+	req := store.AcquireRequest{Key: "PAY-18", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	var during store.Acquisition
 	var duringErr error
 	tieredstore.SetAfterDeleteReads(s, func() { during, duringErr = s.Acquire(ctx, req) })
 	if err := s.Delete(ctx, "PAY-18"); err != nil {
 		t.Fatal(err)
 	}
 	tieredstore.SetAfterDeleteReads(s, nil)
-	if duringErr != nil || during.Outcome != idem.Acquired {
+	if duringErr != nil || during.Outcome != store.Acquired {
 		t.Fatalf("the request during the Delete: %v, %v", during.Outcome, duringErr)
 	}
-	if after, err := s.Acquire(ctx, req); err != nil || after.Outcome != idem.InProgress {
+	if after, err := s.Acquire(ctx, req); err != nil || after.Outcome != store.InProgress {
 		t.Fatalf("a request after the Delete: %v (fence %d, the first claim's %d), %v; want InProgress", after.Outcome, after.Fence, during.Fence, err)
 	}
 }
@@ -730,14 +731,14 @@ func TestAcquireDuringDeleteOfAnUnknownKey(t *testing.T) {
 func TestRefusedSettleKeepsADeleteUnderWay(t *testing.T) {
 	s, hot, cold := memoryTiers(t)
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-19", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	req := store.AcquireRequest{Key: "PAY-19", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 	a, err := s.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
 	tieredstore.SetBeforeArchive(s, func() {
 		// The first half of a Delete: its tombstone, marked as under way …
-		tomb := idem.Record{Key: "PAY-19", State: idem.StateReleased, Fence: a.Fence, Result: []byte(tieredstore.DeletingMark)}
+		tomb := store.Record{Key: "PAY-19", State: store.StateReleased, Fence: a.Fence, Result: []byte(tieredstore.DeletingMark)}
 		if err := cold.Archive(ctx, tomb, 2*time.Second); err != nil {
 			t.Error(err)
 		}
@@ -749,10 +750,10 @@ func TestRefusedSettleKeepsADeleteUnderWay(t *testing.T) {
 	})
 	settleErr := s.Complete(ctx, "PAY-19", a.Fence, []byte("booked"), time.Hour)
 	tieredstore.SetBeforeArchive(s, nil)
-	if !errors.Is(settleErr, idem.ErrStaleFence) {
+	if !errors.Is(settleErr, store.ErrStaleFence) {
 		t.Fatalf("the settle: %v, want ErrStaleFence (its archive was kept out)", settleErr)
 	}
-	if b, err := s.Acquire(ctx, req); !errors.Is(err, idem.ErrStoreUnavailable) {
+	if b, err := s.Acquire(ctx, req); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("a request while the Delete is under way: %v (fence %d), %v; want ErrStoreUnavailable (retry)", b.Outcome, b.Fence, err)
 	}
 }
@@ -765,8 +766,8 @@ func TestRefusedSettleKeepsADeleteUnderWay(t *testing.T) {
 // outage turned into a permanent refusal of work that never ran.
 func TestColdOutageNeverPoisons(t *testing.T) {
 	s, proxy := proxiedColdTiers(t, time.Hour)
-	req := idem.AcquireRequest{Key: "PAY-20", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour, MaxAttempts: 1}
-	if a := acquireAcrossAColdOutage(t, s, proxy, req); a.Outcome != idem.Acquired {
+	req := store.AcquireRequest{Key: "PAY-20", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour, MaxAttempts: 1}
+	if a := acquireAcrossAColdOutage(t, s, proxy, req); a.Outcome != store.Acquired {
 		t.Fatalf("after the outage: %v (attempts %d), want Acquired: nothing ran during the outage", a.Outcome, a.Record.Attempts)
 	}
 }
@@ -785,9 +786,9 @@ func TestRewarmAcrossADelete(t *testing.T) {
 		t.Run(coldKind, func(t *testing.T) {
 			s, hot := settleTiers(t, coldKind)
 			ctx := context.Background()
-			req := idem.AcquireRequest{Key: "PAY-21", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+			req := store.AcquireRequest{Key: "PAY-21", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 			completedInTheColdTierOnly(t, s, hot, req)
-			paused, resume, done := make(chan struct{}), make(chan struct{}), make(chan idem.Acquisition)
+			paused, resume, done := make(chan struct{}), make(chan struct{}), make(chan store.Acquisition)
 			tieredstore.SetAfterColdSettled(s, func() { close(paused); <-resume })
 			tieredstore.SetAfterDeleteReads(s, func() {
 				go func() {
@@ -804,11 +805,11 @@ func TestRewarmAcrossADelete(t *testing.T) {
 			}
 			tieredstore.SetAfterDeleteReads(s, nil)
 			close(resume)
-			if dup := <-done; dup.Outcome != idem.Replayed {
+			if dup := <-done; dup.Outcome != store.Replayed {
 				t.Fatalf("the duplicate, concurrent with the Delete: %v, want Replayed", dup.Outcome)
 			}
 			tieredstore.SetAfterColdSettled(s, nil)
-			if after, err := s.Acquire(ctx, req); err != nil || after.Outcome != idem.Acquired {
+			if after, err := s.Acquire(ctx, req); err != nil || after.Outcome != store.Acquired {
 				t.Fatalf("a request after the Delete: %v %q, %v; want Acquired (the key deleted)", after.Outcome, after.Record.Result, err)
 			}
 		})
@@ -836,9 +837,9 @@ func TestTwoDeletesAtOnce(t *testing.T) {
 	}
 	first, second := tiers[0], tiers[1]
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-22", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	req := store.AcquireRequest{Key: "PAY-22", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 	a, err := first.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
 	settlesAndReplays(t, first, req, a.Fence, "booked")
@@ -846,7 +847,7 @@ func TestTwoDeletesAtOnce(t *testing.T) {
 	// The first Delete, and a claim after it, while the second Delete is
 	// between its reads and its hot removal: the second waits until the
 	// first has either finished or found the lock held.
-	var claim idem.Acquisition
+	var claim store.Acquisition
 	ended, waits := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	tieredstore.SetDeleteLockHeld(first, func() { once.Do(func() { close(waits) }) })
@@ -857,7 +858,7 @@ func TestTwoDeletesAtOnce(t *testing.T) {
 				t.Error(err)
 			}
 			var err error
-			if claim, err = first.Acquire(ctx, req); err != nil || claim.Outcome != idem.Acquired {
+			if claim, err = first.Acquire(ctx, req); err != nil || claim.Outcome != store.Acquired {
 				t.Errorf("a request after the first Delete: %v, %v; want Acquired", claim.Outcome, err)
 			}
 		}()
@@ -870,7 +871,7 @@ func TestTwoDeletesAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-ended
-	if next, err := first.Acquire(ctx, req); err != nil || next.Outcome != idem.InProgress {
+	if next, err := first.Acquire(ctx, req); err != nil || next.Outcome != store.InProgress {
 		t.Fatalf("a request after both Deletes: %v (fence %d), %v; want InProgress — the claim %d taken after the first Delete is in flight",
 			next.Outcome, next.Fence, err, claim.Fence)
 	}
@@ -892,15 +893,15 @@ func TestTwoDeletesAtOnce(t *testing.T) {
 func TestClaimBetweenDeleteReadsAndMark(t *testing.T) {
 	s, _, _ := memoryTiers(t)
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-23", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	req := store.AcquireRequest{Key: "PAY-23", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 	a, err := s.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
 	if err := s.Release(ctx, "PAY-23", a.Fence); err != nil {
 		t.Fatal(err)
 	}
-	var claim idem.Acquisition
+	var claim store.Acquisition
 	var completeErr error
 	tieredstore.SetAfterDeleteReads(s, func() {
 		var err error
@@ -916,7 +917,7 @@ func TestClaimBetweenDeleteReadsAndMark(t *testing.T) {
 	}
 	tieredstore.SetAfterDeleteReads(s, nil)
 	tieredstore.SetDuringDelete(s, nil)
-	if after, err := s.Acquire(ctx, req); err != nil || after.Outcome != idem.Acquired {
+	if after, err := s.Acquire(ctx, req); err != nil || after.Outcome != store.Acquired {
 		t.Fatalf("a request after the Delete: %v %q, %v (the claim's Complete during the Delete: %v); want Acquired — the Delete removed that claim",
 			after.Outcome, after.Record.Result, err, completeErr)
 	}
@@ -934,7 +935,7 @@ func settledInAManualColdTier(t *testing.T, key string) (*tieredstore.Store, *st
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := idem.Record{Key: key, State: idem.StateCompleted, Fence: 1, Fingerprint: "A", Attempts: 1, Result: []byte("done")}
+	done := store.Record{Key: key, State: store.StateCompleted, Fence: 1, Fingerprint: "A", Attempts: 1, Result: []byte("done")}
 	if err := cold.Archive(context.Background(), done, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -951,8 +952,8 @@ func settledInAManualColdTier(t *testing.T, key string) (*tieredstore.Store, *st
 func TestMismatchDropsOnlyItsOwnClaim(t *testing.T) {
 	ctx := context.Background()
 	s, clock := settledInAManualColdTier(t, "PAY-23")
-	other := idem.AcquireRequest{Key: "PAY-23", Fingerprint: "B", Lease: time.Second, Retention: time.Hour}
-	var owner idem.Acquisition
+	other := store.AcquireRequest{Key: "PAY-23", Fingerprint: "B", Lease: time.Second, Retention: time.Hour}
+	var owner store.Acquisition
 	tieredstore.SetAfterColdSettled(s, func() {
 		tieredstore.SetAfterColdSettled(s, nil)
 		// The cold read took long: the lease and the cold record ended.
@@ -962,10 +963,10 @@ func TestMismatchDropsOnlyItsOwnClaim(t *testing.T) {
 			t.Fatalf("the request after the first one's lease: %v, %v; want a claim (the cold record expired)", owner.Outcome, err)
 		}
 	})
-	if a, err := s.Acquire(ctx, other); err != nil || a.Outcome != idem.Mismatch {
+	if a, err := s.Acquire(ctx, other); err != nil || a.Outcome != store.Mismatch {
 		t.Fatalf("the first request: %v, %v; want Mismatch (its cold read found the other fingerprint)", a.Outcome, err)
 	}
-	if next, err := s.Acquire(ctx, other); err != nil || next.Outcome != idem.InProgress {
+	if next, err := s.Acquire(ctx, other); err != nil || next.Outcome != store.InProgress {
 		t.Fatalf("a request while the key's owner (fence %d) works: %v (fence %d), %v; want InProgress", owner.Fence, next.Outcome, next.Fence, err)
 	}
 }
@@ -981,21 +982,21 @@ func TestMismatchDropsOnlyItsOwnClaim(t *testing.T) {
 func TestMismatchLeavesAPoisoningOfItsClaim(t *testing.T) {
 	ctx := context.Background()
 	s, clock := settledInAManualColdTier(t, "PAY-25")
-	other := idem.AcquireRequest{Key: "PAY-25", Fingerprint: "B", Lease: time.Second, Retention: time.Hour}
+	other := store.AcquireRequest{Key: "PAY-25", Fingerprint: "B", Lease: time.Second, Retention: time.Hour}
 	once := other
 	once.MaxAttempts = 1
 	tieredstore.SetAfterColdSettled(s, func() {
 		tieredstore.SetAfterColdSettled(s, nil)
 		// The cold read took long: the lease and the cold record ended.
 		clock.Advance(11 * time.Second)
-		if a, err := s.Acquire(ctx, once); err != nil || a.Outcome != idem.Poisoned {
+		if a, err := s.Acquire(ctx, once); err != nil || a.Outcome != store.Poisoned {
 			t.Fatalf("a request with MaxAttempts 1 after the first one's lease: %v, %v; want Poisoned (the claim counted its attempt)", a.Outcome, err)
 		}
 	})
-	if a, err := s.Acquire(ctx, other); err != nil || a.Outcome != idem.Mismatch {
+	if a, err := s.Acquire(ctx, other); err != nil || a.Outcome != store.Mismatch {
 		t.Fatalf("the first request: %v, %v; want Mismatch (its cold read found the other fingerprint)", a.Outcome, err)
 	}
-	if next, err := s.Acquire(ctx, once); err != nil || next.Outcome != idem.Poisoned {
+	if next, err := s.Acquire(ctx, once); err != nil || next.Outcome != store.Poisoned {
 		t.Fatalf("a request after the key was answered Poisoned: %v (fence %d), %v; want Poisoned", next.Outcome, next.Fence, err)
 	}
 }
@@ -1010,14 +1011,14 @@ func TestMismatchLeavesAPoisoningOfItsClaim(t *testing.T) {
 func TestGetOfAKeySettledInTheColdTier(t *testing.T) {
 	ctx := context.Background()
 	s, hot, _, proxy := proxiedTiers(t, time.Hour)
-	req := idem.AcquireRequest{Key: "PAY-24", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	req := store.AcquireRequest{Key: "PAY-24", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 	completedInTheColdTierOnly(t, s, hot, req)
 	proxy.Cut()
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	if a, err := s.Acquire(cctx, req); err == nil {
 		t.Fatalf("an acquisition during the cold outage: %v, want an error", a.Outcome)
 	}
-	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != idem.StateReleased {
+	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != store.StateReleased {
 		t.Fatalf("the hot tier after the failed acquisition: %+v, %v; want its claim given back", rec, err)
 	}
 	rec, err := s.Get(cctx, req.Key)
@@ -1028,12 +1029,12 @@ func TestGetOfAKeySettledInTheColdTier(t *testing.T) {
 	proxy.Restore()
 	for {
 		rec, err = s.Get(ctx, req.Key)
-		if err == nil || !errors.Is(err, idem.ErrStoreUnavailable) {
+		if err == nil || !errors.Is(err, store.ErrUnavailable) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond) // the pool reconnects
 	}
-	if err != nil || rec.State != idem.StateCompleted || string(rec.Result) != "booked" {
+	if err != nil || rec.State != store.StateCompleted || string(rec.Result) != "booked" {
 		t.Fatalf("Get after the outage: %v %q, %v; want the completion", rec.State, rec.Result, err)
 	}
 }
@@ -1051,7 +1052,7 @@ func TestSlowColdReadGivesTheClaimBack(t *testing.T) {
 	if err := cold.Pool().Ping(ctx); err != nil { // a connection in the pool before the stall
 		t.Fatal(err)
 	}
-	req := idem.AcquireRequest{Key: "PAY-25", Fingerprint: "fp", Lease: 400 * time.Millisecond, Retention: time.Hour, MaxAttempts: 1}
+	req := store.AcquireRequest{Key: "PAY-25", Fingerprint: "fp", Lease: 400 * time.Millisecond, Retention: time.Hour, MaxAttempts: 1}
 	proxy.Stall()
 	t.Cleanup(proxy.Unstall)
 	done := make(chan error, 1)
@@ -1061,23 +1062,23 @@ func TestSlowColdReadGivesTheClaimBack(t *testing.T) {
 	}()
 	select {
 	case err := <-done:
-		if !errors.Is(err, idem.ErrStoreUnavailable) {
+		if !errors.Is(err, store.ErrUnavailable) {
 			t.Fatalf("the acquisition whose cold read stalled: %v, want ErrStoreUnavailable", err)
 		}
 	case <-time.After(10 * req.Lease):
 		t.Fatalf("the acquisition still waits on the cold tier after %v, holding a claim of a %v lease", 10*req.Lease, req.Lease)
 	}
-	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != idem.StateReleased || rec.Attempts != 0 {
+	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != store.StateReleased || rec.Attempts != 0 {
 		t.Fatalf("the hot record after the failed acquisition: %+v, %v; want released with no attempt counted", rec, err)
 	}
 	proxy.Unstall()
 	for {
 		a, err := s.Acquire(ctx, req)
-		if errors.Is(err, idem.ErrStoreUnavailable) {
+		if errors.Is(err, store.ErrUnavailable) {
 			time.Sleep(50 * time.Millisecond) // the pool reconnects
 			continue
 		}
-		if err != nil || a.Outcome != idem.Acquired || a.Record.Attempts != 1 {
+		if err != nil || a.Outcome != store.Acquired || a.Record.Attempts != 1 {
 			t.Fatalf("the next request: %v (attempts %d), %v; want Acquired, its first attempt", a.Outcome, a.Record.Attempts, err)
 		}
 		break
@@ -1096,8 +1097,8 @@ func TestSlowColdReadGivesTheClaimBack(t *testing.T) {
 // hot copy is dropped so that the next one re-warms the hot tier.
 func TestPoisonOfACompletedKeyReplays(t *testing.T) {
 	ctx := context.Background()
-	clock, hot, paused, s := twoOverManualTiers(t, func(hot *memstore.Store) idem.Store { return hot })
-	req := idem.AcquireRequest{Key: "PAY-26", Fingerprint: "fp", Lease: time.Minute, Retention: 24 * time.Hour, MaxAttempts: 1}
+	clock, hot, paused, s := twoOverManualTiers(t, func(hot *memstore.Store) store.Store { return hot })
+	req := store.AcquireRequest{Key: "PAY-26", Fingerprint: "fp", Lease: time.Minute, Retention: 24 * time.Hour, MaxAttempts: 1}
 	completedInTheColdTierOnly(t, s, hot, req)
 
 	atRewarm, resume := make(chan struct{}), make(chan struct{})
@@ -1108,7 +1109,7 @@ func TestPoisonOfACompletedKeyReplays(t *testing.T) {
 	pausedDone := make(chan error, 1)
 	go func() {
 		a, err := paused.Acquire(ctx, req)
-		if err == nil && (a.Outcome != idem.Replayed || string(a.Record.Result) != "booked") {
+		if err == nil && (a.Outcome != store.Replayed || string(a.Record.Result) != "booked") {
 			err = fmt.Errorf("%v %q, want the replay", a.Outcome, a.Record.Result)
 		}
 		pausedDone <- err
@@ -1117,21 +1118,21 @@ func TestPoisonOfACompletedKeyReplays(t *testing.T) {
 	clock.Advance(2 * req.Lease)
 	for i := range 2 {
 		a, err := s.Acquire(ctx, req)
-		if err != nil || a.Outcome != idem.Replayed || string(a.Record.Result) != "booked" {
+		if err != nil || a.Outcome != store.Replayed || string(a.Record.Result) != "booked" {
 			t.Fatalf("duplicate %d of the completed key: %v %q, %v; want the replay", i, a.Outcome, a.Record.Result, err)
 		}
 	}
-	if rec, err := s.Get(ctx, req.Key); err != nil || rec.State != idem.StateCompleted {
+	if rec, err := s.Get(ctx, req.Key); err != nil || rec.State != store.StateCompleted {
 		t.Fatalf("Get of the completed key: %v, %v; want completed", rec.State, err)
 	}
 	close(resume)
 	if err := <-pausedDone; err != nil {
 		t.Fatalf("the paused duplicate: %v", err)
 	}
-	if a, err := s.Acquire(ctx, req); err != nil || a.Outcome != idem.Replayed {
+	if a, err := s.Acquire(ctx, req); err != nil || a.Outcome != store.Replayed {
 		t.Fatalf("a duplicate after the pause: %v, %v; want the replay", a.Outcome, err)
 	}
-	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != idem.StateCompleted {
+	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != store.StateCompleted {
 		t.Fatalf("the hot tier: %v, %v; want it re-warmed with the completion", rec.State, err)
 	}
 }
@@ -1157,13 +1158,13 @@ func TestRewarmNeverOutlivesTheColdRecord(t *testing.T) {
 			}
 			defer s.Close()
 			ctx := context.Background()
-			rec := idem.Record{Key: "PAY-12", State: idem.StateCompleted, Fence: 5, Fingerprint: "fp", Attempts: 1, Result: []byte("booked")}
+			rec := store.Record{Key: "PAY-12", State: store.StateCompleted, Fence: 5, Fingerprint: "fp", Attempts: 1, Result: []byte("booked")}
 			if err := cold.Archive(ctx, rec, 10*time.Second); err != nil {
 				t.Fatal(err)
 			}
-			req := idem.AcquireRequest{Key: "PAY-12", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+			req := store.AcquireRequest{Key: "PAY-12", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 			for i := range 2 { // the first re-warms the hot tier
-				if a, err := s.Acquire(ctx, req); err != nil || a.Outcome != idem.Replayed {
+				if a, err := s.Acquire(ctx, req); err != nil || a.Outcome != store.Replayed {
 					t.Fatalf("duplicate %d: %v, %v; want the replay", i, a.Outcome, err)
 				}
 				c, _ := cold.Get(ctx, "PAY-12")
@@ -1198,7 +1199,7 @@ func (h heldSettles) Complete(ctx context.Context, key string, fence uint64, res
 type failedRewarm struct{ *memstore.Store }
 
 func (failedRewarm) Complete(context.Context, string, uint64, []byte, time.Duration) error {
-	return fmt.Errorf("%w: the hot tier did not answer", idem.ErrStoreUnavailable)
+	return fmt.Errorf("%w: the hot tier did not answer", store.ErrUnavailable)
 }
 
 // TestRefusedSettleBesideAGivenBackClaim: the owner's hot settle is held
@@ -1213,10 +1214,10 @@ func (failedRewarm) Complete(context.Context, string, uint64, []byte, time.Durat
 // owner, and every claim of the hot tier is checked against the cold tier
 // first: the archive is the record, and the settle took effect.
 func TestRefusedSettleBesideAGivenBackClaim(t *testing.T) {
-	clock, hot, s, dup, a := ownerAndDuplicate(t, "PAY-28", func(hot *memstore.Store) idem.Store { return failedRewarm{hot} })
+	clock, hot, s, dup, a := ownerAndDuplicate(t, "PAY-28", func(hot *memstore.Store) store.Store { return failedRewarm{hot} })
 	ctx := context.Background()
 	req := ownerAndDuplicateRequest("PAY-28")
-	var replayed idem.Acquisition
+	var replayed store.Acquisition
 	tieredstore.SetAfterArchive(s, func() {
 		clock.Advance(2 * req.Lease) // the hot settle held past the lease extension
 		var err error
@@ -1225,16 +1226,16 @@ func TestRefusedSettleBesideAGivenBackClaim(t *testing.T) {
 		}
 	})
 	settleErr := s.Complete(ctx, req.Key, a.Fence, []byte("booked"), time.Hour)
-	if replayed.Outcome != idem.Replayed || string(replayed.Record.Result) != "booked" {
+	if replayed.Outcome != store.Replayed || string(replayed.Record.Result) != "booked" {
 		t.Fatalf("the duplicate during the held settle: %v %q; want the archived result replayed", replayed.Outcome, replayed.Record.Result)
 	}
-	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != idem.StateReleased {
+	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != store.StateReleased {
 		t.Fatalf("the hot tier after the failed re-warm: %v, %v; want the momentary claim given back", rec.State, err)
 	}
 	if settleErr != nil {
 		t.Fatalf("the owner's settle: %v; want it in effect (its result was replayed, no other owner ran)", settleErr)
 	}
-	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
+	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != store.Replayed || string(r.Record.Result) != "booked" {
 		t.Fatalf("the next request: %v %q, %v; want the replay, not a second run", r.Outcome, r.Record.Result, err)
 	}
 }
@@ -1250,7 +1251,7 @@ func TestRefusedSettleBesideAGivenBackClaim(t *testing.T) {
 // to resolve (a momentary claim re-warms or gives back within its lease; an
 // owner's heartbeat extends it), and decides on what it became.
 func TestRefusedSettleBesideAMomentaryClaim(t *testing.T) {
-	clock, _, s, dup, a := ownerAndDuplicate(t, "PAY-29", func(hot *memstore.Store) idem.Store { return hot })
+	clock, _, s, dup, a := ownerAndDuplicate(t, "PAY-29", func(hot *memstore.Store) store.Store { return hot })
 	ctx := context.Background()
 	req := ownerAndDuplicateRequest("PAY-29")
 	atRewarm, rewarm := make(chan struct{}), make(chan struct{})
@@ -1259,7 +1260,7 @@ func TestRefusedSettleBesideAMomentaryClaim(t *testing.T) {
 		<-rewarm
 	})
 	tieredstore.SetAwaitingClaim(s, func() { close(rewarm) })
-	dupDone := make(chan idem.Acquisition, 1)
+	dupDone := make(chan store.Acquisition, 1)
 	tieredstore.SetAfterArchive(s, func() {
 		clock.Advance(2 * req.Lease) // the hot settle held past the lease extension
 		go func() {
@@ -1273,14 +1274,14 @@ func TestRefusedSettleBesideAMomentaryClaim(t *testing.T) {
 	})
 	settleErr := s.Complete(ctx, req.Key, a.Fence, []byte("booked"), time.Hour)
 	d := <-dupDone
-	if d.Outcome != idem.Replayed || string(d.Record.Result) != "booked" {
+	if d.Outcome != store.Replayed || string(d.Record.Result) != "booked" {
 		t.Fatalf("the duplicate during the held settle: %v %q; want the archived result replayed", d.Outcome, d.Record.Result)
 	}
 	if settleErr != nil {
 		t.Fatalf("the owner's settle: %v; want it in effect (its result was replayed, no other owner ran)", settleErr)
 	}
 	clock.Advance(2 * time.Minute) // the hot copy goes (HotRetention)
-	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
+	if r, err := s.Acquire(ctx, req); err != nil || r.Outcome != store.Replayed || string(r.Record.Result) != "booked" {
 		t.Fatalf("a request after the hot copy went: %v %q, %v; want the replay, not a second run", r.Outcome, r.Record.Result, err)
 	}
 }
@@ -1288,13 +1289,13 @@ func TestRefusedSettleBesideAMomentaryClaim(t *testing.T) {
 // twoOverManualTiers returns two tiered stores over one pair of memory tiers
 // (the hot one on a manual clock; SettleTimeout 2s, HotRetention 1m): the
 // first on the hot tier itself, the second on second(hot).
-func twoOverManualTiers(t *testing.T, second func(*memstore.Store) idem.Store) (*storetest.ManualClock, *memstore.Store, *tieredstore.Store, *tieredstore.Store) {
+func twoOverManualTiers(t *testing.T, second func(*memstore.Store) store.Store) (*storetest.ManualClock, *memstore.Store, *tieredstore.Store, *tieredstore.Store) {
 	t.Helper()
 	clock := storetest.NewManualClock(time.Now())
 	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
 	cold := memstore.New(memstore.Config{SweepInterval: -1})
 	var stores [2]*tieredstore.Store
-	for i, h := range []idem.Store{hot, second(hot)} {
+	for i, h := range []store.Store{hot, second(hot)} {
 		s, err := tieredstore.New(tieredstore.Config{Hot: h, Cold: cold, SettleTimeout: 2 * time.Second, HotRetention: time.Minute})
 		if err != nil {
 			t.Fatal(err)
@@ -1306,18 +1307,18 @@ func twoOverManualTiers(t *testing.T, second func(*memstore.Store) idem.Store) (
 
 // ownerAndDuplicate is twoOverManualTiers with the first store's claim of
 // key taken (a): the owner's store and a duplicate's.
-func ownerAndDuplicate(t *testing.T, key string, dupHot func(*memstore.Store) idem.Store) (*storetest.ManualClock, *memstore.Store, *tieredstore.Store, *tieredstore.Store, idem.Acquisition) {
+func ownerAndDuplicate(t *testing.T, key string, dupHot func(*memstore.Store) store.Store) (*storetest.ManualClock, *memstore.Store, *tieredstore.Store, *tieredstore.Store, store.Acquisition) {
 	t.Helper()
 	clock, hot, owner, dup := twoOverManualTiers(t, dupHot)
 	a, err := owner.Acquire(context.Background(), ownerAndDuplicateRequest(key))
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
 	return clock, hot, owner, dup, a
 }
 
-func ownerAndDuplicateRequest(key string) idem.AcquireRequest {
-	return idem.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+func ownerAndDuplicateRequest(key string) store.AcquireRequest {
+	return store.AcquireRequest{Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 }
 
 // TestPoisonedDuringAColdOutage: a Poisoned answer from the hot tier is
@@ -1328,9 +1329,9 @@ func ownerAndDuplicateRequest(key string) idem.AcquireRequest {
 func TestPoisonedDuringAColdOutage(t *testing.T) {
 	ctx := context.Background()
 	s, hot, _, proxy := proxiedTiers(t, time.Hour)
-	req := idem.AcquireRequest{Key: "PAY-30", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	req := store.AcquireRequest{Key: "PAY-30", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
 	a, err := hot.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
 	if err := hot.Release(ctx, req.Key, a.Fence); err != nil {
@@ -1347,13 +1348,13 @@ func TestPoisonedDuringAColdOutage(t *testing.T) {
 	proxy.Restore()
 	for {
 		p, err = s.Acquire(ctx, req)
-		if errors.Is(err, idem.ErrStoreUnavailable) {
+		if errors.Is(err, store.ErrUnavailable) {
 			time.Sleep(50 * time.Millisecond) // the pool reconnects
 			continue
 		}
 		break
 	}
-	if err != nil || p.Outcome != idem.Poisoned {
+	if err != nil || p.Outcome != store.Poisoned {
 		t.Fatalf("after the outage: %v, %v; want Poisoned", p.Outcome, err)
 	}
 }
@@ -1382,7 +1383,7 @@ func TestGuardSettlesAcrossAColdOutageLongerThanItsLease(t *testing.T) {
 		o.runs.Add(1)
 		return []byte("booked twice"), nil
 	})
-	if err != nil || res.Outcome != idem.Replayed || string(res.Value) != "booked" {
+	if err != nil || res.Outcome != store.Replayed || string(res.Value) != "booked" {
 		t.Fatalf("a duplicate after the settle: %v %q %v, want Replayed %q", res.Outcome, res.Value, err, "booked")
 	}
 	if n := o.runs.Load(); n != 1 {
@@ -1433,7 +1434,7 @@ type outageRun struct {
 
 const outageLease = 600 * time.Millisecond
 
-func startOutageRun(t *testing.T, s idem.Store, proxy *testenv.Proxy, ctx context.Context) *outageRun {
+func startOutageRun(t *testing.T, s store.Store, proxy *testenv.Proxy, ctx context.Context) *outageRun {
 	t.Helper()
 	o := &outageRun{key: idem.Key{Scope: "payments", ID: testenv.RandomName("p")}, pastTheLease: make(chan struct{}), done: make(chan error, 1)}
 	var workEnded atomic.Int64 // unix ns
@@ -1471,7 +1472,7 @@ func (o *outageRun) settleGivenUp(t *testing.T) {
 	t.Helper()
 	select {
 	case err := <-o.done:
-		if !errors.Is(err, idem.ErrStoreUnavailable) {
+		if !errors.Is(err, store.ErrUnavailable) {
 			t.Fatalf("Run: %v, want the settle given up (ErrStoreUnavailable)", err)
 		}
 	case <-time.After(30 * time.Second):
@@ -1518,9 +1519,9 @@ func testArchiveCommittedAfterItsDeadline(t *testing.T, maxAttempts int) {
 	}
 	t.Cleanup(func() { proxy.Unstall(); owner.Close(); other.Close() })
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "payments/" + testenv.RandomName("p"), Fingerprint: "A", Lease: time.Second, Retention: time.Hour}
+	req := store.AcquireRequest{Key: "payments/" + testenv.RandomName("p"), Fingerprint: "A", Lease: time.Second, Retention: time.Hour}
 	a, err := owner.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatalf("acquire: %v %v", a.Outcome, err)
 	}
 
@@ -1562,7 +1563,7 @@ func testArchiveCommittedAfterItsDeadline(t *testing.T, maxAttempts int) {
 	if err == nil && b.Outcome.Owns() {
 		t.Fatalf("a claim (%v) was handed out while the owner's archive was under way: it lands beside the claim, and duplicates are replayed a result the claim's work then replaces", b.Outcome)
 	}
-	if err == nil && b.Outcome == idem.Poisoned {
+	if err == nil && b.Outcome == store.Poisoned {
 		t.Fatal("the key was answered Poisoned while the owner's archive was under way: it lands after, and the key dead-lettered is replayed")
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -1574,7 +1575,7 @@ func testArchiveCommittedAfterItsDeadline(t *testing.T, maxAttempts int) {
 		if err != nil {
 			return err
 		}
-		if c.Outcome != idem.Replayed || string(c.Record.Result) != "booked" {
+		if c.Outcome != store.Replayed || string(c.Record.Result) != "booked" {
 			t.Fatalf("after the archive landed: %v %q, want Replayed %q", c.Outcome, c.Record.Result, "booked")
 		}
 		return nil
@@ -1591,7 +1592,7 @@ type lostFirstComplete struct {
 func (s *lostFirstComplete) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
 	err := s.Store.Complete(ctx, key, fence, result, retention)
 	if err == nil && s.lost.CompareAndSwap(false, true) {
-		return fmt.Errorf("%w: the answer was lost", idem.ErrStoreUnavailable)
+		return fmt.Errorf("%w: the answer was lost", store.ErrUnavailable)
 	}
 	return err
 }
@@ -1612,13 +1613,13 @@ func TestGuardSettleThatLandedBeforeARewarm(t *testing.T) {
 	ctx := context.Background()
 	key := idem.Key{Scope: "payments", ID: "p1"}
 	var g *idem.Guard
-	var rewarmed idem.Acquisition
+	var rewarmed store.Acquisition
 	var once sync.Once
 	g, err = idem.NewGuard(idem.Config{Store: s, Lease: time.Minute, Retention: time.Hour, Observer: func(e idem.Event) {
 		if e.Phase == "settle" && e.Err != nil {
 			once.Do(func() { // between the first try and the next
 				clock.Advance(2 * time.Second) // the hot copy expires
-				rewarmed, err = s.Acquire(ctx, idem.AcquireRequest{Key: g.StorageKey(key), Lease: time.Minute, Retention: time.Hour})
+				rewarmed, err = s.Acquire(ctx, store.AcquireRequest{Key: g.StorageKey(key), Lease: time.Minute, Retention: time.Hour})
 			})
 		}
 	}})
@@ -1626,7 +1627,7 @@ func TestGuardSettleThatLandedBeforeARewarm(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, runErr := g.Run(ctx, key, nil, func(context.Context, uint64) ([]byte, error) { return []byte("booked"), nil })
-	if err != nil || rewarmed.Outcome != idem.Replayed {
+	if err != nil || rewarmed.Outcome != store.Replayed {
 		t.Fatalf("the duplicate between the tries: %v %v, want Replayed", rewarmed.Outcome, err)
 	}
 	if runErr != nil {
@@ -1668,8 +1669,8 @@ func TestArchiveBudgetCountsFromBeforeTheHeartbeat(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	first, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "A", Lease: settle, Retention: time.Hour})
-	if err != nil || first.Outcome != idem.Acquired {
+	first, err := s.Acquire(ctx, store.AcquireRequest{Key: "k", Fingerprint: "A", Lease: settle, Retention: time.Hour})
+	if err != nil || first.Outcome != store.Acquired {
 		t.Fatalf("first acquire: %+v, %v", first, err)
 	}
 	hot.armed.Store(true)
@@ -1677,10 +1678,10 @@ func TestArchiveBudgetCountsFromBeforeTheHeartbeat(t *testing.T) {
 	go func() { settled <- s.Complete(ctx, "k", first.Fence, []byte("first"), time.Hour) }()
 	<-hot.applied
 	// The owner's extended lease ends; another caller takes the key over.
-	var taken idem.Acquisition
+	var taken store.Acquisition
 	testenv.Eventually(t, 10*time.Second, "a takeover once the extended lease ended", func() error {
-		a, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "A", Lease: time.Minute, Retention: time.Hour})
-		if err == nil && a.Outcome != idem.TakenOver {
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: "k", Fingerprint: "A", Lease: time.Minute, Retention: time.Hour})
+		if err == nil && a.Outcome != store.TakenOver {
 			err = fmt.Errorf("acquire answered %v", a.Outcome)
 		}
 		taken = a
@@ -1690,11 +1691,11 @@ func TestArchiveBudgetCountsFromBeforeTheHeartbeat(t *testing.T) {
 	if err := <-settled; err == nil || errors.Is(err, tieredstore.ErrSettleUncertain) {
 		t.Fatalf("the owner's Complete, its heartbeat's answer held up past its archive's budget: %v — its archive landed after its lease, beside the takeover's claim", err)
 	}
-	if rec, err := cold.Get(ctx, "k"); !errors.Is(err, idem.ErrNotFound) {
+	if rec, err := cold.Get(ctx, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the cold tier holds %+v, %v; want nothing: the owner's archive came too late", rec, err)
 	}
-	dup, err := s.Acquire(ctx, idem.AcquireRequest{Key: "k", Fingerprint: "A", Lease: time.Minute, Retention: time.Hour})
-	if err != nil || dup.Outcome != idem.InProgress || dup.Record.Fence != taken.Fence {
+	dup, err := s.Acquire(ctx, store.AcquireRequest{Key: "k", Fingerprint: "A", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || dup.Outcome != store.InProgress || dup.Record.Fence != taken.Fence {
 		t.Fatalf("a duplicate after: %v (fence %d), %v; want InProgress under the takeover's fence %d", dup.Outcome, dup.Record.Fence, err, taken.Fence)
 	}
 }

@@ -9,19 +9,19 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/ctxsleep"
+	"github.com/idemgo/idem/store"
 )
 
-var _ idem.Store = (*Store)(nil)
+var _ store.Store = (*Store)(nil)
 
 // Config configures a Store.
 type Config struct {
 	// Hot takes the claims. Required.
-	Hot idem.Store
+	Hot store.Store
 	// Cold keeps settled records for their full retention. Required; it
-	// must implement idem.Archiver (memstore, sqlitestore and pgstore do).
-	Cold idem.Store
+	// must implement store.Archiver (memstore, sqlitestore and pgstore do).
+	Cold store.Store
 	// HotRetention caps how long a record stays in the hot store. Defaults
 	// to 1h.
 	HotRetention time.Duration
@@ -33,7 +33,7 @@ type Config struct {
 	SettleTimeout time.Duration
 }
 
-// Store is a tiered idem.Store.
+// Store is a tiered store.Store.
 //
 // Claims, leases and fences live in the hot tier. Every claim the hot tier
 // hands out (Acquired or TakenOver, first run or not) is checked against the
@@ -55,8 +55,8 @@ type Config struct {
 // tier. Unsettled records (in flight, released, poisoned) keep the full
 // retention in the hot tier; settled ones stay there for HotRetention.
 type Store struct {
-	hot, cold     idem.Store
-	archive       idem.Archiver
+	hot, cold     store.Store
+	archive       store.Archiver
 	hotKeep       time.Duration
 	settleTimeout time.Duration
 
@@ -74,7 +74,7 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Hot == nil || cfg.Cold == nil {
 		return nil, errors.New("idem/tieredstore: Config.Hot and Config.Cold are required")
 	}
-	a, ok := cfg.Cold.(idem.Archiver)
+	a, ok := cfg.Cold.(store.Archiver)
 	if !ok {
 		return nil, fmt.Errorf("idem/tieredstore: Config.Cold (%T) cannot archive records", cfg.Cold)
 	}
@@ -101,17 +101,17 @@ func (s *Store) hotRetention(d time.Duration) time.Duration { return min(d, s.ho
 // re-warm whose write took longer drops the copy it wrote.
 const rewarmMargin = 100 * time.Millisecond
 
-// Acquire implements idem.Store. A claim from the hot tier is returned only
+// Acquire implements store.Store. A claim from the hot tier is returned only
 // after the cold tier said it holds no settled record for the key.
-func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acquisition, error) {
-	if err := (idem.Limits{}).CheckRetention(req.Retention); err != nil {
-		return idem.Acquisition{}, err
+func (s *Store) Acquire(ctx context.Context, req store.AcquireRequest) (store.Acquisition, error) {
+	if err := (store.Limits{}).CheckRetention(req.Retention); err != nil {
+		return store.Acquisition{}, err
 	}
 	a, err := s.hot.Acquire(ctx, req) // unsettled records keep the full retention
 	if err != nil {
 		return a, err
 	}
-	if a.Outcome == idem.InProgress || a.Outcome == idem.Mismatch || a.Outcome == idem.Poisoned {
+	if a.Outcome == store.InProgress || a.Outcome == store.Mismatch || a.Outcome == store.Poisoned {
 		// The hot record may be another caller's momentary claim on a key
 		// that the cold tier holds settled (taken to consult the cold tier
 		// or to re-warm the hot one): the settled record is the answer.
@@ -122,36 +122,36 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		// Poisoned is a decision (the message is dead-lettered), like a
 		// claim: it waits for an archive of the key under way, whose
 		// owner's claim was the last attempt (see coldReadAwaiting).
-		var rec idem.Record
+		var rec store.Record
 		var err error
-		if a.Outcome == idem.Poisoned {
+		if a.Outcome == store.Poisoned {
 			rec, err = s.coldReadAwaiting(ctx, req)
 		} else {
 			rec, err = s.cold.Get(ctx, req.Key)
 		}
-		if err == nil && rec.State == idem.StateReleased && (rec.Fence >= a.Record.Fence || deleting(rec)) {
+		if err == nil && rec.State == store.StateReleased && (rec.Fence >= a.Record.Fence || deleting(rec)) {
 			// A Delete's tombstone covers the hot record's generation: the
 			// Delete is under way and removes the hot copy next (which may
 			// be a duplicate's momentary claim, with no work under it).
 			// Neither InProgress nor the settled record is the answer.
-			return idem.Acquisition{}, errBeingDeleted
+			return store.Acquisition{}, errBeingDeleted
 		}
-		if errors.Is(err, idem.ErrNotFound) || (err == nil && rec.State != idem.StateCompleted && rec.State != idem.StateFailed) {
+		if errors.Is(err, store.ErrNotFound) || (err == nil && rec.State != store.StateCompleted && rec.State != store.StateFailed) {
 			return a, nil
 		}
 		if err != nil {
-			return idem.Acquisition{}, fmt.Errorf("cold tier: %w", err)
+			return store.Acquisition{}, fmt.Errorf("cold tier: %w", err)
 		}
-		if a.Outcome == idem.Poisoned {
+		if a.Outcome == store.Poisoned {
 			// The poisoned copy would shadow the settled record: drop it
 			// (and nothing newer), so the next request re-warms the hot
 			// tier from the cold one.
 			_ = s.dropClaim(context.WithoutCancel(ctx), req.Key, a.Record.Fence)
 		}
 		if rec.Fingerprint != req.Fingerprint {
-			return idem.Acquisition{Outcome: idem.Mismatch, Record: rec}, nil
+			return store.Acquisition{Outcome: store.Mismatch, Record: rec}, nil
 		}
-		return idem.Acquisition{Outcome: idem.Replayed, Record: rec}, nil
+		return store.Acquisition{Outcome: store.Replayed, Record: rec}, nil
 	}
 	if !a.Outcome.Owns() {
 		return a, nil
@@ -161,21 +161,21 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		// A Delete is between its tombstone and its hot removal, which may
 		// remove this claim too: it is not a claim to hand out.
 		_ = s.giveBack(context.WithoutCancel(ctx), req.Key, a.Fence)
-		return idem.Acquisition{}, errBeingDeleted
+		return store.Acquisition{}, errBeingDeleted
 	}
-	if errors.Is(err, idem.ErrNotFound) || (err == nil && rec.State != idem.StateCompleted && rec.State != idem.StateFailed) {
+	if errors.Is(err, store.ErrNotFound) || (err == nil && rec.State != store.StateCompleted && rec.State != store.StateFailed) {
 		// The claim must still stand after the cold round trip: a Delete
 		// that ran meanwhile removed it (and the cold record we did not
 		// see). A fenced heartbeat checks it and renews the lease.
 		start := time.Now()
 		if err := s.hot.Heartbeat(ctx, req.Key, a.Fence, req.Lease); err != nil {
-			if errors.Is(err, idem.ErrStaleFence) {
+			if errors.Is(err, store.ErrStaleFence) {
 				// Deleted, or taken over by another caller while this one
 				// was paused past its lease: the claim is not ours.
-				return idem.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the claim was deleted or taken over while the cold tier was consulted; retry", idem.ErrStoreUnavailable)
+				return store.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the claim was deleted or taken over while the cold tier was consulted; retry", store.ErrUnavailable)
 			}
 			_ = s.giveBack(context.WithoutCancel(ctx), req.Key, a.Fence)
-			return idem.Acquisition{}, err
+			return store.Acquisition{}, err
 		}
 		a.Record.LeaseUntil = start.Add(req.Lease) // no later than the store's
 		return a, nil
@@ -185,7 +185,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		// Fail closed: give the claim back and report the cold tier's
 		// failure. The next claim asks the cold tier again.
 		_ = s.giveBack(bg, req.Key, a.Fence)
-		return idem.Acquisition{}, fmt.Errorf("cold tier: %w", err)
+		return store.Acquisition{}, fmt.Errorf("cold tier: %w", err)
 	}
 	if s.afterColdSettled != nil {
 		s.afterColdSettled()
@@ -195,7 +195,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		// it does not shadow the archived fingerprint (nor outlive the
 		// archive, holding the key for this fingerprint).
 		_ = s.dropClaim(bg, req.Key, a.Fence)
-		return idem.Acquisition{Outcome: idem.Mismatch, Record: rec}, nil
+		return store.Acquisition{Outcome: store.Mismatch, Record: rec}, nil
 	}
 	// Re-warm the hot tier with the archived result. The hot copy must
 	// not outlive the cold record (a replay past the retention), and its
@@ -206,7 +206,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	keep := s.hotRetention(left - rewarmMargin)
 	if keep < time.Millisecond {
 		err = s.giveBack(bg, req.Key, a.Fence)
-	} else if rec.State == idem.StateFailed {
+	} else if rec.State == store.StateFailed {
 		err = s.hot.Fail(bg, req.Key, a.Fence, rec.Result, keep)
 	} else {
 		err = s.hot.Complete(bg, req.Key, a.Fence, rec.Result, keep)
@@ -222,25 +222,25 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		// the cold tier again.
 		_ = s.dropClaim(bg, req.Key, a.Fence)
 	}
-	return idem.Acquisition{Outcome: idem.Replayed, Record: rec}, nil
+	return store.Acquisition{Outcome: store.Replayed, Record: rec}, nil
 }
 
 // coldReadAwaiting reads the cold tier before a claim is handed out (or a
 // key answered Poisoned): waiting for the archives of the key under way
-// (idem.ArchiveAwaiter), for at most half the request's lease. A claim held
+// (store.ArchiveAwaiter), for at most half the request's lease. A claim held
 // meanwhile is momentary until the cold tier answers — nothing runs under
 // it — and a read that outlasted the lease let another request take it
 // over, counting an attempt for a claim under which nothing ran (a key
 // poisoned early). Past the bound the read fails (ErrStoreUnavailable),
 // and the caller gives the claim back with its attempt before its lease
 // ends.
-func (s *Store) coldReadAwaiting(ctx context.Context, req idem.AcquireRequest) (idem.Record, error) {
+func (s *Store) coldReadAwaiting(ctx context.Context, req store.AcquireRequest) (store.Record, error) {
 	bound := req.Lease / 2
 	cctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	var rec idem.Record
+	var rec store.Record
 	var err error
-	if a, ok := s.cold.(idem.ArchiveAwaiter); ok {
+	if a, ok := s.cold.(store.ArchiveAwaiter); ok {
 		// An archive of an owner whose lease ended may be under way still
 		// (its caller told it failed): wait for it, so that it does not
 		// land beside the claim, or after the Poisoned answer.
@@ -249,18 +249,18 @@ func (s *Store) coldReadAwaiting(ctx context.Context, req idem.AcquireRequest) (
 		rec, err = s.cold.Get(cctx, req.Key)
 	}
 	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
-		err = fmt.Errorf("%w: idem/tieredstore: the cold tier did not answer within half the lease (%v)", idem.ErrStoreUnavailable, bound)
+		err = fmt.Errorf("%w: idem/tieredstore: the cold tier did not answer within half the lease (%v)", store.ErrUnavailable, bound)
 	}
 	return rec, err
 }
 
 // giveBack returns a hot claim under which nothing ran (the acquisition
 // failed closed, or the claim was momentary: taken to consult the cold
-// tier). Where the hot store can (idem.Unclaimer), the claim's attempt is
+// tier). Where the hot store can (store.Unclaimer), the claim's attempt is
 // taken back too, so that a cold-tier outage does not count toward
 // MaxAttempts and poison a key whose work never ran.
 func (s *Store) giveBack(ctx context.Context, key string, fence uint64) error {
-	if u, ok := s.hot.(idem.Unclaimer); ok {
+	if u, ok := s.hot.(store.Unclaimer); ok {
 		return u.Unclaim(ctx, key, fence)
 	}
 	return s.hot.Release(ctx, key, fence)
@@ -271,26 +271,26 @@ func (s *Store) giveBack(ctx context.Context, key string, fence uint64) error {
 // request may have taken the claim over and, the cold record having
 // expired since, own the key — an unconditional removal took that owner's
 // claim away, and the next request was handed a second one. A hot store
-// that cannot delete up to a fence (not idem.FencedDeleter; every store of
+// that cannot delete up to a fence (not store.FencedDeleter; every store of
 // this module can) has its record deleted whole.
 func (s *Store) dropClaim(ctx context.Context, key string, fence uint64) error {
-	if d, ok := s.hot.(idem.FencedDeleter); ok {
+	if d, ok := s.hot.(store.FencedDeleter); ok {
 		return d.DeleteUpTo(ctx, key, fence)
 	}
 	return s.hot.Delete(ctx, key)
 }
 
-// Heartbeat implements idem.Store (hot tier).
+// Heartbeat implements store.Store (hot tier).
 func (s *Store) Heartbeat(ctx context.Context, key string, fence uint64, lease time.Duration) error {
 	return s.hot.Heartbeat(ctx, key, fence, lease)
 }
 
-// Release implements idem.Store (hot tier).
+// Release implements store.Store (hot tier).
 func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 	return s.hot.Release(ctx, key, fence)
 }
 
-// Complete implements idem.Store: archive in the cold tier, then settle in
+// Complete implements store.Store: archive in the cold tier, then settle in
 // the hot tier (fenced). A Complete that finds its claim gone from the hot
 // tier answers nil when the cold tier holds this very settle under its
 // fence — an earlier try landed and its answer was lost, and the hot copy
@@ -298,26 +298,26 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 // same result succeeds, as a retry must; with another result it is
 // ErrStaleFence.
 func (s *Store) Complete(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
-	return s.settle(ctx, key, fence, result, retention, s.hot.Complete, idem.StateCompleted)
+	return s.settle(ctx, key, fence, result, retention, s.hot.Complete, store.StateCompleted)
 }
 
-// Fail implements idem.Store like Complete.
+// Fail implements store.Store like Complete.
 func (s *Store) Fail(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error {
-	return s.settle(ctx, key, fence, result, retention, s.hot.Fail, idem.StateFailed)
+	return s.settle(ctx, key, fence, result, retention, s.hot.Fail, store.StateFailed)
 }
 
 type settleFunc func(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration) error
 
-func (s *Store) settle(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration, hot settleFunc, st idem.State) error {
-	if err := (idem.Limits{}).CheckRetention(retention); err != nil {
+func (s *Store) settle(ctx context.Context, key string, fence uint64, result []byte, retention time.Duration, hot settleFunc, st store.State) error {
+	if err := (store.Limits{}).CheckRetention(retention); err != nil {
 		return err
 	}
 	cur, err := s.hot.Get(ctx, key)
-	if errors.Is(err, idem.ErrNotFound) || (err == nil && (cur.State == idem.StateCompleted || cur.State == idem.StateFailed) && cur.Fence != fence) {
+	if errors.Is(err, store.ErrNotFound) || (err == nil && (cur.State == store.StateCompleted || cur.State == store.StateFailed) && cur.Fence != fence) {
 		return s.staleUnlessLanded(ctx, key, fence, st, result)
 	}
-	if err == nil && (cur.State != idem.StateInFlight || cur.Fence != fence) {
-		return idem.ErrStaleFence
+	if err == nil && (cur.State != store.StateInFlight || cur.Fence != fence) {
+		return store.ErrStaleFence
 	}
 	if err != nil {
 		return err
@@ -336,10 +336,10 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 	if s.beforeArchive != nil {
 		s.beforeArchive()
 	}
-	rec := idem.Record{Key: key, State: st, Fence: fence, Fingerprint: cur.Fingerprint, Attempts: cur.Attempts, Result: result}
+	rec := store.Record{Key: key, State: st, Fence: fence, Fingerprint: cur.Fingerprint, Attempts: cur.Attempts, Result: result}
 	actx, cancel := context.WithDeadline(ctx, sent.Add(s.settleTimeout/2))
 	stored := true // what an Archiver that does not say is taken to have done
-	if sa, ok := s.archive.(idem.StoredArchiver); ok {
+	if sa, ok := s.archive.(store.StoredArchiver); ok {
 		stored, err = sa.ArchiveStored(actx, rec, retention)
 	} else {
 		err = s.archive.Archive(actx, rec, retention)
@@ -354,7 +354,7 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 	// The result is durable now. If the hot settle fails, the hot claim
 	// stays until its lease ends and the takeover replays from the cold tier.
 	err = hot(context.WithoutCancel(ctx), key, fence, result, s.hotRetention(retention))
-	if errors.Is(err, idem.ErrStaleFence) {
+	if errors.Is(err, store.ErrStaleFence) {
 		return s.settleRefused(context.WithoutCancel(ctx), rec, stored, err)
 	}
 	return err
@@ -369,15 +369,15 @@ func (s *Store) settle(ctx context.Context, key string, fence uint64, result []b
 // lost a completion duplicates are replayed. (A claim of another fence in
 // flight is not such a case: the settle is refused.) A cold tier that
 // cannot say fails the settle as unavailable (tried again).
-func (s *Store) staleUnlessLanded(ctx context.Context, key string, fence uint64, st idem.State, result []byte) error {
+func (s *Store) staleUnlessLanded(ctx context.Context, key string, fence uint64, st store.State, result []byte) error {
 	archived, err := s.cold.Get(ctx, key)
 	switch {
 	case err == nil && archived.Fence == fence && archived.State == st && bytes.Equal(archived.Result, result):
 		return nil
-	case err != nil && !errors.Is(err, idem.ErrNotFound):
-		return fmt.Errorf("%w: idem/tieredstore: the claim is gone from the hot tier and the cold tier could not say whether this settle landed: %v", idem.ErrStoreUnavailable, err)
+	case err != nil && !errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("%w: idem/tieredstore: the claim is gone from the hot tier and the cold tier could not say whether this settle landed: %v", store.ErrUnavailable, err)
 	}
-	return idem.ErrStaleFence
+	return store.ErrStaleFence
 }
 
 // ErrSettleUncertain is returned by Complete and Fail when the owner's claim
@@ -412,9 +412,9 @@ var ErrSettleUncertain = errors.New("idem/tieredstore: settle outcome uncertain:
 //     work decides, and the owner is told ErrSettleUncertain. A claim in
 //     flight is first given its lease to show whether it is a duplicate's
 //     momentary one (awaitClaim).
-func (s *Store) settleRefused(ctx context.Context, rec idem.Record, stored bool, staleErr error) error {
+func (s *Store) settleRefused(ctx context.Context, rec store.Record, stored bool, staleErr error) error {
 	now, herr := s.hot.Get(ctx, rec.Key)
-	if herr == nil && now.State == idem.StateInFlight && now.Fence != rec.Fence {
+	if herr == nil && now.State == store.StateInFlight && now.Fence != rec.Fence {
 		now, herr = s.awaitClaim(ctx, now)
 	}
 	if herr == nil && sameSettle(now, rec) {
@@ -426,25 +426,25 @@ func (s *Store) settleRefused(ctx context.Context, rec idem.Record, stored bool,
 		// error), which the owner's refusal withdraws as well.
 		return s.withdraw(ctx, rec, staleErr)
 	}
-	if herr != nil && !errors.Is(herr, idem.ErrNotFound) {
+	if herr != nil && !errors.Is(herr, store.ErrNotFound) {
 		return s.withdraw(ctx, rec, fmt.Errorf("%w (the hot tier could not be read: %v)", ErrSettleUncertain, herr))
 	}
 	archived, cerr := s.cold.Get(ctx, rec.Key)
 	switch {
-	case cerr != nil && !errors.Is(cerr, idem.ErrNotFound):
+	case cerr != nil && !errors.Is(cerr, store.ErrNotFound):
 		return s.withdraw(ctx, rec, fmt.Errorf("%w (the cold tier could not be read: %v)", ErrSettleUncertain, cerr))
 	case cerr == nil && archived.Fence == rec.Fence && sameSettle(archived, rec):
-		if errors.Is(herr, idem.ErrNotFound) {
+		if errors.Is(herr, store.ErrNotFound) {
 			return nil // the hot record went (deleted or expired); the archive stands alone
 		}
-		if now.State == idem.StateReleased || now.State == idem.StatePoisoned {
+		if now.State == store.StateReleased || now.State == store.StatePoisoned {
 			// No owner holds the key — a duplicate's momentary claim given
 			// back (its re-warm failed), say — and every claim of the hot
 			// tier meets the archive first: the archive is the record.
 			return nil
 		}
 		return s.withdraw(ctx, rec, ErrSettleUncertain)
-	case cerr == nil && archived.State != idem.StateReleased:
+	case cerr == nil && archived.State != store.StateReleased:
 		// A larger fence's settle replaced the archive: another owner took
 		// the key over and settled it after this result was visible.
 		return ErrSettleUncertain
@@ -460,7 +460,7 @@ func (s *Store) settleRefused(ctx context.Context, rec idem.Record, stored bool,
 // record once it is no longer that claim in flight at that lease, or as it
 // stands when the claim's lease (at most SettleTimeout) has passed on this
 // process's clock.
-func (s *Store) awaitClaim(ctx context.Context, claim idem.Record) (idem.Record, error) {
+func (s *Store) awaitClaim(ctx context.Context, claim store.Record) (store.Record, error) {
 	if s.awaitingClaim != nil {
 		s.awaitingClaim()
 	}
@@ -469,24 +469,24 @@ func (s *Store) awaitClaim(ctx context.Context, claim idem.Record) (idem.Record,
 	now, err := claim, error(nil)
 	ctxsleep.Retry(ctx, func() time.Time { return deadline }, func() bool {
 		now, err = s.hot.Get(ctx, claim.Key)
-		return err == nil && now.State == idem.StateInFlight && now.Fence == claim.Fence && !now.LeaseUntil.After(claim.LeaseUntil)
+		return err == nil && now.State == store.StateInFlight && now.Fence == claim.Fence && !now.LeaseUntil.After(claim.LeaseUntil)
 	})
 	return now, err
 }
 
 // sameSettle reports whether r is the record that settle rec wrote.
-func sameSettle(r, rec idem.Record) bool {
+func sameSettle(r, rec store.Record) bool {
 	return r.State == rec.State && r.Fingerprint == rec.Fingerprint && bytes.Equal(r.Result, rec.Result)
 }
 
 // withdraw replaces rec's archive with a tombstone of its fence (a newer
 // owner's archive, with a larger fence, stays) and returns err, or the
 // failure to withdraw.
-func (s *Store) withdraw(ctx context.Context, rec idem.Record, err error) error {
+func (s *Store) withdraw(ctx context.Context, rec store.Record, err error) error {
 	// A tombstone there already covers the archive — a Delete's, perhaps
 	// still marked as under way, which this one must not replace.
-	if c, cerr := s.cold.Get(ctx, rec.Key); cerr != nil || c.State != idem.StateReleased || c.Fence < rec.Fence {
-		tomb := idem.Record{Key: rec.Key, State: idem.StateReleased, Fence: rec.Fence}
+	if c, cerr := s.cold.Get(ctx, rec.Key); cerr != nil || c.State != store.StateReleased || c.Fence < rec.Fence {
+		tomb := store.Record{Key: rec.Key, State: store.StateReleased, Fence: rec.Fence}
 		if terr := s.archive.Archive(ctx, tomb, s.settleTimeout); terr != nil {
 			return fmt.Errorf("%w (and withdrawing its archive failed: %v)", err, terr)
 		}
@@ -500,33 +500,33 @@ func (s *Store) withdraw(ctx context.Context, rec idem.Record, err error) error 
 	return err
 }
 
-// Get implements idem.Store: the hot tier, then the cold one. A hot record
+// Get implements store.Store: the hot tier, then the cold one. A hot record
 // that is not settled (in flight, released or poisoned) may be a momentary
 // claim, one given back or one poisoned — taken to consult the cold tier,
 // or by a request of another fingerprint — on a key that the cold tier
 // holds settled (see Acquire); the settled record is then the answer, as
 // Acquire would replay it, and a cold tier that cannot say fails the Get.
-func (s *Store) Get(ctx context.Context, key string) (idem.Record, error) {
+func (s *Store) Get(ctx context.Context, key string) (store.Record, error) {
 	rec, err := s.hot.Get(ctx, key)
-	if err == nil && rec.State != idem.StateInFlight && rec.State != idem.StateReleased && rec.State != idem.StatePoisoned {
+	if err == nil && rec.State != store.StateInFlight && rec.State != store.StateReleased && rec.State != store.StatePoisoned {
 		return rec, nil
 	}
-	if err != nil && !errors.Is(err, idem.ErrNotFound) {
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return rec, err
 	}
 	c, cerr := s.cold.Get(ctx, key)
 	switch {
-	case cerr == nil && (c.State == idem.StateCompleted || c.State == idem.StateFailed):
+	case cerr == nil && (c.State == store.StateCompleted || c.State == store.StateFailed):
 		return c, nil
-	case cerr != nil && !errors.Is(cerr, idem.ErrNotFound):
-		return idem.Record{}, fmt.Errorf("cold tier: %w", cerr)
+	case cerr != nil && !errors.Is(cerr, store.ErrNotFound):
+		return store.Record{}, fmt.Errorf("cold tier: %w", cerr)
 	case err == nil: // the hot record stands
 		return rec, nil
 	}
-	return idem.Record{}, idem.ErrNotFound // nothing, or a Delete's tombstone
+	return store.Record{}, store.ErrNotFound // nothing, or a Delete's tombstone
 }
 
-// Delete implements idem.Store: the cold tier first, then the hot one, so
+// Delete implements store.Store: the cold tier first, then the hot one, so
 // that a claim taken meanwhile cannot re-warm the hot tier from a cold
 // record that is about to go.
 //
@@ -566,9 +566,9 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	defer unlock()
 	var fence uint64
 	found := false
-	for _, tier := range []idem.Store{s.hot, s.cold} {
+	for _, tier := range []store.Store{s.hot, s.cold} {
 		rec, err := tier.Get(ctx, key)
-		if errors.Is(err, idem.ErrNotFound) {
+		if errors.Is(err, store.ErrNotFound) {
 			continue
 		}
 		if err != nil {
@@ -584,7 +584,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		// taken since the reads above: the key's next generation.)
 		return nil
 	}
-	tomb := idem.Record{Key: key, State: idem.StateReleased, Fence: fence, Result: []byte(deletingMark)}
+	tomb := store.Record{Key: key, State: store.StateReleased, Fence: fence, Result: []byte(deletingMark)}
 	if err := s.archive.Archive(ctx, tomb, s.settleTimeout); err != nil {
 		return err
 	}
@@ -599,7 +599,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		if err := s.archive.Archive(ctx, tomb, s.settleTimeout); err != nil {
 			return err
 		}
-	case err != nil && !errors.Is(err, idem.ErrNotFound):
+	case err != nil && !errors.Is(err, store.ErrNotFound):
 		return err
 	}
 	if s.duringDelete != nil {
@@ -620,7 +620,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 // lockDelete claims the delete lock of key in the hot tier, waiting (until
 // ctx ends) while another Delete holds it, and returns its release.
 func (s *Store) lockDelete(ctx context.Context, key string) (unlock func(), err error) {
-	req := idem.AcquireRequest{Key: deleteLockKey(key), Fingerprint: "delete", Lease: s.settleTimeout, Retention: s.settleTimeout}
+	req := store.AcquireRequest{Key: deleteLockKey(key), Fingerprint: "delete", Lease: s.settleTimeout, Retention: s.settleTimeout}
 	wait := time.Millisecond
 	for {
 		a, err := s.hot.Acquire(ctx, req)
@@ -630,7 +630,7 @@ func (s *Store) lockDelete(ctx context.Context, key string) (unlock func(), err 
 		if a.Outcome.Owns() {
 			return func() { _ = s.giveBack(context.WithoutCancel(ctx), req.Key, a.Fence) }, nil
 		}
-		if a.Outcome != idem.InProgress {
+		if a.Outcome != store.InProgress {
 			return nil, fmt.Errorf("idem/tieredstore: the delete lock of the key, %q in the hot tier, holds a record of another kind (%v)", req.Key, a.Outcome)
 		}
 		if s.deleteLockHeld != nil {
@@ -658,14 +658,14 @@ func deleteLockKey(key string) string {
 const deletingMark = "idem/tieredstore: delete under way"
 
 // errBeingDeleted answers an acquisition that met a Delete under way.
-var errBeingDeleted = fmt.Errorf("%w: idem/tieredstore: the key is being deleted; retry", idem.ErrStoreUnavailable)
+var errBeingDeleted = fmt.Errorf("%w: idem/tieredstore: the key is being deleted; retry", store.ErrUnavailable)
 
 // deleting reports whether rec is the tombstone of a Delete under way.
-func deleting(rec idem.Record) bool {
-	return rec.State == idem.StateReleased && string(rec.Result) == deletingMark
+func deleting(rec store.Record) bool {
+	return rec.State == store.StateReleased && string(rec.Result) == deletingMark
 }
 
-// Sweep implements idem.Store: both tiers. It returns the larger of the two
+// Sweep implements store.Store: both tiers. It returns the larger of the two
 // counts, as each settled record lives in both.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	nh, errH := s.hot.Sweep(ctx, limit)
@@ -688,7 +688,7 @@ func (s *Store) ServerWarnings(ctx context.Context) ([]string, error) {
 	var errs []error
 	for _, tier := range []struct {
 		name  string
-		store idem.Store
+		store store.Store
 	}{{"hot tier", s.hot}, {"cold tier", s.cold}} {
 		w, ok := tier.store.(interface {
 			ServerWarnings(context.Context) ([]string, error)

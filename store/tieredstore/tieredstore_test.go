@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/redisstore"
@@ -33,15 +33,15 @@ func newTiered(t testing.TB, hotRetention time.Duration) *tieredstore.Store {
 }
 
 func TestConformanceMemoryOverSQLite(t *testing.T) {
-	storetest.Run(t, storetest.Capabilities{Persistent: true}, func(t testing.TB) idem.Store { return newTiered(t, 0) })
+	storetest.Run(t, storetest.Capabilities{Persistent: true}, func(t testing.TB) store.Store { return newTiered(t, 0) })
 }
 
 func TestColdCatchesDuplicateAfterHotTTL(t *testing.T) {
 	s := newTiered(t, 200*time.Millisecond)
 	ctx := context.Background()
-	req := idem.AcquireRequest{Key: "PAY-1", Fingerprint: "fp", Lease: time.Minute, Retention: 72 * time.Hour}
+	req := store.AcquireRequest{Key: "PAY-1", Fingerprint: "fp", Lease: time.Minute, Retention: 72 * time.Hour}
 	a, err := s.Acquire(ctx, req)
-	if err != nil || a.Outcome != idem.Acquired {
+	if err != nil || a.Outcome != store.Acquired {
 		t.Fatal(a.Outcome, err)
 	}
 	if err := s.Complete(ctx, "PAY-1", a.Fence, []byte("booked"), 72*time.Hour); err != nil {
@@ -50,14 +50,14 @@ func TestColdCatchesDuplicateAfterHotTTL(t *testing.T) {
 	time.Sleep(400 * time.Millisecond) // the hot tier forgets
 	for i := range 2 {                 // the first answer re-warms the hot tier
 		r, err := s.Acquire(ctx, req)
-		if err != nil || r.Outcome != idem.Replayed || string(r.Record.Result) != "booked" {
+		if err != nil || r.Outcome != store.Replayed || string(r.Record.Result) != "booked" {
 			t.Fatalf("duplicate %d after the hot TTL: %v %q %v", i, r.Outcome, r.Record.Result, err)
 		}
 	}
 	other := req
 	other.Key = "PAY-2"
 	b, err := s.Acquire(ctx, other)
-	if err != nil || b.Outcome != idem.Acquired {
+	if err != nil || b.Outcome != store.Acquired {
 		t.Fatal(b.Outcome, err)
 	}
 	if err := s.Complete(ctx, "PAY-2", b.Fence, []byte("x"), 72*time.Hour); err != nil {
@@ -65,17 +65,17 @@ func TestColdCatchesDuplicateAfterHotTTL(t *testing.T) {
 	}
 	time.Sleep(400 * time.Millisecond)
 	other.Fingerprint = "different"
-	if m, err := s.Acquire(ctx, other); err != nil || m.Outcome != idem.Mismatch {
+	if m, err := s.Acquire(ctx, other); err != nil || m.Outcome != store.Mismatch {
 		t.Fatalf("mismatch against the cold tier: %v %v", m.Outcome, err)
 	}
 	other.Fingerprint = "fp"
-	if r, err := s.Acquire(ctx, other); err != nil || r.Outcome != idem.Replayed {
+	if r, err := s.Acquire(ctx, other); err != nil || r.Outcome != store.Replayed {
 		t.Fatalf("after a mismatch the right payload replays: %v %v", r.Outcome, err)
 	}
 }
 
 func TestNeedsArchiver(t *testing.T) {
-	if _, err := tieredstore.New(tieredstore.Config{Hot: memstore.New(memstore.Config{}), Cold: struct{ idem.Store }{}}); err == nil {
+	if _, err := tieredstore.New(tieredstore.Config{Hot: memstore.New(memstore.Config{}), Cold: struct{ store.Store }{}}); err == nil {
 		t.Fatal("a cold tier that cannot archive was accepted")
 	}
 }
@@ -86,7 +86,7 @@ func TestConformanceRedisOverPostgres(t *testing.T) {
 	}
 	for _, buckets := range []int{0, 1} { // a key per Redis record, and records in buckets
 		t.Run(fmt.Sprintf("buckets=%d", buckets), func(t *testing.T) {
-			storetest.Run(t, storetest.Capabilities{Persistent: true}, func(t testing.TB) idem.Store {
+			storetest.Run(t, storetest.Capabilities{Persistent: true}, func(t testing.TB) store.Store {
 				hot := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":", Buckets: buckets})
 				cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
 				s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
@@ -103,7 +103,7 @@ func TestConformanceRedisOverPostgres(t *testing.T) {
 // tiered store as deployed: Redis claims over a PostgreSQL archive (a fresh
 // key's claim reads the cold tier, its completion archives there).
 func BenchmarkRedisOverPostgres(b *testing.B) {
-	storetest.Bench(b, func(t testing.TB) idem.Store {
+	storetest.Bench(b, func(t testing.TB) store.Store {
 		hot := testenv.OpenRedisConfig(t, "", redisstore.Config{Prefix: testenv.RandomName("idemtest:") + ":"})
 		cold := testenv.OpenPostgres(t, testenv.RandomName("idemtest_"), pgstore.Config{})
 		s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
@@ -140,7 +140,7 @@ func campaignConfig(t *testing.T, name string, buckets int) storetest.CampaignCo
 	testenv.RedisClient(t).Close()
 	const settle = 300 * time.Millisecond
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2, InProgressAtExpiry: true, TakeoverOfMomentaryClaims: true, SettleExtendsLease: settle,
-		Open: func(t testing.TB, location string) idem.Store {
+		Open: func(t testing.TB, location string) store.Store {
 			parts := strings.SplitN(location, " ", 4) // prefix, Redis address, schema, PostgreSQL
 			hot := testenv.OpenRedisConfig(t, parts[1], redisstore.Config{Prefix: parts[0], Buckets: buckets})
 			cold := testenv.OpenPostgres(t, parts[2], pgstore.Config{ConnString: parts[3]})

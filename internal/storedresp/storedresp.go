@@ -1,4 +1,6 @@
-package httpidem
+// Package storedresp is the format in which httpidem's middleware and the
+// gateway keep an HTTP response in a record's result, to replay it.
+package storedresp
 
 import (
 	"encoding/binary"
@@ -11,7 +13,8 @@ import (
 // uvarint-length-prefixed strings, then the body to the end.
 const storedVersion = 1
 
-func encodeResponse(status int, h http.Header, body []byte) []byte {
+// Encode writes a response in the stored format.
+func Encode(status int, h http.Header, body []byte) []byte {
 	n := 1 + binary.MaxVarintLen64*2 + len(body)
 	for k, vs := range h {
 		for _, v := range vs {
@@ -37,44 +40,27 @@ func encodeResponse(status int, h http.Header, body []byte) []byte {
 	return append(out, body...)
 }
 
-var errCorrupt = errors.New("idem/httpidem: stored response is corrupt")
+// ErrCorrupt is returned for a result that is not a stored response.
+var ErrCorrupt = errors.New("idem/httpidem: stored response is corrupt")
 
-// StoredResponse is a response as the middleware and the gateway keep it
-// in a record's result, to replay it.
-type StoredResponse struct {
-	Status int
-	Header http.Header
-	Body   []byte
-}
-
-// DecodeStoredResponse reads a record's result written by the middleware
-// or the gateway (for operators' tools: the console shows it). It fails on
-// anything else.
-func DecodeStoredResponse(result []byte) (StoredResponse, error) {
-	status, h, body, err := decodeResponse(result)
-	if err != nil {
-		return StoredResponse{}, err
-	}
-	return StoredResponse{Status: status, Header: h, Body: body}, nil
-}
-
-func decodeResponse(b []byte) (status int, h http.Header, body []byte, err error) {
+// Decode reads a stored response; it fails on anything else.
+func Decode(b []byte) (status int, h http.Header, body []byte, err error) {
 	h = http.Header{}
-	status, body, err = decodeResponseInto(b, h)
+	status, body, err = DecodeInto(b, h)
 	if err != nil {
 		return 0, nil, nil, err
 	}
 	return status, h, body, nil
 }
 
-// decodeResponseInto reads a stored response and, only if all of it is
+// DecodeInto reads a stored response and, only if all of it is
 // well formed, sets its header fields in dst (each replacing a field of
 // that name) and returns its status and body. The fields' names and values
 // share one string and their slices one array: two allocations, whatever
 // the number of fields.
-func decodeResponseInto(b []byte, dst http.Header) (status int, body []byte, err error) {
+func DecodeInto(b []byte, dst http.Header) (status int, body []byte, err error) {
 	if len(b) < 1 || b[0] != storedVersion {
-		return 0, nil, errCorrupt
+		return 0, nil, ErrCorrupt
 	}
 	rest := b[1:]
 	next := func() (uint64, bool) {
@@ -87,18 +73,18 @@ func decodeResponseInto(b []byte, dst http.Header) (status int, body []byte, err
 	}
 	st, ok := next()
 	if !ok || st < 100 || st > 999 {
-		return 0, nil, errCorrupt
+		return 0, nil, ErrCorrupt
 	}
 	count, ok := next()
 	if !ok || count > uint64(len(rest)) {
-		return 0, nil, errCorrupt
+		return 0, nil, ErrCorrupt
 	}
 	// First pass: check every field, without allocating.
 	fields := rest
 	for range 2 * count {
 		l, ok := next()
 		if !ok || l > uint64(len(rest)) {
-			return 0, nil, errCorrupt
+			return 0, nil, ErrCorrupt
 		}
 		rest = rest[l:]
 	}

@@ -1,4 +1,4 @@
-package idem
+package store
 
 import (
 	"context"
@@ -211,7 +211,7 @@ func (l Limits) WithDefaults() Limits {
 
 // CheckAcquire validates an acquire request against l (with defaults).
 func (l Limits) CheckAcquire(req AcquireRequest) error {
-	if err := ValidateStorageKey(req.Key); err != nil {
+	if err := ValidateKey(req.Key); err != nil {
 		return err
 	}
 	if len(req.Fingerprint) > MaxFingerprintBytes {
@@ -257,7 +257,7 @@ func (l Limits) CheckRetention(d time.Duration) error {
 
 // CheckHeartbeat validates the arguments of Heartbeat.
 func (l Limits) CheckHeartbeat(key string, lease time.Duration) error {
-	if err := ValidateStorageKey(key); err != nil {
+	if err := ValidateKey(key); err != nil {
 		return err
 	}
 	return l.CheckLease(lease)
@@ -265,7 +265,7 @@ func (l Limits) CheckHeartbeat(key string, lease time.Duration) error {
 
 // CheckSettle validates the arguments of Complete or Fail.
 func (l Limits) CheckSettle(key string, result []byte, retention time.Duration) error {
-	if err := ValidateStorageKey(key); err != nil {
+	if err := ValidateKey(key); err != nil {
 		return err
 	}
 	l = l.WithDefaults()
@@ -286,14 +286,3 @@ func (l Limits) CheckArchive(rec Record, retention time.Duration) error {
 	}
 	return l.CheckSettle(rec.Key, rec.Result, retention)
 }
-
-// Clock tells the time. Inject one to control time in tests.
-type Clock interface {
-	Now() time.Time
-}
-
-// SystemClock is the wall clock.
-type SystemClock struct{}
-
-// Now returns time.Now().
-func (SystemClock) Now() time.Time { return time.Now() }
