@@ -33,14 +33,17 @@ func ExampleNewServer() {
 	if err != nil {
 		panic(err)
 	}
-	ic, err := grpcidem.NewServer(grpcidem.Config{Guard: guard, Methods: []string{testpb.TestService_UnaryCall_FullMethodName}})
+	ic, err := grpcidem.NewServer(grpcidem.Config{
+		Guard:   guard,
+		Methods: []string{testpb.TestService_UnaryCall_FullMethodName}, // the methods that opt in
+	})
 	if err != nil {
 		panic(err)
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(ic.Unary()))
 	svc := &payments{}
 	testpb.RegisterTestServiceServer(srv, svc)
-	if err := ic.Check(srv); err != nil { // only unary methods, known to the server
+	if err := ic.Check(srv); err != nil { // after registering: only unary methods, all known
 		panic(err)
 	}
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -71,11 +74,14 @@ func ExampleNewServer() {
 // made for it, and keeps it across the retries of the service config's
 // retry policy and the interceptor's own retries of ABORTED.
 func ExampleUnaryClient() {
-	cc, err := grpc.NewClient("127.0.0.1:50051",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithChainUnaryInterceptor(grpcidem.UnaryClient(grpcidem.ClientConfig{
-			Methods: []string{testpb.TestService_UnaryCall_FullMethodName},
-		})))
+	target := "127.0.0.1:50051"
+	const retryPolicy = `{"methodConfig": [{"name": [{"service": "grpc.testing.TestService"}],
+		"retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+			"backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`
+	cc, err := grpc.NewClient(target,
+		grpc.WithTransportCredentials(insecure.NewCredentials()), // or the server's TLS credentials
+		grpc.WithDefaultServiceConfig(retryPolicy),               // grpc-go's own retries, e.g. of UNAVAILABLE
+		grpc.WithChainUnaryInterceptor(grpcidem.UnaryClient(grpcidem.ClientConfig{})))
 	if err != nil {
 		panic(err)
 	}

@@ -24,7 +24,7 @@ func ExampleNew() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, "charge ch_%d\n", charges)
 	})
-	srv := httptest.NewServer(mw(api))
+	srv := httptest.NewServer(mw(api)) // a service: http.ListenAndServe(addr, mw(api))
 	defer srv.Close()
 
 	for range 2 { // the client retries after a timeout, with the same key
@@ -83,7 +83,7 @@ func ExampleTransport() {
 	}))
 	defer gateway.Close()
 
-	client := &http.Client{Transport: &httpidem.Transport{}}
+	client := &http.Client{Transport: &httpidem.Transport{}} // wraps http.DefaultTransport
 	req, _ := http.NewRequest("POST", gateway.URL+"/charges", strings.NewReader("amount=2500"))
 	req.Header.Set("Authorization", "Bearer sk_test_alice")
 	resp, err := client.Do(req)

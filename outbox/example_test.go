@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log"
 	"os"
 	"path/filepath"
 	"time"
@@ -11,6 +12,8 @@ import (
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
+	"github.com/idemgo/idem/sqldriver/pgxv5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func ExampleOutbox_EnqueueTx() {
@@ -49,4 +52,58 @@ func ExampleOutbox_EnqueueTx() {
 	// attempt 1: ORD-20260514-0001 {"sku":"A-1"}
 	// attempt 2: ORD-20260514-0001 {"sku":"A-1"}
 	// acked 2
+}
+
+// On PostgreSQL with pgx: the business change, the key and the message
+// commit in one transaction. This example only compiles: it needs a
+// PostgreSQL server (the tests run the same calls against one).
+func ExampleOutbox_EnqueueTx_postgres() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/test")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	body := []byte(`{"order":4711,"sku":"A-1","qty":2}`)
+
+	ob, err := outbox.New(pgxv5.New(pool), outbox.Config{}) // *outbox.Outbox[pgx.Tx]
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = ob.Migrate(ctx) // idem_outbox, idem_outbox_counters
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback(ctx) // after a commit: nothing
+	// … the business change, in tx …
+	if _, err := tx.Exec(ctx, `UPDATE orders SET state = 'placed' WHERE id = 4711`); err != nil {
+		log.Fatal(err)
+	}
+	key, err := ob.NextKeyTx(ctx, tx, "ORD", time.Now()) // ORD-20261129-0001, from a counter in tx
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = ob.EnqueueTx(ctx, tx, outbox.Message{Key: key, Destination: "https://partner.example/orders", Payload: body})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// An account's bookings go out one at a time, in order: they share an
+	// ordering key.
+	dest := "nats:bookings.acct-42"
+	if key, err = outbox.NewUUIDKey(); err != nil {
+		log.Fatal(err)
+	}
+	err = ob.EnqueueTx(ctx, tx, outbox.Message{Key: key, Destination: dest, Payload: body, OrderingKey: "acct-42"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = tx.Commit(ctx) // the message and its key exist before the first send, or neither does
+	if err != nil {
+		log.Fatal(err)
+	}
 }

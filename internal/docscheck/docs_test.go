@@ -1,6 +1,7 @@
 // Package docscheck holds the checks that keep README.md and docs/ honest:
 // their relative links resolve, every guide is reachable from the README,
-// and the README's Go blocks compile as written.
+// the README's Go blocks compile as written, and every Go block of docs/
+// is an excerpt of a program that does.
 package docscheck
 
 import (
@@ -198,5 +199,113 @@ func TestReadmeGoBlocksCompile(t *testing.T) {
 	}
 	if string(second) != strings.ReplaceAll(string(first), "made: 1", "made: 0") {
 		t.Fatalf("the quick start, run again, printed %q; want the same booking made by no one", second)
+	}
+}
+
+// goLink is a relative link to a Go file: [text](path.go).
+var goLink = regexp.MustCompile(`\]\(([^)\s:]+\.go)\)`)
+
+// TestGuideGoBlocksAreFromPrograms: every Go block under docs/ is an
+// excerpt of a program that builds and runs — a runnable example, a
+// command of examples/ — named by the last link to a Go file in the
+// paragraph before the block. Each line of the block (spaces aside) is a line of that file,
+// in the file's order; a line ending in "…" stands for any line that
+// starts with what comes before it. The named files are compiled (and
+// their examples run) by the module's own tests.
+func TestGuideGoBlocksAreFromPrograms(t *testing.T) {
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := 0
+	for _, page := range pages {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(string(b), "\n")
+		name := filepath.Base(page)
+		for i := 0; i < len(lines); i++ {
+			if strings.TrimSpace(lines[i]) != "```go" {
+				continue
+			}
+			blocks++
+			start := i + 1
+			var block []string
+			for i++; i < len(lines) && strings.TrimSpace(lines[i]) != "```"; i++ {
+				block = append(block, lines[i])
+			}
+			prev := start - 2
+			for prev >= 0 && strings.TrimSpace(lines[prev]) == "" {
+				prev--
+			}
+			var m []string
+			for ; m == nil && prev >= 0 && strings.TrimSpace(lines[prev]) != ""; prev-- {
+				if all := goLink.FindAllStringSubmatch(lines[prev], -1); len(all) > 0 {
+					m = all[len(all)-1]
+				}
+			}
+			if m == nil {
+				t.Errorf("%s:%d: a Go block without a link to the program it comes from in the paragraph before it", name, start)
+				continue
+			}
+			src, err := os.ReadFile(filepath.Join(filepath.Dir(page), m[1]))
+			if err != nil {
+				t.Errorf("%s:%d: %v", name, start, err)
+				continue
+			}
+			if line, ok := excerptOf(block, strings.Split(string(src), "\n")); !ok {
+				t.Errorf("%s:%d: line %q of the block is not in %s (in order)", name, start, line, m[1])
+			}
+		}
+	}
+	if blocks == 0 {
+		t.Fatal("no Go block under docs/: the check reads nothing")
+	}
+}
+
+// excerptOf reports whether every non-blank line of block is a line of
+// file, in order (see TestGuideGoBlocksAreFromPrograms); if not, it returns
+// the first line that is not.
+func excerptOf(block, file []string) (string, bool) {
+	at := 0
+	for _, want := range block {
+		want = strings.Join(strings.Fields(want), " ")
+		if want == "" {
+			continue
+		}
+		prefix, elided := strings.CutSuffix(want, "…")
+		prefix = strings.TrimSpace(prefix)
+		found := false
+		for ; at < len(file); at++ {
+			got := strings.Join(strings.Fields(file[at]), " ")
+			if got == want || elided && strings.HasPrefix(got, prefix) {
+				found = true
+				at++
+				break
+			}
+		}
+		if !found {
+			return want, false
+		}
+	}
+	return "", true
+}
+
+func TestExcerptOf(t *testing.T) {
+	file := []string{"a := 1", "\tb := 2 // two", "if err != nil {", "\treturn err", "}"}
+	for _, tt := range []struct {
+		block []string
+		ok    bool
+	}{
+		{[]string{"a := 1", "", "  b := 2 // two"}, true},
+		{[]string{"if err != nil { …", "}"}, true},
+		{[]string{"b := 2 // two", "a := 1"}, false}, // out of order
+		{[]string{"b := 2"}, false},                  // not the whole line
+		{[]string{"a := 1", "a := 1"}, false},        // one line of the file, used once
+	} {
+		if _, ok := excerptOf(tt.block, file); ok != tt.ok {
+			t.Errorf("excerptOf(%q) = %v, want %v", tt.block, ok, tt.ok)
+		}
 	}
 }

@@ -11,7 +11,7 @@ import (
 // A store in the process, for tests and for one process that may forget
 // its records when it exits.
 func ExampleNew() {
-	store := memstore.New(memstore.Config{})
+	store := memstore.New(memstore.Config{}) // URL: memory:
 	defer store.Close()
 	guard, err := idem.NewGuard(idem.Config{Store: store})
 	if err != nil {

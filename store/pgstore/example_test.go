@@ -12,7 +12,7 @@ import (
 // example only compiles: it needs a PostgreSQL server.
 func ExampleOpen() {
 	ctx := context.Background()
-	store, err := pgstore.Open(ctx, pgstore.Config{ConnString: "postgres://app@db.internal:5432/app?pool_max_conns=20"})
+	store, err := pgstore.Open(ctx, pgstore.Config{ConnString: "postgres://app@db.internal:5432/app?pool_max_conns=20"}) // or the URL
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -14,8 +14,8 @@ import (
 // append-only file fsynced on every write if the records must survive its
 // crash (docs/durability.md).
 func ExampleNew() {
-	client := redis.NewClient(&redis.Options{Addr: "redis.internal:6379"})
-	store, err := redisstore.New(redisstore.Config{Client: client, CloseClient: true})
+	client := redis.NewClient(&redis.Options{Addr: "redis.internal:6379", MaxRetries: -1}) // the store retries nothing itself
+	store, err := redisstore.New(redisstore.Config{Client: client, CloseClient: true})     // or storeurl.Open(ctx, "redis://…", nil)
 	if err != nil {
 		log.Fatal(err)
 	}

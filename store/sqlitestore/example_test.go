@@ -18,7 +18,7 @@ func ExampleOpen() {
 	ctx := context.Background()
 	key := idem.Key{Scope: "invoices", ID: "INV-7"}
 	for process := 1; process <= 2; process++ { // two processes, one after the other
-		store, err := sqlitestore.Open(ctx, sqlitestore.Config{Path: filepath.Join(dir, "idem.db")})
+		store, err := sqlitestore.Open(ctx, sqlitestore.Config{Path: filepath.Join(dir, "idem.db")}) // URL: sqlite:PATH
 		if err != nil {
 			panic(err)
 		}

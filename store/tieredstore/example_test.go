@@ -18,7 +18,11 @@ func ExampleNew() {
 	hot, cold := memstore.New(memstore.Config{}), memstore.New(memstore.Config{})
 	defer hot.Close()
 	defer cold.Close()
-	store, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, HotRetention: time.Hour})
+	store, err := tieredstore.New(tieredstore.Config{
+		Hot:          hot,       // claims, leases, recent results: Redis, memory
+		Cold:         cold,      // every settled record, for the long retention: PostgreSQL, SQLite
+		HotRetention: time.Hour, // how long a settled record's hot copy lives
+	})
 	if err != nil {
 		panic(err)
 	}
