@@ -83,13 +83,17 @@ func migrateLogger(cmd *cobra.Command) *log.Logger {
 
 func newMigrateCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "migrate [--status]",
+		Use:   "migrate [--status | --print]",
 		Short: "Create or upgrade the store's schema (records and outbox) and print its versions",
 		Long: `Applies the missing numbered migrations of the idempotency records and of the outbox, each
 in one transaction under the migration lock (an advisory lock on PostgreSQL, BEGIN IMMEDIATE on
 SQLite), and prints the versions recorded in idem_migrations. Any number of processes may run it
 at once. Every other command that opens a SQL store migrates it the same way at start, so
 containers that start together all succeed; --status only prints.
+
+--print writes the SQL instead, without connecting: every migration in its own transaction,
+with the row of idem_migrations that records it, for administrators who apply schema
+changes themselves. idem then finds the versions applied and runs none of them again.
 
 Redis has no schema. ` + redisNote + `
 
@@ -100,8 +104,13 @@ a PostgreSQL with fsync off, …).`,
 	}
 	st := storeFlag(cmd)
 	status := cmd.Flags().Bool("status", false, "print the applied versions without migrating")
+	print := cmd.Flags().Bool("print", false, "print the SQL of every migration instead of applying it (no connection)")
+	cmd.MarkFlagsMutuallyExclusive("status", "print")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		ctx := cmd.Context()
+		if *print {
+			return printMigrations(ctx, cmd.OutOrStdout(), *st)
+		}
 		spec, err := storeurl.Parse(*st)
 		if err != nil {
 			return err

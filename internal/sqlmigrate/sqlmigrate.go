@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemgo/idem/sqldriver"
@@ -99,6 +100,53 @@ func Status(ctx context.Context, c Conn, schema string) ([]Applied, error) {
 
 func table(schema string) string { return sqldriver.Qualify(schema, "idem_migrations") }
 
+// versionTable is the DDL of idem_migrations.
+func versionTable(schema string) string {
+	return `CREATE TABLE IF NOT EXISTS ` + table(schema) + ` (
+	component  text    NOT NULL,
+	version    integer NOT NULL,
+	name       text    NOT NULL,
+	applied_at text    NOT NULL,
+	PRIMARY KEY (component, version)
+)`
+}
+
+// Component is one component's migrations, for Script.
+type Component struct {
+	Name  string // "records", "outbox", …
+	Steps []Step
+}
+
+// Script writes, for a database administrator who applies schema changes
+// by hand, what Apply would run on an empty database: the schema and the
+// version table, then each step in its own transaction with the row that
+// records it, so that idem finds the steps applied and runs none of them
+// again. A database that already has some versions needs only the steps
+// whose (component, version) idem_migrations does not hold.
+func Script(d sqldriver.Dialect, schema string, components ...Component) string {
+	var b strings.Builder
+	now := "to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+	if d == sqldriver.SQLite {
+		now = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+	}
+	b.WriteString("-- The tables of the version bookkeeping.\nBEGIN;\n")
+	if ddl := d.CreateSchema(schema); schema != "" && ddl != "" {
+		b.WriteString(ddl + ";\n")
+	}
+	b.WriteString(versionTable(schema) + ";\nCOMMIT;\n")
+	for _, c := range components {
+		for _, s := range c.Steps {
+			fmt.Fprintf(&b, "\n-- %s %d: %s\nBEGIN;\n%s;\n", c.Name, s.Version, s.Name, strings.TrimRight(strings.TrimSpace(s.SQL), ";"))
+			fmt.Fprintf(&b, "INSERT INTO %s (component, version, name, applied_at) VALUES (%s, %d, %s, %s);\nCOMMIT;\n",
+				table(schema), quote(c.Name), s.Version, quote(s.Name), now)
+		}
+	}
+	return b.String()
+}
+
+// quote is s as an SQL string literal.
+func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
 // prepare creates the schema and the version table if missing and returns
 // the versions of component already applied.
 func prepare(ctx context.Context, tx sqldriver.Executor, d sqldriver.Dialect, schema, component string) (map[int]bool, error) {
@@ -107,13 +155,7 @@ func prepare(ctx context.Context, tx sqldriver.Executor, d sqldriver.Dialect, sc
 			return nil, err
 		}
 	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table(schema)+` (
-	component  text    NOT NULL,
-	version    integer NOT NULL,
-	name       text    NOT NULL,
-	applied_at text    NOT NULL,
-	PRIMARY KEY (component, version)
-)`); err != nil {
+	if _, err := tx.Exec(ctx, versionTable(schema)); err != nil {
 		return nil, err
 	}
 	rows, err := query(ctx, tx, `SELECT component, version, name, applied_at FROM `+table(schema)+` WHERE component = $1`, component)
