@@ -119,6 +119,8 @@ func destinationName(dest string) (system, name string) {
 	case "kafka":
 		_, topic, _ := strings.Cut(strings.TrimPrefix(dest, "kafka://"), "/")
 		return "kafka", topic
+	case "sqs":
+		return "aws_sqs", u.Host
 	}
 	return "", u.Host
 }

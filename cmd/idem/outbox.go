@@ -145,7 +145,7 @@ func newOutboxEnqueueCmd() *cobra.Command {
 	store := storeFlag(cmd)
 	f := cmd.Flags()
 	f.StringVar(&key, "key", "", "the idempotency key (required)")
-	f.StringVar(&to, "to", "", "destination: http(s)://…, nats://HOST/SUBJECT, amqp://…?exchange=E&routing_key=R, kafka://HOST[,HOST…]/TOPIC, as2://PARTNER (required)")
+	f.StringVar(&to, "to", "", "destination: http(s)://…, nats://HOST/SUBJECT, amqp://…?exchange=E&routing_key=R, kafka://HOST[,HOST…]/TOPIC, sqs://QUEUE-NAME, as2://PARTNER (required)")
 	f.StringVar(&data, "data", "", "the payload")
 	f.StringVar(&dataFile, "data-file", "", "read the payload from this file")
 	f.StringArrayVar(&headers, "header", nil, "a header NAME=VALUE (repeatable)")
@@ -346,13 +346,16 @@ func newRelayCmd() *cobra.Command {
 		Long: `Claims due outbox rows (several relays may run at once), sends each by its
 destination's scheme — HTTP with Idempotency-Key, NATS JetStream with Nats-Msg-Id,
 AMQP with message-id, Kafka (kafka://HOST[,HOST…]/TOPIC) with Idempotency-Key
-on the idempotent producer, acks from all in-sync replicas, AS2 (as2://PARTNER, with --as2: signed and encrypted per the
+on the idempotent producer, acks from all in-sync replicas, Amazon SQS (sqs://QUEUE-NAME, the
+key in the Idempotency-Key attribute and, on a FIFO queue, the MessageDeduplicationId), AS2 (as2://PARTNER, with --as2: signed and encrypted per the
 partner's agreement, acked on a verified MDN) — and records the outcome: sent, acked (HTTP 2xx), or a retry
 with exponential backoff and full jitter, dead after --max-tries. A killed relay's
 claims expire after --lease and are retried. SIGTERM finishes the sends in flight.
 
 Credentials are the relay's (--nats-creds, --nats-token, --amqp-user, --kafka-user,
-the TLS flags), not the rows': a destination names the server and subject only.
+the TLS flags), not the rows': a destination names the server and subject only. SQS takes
+its region, credentials and endpoint from the standard AWS configuration (AWS_REGION,
+AWS_PROFILE, the instance's role; AWS_ENDPOINT_URL_SQS for an emulator).
 
 With OTEL_EXPORTER_OTLP_ENDPOINT set (OTEL_EXPORTER_OTLP_PROTOCOL grpc or http/protobuf),
 each send is a span exported over OTLP, continuing the trace that enqueued the row, and

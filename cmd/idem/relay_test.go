@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -648,4 +650,26 @@ func (o *otlpReceiver) child(parent *tracepb.Span, name string) *tracepb.Span {
 		}
 	}
 	return nil
+}
+
+// TestRelaySQS: idem relay sends sqs://QUEUE-NAME rows with the region,
+// credentials and endpoint of the standard AWS configuration — its
+// environment here — the key in the Idempotency-Key attribute. A queue
+// that does not exist yet keeps the row pending, saying so.
+func TestRelaySQS(t *testing.T) {
+	c := testenv.SQSClient(t) // sets AWS_ENDPOINT_URL_SQS and the rest for the relay's process
+	name := testenv.RandomName("idem-relay-")
+	store, s := oneMessageOutbox(t, "ORD-1", "sqs://"+name)
+	pendingWith(t, store, s, "ORD-1", "does not exist")
+	out, err := c.CreateQueue(context.Background(), &sqs.CreateQueueInput{QueueName: aws.String(name)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: out.QueueUrl}) })
+	startRelay(t, store, "--max-tries", "1000")
+	rowReaches(t, s, "ORD-1", outbox.Sent)
+	got, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{QueueUrl: out.QueueUrl, MessageAttributeNames: []string{"All"}, WaitTimeSeconds: 5})
+	if err != nil || len(got.Messages) != 1 || *got.Messages[0].MessageAttributes["Idempotency-Key"].StringValue != "ORD-1" {
+		t.Fatalf("the queue holds %+v (%v)", got, err)
+	}
 }

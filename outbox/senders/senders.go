@@ -10,6 +10,7 @@ import (
 	"github.com/idemgo/idem/outbox/httpsender"
 	"github.com/idemgo/idem/outbox/kafkasender"
 	"github.com/idemgo/idem/outbox/natssender"
+	"github.com/idemgo/idem/outbox/sqssender"
 )
 
 // Config configures every transport's sender. The zero value works: no
@@ -27,10 +28,13 @@ type Config struct {
 	// Kafka configures the Kafka producer (TLS, SASL, the record key): see
 	// kafkasender.Config.
 	Kafka kafkasender.Config
+	// SQS configures the Amazon SQS sender (its client; by default the
+	// standard AWS configuration): see sqssender.Config.
+	SQS sqssender.Config
 }
 
 // New returns a router with every transport's sender: HTTP(S), NATS, AMQP,
-// Kafka and AS2 over HTTP(S). Close the returned closer when done (it closes the
+// Kafka, SQS and AS2 over HTTP(S). Close the returned closer when done (it closes the
 // broker connections). A program that sends over one transport only
 // builds its own outbox.Router from that transport's package and links
 // nothing of the others.
@@ -40,6 +44,7 @@ func New(cfg Config) (outbox.Router, func()) {
 	a := amqpsender.New(cfg.AMQP)
 	k := kafkasender.New(cfg.Kafka)
 	as2 := as2sender.New(h.Client())
-	return outbox.Router{"http": h, "https": h, "nats": n, "amqp": a, "amqps": a, "kafka": k, "as2+http": as2, "as2+https": as2},
+	return outbox.Router{"http": h, "https": h, "nats": n, "amqp": a, "amqps": a, "kafka": k, "sqs": sqssender.New(cfg.SQS),
+			"as2+http": as2, "as2+https": as2},
 		func() { n.Close(); a.Close(); k.Close() }
 }

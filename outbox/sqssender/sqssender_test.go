@@ -1,0 +1,163 @@
+package sqssender_test
+
+import (
+	"context"
+	"encoding/base64"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/outbox"
+	"github.com/idemgo/idem/outbox/sendertest"
+	"github.com/idemgo/idem/outbox/sqssender"
+)
+
+// TestConformance: the receiver is a standard queue, which keeps every
+// copy of a resent message.
+func TestConformance(t *testing.T) { conformance(t, false) }
+
+// TestConformanceFIFO: the receiver is a FIFO queue, whose deduplication
+// (MessageDeduplicationId = the key) keeps one copy of a resent message.
+func TestConformanceFIFO(t *testing.T) { conformance(t, true) }
+
+func conformance(t *testing.T, fifo bool) {
+	c := testenv.SQSClient(t)
+	s := sqssender.New(sqssender.Config{})
+	sendertest.Run(t, sendertest.Target{
+		Sender:   s,
+		Features: sendertest.Features{ReceiverDedups: fifo},
+		Destination: func(t *testing.T) (string, func() []sendertest.Delivery) {
+			url := queue(t, c, fifo)
+			return "sqs://" + url[strings.LastIndex(url, "/")+1:], drain(t, c, url)
+		},
+		KeyField: func(key string) string { return key },
+		Unreachable: func(*testing.T) string {
+			return "sqs://idem-no-such-queue" // delivered once someone creates it
+		},
+		Refused: func(*testing.T) []string {
+			return []string{"sqs://", "sqs://with space", "sqs://a/b", "sqs://q?region=x", "https://sqs.example/q", "sqs://" + strings.Repeat("q", 81)}
+		},
+	})
+}
+
+func queue(t *testing.T, c *sqs.Client, fifo bool) string {
+	var attrs map[string]string
+	if fifo {
+		attrs = map[string]string{string(types.QueueAttributeNameFifoQueue): "true"}
+	}
+	return testenv.SQSQueue(t, c, "idem-send-", attrs)
+}
+
+// drain returns what url's queue has received so far, reading (and
+// deleting) what came since the last call; a payload sent as base64 is
+// decoded, as sqsidem does.
+func drain(t *testing.T, c *sqs.Client, url string) func() []sendertest.Delivery {
+	var mu sync.Mutex
+	var got []sendertest.Delivery
+	return func() []sendertest.Delivery {
+		mu.Lock()
+		defer mu.Unlock()
+		for {
+			out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{QueueUrl: aws.String(url),
+				MaxNumberOfMessages: 10, MessageAttributeNames: []string{"All"}, VisibilityTimeout: 60})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(out.Messages) == 0 {
+				return append([]sendertest.Delivery(nil), got...)
+			}
+			for _, m := range out.Messages {
+				body := []byte(*m.Body)
+				if a, ok := m.MessageAttributes[sqssender.EncodingAttribute]; ok && *a.StringValue == "base64" {
+					if body, err = base64.StdEncoding.DecodeString(*m.Body); err != nil {
+						t.Fatal(err)
+					}
+				}
+				got = append(got, sendertest.Delivery{KeyField: *m.MessageAttributes[sqssender.KeyAttribute].StringValue, Payload: body})
+				if _, err := c.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+}
+
+// TestEndpointUnreachable: an SQS that does not answer leaves the row
+// pending, with the cause.
+func TestEndpointUnreachable(t *testing.T) {
+	testenv.SQS(t)
+	c := sqs.New(sqs.Options{Region: "us-east-1", BaseEndpoint: aws.String("http://127.0.0.1:1"), RetryMaxAttempts: 1})
+	s := sqssender.New(sqssender.Config{Client: c})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res := s.Send(ctx, &outbox.Message{Key: "K-1", Destination: "sqs://orders", Payload: []byte("x")})
+	if res.Status != outbox.Pending || res.Err == nil {
+		t.Fatalf("%s (%v), want pending with the cause", res.Status, res.Err)
+	}
+}
+
+// TestRefusedMessagesAreDead: what SQS cannot take — an empty body, more
+// attributes than it allows, a header that cannot be an attribute, a body
+// over the queue's maximum size — is dead at once, with the reason; the
+// queue receives nothing.
+func TestRefusedMessagesAreDead(t *testing.T) {
+	c := testenv.SQSClient(t)
+	url := testenv.SQSQueue(t, c, "idem-send-", map[string]string{string(types.QueueAttributeNameMaximumMessageSize): "1024"})
+	dest := "sqs://" + url[strings.LastIndex(url, "/")+1:]
+	many := map[string]string{}
+	for _, k := range strings.Fields("a b c d e f g h i j") {
+		many["h-"+k] = "v"
+	}
+	s := sqssender.New(sqssender.Config{})
+	for name, m := range map[string]*outbox.Message{
+		"empty body":          {Key: "K-1", Destination: dest},
+		"eleven attributes":   {Key: "K-2", Destination: dest, Payload: []byte("x"), Headers: many},
+		"a header's name":     {Key: "K-3", Destination: dest, Payload: []byte("x"), Headers: map[string]string{"AWS.Trace": "1"}},
+		"over the queue size": {Key: "K-4", Destination: dest, Payload: []byte(strings.Repeat("x", 2048))},
+	} {
+		if res := s.Send(context.Background(), m); res.Status != outbox.Dead || res.Err == nil {
+			t.Errorf("%s: %s (%v), want dead with the reason", name, res.Status, res.Err)
+		}
+	}
+	if got := drain(t, c, url)(); len(got) != 0 {
+		t.Fatalf("the queue received %d messages", len(got))
+	}
+}
+
+// TestFIFOGroupsByOrderingKey: on a FIFO queue the ordering key is the
+// message group, the key the deduplication id (hashed where it does not
+// fit SQS's 128 characters).
+func TestFIFOGroupsByOrderingKey(t *testing.T) {
+	c := testenv.SQSClient(t)
+	url := queue(t, c, true)
+	dest := "sqs://" + url[strings.LastIndex(url, "/")+1:]
+	s := sqssender.New(sqssender.Config{})
+	long := strings.Repeat("k", 200)
+	for _, m := range []*outbox.Message{
+		{Key: "K-1", Destination: dest, Payload: []byte("1"), OrderingKey: "acct-42"},
+		{Key: long, Destination: dest, Payload: []byte("2")},
+		{Key: long, Destination: dest, Payload: []byte("2")}, // the relay's resend
+	} {
+		if res := s.Send(context.Background(), m); res.Status != outbox.Sent {
+			t.Fatalf("%s: %s (%v)", m.Key, res.Status, res.Err)
+		}
+	}
+	out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{QueueUrl: aws.String(url), MaxNumberOfMessages: 10,
+		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll}, WaitTimeSeconds: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := map[string]string{}
+	for _, m := range out.Messages {
+		groups[*m.Body] = m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
+	}
+	if len(out.Messages) != 2 || groups["1"] != "acct-42" || groups["2"] != "idem" {
+		t.Fatalf("received %d messages, groups %v; want 2, acct-42 and idem", len(out.Messages), groups)
+	}
+}
