@@ -134,4 +134,3 @@ func SQSQueue(t testing.TB, c *sqs.Client, prefix string, attrs map[string]strin
 	t.Cleanup(func() { _, _ = c.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: out.QueueUrl}) })
 	return *out.QueueUrl
 }
-
