@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -117,6 +118,11 @@ type Config struct {
 func (c *Config) validate() error {
 	if c.Client == nil || c.QueueURL == "" || c.Scope == "" {
 		return errors.New("idem/sqsidem: Config.Client, Config.QueueURL and Config.Scope are required")
+	}
+	for _, q := range []string{c.QueueURL, c.DeadLetterQueueURL} {
+		if u, err := url.Parse(q); q != "" && (err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "") {
+			return fmt.Errorf("idem/sqsidem: %q is not a queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME)", q)
+		}
 	}
 	if c.Key == nil {
 		c.Key = broker.HeaderKey(KeyAttribute)
