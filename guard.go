@@ -211,6 +211,14 @@ type RunOptions struct {
 	// the context of the client the answer is for (an HTTP request's),
 	// where ctx outlives it. Defaults to ctx.
 	WaitContext context.Context
+	// LeaseDeadline, if set, is a time the claim must not outlive: the
+	// acquisition and every heartbeat take a lease of Config.Lease or, if
+	// shorter, up to LeaseDeadline, and the work's context ends there (by
+	// this process's count, as at the end of any lease). For a process that
+	// may be stopped at a known time without a chance to settle — a Lambda
+	// invocation's deadline — so that its claims end when it does. With no
+	// time left before it, Run claims nothing and returns ErrLeaseExpired.
+	LeaseDeadline time.Time
 }
 
 // Work is the guarded function. fence is the owner's fencing token: a
@@ -291,11 +299,15 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	var fp string
 	var progress func()
 	var wait time.Duration
+	var until mono.Time // 0: no LeaseDeadline
 	waitCtx := ctx
 	if opts != nil {
 		fp, progress, wait = opts.Fingerprint, opts.Progress, opts.WaitInProgress
 		if opts.WaitContext != nil {
 			waitCtx = opts.WaitContext
+		}
+		if !opts.LeaseDeadline.IsZero() {
+			until = max(mono.Now().Add(time.Until(opts.LeaseDeadline)), 1)
 		}
 	}
 	skey := key.Storage(g.cfg.CompactKeys)
@@ -312,9 +324,9 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 		}
 	}
 
-	acq, sent, err := g.acquire(ctx, skey, fp)
+	acq, sent, err := g.acquire(ctx, skey, fp, until)
 	if err == nil && acq.Outcome == store.InProgress && wait > 0 {
-		acq, sent, err = g.waitInProgress(waitCtx, ctx, skey, fp, wait, acq, sent)
+		acq, sent, err = g.waitInProgress(waitCtx, ctx, skey, fp, until, wait, acq, sent)
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("idem: acquire %s: %w", key, err)
@@ -334,17 +346,17 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 	}
 
 	answered := mono.Now()
-	if late := answered.Sub(sent); late >= g.cfg.Lease-g.leaseMargin() {
+	if late := answered.Sub(sent); late >= g.cfg.Lease-g.leaseMargin() || until != 0 && answered >= until {
 		// The answer came after the lease would have ended (by this
 		// process's count): another owner may hold the key by now. The work
 		// does not run; the claim ends with its lease.
 		return Result{}, fmt.Errorf("idem: acquire %s: the store answered after %v, past the %v lease: %w", key, late.Round(time.Millisecond), g.cfg.Lease, ErrLeaseExpired)
 	}
-	value, workErr, leaseEnd, lost := g.runOwned(ctx, skey, acq.Fence, sent, answered, progress, work)
+	value, workErr, leaseEnd, lost := g.runOwned(ctx, skey, acq.Fence, sent, answered, until, progress, work)
 	disp := classify(g.cfg.Classify, workErr)
 	res.Disposition = disp
 	res.Value = value
-	settleErr := g.settle(ctx, skey, acq.Fence, disp, value, workErr, &res, leaseEnd)
+	settleErr := g.settle(ctx, skey, acq.Fence, disp, value, workErr, &res, leaseEnd, until)
 	if settleErr == nil && disp != Hold {
 		g.wakeWaiters(skey) // the duplicates waiting here need no poll to see it
 	}
@@ -361,14 +373,19 @@ func (g *Guard) run(ctx context.Context, key Key, opts *RunOptions, work Work) (
 }
 
 // acquire asks the store for the key once, and says when it sent the
-// request (the lease starts no earlier: see HeartbeatInterval).
-func (g *Guard) acquire(ctx context.Context, skey, fp string) (store.Acquisition, mono.Time, error) {
+// request (the lease starts no earlier: see HeartbeatInterval). until,
+// if not 0, bounds the lease (RunOptions.LeaseDeadline).
+func (g *Guard) acquire(ctx context.Context, skey, fp string, until mono.Time) (store.Acquisition, mono.Time, error) {
 	start := g.startTiming()
 	sent := mono.Now()
+	lease := g.leaseBefore(until, sent)
+	if lease < time.Millisecond {
+		return store.Acquisition{}, sent, fmt.Errorf("no time left for a lease before the run's LeaseDeadline: %w", ErrLeaseExpired)
+	}
 	acq, err := g.cfg.Store.Acquire(ctx, store.AcquireRequest{
 		Key:         skey,
 		Fingerprint: fp,
-		Lease:       g.cfg.Lease,
+		Lease:       lease,
 		Retention:   g.cfg.Retention,
 		MaxAttempts: g.cfg.MaxAttempts,
 	})
@@ -376,13 +393,22 @@ func (g *Guard) acquire(ctx context.Context, skey, fp string) (store.Acquisition
 	return acq, sent, err
 }
 
+// leaseBefore is the lease to take at now: Config.Lease, or less to end at
+// until (0: no bound).
+func (g *Guard) leaseBefore(until, now mono.Time) time.Duration {
+	if until == 0 {
+		return g.cfg.Lease
+	}
+	return min(g.cfg.Lease, until.Sub(now))
+}
+
 // runOwned runs work under heartbeats (its lease taken at sent, answered
-// at now) and says when its lease ends by this process's count (see
+// at now, bounded by until) and says when its lease ends by this process's count (see
 // Config.HeartbeatInterval) and, if the Guard cancelled the work's context
 // because the lease was lost or ran out, why (ErrStaleFence,
 // ErrLeaseExpired); a panic holds the record and continues.
-func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent, now mono.Time, progress func(), work Work) (value []byte, err error, leaseEnd mono.Time, lost error) {
-	r := &ownedRun{g: g, parent: ctx, key: skey, fence: fence, progress: progress, base: sent}
+func (g *Guard) runOwned(ctx context.Context, skey string, fence uint64, sent, now, until mono.Time, progress func(), work Work) (value []byte, err error, leaseEnd mono.Time, lost error) {
+	r := &ownedRun{g: g, parent: ctx, key: skey, fence: fence, progress: progress, base: sent, until: until}
 	if g.beats != nil {
 		if r.leaseEnd().Sub(now) <= g.cfg.HeartbeatInterval {
 			r.arm() // a slow acquisition: the lease ends before the first heartbeat
@@ -438,10 +464,12 @@ type ownedRun struct {
 	ended atomic.Bool
 
 	// The lease was last taken or extended by a call sent at base+extended
-	// (monotonic); watch fires at its end less the margin.
+	// (monotonic); watch fires at its end less the margin. No lease goes
+	// past until (0: no bound; RunOptions.LeaseDeadline).
 	base     mono.Time
 	extended atomic.Int64
 	watch    atomic.Pointer[time.Timer]
+	until    mono.Time
 }
 
 // leaseLeft is how long the run's lease lasts by this process's clock, less
@@ -451,7 +479,11 @@ func (r *ownedRun) leaseLeft() time.Duration { return mono.Until(r.leaseEnd()) }
 // leaseEnd is when the run's lease ends by this process's clock, less the
 // margin (read from no clock).
 func (r *ownedRun) leaseEnd() mono.Time {
-	return r.base.Add(time.Duration(r.extended.Load()) + r.g.cfg.Lease - r.g.leaseMargin())
+	end := r.base.Add(time.Duration(r.extended.Load()) + r.g.cfg.Lease - r.g.leaseMargin())
+	if r.until != 0 { // the margin of the bounded lease, in proportion
+		end = min(end, r.until.Add(-min(r.g.leaseMargin(), r.until.Sub(r.base)/10)))
+	}
+	return end
 }
 
 // leaseMargin is how long before a lease's end by this process's clock the
@@ -525,7 +557,7 @@ func (r *ownedRun) Deadline() (time.Time, bool) {
 	if r.g.beats != nil {
 		return d, ok
 	}
-	if end := r.base.Add(r.g.cfg.Lease - r.g.leaseMargin()).Wall(); !ok || end.Before(d) {
+	if end := r.leaseEnd().Wall(); !ok || end.Before(d) {
 		return end, true
 	}
 	return d, true
@@ -564,11 +596,17 @@ func (r *ownedRun) Tick() bool {
 	if r.watch.Load() == nil {
 		r.arm() // the first beat: from now on no hung or failing store keeps the work running past its lease
 	}
-	sent := mono.Now().Sub(r.base)
+	now := mono.Now()
+	sent := now.Sub(r.base)
+	lease := g.leaseBefore(r.until, now)
+	if lease < time.Millisecond { // at LeaseDeadline: the lease ends there
+		r.expire()
+		return true
+	}
 	// One beat may take at most the time left before the lease would end
 	// had this beat been skipped; a hung store call must not delay the next.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.parent), g.cfg.Lease-g.cfg.HeartbeatInterval)
-	err := g.cfg.Store.Heartbeat(ctx, r.key, r.fence, g.cfg.Lease)
+	err := g.cfg.Store.Heartbeat(ctx, r.key, r.fence, lease)
 	cancel()
 	lost := errors.Is(err, store.ErrStaleFence)
 	switch {
@@ -610,7 +648,7 @@ func (g *Guard) holdOnPanic(skey string, fence uint64) {
 // tier is out of reach or slow) keeps the claim until the settle lands. A
 // try that finds the fence stale after an earlier one whose fate is unknown
 // asks the store whether that one landed.
-func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disposition, value []byte, workErr error, res *Result, leaseEnd mono.Time) error {
+func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disposition, value []byte, workErr error, res *Result, leaseEnd, until mono.Time) error {
 	sctx := ctx
 	if ctx.Done() != nil {
 		sctx = context.WithoutCancel(ctx)
@@ -657,7 +695,7 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 		// Only a completion or failure whose fate is unknown goes again.
 		again := settled != 0 && (errors.Is(err, ErrStoreUnavailable) || errors.Is(err, context.DeadlineExceeded))
 		if again && g.beats != nil && ctx.Err() == nil && mono.Until(leaseEnd) <= g.cfg.Lease-g.leaseMargin()-g.cfg.HeartbeatInterval {
-			leaseEnd = g.extendWhileSettling(sctx, skey, fence, leaseEnd)
+			leaseEnd = g.extendWhileSettling(sctx, skey, fence, leaseEnd, until)
 		}
 		return again
 	})
@@ -683,17 +721,21 @@ func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disp
 // returns the lease's end by this process's count: moved on if the
 // heartbeat landed, leaseEnd otherwise. A stale fence is not the end of the
 // settle: an earlier try may have landed, and the next try asks.
-func (g *Guard) extendWhileSettling(ctx context.Context, skey string, fence uint64, leaseEnd mono.Time) mono.Time {
+func (g *Guard) extendWhileSettling(ctx context.Context, skey string, fence uint64, leaseEnd, until mono.Time) mono.Time {
 	start := g.startTiming()
 	sent := mono.Now()
+	lease := g.leaseBefore(until, sent)
+	if lease < time.Millisecond {
+		return leaseEnd // at the run's LeaseDeadline
+	}
 	hctx, cancel := context.WithTimeout(ctx, g.cfg.Lease-g.cfg.HeartbeatInterval)
-	err := g.cfg.Store.Heartbeat(hctx, skey, fence, g.cfg.Lease)
+	err := g.cfg.Store.Heartbeat(hctx, skey, fence, lease)
 	cancel()
 	g.observe(Event{Phase: "heartbeat", Key: skey, Fence: fence, Duration: g.since(start), Err: err})
 	if err != nil {
 		return leaseEnd
 	}
-	return sent.Add(g.cfg.Lease - g.leaseMargin())
+	return sent.Add(lease - g.leaseMargin())
 }
 
 func (g *Guard) observe(e Event) {

@@ -121,7 +121,7 @@ func (g *Guard) pollWait(skey string, kw *keyWaiters) {
 // it — then claims it again; acq and sent are the acquisition that found it
 // in progress, returned as they are if it still is (or the caps on waiters
 // are reached).
-func (g *Guard) waitInProgress(ctx, claimCtx context.Context, skey, fp string, bound time.Duration, acq store.Acquisition, sent mono.Time) (store.Acquisition, mono.Time, error) {
+func (g *Guard) waitInProgress(ctx, claimCtx context.Context, skey, fp string, until mono.Time, bound time.Duration, acq store.Acquisition, sent mono.Time) (store.Acquisition, mono.Time, error) {
 	kw := g.joinWait(skey)
 	if kw == nil {
 		return acq, sent, nil
@@ -132,7 +132,7 @@ func (g *Guard) waitInProgress(ctx, claimCtx context.Context, skey, fp string, b
 		wake := g.wakeChan(kw)
 		// A settle between the claim that found the key in progress and
 		// joining was missed: ask once more before sleeping.
-		next, nextSent, err := g.acquire(claimCtx, skey, fp)
+		next, nextSent, err := g.acquire(claimCtx, skey, fp, until)
 		if err != nil || next.Outcome != store.InProgress {
 			return next, nextSent, err
 		}
