@@ -93,3 +93,14 @@ func harness(t *testing.T, fifo bool, concurrency int) brokertest.Harness {
 		},
 	}
 }
+
+// TestCampaign runs the broker fault campaign on a standard queue, four
+// messages at once per consumer.
+func TestCampaign(t *testing.T) {
+	brokertest.Campaign(t, harness(t, false, 4), brokertest.CampaignConfig{TestName: "TestCampaign"})
+}
+
+// TestCampaignFIFO runs it on a FIFO queue.
+func TestCampaignFIFO(t *testing.T) {
+	brokertest.Campaign(t, harness(t, true, 4), brokertest.CampaignConfig{TestName: "TestCampaignFIFO"})
+}
