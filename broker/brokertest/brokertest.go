@@ -1,5 +1,5 @@
 // Package brokertest is the conformance suite of idem's broker adapters
-// (natsidem, amqpidem, watermillidem), on the model of Watermill's
+// (natsidem, amqpidem, kafkaidem, sqsidem, watermillidem), on the model of Watermill's
 // pubsub/tests: one suite, features each adapter declares, and a crash of a
 // real consumer process. It runs against the real broker.
 //
