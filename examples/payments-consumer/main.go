@@ -19,12 +19,19 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/broker/amqpidem"
 	"github.com/idemgo/idem/broker/kafkaidem"
 	"github.com/idemgo/idem/broker/natsidem"
+	"github.com/idemgo/idem/broker/sqsidem"
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/outbox/kafkasender"
+	"github.com/idemgo/idem/outbox/sqssender"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
@@ -55,7 +62,7 @@ CREATE TABLE IF NOT EXISTS accounts (
 );`
 
 func main() {
-	brokerURL := flag.String("broker", "", "nats://…, amqp://… or kafka://HOST[,HOST…]/TOPIC (required)")
+	brokerURL := flag.String("broker", "", "nats://…, amqp://…, kafka://HOST[,HOST…]/TOPIC or sqs://QUEUE-NAME (required)")
 	dbURL := flag.String("db", "", "postgres://… (required)")
 	ackWait := flag.Duration("ack-wait", 30*time.Second, "JetStream AckWait: a message unacked this long is redelivered")
 	consumer := flag.String("consumer", "credit-transfers", "durable consumer name, Kafka consumer group (and the inbox's consumer)")
@@ -116,8 +123,10 @@ func run(ctx context.Context, logger *log.Logger, brokerURL, dbURL string, ackWa
 		return runAMQP(ctx, logger, brokerURL, consumer, concurrency, cfg, book)
 	case strings.HasPrefix(brokerURL, "kafka://"):
 		return runKafka(ctx, logger, brokerURL, session, consumer, concurrency, cfg, book)
+	case strings.HasPrefix(brokerURL, "sqs://"):
+		return runSQS(ctx, logger, brokerURL, ackWait, consumer, concurrency, cfg, book)
 	}
-	return fmt.Errorf("--broker %q: want nats://…, amqp://… or kafka://…", brokerURL)
+	return fmt.Errorf("--broker %q: want nats://…, amqp://…, kafka://… or sqs://…", brokerURL)
 }
 
 // migrate creates the tables once, even with several instances starting.
@@ -230,4 +239,53 @@ func runKafka(ctx context.Context, logger *log.Logger, url string, session time.
 	}
 	logger.Printf("consuming topic %s as group %s", topic, consumer)
 	return c.Run(ctx) // on SIGTERM: finishes the records in flight, commits, leaves the group
+}
+
+// runSQS consumes the queue named in sqs://QUEUE-NAME (made if missing,
+// with QUEUE-NAME-dlq for its dead letters; a FIFO queue's name ends in
+// .fifo), in the region, with the credentials and at the endpoint of the
+// standard AWS configuration. The visibility timeout is --ack-wait. The
+// key is the instruction's correlation id, as on every broker.
+func runSQS(ctx context.Context, logger *log.Logger, url string, ackWait time.Duration, consumer string, concurrency int, policy broker.Policy, book bookFunc) error {
+	name, err := sqssender.ParseDestination(url)
+	if err != nil {
+		return fmt.Errorf("--broker: %w", err)
+	}
+	awsCfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		return fmt.Errorf("the AWS configuration: %w", err)
+	}
+	client := sqs.NewFromConfig(awsCfg)
+	fifo := strings.HasSuffix(name, ".fifo")
+	queue := func(name string) (string, error) {
+		in := &sqs.CreateQueueInput{QueueName: aws.String(name)}
+		if fifo {
+			in.Attributes = map[string]string{string(sqstypes.QueueAttributeNameFifoQueue): "true"}
+		}
+		out, err := client.CreateQueue(ctx, in) // returns the queue's URL if it exists with these attributes
+		if err != nil {
+			return "", fmt.Errorf("queue %s: %w", name, err)
+		}
+		return *out.QueueUrl, nil
+	}
+	queueURL, err := queue(name)
+	if err != nil {
+		return err
+	}
+	dlqURL, err := queue(strings.TrimSuffix(name, ".fifo") + "-dlq" + map[bool]string{true: ".fifo"}[fifo])
+	if err != nil {
+		return err
+	}
+	c, err := sqsidem.InboxConsumer(sqsidem.Config{
+		Client: client, QueueURL: queueURL, DeadLetterQueueURL: dlqURL, Scope: consumer, Policy: policy,
+		Key: broker.JSONKey("correlation_id"), Concurrency: concurrency, VisibilityTimeout: max(ackWait, time.Second),
+		Context: context.WithoutCancel(ctx), OnError: func(err error) { logger.Print(err) },
+	}, func(ctx context.Context, m *sqsidem.Message, id string) (inbox.Outcome, error) {
+		return book(ctx, id, m.Data)
+	})
+	if err != nil {
+		return err
+	}
+	logger.Printf("consuming queue %s as %s", name, consumer)
+	return c.Run(ctx) // on SIGTERM: finishes the messages in hand, deletes what settled
 }

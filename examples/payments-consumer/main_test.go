@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -88,6 +91,40 @@ func setupKafka(t *testing.T) (string, publisher) {
 	return "kafka://" + strings.Join(brokers, ",") + "/" + topic, kafkaPub{cl, topic, new(int)}
 }
 
+// sqsPub sends an instruction to the queue, every other one with an
+// Idempotency-Key attribute of its own, as idem's outbox does.
+type sqsPub struct {
+	c   *sqs.Client
+	url string
+	n   *int
+}
+
+func (p sqsPub) publish(t *testing.T, brokerID string, body []byte) {
+	in := &sqs.SendMessageInput{QueueUrl: aws.String(p.url), MessageBody: aws.String(string(body))}
+	if *p.n++; *p.n%2 == 0 {
+		in.MessageAttributes = map[string]sqstypes.MessageAttributeValue{"Idempotency-Key": {DataType: aws.String("String"), StringValue: aws.String("row-" + brokerID)}}
+	}
+	if _, err := p.c.SendMessage(context.Background(), in); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setupSQS(t *testing.T) (string, publisher) {
+	c := testenv.SQSClient(t)
+	name := testenv.RandomName("payments-")
+	out, err := c.CreateQueue(context.Background(), &sqs.CreateQueueInput{QueueName: aws.String(name)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = c.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: out.QueueUrl})
+		if dlq, err := c.GetQueueUrl(context.Background(), &sqs.GetQueueUrlInput{QueueName: aws.String(name + "-dlq")}); err == nil {
+			_, _ = c.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: dlq.QueueUrl})
+		}
+	})
+	return "sqs://" + name, sqsPub{c, *out.QueueUrl, new(int)}
+}
+
 func setupNATS(t *testing.T) (string, publisher) {
 	nc, err := nats.Connect(testenv.NATSURL, nats.Timeout(3*time.Second))
 	testenv.Need(t, "NATS", testenv.NATSURL, err)
@@ -143,7 +180,7 @@ func startConsumer(t *testing.T, brokerURL, dbURL, name string) *exec.Cmd {
 // with SIGKILL mid-stream, and checks every instruction is booked exactly
 // once and every balance is exact.
 func TestExactlyOnceWithCrash(t *testing.T) {
-	for name, setup := range map[string]func(*testing.T) (string, publisher){"nats": setupNATS, "amqp": setupAMQP, "kafka": setupKafka} {
+	for name, setup := range map[string]func(*testing.T) (string, publisher){"nats": setupNATS, "amqp": setupAMQP, "kafka": setupKafka, "sqs": setupSQS} {
 		t.Run(name, func(t *testing.T) {
 			brokerURL, pub := setup(t)
 			ctx := context.Background()
