@@ -3,10 +3,15 @@ package e2e_test
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,12 +24,14 @@ import (
 	"github.com/idemgo/idem/broker/amqpidem"
 	"github.com/idemgo/idem/broker/kafkaidem"
 	"github.com/idemgo/idem/broker/natsidem"
+	"github.com/idemgo/idem/broker/sqsidem"
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/amqpsender"
 	"github.com/idemgo/idem/outbox/kafkasender"
 	"github.com/idemgo/idem/outbox/natssender"
+	"github.com/idemgo/idem/outbox/sqssender"
 )
 
 // TestCampaignNATS runs the end-to-end campaign through JetStream, on a
@@ -277,5 +284,91 @@ func amqpTransport() transport {
 				}, topic, "", handle)
 			}()
 		},
+	}
+}
+
+// TestCampaignSQS runs it through Amazon SQS (fauxqs, or the SQS that
+// IDEM_SQS_ENDPOINT names): the relays send with the key in the
+// Idempotency-Key attribute (a standard queue keeps every copy), the odd
+// ones through a proxy that cuts and stalls them; the consumers take it
+// from there through sqsidem's InboxConsumer. The emulator keeps its
+// queues in memory: it is not killed.
+func TestCampaignSQS(t *testing.T) { campaign(t, "TestCampaignSQS", sqsTransport(false)) }
+
+// TestCampaignSQSFIFO runs it through a FIFO queue: the key is also the
+// MessageDeduplicationId and each account's transfers one message group,
+// so the campaign checks they are booked in the order they committed.
+func TestCampaignSQSFIFO(t *testing.T) { campaign(t, "TestCampaignSQSFIFO", sqsTransport(true)) }
+
+// sqsClient is a client of the SQS at endpoint (http://HOST:PORT), with
+// the region and credentials of the standard configuration (which
+// testenv.SQS set in the environment).
+func sqsClient(endpoint string) *sqs.Client {
+	cfg, err := config.LoadDefaultConfig(context.Background())
+	if err != nil {
+		cfg = aws.Config{Region: "us-east-1"} // the emulator takes any: the calls will say what is wrong
+	}
+	return sqs.NewFromConfig(cfg, func(o *sqs.Options) { o.BaseEndpoint = aws.String(endpoint) })
+}
+
+func sqsTransport(fifo bool) transport {
+	name := func(topic string) string {
+		if fifo {
+			return topic + ".fifo"
+		}
+		return topic
+	}
+	create := func(c *sqs.Client, name string) (string, error) {
+		in := &sqs.CreateQueueInput{QueueName: aws.String(name)}
+		if fifo {
+			in.Attributes = map[string]string{string(sqstypes.QueueAttributeNameFifoQueue): "true"}
+		}
+		out, err := c.CreateQueue(context.Background(), in)
+		if err != nil {
+			return "", err
+		}
+		return *out.QueueUrl, nil
+	}
+	return transport{
+		broker: func(t testing.TB) (string, func() error) { return testenv.SQS(t), nil },
+		remove: func(url, topic string) {
+			c := sqsClient(url)
+			for _, n := range []string{name(topic), name(topic + "-dlq")} {
+				if out, err := c.GetQueueUrl(context.Background(), &sqs.GetQueueUrlInput{QueueName: aws.String(n)}); err == nil {
+					_, _ = c.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: out.QueueUrl})
+				}
+			}
+		},
+		destination: func(_, topic string) string { return "sqs://" + name(topic) },
+		sender: func() outbox.Sender {
+			// This relay's way to SQS: the proxy, for the odd ones.
+			return sqssender.New(sqssender.Config{Client: sqsClient("http://" + os.Getenv(envBroker))})
+		},
+		consume: func(t testing.TB, url, topic string, r receiver) {
+			c := sqsClient(url)
+			queueURL, err := create(c, name(topic))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dlqURL, err := create(c, name(topic+"-dlq"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cons, err := sqsidem.InboxConsumer(sqsidem.Config{
+				Client: c, QueueURL: queueURL, DeadLetterQueueURL: dlqURL, Scope: inboxConsumer, Policy: policy,
+				Key: broker.HeaderKey(sqssender.KeyAttribute), Concurrency: consumersAtOnce,
+				VisibilityTimeout: ackWait, WaitTime: time.Second,
+				OnDecision: func(m *sqsidem.Message, d broker.Decision) { r.decided(m.Header(sqssender.KeyAttribute), d) },
+			}, func(ctx context.Context, m *sqsidem.Message, key string) (inbox.Outcome, error) {
+				return r.book(ctx, key, m.Data)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() { _ = cons.Run(ctx) }()
+			t.Cleanup(cancel)
+		},
+		ordered: fifo,
 	}
 }
