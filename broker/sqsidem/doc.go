@@ -3,8 +3,9 @@
 // duplicate — a redelivery after a crash between the work and the delete,
 // a producer's resend — is deleted without running the work again.
 //
-// A Consumer long-polls one queue (up to ten messages a receive) and runs
-// Config.Concurrency messages at once. A message is deleted only once its
+// A Consumer long-polls one queue, ten messages a receive, and runs
+// Config.Concurrency messages at once; the messages received ahead wait
+// their turn invisible to other consumers (their visibility extended). A message is deleted only once its
 // outcome is settled: completed, replayed, failed for good, poisoned. While
 // the work runs its visibility timeout is extended (ChangeMessageVisibility)
 // — by the Guard's heartbeats, which extend the claim's lease, or by a

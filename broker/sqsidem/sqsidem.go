@@ -229,28 +229,48 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.fifo = attrs.Attributes[string(types.QueueAttributeNameFifoQueue)] == "true"
 	c.queue = c.cfg.QueueURL[strings.LastIndex(c.cfg.QueueURL, "/")+1:]
-	c.deletes = broker.NewBatcher(10, 2, c.deleteBatch)
+	c.deletes = broker.NewBatcher(10, 1, c.deleteBatch)
 	defer c.deletes.Close()
 
-	slots := make(chan struct{}, c.cfg.Concurrency)
+	// Held: the messages received and not yet finished — Concurrency
+	// running and a receive's worth per receiver waiting, so that receives
+	// of ten are under way while the work runs.
+	receivers := min(4, 1+c.cfg.Concurrency/8)
+	held := make(chan struct{}, c.cfg.Concurrency+10*receivers)
+	running := make(chan struct{}, c.cfg.Concurrency)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var rwg sync.WaitGroup
+	for range receivers {
+		rwg.Add(1)
+		go func() {
+			defer rwg.Done()
+			c.receive(ctx, held, running, &wg)
+		}()
+	}
+	rwg.Wait()
+	return nil
+}
+
+// receive receives ten messages at a time while ctx lasts, once held has
+// room for them, and starts their runs, Concurrency at once.
+func (c *Consumer) receive(ctx context.Context, held, running chan struct{}, wg *sync.WaitGroup) {
 	failures := 0
 	for ctx.Err() == nil {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return nil
-		}
-		n := 1
-		for n < 10 {
+		n := 0
+		for ; n < 10; n++ {
 			select {
-			case slots <- struct{}{}:
-				n++
+			case held <- struct{}{}:
 				continue
-			default:
+			case <-ctx.Done():
 			}
 			break
+		}
+		if ctx.Err() != nil {
+			for range n {
+				<-held
+			}
+			return
 		}
 		out, err := c.cfg.Client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(c.cfg.QueueURL), MaxNumberOfMessages: int32(n),
@@ -267,27 +287,28 @@ func (c *Consumer) Run(ctx context.Context) error {
 			ctxsleep.Sleep(ctx, min(time.Duration(failures)*time.Second, 10*time.Second))
 		}
 		for range n - len(msgs) {
-			<-slots
+			<-held
 		}
-		for _, run := range c.runs(msgs) {
+		for _, r := range c.runs(msgs) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				run(func() { <-slots })
+				c.waitToRun(running, r.msgs)
+				defer func() { <-running }()
+				r.run(func() { <-held })
 			}()
 		}
 	}
-	return nil
 }
 
 // runs groups a receive's messages into what runs at once: each message
 // alone on a standard queue; on a FIFO queue each message group's, one
-// after the other. Each run frees one slot per message it ends.
-func (c *Consumer) runs(msgs []types.Message) []func(free func()) {
-	var runs []func(func())
+// after the other.
+func (c *Consumer) runs(msgs []types.Message) []run {
+	var runs []run
 	if !c.fifo {
 		for i := range msgs {
-			runs = append(runs, func(free func()) { c.one(&msgs[i]); free() })
+			runs = append(runs, run{[]*types.Message{&msgs[i]}, func(free func()) { c.one(&msgs[i]); free() }})
 		}
 		return runs
 	}
@@ -302,7 +323,7 @@ func (c *Consumer) runs(msgs []types.Message) []func(free func()) {
 	}
 	for _, g := range order {
 		group := groups[g]
-		runs = append(runs, func(free func()) {
+		runs = append(runs, run{group, func(free func()) {
 			for i, m := range group {
 				if !c.one(m) {
 					// Its group's later messages go back with it, in order.
@@ -315,9 +336,38 @@ func (c *Consumer) runs(msgs []types.Message) []func(free func()) {
 				}
 				free()
 			}
-		})
+		}})
 	}
 	return runs
+}
+
+// run is what runs at once: a message, or a FIFO group's messages of one
+// receive; its function frees one held place per message it ends.
+type run struct {
+	msgs []*types.Message
+	run  func(free func())
+}
+
+// waitToRun takes a place among the Concurrency running, keeping msgs
+// invisible to other consumers while they wait for it.
+func (c *Consumer) waitToRun(running chan struct{}, msgs []*types.Message) {
+	select {
+	case running <- struct{}{}:
+		return
+	default:
+	}
+	t := time.NewTicker(c.cfg.VisibilityTimeout / 3)
+	defer t.Stop()
+	for {
+		select {
+		case running <- struct{}{}:
+			return
+		case <-t.C:
+			for _, m := range msgs {
+				c.setVisibility(m.ReceiptHandle, c.cfg.VisibilityTimeout)
+			}
+		}
+	}
 }
 
 // one runs a message and applies the decision; it reports whether the

@@ -277,3 +277,55 @@ func TestInboxConsumer(t *testing.T) {
 		t.Fatalf("payload %q", p)
 	}
 }
+
+// TestWaitingMessagesStayInvisible: a consumer received more than it runs
+// at once (one at a time here, a receive being ten); the messages that
+// wait for their turn stay invisible to other consumers meanwhile.
+func TestWaitingMessagesStayInvisible(t *testing.T) {
+	c := testenv.SQSClient(t)
+	url, dlq := testenv.SQSQueue(t, c, "idem-wait-", nil), testenv.SQSQueue(t, c, "idem-wait-dlq-", nil)
+	started, release := make(chan struct{}, 2), make(chan struct{})
+	var runs atomic.Int32
+	cons, err := sqsidem.GuardConsumer(guard(t, idem.Config{Lease: 1500 * time.Millisecond}), sqsidem.Config{
+		Client: c, QueueURL: url, DeadLetterQueueURL: dlq, Scope: "wait", VisibilityTimeout: time.Second, WaitTime: time.Second,
+	}, func(ctx context.Context, m *sqsidem.Message, fence uint64) ([]byte, error) {
+		runs.Add(1)
+		started <- struct{}{}
+		<-release
+		return nil, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(t, c, url, "credit 1", map[string]string{sqsidem.KeyAttribute: "PAY-1"}, "")
+	send(t, c, url, "credit 2", map[string]string{sqsidem.KeyAttribute: "PAY-2"}, "")
+	run(t, cons)
+	<-started
+	testenv.Eventually(t, 10*time.Second, "both messages received", func() error {
+		if _, f := depth(t, c, url); f != "2" {
+			return fmt.Errorf("%s in flight", f)
+		}
+		return nil
+	})
+	deadline := time.Now().Add(3 * time.Second) // three visibility timeouts
+	for time.Now().Before(deadline) {
+		out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{QueueUrl: aws.String(url), WaitTimeSeconds: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Messages) > 0 {
+			t.Fatalf("another consumer received %q while it waited", *out.Messages[0].Body)
+		}
+	}
+	close(release)
+	<-started
+	testenv.Eventually(t, 10*time.Second, "both messages deleted", func() error {
+		if v, f := depth(t, c, url); v != "0" || f != "0" {
+			return fmt.Errorf("%s visible, %s in flight", v, f)
+		}
+		return nil
+	})
+	if runs.Load() != 2 {
+		t.Fatalf("%d runs", runs.Load())
+	}
+}

@@ -9,8 +9,9 @@ import (
 )
 
 // cpuSeconds returns the CPU time (user + system) used so far by this
-// process and by every local process named nats-server, redis-server or
-// postgres (the server and its backends),
+// process and by every local process named nats-server, redis-server,
+// postgres (the server and its backends) or node (fauxqs, the SQS
+// emulator),
 // read from /proc (Linux; nil elsewhere).
 func cpuSeconds() map[string]float64 {
 	out := map[string]float64{}
@@ -24,7 +25,7 @@ func cpuSeconds() map[string]float64 {
 		name := strings.TrimSpace(string(comm))
 		if filepath.Base(dir) == self {
 			name = "consumer"
-		} else if name != "nats-server" && name != "redis-server" && name != "postgres" {
+		} else if name != "nats-server" && name != "redis-server" && name != "postgres" && name != "node" {
 			continue
 		}
 		stat, err := os.ReadFile(dir + "/stat")
@@ -50,7 +51,7 @@ func cpuSeconds() map[string]float64 {
 func cpuPerMessage(before, after map[string]float64, messages float64) string {
 	var parts []string
 	total := 0.0
-	for _, name := range []string{"consumer", "nats-server", "redis-server", "postgres"} {
+	for _, name := range []string{"consumer", "nats-server", "redis-server", "postgres", "node"} {
 		d := after[name] - before[name]
 		if d <= 0 {
 			continue

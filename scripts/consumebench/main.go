@@ -2,9 +2,12 @@
 // kafkaidem next to bare consumption, in one run: the same 20,000 messages
 // on one durable pull consumer (JetStream), one queue (RabbitMQ) or one
 // consumer group of a topic of eight partitions (Kafka), each configuration
-// from a fresh stream, queue or topic.
+// from a fresh stream, queue or topic. With -sqs, the same on an Amazon SQS
+// queue (an emulator's endpoint: fauxqs, started as internal/testenv
+// starts it), sqsidem next to a bare receive-and-delete loop.
 //
 //	(cd scripts && go run ./consumebench -n 20000)
+//	(cd scripts && go run ./consumebench -sections sqs -sqs http://127.0.0.1:4566 -n 5000)
 package main
 
 import (
@@ -39,7 +42,9 @@ func main() {
 	pgURL := flag.String("postgres", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL URL (the inbox runs; \"\" skips them)")
 	amqpURL := flag.String("amqp", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL (\"\" skips it)")
 	redisWorkers := flag.Int("redis-workers", 8, "consumers at once in the Redis runs (natsidem and the bare lifecycles alike)")
-	sections := flag.String("sections", "guard,inbox,amqp,kafka", "what to run: guard (natsidem over a Guard), inbox (PostgreSQL), amqp, kafka")
+	sections := flag.String("sections", "guard,inbox,amqp,kafka,sqs", "what to run: guard (natsidem over a Guard), inbox (PostgreSQL), amqp, kafka, sqs (with -sqs)")
+	sqsEndpoint := flag.String("sqs", "", "SQS endpoint, http://HOST:PORT (\"\" skips the sqs section); region and credentials from the standard AWS configuration")
+	sqsWorkers := flag.Int("sqs-workers", 8, "messages at once in the SQS runs (sqsidem's Concurrency, the bare loop's receivers)")
 	kafkaBrokers := flag.String("kafka", "", "Kafka seed brokers, host:port[,…] (\"\": a kfake cluster in this process)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -77,6 +82,9 @@ func main() {
 	}
 	if *amqpURL != "" && want("amqp") {
 		benchAMQP(*amqpURL, *n)
+	}
+	if *sqsEndpoint != "" && want("sqs") {
+		benchSQS(ctx, *sqsEndpoint, *n, *sqsWorkers)
 	}
 }
 
