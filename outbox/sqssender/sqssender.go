@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -28,6 +29,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
 
+	"github.com/idemgo/idem/internal/coalesce"
 	"github.com/idemgo/idem/outbox"
 )
 
@@ -55,20 +57,28 @@ type Config struct {
 	MessageGroupID string
 }
 
-// Sender sends to SQS. It looks a queue's URL up by name once.
+// Sender sends to SQS. It looks a queue's URL up by name once. Sends to
+// one queue that meet while others are in flight go together in one
+// SendMessageBatch (up to ten), each with its own answer: a lone send
+// goes at once, alone.
 type Sender struct {
 	cfg    Config
 	mu     sync.Mutex
 	client *sqs.Client
 	urls   map[string]string
+	groups map[string]*coalesce.Group[*sqs.SendMessageInput, struct{}] // by queue URL
+	lookup sync.Mutex                                                  // one GetQueueUrl at a time: the first send's answers the others
 }
+
+// maxInFlight is how many calls a queue's sends keep in flight at once.
+const maxInFlight = 8
 
 // New returns the SQS sender.
 func New(cfg Config) *Sender {
 	if cfg.MessageGroupID == "" {
 		cfg.MessageGroupID = "idem"
 	}
-	return &Sender{cfg: cfg, client: cfg.Client, urls: map[string]string{}}
+	return &Sender{cfg: cfg, client: cfg.Client, urls: map[string]string{}, groups: map[string]*coalesce.Group[*sqs.SendMessageInput, struct{}]{}}
 }
 
 var queueName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,75}(\.fifo|[A-Za-z0-9_-]{0,5})$`)
@@ -103,6 +113,14 @@ func (s *Sender) queue(ctx context.Context, name string) (*sqs.Client, string, e
 	if url != "" {
 		return c, url, nil
 	}
+	s.lookup.Lock()
+	defer s.lookup.Unlock()
+	s.mu.Lock()
+	url = s.urls[name]
+	s.mu.Unlock()
+	if url != "" {
+		return c, url, nil // looked up while this send waited
+	}
 	out, err := c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(name)})
 	if err != nil {
 		var missing *types.QueueDoesNotExist
@@ -132,7 +150,7 @@ func (s *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 		return outbox.Result{Status: outbox.Pending, Err: err}
 	}
 	in.QueueUrl = aws.String(url)
-	if _, err := c.SendMessage(ctx, in); err != nil {
+	if _, err := s.group(c, url).Do(ctx, in); err != nil {
 		if refused(err) {
 			return outbox.Result{Status: outbox.Dead, Err: fmt.Errorf("SQS refused the message: %w", err)}
 		}
@@ -145,6 +163,60 @@ func (s *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 		return outbox.Result{Status: outbox.Pending, Err: err}
 	}
 	return outbox.Result{Status: outbox.Sent}
+}
+
+// group returns the coalescing group of url's sends.
+func (s *Sender) group(c *sqs.Client, url string) *coalesce.Group[*sqs.SendMessageInput, struct{}] {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.groups[url]
+	if g == nil {
+		one := func(ctx context.Context, in *sqs.SendMessageInput) (struct{}, error) {
+			_, err := c.SendMessage(ctx, in)
+			return struct{}{}, err
+		}
+		g = coalesce.New(coalesce.Config[*sqs.SendMessageInput]{MaxBatch: 10, MaxInFlight: maxInFlight,
+			Key: func(in *sqs.SendMessageInput) string { return aws.ToString(in.MessageAttributes[KeyAttribute].StringValue) }},
+			one, func(ctx context.Context, ins []*sqs.SendMessageInput, _ []struct{}, errs []error) {
+				sendBatch(ctx, c, url, ins, errs, one)
+			})
+		s.groups[url] = g
+	}
+	return g
+}
+
+// sendBatch sends ins to url in one SendMessageBatch and sets each one's
+// error; a batch SQS refuses as a whole for its size goes one by one.
+func sendBatch(ctx context.Context, c *sqs.Client, url string, ins []*sqs.SendMessageInput, errs []error,
+	one func(context.Context, *sqs.SendMessageInput) (struct{}, error)) {
+	entries := make([]types.SendMessageBatchRequestEntry, len(ins))
+	for i, in := range ins {
+		entries[i] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: in.MessageBody,
+			MessageAttributes: in.MessageAttributes, MessageDeduplicationId: in.MessageDeduplicationId, MessageGroupId: in.MessageGroupId}
+	}
+	out, err := c.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
+	if err != nil {
+		var apiErr smithy.APIError
+		if errors.As(err, &apiErr) && strings.HasSuffix(apiErr.ErrorCode(), "BatchRequestTooLong") {
+			for i, in := range ins {
+				_, errs[i] = one(ctx, in)
+			}
+			return
+		}
+		for i := range errs {
+			errs[i] = err
+		}
+		return
+	}
+	for _, f := range out.Failed {
+		if i, err := strconv.Atoi(aws.ToString(f.Id)); err == nil && i >= 0 && i < len(errs) {
+			fault := smithy.FaultServer
+			if f.SenderFault {
+				fault = smithy.FaultClient
+			}
+			errs[i] = &smithy.GenericAPIError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), Fault: fault}
+		}
+	}
 }
 
 // input is the SendMessage request of m to queue name, without its URL.

@@ -3,12 +3,15 @@ package sqssender_test
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -160,4 +163,63 @@ func TestFIFOGroupsByOrderingKey(t *testing.T) {
 	if len(out.Messages) != 2 || groups["1"] != "acct-42" || groups["2"] != "idem" {
 		t.Fatalf("received %d messages, groups %v; want 2, acct-42 and idem", len(out.Messages), groups)
 	}
+}
+
+// countingTransport counts the SQS calls made through it, by operation.
+type countingTransport struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.mu.Lock()
+	c.counts[strings.TrimPrefix(r.Header.Get("X-Amz-Target"), "AmazonSQS.")]++
+	c.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestConcurrentSendsShareBatches: sends to one queue that meet go in
+// SendMessageBatch calls, each send with its own answer — one too large
+// for the queue is dead, the others in its batch are sent.
+func TestConcurrentSendsShareBatches(t *testing.T) {
+	testenv.SQS(t)
+	calls := &countingTransport{counts: map[string]int{}}
+	cfg, err := config.LoadDefaultConfig(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sqs.NewFromConfig(cfg, func(o *sqs.Options) { o.HTTPClient = &http.Client{Transport: calls} })
+	url := testenv.SQSQueue(t, c, "idem-batch-", map[string]string{string(types.QueueAttributeNameMaximumMessageSize): "1024"})
+	dest := "sqs://" + url[strings.LastIndex(url, "/")+1:]
+	s := sqssender.New(sqssender.Config{Client: c})
+	const n = 200
+	results := make([]outbox.Result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			payload := []byte(fmt.Sprintf("payload %03d", i))
+			if i == 7 {
+				payload = []byte(strings.Repeat("x", 2048))
+			}
+			results[i] = s.Send(context.Background(), &outbox.Message{Key: fmt.Sprintf("K-%03d", i), Destination: dest, Payload: payload})
+		}()
+	}
+	wg.Wait()
+	for i, res := range results {
+		if want := outbox.Sent; i == 7 && res.Status != outbox.Dead || i != 7 && res.Status != want {
+			t.Fatalf("send %d: %s (%v)", i, res.Status, res.Err)
+		}
+	}
+	calls.mu.Lock()
+	sends := calls.counts["SendMessage"] + calls.counts["SendMessageBatch"]
+	calls.mu.Unlock()
+	if calls.counts["SendMessageBatch"] == 0 || sends > n/2 {
+		t.Fatalf("%d sends took %v calls", n, calls.counts)
+	}
+	if got := drain(t, c, url)(); len(got) != n-1 {
+		t.Fatalf("the queue received %d messages, want %d", len(got), n-1)
+	}
+	t.Logf("%d sends in %v", n, calls.counts)
 }

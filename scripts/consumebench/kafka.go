@@ -17,6 +17,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/broker/kafkaidem"
+	"github.com/idemgo/idem/scripts/internal/proccpu"
 	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 )
@@ -67,7 +68,7 @@ func benchKafka(ctx context.Context, n int, brokers string, redisWorkers int, op
 		var once sync.Once
 		finished := make(chan struct{})
 		assigned := kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) {
-			once.Do(func() { start, cpu0 = time.Now(), cpuSeconds() })
+			once.Do(func() { start, cpu0 = time.Now(), proccpu.Seconds() })
 		})
 		stop := consume(topic, assigned, func() {
 			if count.Add(1) == int64(n) {
@@ -81,7 +82,7 @@ func benchKafka(ctx context.Context, n int, brokers string, redisWorkers int, op
 			log.Fatalf("%s: %d of %d consumed", name, count.Load(), n)
 		}
 		elapsed := time.Since(start)
-		return float64(n) / elapsed.Seconds(), cpuPerMessage(cpu0, cpuSeconds(), float64(n))
+		return float64(n) / elapsed.Seconds(), proccpu.PerMessage(cpu0, proccpu.Seconds(), float64(n))
 	}
 	group := func(topic string) []kgo.Opt {
 		return []kgo.Opt{kgo.SeedBrokers(seeds...), kgo.ConsumerGroup(topic), kgo.ConsumeTopics(topic),

@@ -30,6 +30,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/broker/natsidem"
+	"github.com/idemgo/idem/scripts/internal/proccpu"
 	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/storeurl"
@@ -143,7 +144,7 @@ func benchGuard(ctx context.Context, js jetstream.JetStream, n int, url string, 
 // five seconds, as idem bench does, and returns lifecycles per second and
 // the CPU per lifecycle.
 func redisLifecycles(ctx context.Context, s store.Store, workers int) (float64, string) {
-	cpu1 := cpuSeconds()
+	cpu1 := proccpu.Seconds()
 	var lifecycles atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -162,7 +163,7 @@ func redisLifecycles(ctx context.Context, s store.Store, workers int) (float64, 
 	}
 	wg.Wait()
 	raw := float64(lifecycles.Load()) / time.Since(start).Seconds()
-	return raw, cpuPerMessage(cpu1, cpuSeconds(), float64(lifecycles.Load()))
+	return raw, proccpu.PerMessage(cpu1, proccpu.Seconds(), float64(lifecycles.Load()))
 }
 
 // runJS consumes n messages of a fresh stream with the handler made by
@@ -195,7 +196,7 @@ func runJS(ctx context.Context, js jetstream.JetStream, n int, name string, open
 		}
 	}
 	handler, closeHandler := open(done)
-	cpu0 := cpuSeconds()
+	cpu0 := proccpu.Seconds()
 	start := time.Now()
 	// What the subscription reports (missed heartbeats, status messages)
 	// is printed: a stall in a run is then explained, not only timed.
@@ -209,7 +210,7 @@ func runJS(ctx context.Context, js jetstream.JetStream, n int, name string, open
 		log.Fatalf("%s: %d of %d consumed", name, count.Load(), n)
 	}
 	elapsed := time.Since(start)
-	cpu[name] = cpuPerMessage(cpu0, cpuSeconds(), float64(n))
+	cpu[name] = proccpu.PerMessage(cpu0, proccpu.Seconds(), float64(n))
 	cc.Stop()
 	closeHandler()
 	return float64(n) / elapsed.Seconds()

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +17,8 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/broker/sqsidem"
+	"github.com/idemgo/idem/scripts/internal/httpcalls"
+	"github.com/idemgo/idem/scripts/internal/proccpu"
 	"github.com/idemgo/idem/store/memstore"
 )
 
@@ -30,7 +30,7 @@ import (
 func benchSQS(ctx context.Context, endpoint string, n, workers int) {
 	cfg, err := config.LoadDefaultConfig(ctx)
 	check(err)
-	calls := &callCounter{next: http.DefaultTransport, counts: map[string]int{}}
+	calls := httpcalls.NewCounter(http.DefaultTransport)
 	c := sqs.NewFromConfig(cfg, func(o *sqs.Options) {
 		o.BaseEndpoint = aws.String(endpoint)
 		o.HTTPClient = &http.Client{Transport: calls}
@@ -82,8 +82,8 @@ func benchSQS(ctx context.Context, endpoint string, n, workers int) {
 				close(finished)
 			}
 		}
-		calls.reset()
-		cpu0 := cpuSeconds()
+		calls.Reset()
+		cpu0 := proccpu.Seconds()
 		start := time.Now()
 		stop := consume(url, dlq, done)
 		<-finished
@@ -94,7 +94,7 @@ func benchSQS(ctx context.Context, endpoint string, n, workers int) {
 		} else {
 			stop()
 		}
-		cpu[name] = cpuPerMessage(cpu0, cpuSeconds(), float64(n)) + "; calls per message: " + calls.per(n)
+		cpu[name] = proccpu.PerMessage(cpu0, proccpu.Seconds(), float64(n)) + "; calls per message: " + calls.Per(n)
 		return float64(n) / elapsed.Seconds()
 	}
 	bare := run("bare", func(url, _ string, done func()) func() {
@@ -142,41 +142,4 @@ func benchSQS(ctx context.Context, endpoint string, n, workers int) {
 	fmt.Printf("  %s\n", cpu["bare"])
 	fmt.Printf("%-62s %8.0f msg/s  %.2f\n", "sqsidem + memstore", idemRate, idemRate/bare)
 	fmt.Printf("  %s\n", cpu["sqsidem"])
-}
-
-// callCounter counts the SQS API calls made through it, by operation.
-type callCounter struct {
-	next   http.RoundTripper
-	mu     sync.Mutex
-	counts map[string]int
-}
-
-func (c *callCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	op := strings.TrimPrefix(r.Header.Get("X-Amz-Target"), "AmazonSQS.")
-	c.mu.Lock()
-	c.counts[op]++
-	c.mu.Unlock()
-	return c.next.RoundTrip(r)
-}
-
-func (c *callCounter) reset() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	clear(c.counts)
-}
-
-// per formats the calls made since the last reset per message.
-func (c *callCounter) per(n int) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var ops []string
-	for op := range c.counts {
-		ops = append(ops, op)
-	}
-	slices.Sort(ops)
-	var parts []string
-	for _, op := range ops {
-		parts = append(parts, fmt.Sprintf("%s %.2f", op, float64(c.counts[op])/float64(n)))
-	}
-	return strings.Join(parts, ", ")
 }

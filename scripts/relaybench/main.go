@@ -30,11 +30,16 @@ func main() {
 	concurrency := flag.Int("concurrency", 64, "idem relay: sends at once")
 	batch := flag.Int("batch", 1000, "idem relay: rows per claim; watermill: SubscribeBatchSize")
 	orderingKeys := flag.Int("ordering-keys", 1000, "idem relay's second run: rows spread over this many ordering keys (0 skips it)")
+	sqsEndpoint := flag.String("sqs", "", "instead of NATS and Watermill: the relay to the SQS at this endpoint (http://HOST:PORT) next to a bare SendMessageBatch loop")
 	flag.Parse()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, *pgURL+"&pool_max_conns=16")
 	check(err)
 	defer pool.Close()
+	if *sqsEndpoint != "" {
+		benchSQS(ctx, pool, *sqsEndpoint, *n, *concurrency, *batch)
+		return
+	}
 	nc, err := nats.Connect(*natsURL)
 	check(err)
 	defer nc.Close()

@@ -1,4 +1,7 @@
-package main
+// Package proccpu reads, from /proc, the CPU time this process and the
+// local servers the benchmarks run against have used: to report CPU per
+// message beside a rate.
+package proccpu
 
 import (
 	"fmt"
@@ -8,12 +11,12 @@ import (
 	"strings"
 )
 
-// cpuSeconds returns the CPU time (user + system) used so far by this
+// Seconds returns the CPU time (user + system) used so far by this
 // process and by every local process named nats-server, redis-server,
 // postgres (the server and its backends) or node (fauxqs, the SQS
 // emulator),
 // read from /proc (Linux; nil elsewhere).
-func cpuSeconds() map[string]float64 {
+func Seconds() map[string]float64 {
 	out := map[string]float64{}
 	self := strconv.Itoa(os.Getpid())
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
@@ -24,7 +27,7 @@ func cpuSeconds() map[string]float64 {
 		}
 		name := strings.TrimSpace(string(comm))
 		if filepath.Base(dir) == self {
-			name = "consumer"
+			name = "self"
 		} else if name != "nats-server" && name != "redis-server" && name != "postgres" && name != "node" {
 			continue
 		}
@@ -46,12 +49,12 @@ func cpuSeconds() map[string]float64 {
 	return out
 }
 
-// cpuPerMessage formats the CPU each process spent per message between two
-// cpuSeconds readings.
-func cpuPerMessage(before, after map[string]float64, messages float64) string {
+// PerMessage formats the CPU each process spent per message between two
+// Seconds readings.
+func PerMessage(before, after map[string]float64, messages float64) string {
 	var parts []string
 	total := 0.0
-	for _, name := range []string{"consumer", "nats-server", "redis-server", "postgres", "node"} {
+	for _, name := range []string{"self", "nats-server", "redis-server", "postgres", "node"} {
 		d := after[name] - before[name]
 		if d <= 0 {
 			continue
