@@ -176,7 +176,9 @@ func (s *Sender) group(c *sqs.Client, url string) *coalesce.Group[*sqs.SendMessa
 			return struct{}{}, err
 		}
 		g = coalesce.New(coalesce.Config[*sqs.SendMessageInput]{MaxBatch: 10, MaxInFlight: maxInFlight,
-			Key: func(in *sqs.SendMessageInput) string { return aws.ToString(in.MessageAttributes[KeyAttribute].StringValue) }},
+			Key: func(in *sqs.SendMessageInput) string {
+				return aws.ToString(in.MessageAttributes[KeyAttribute].StringValue)
+			}},
 			one, func(ctx context.Context, ins []*sqs.SendMessageInput, _ []struct{}, errs []error) {
 				sendBatch(ctx, c, url, ins, errs, one)
 			})
