@@ -38,3 +38,16 @@ func skipShort(t testing.TB, what string) {
 		t.Skipf("-short: this test starts %s of its own (bash .ci/run runs it)", what)
 	}
 }
+
+// SkipShort skips t under go test -short: it starts what (a server, an
+// emulator) of its own, which .ci/run's full run covers.
+func SkipShort(t testing.TB, what string) {
+	t.Helper()
+	skipShort(t, what)
+}
+
+// FreePort returns a loopback port that was free when chosen.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	return freePort(t)
+}
