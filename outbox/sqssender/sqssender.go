@@ -175,7 +175,7 @@ func (s *Sender) group(c *sqs.Client, url string) *coalesce.Group[*sqs.SendMessa
 			_, err := c.SendMessage(ctx, in)
 			return struct{}{}, err
 		}
-		g = coalesce.New(coalesce.Config[*sqs.SendMessageInput]{MaxBatch: 10, MaxInFlight: maxInFlight,
+		g = coalesce.New(coalesce.Config[*sqs.SendMessageInput]{MaxBatch: 10, MaxInFlight: maxInFlight, LoneInFlight: 1,
 			Key: func(in *sqs.SendMessageInput) string {
 				return aws.ToString(in.MessageAttributes[KeyAttribute].StringValue)
 			}},
