@@ -196,6 +196,11 @@ func InboxConsumer(cfg Config, process func(ctx context.Context, m *Message, id 
 	return c, nil
 }
 
+// systemAttributes are the system attributes a receive asks for: what the
+// policy (the receive count), FIFO groups and DeduplicationIDKey need.
+var systemAttributes = []types.MessageSystemAttributeName{types.MessageSystemAttributeNameApproximateReceiveCount,
+	types.MessageSystemAttributeNameMessageGroupId, types.MessageSystemAttributeNameMessageDeduplicationId}
+
 func receiveCount(m *Message) int {
 	if n, err := strconv.Atoi(m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)]); err == nil && n > 0 {
 		return n
@@ -276,7 +281,7 @@ func (c *Consumer) receive(ctx context.Context, held, running chan struct{}, wg 
 			QueueUrl: aws.String(c.cfg.QueueURL), MaxNumberOfMessages: int32(n),
 			WaitTimeSeconds: int32(c.cfg.WaitTime / time.Second), VisibilityTimeout: seconds(c.cfg.VisibilityTimeout),
 			MessageAttributeNames:       []string{"All"},
-			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+			MessageSystemAttributeNames: systemAttributes,
 		})
 		var msgs []types.Message
 		if err == nil {
