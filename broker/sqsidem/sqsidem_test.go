@@ -153,8 +153,8 @@ func TestRedrivePolicyDeadLetters(t *testing.T) {
 
 // TestRunRefusesWhatCannotWork: a queue that does not exist, a dead-letter
 // queue that does not exist, and a queue without a dead-letter path each
-// stop Run at once, saying which; a malformed URL, or none, is refused
-// when the Consumer is made.
+// stop Run at once, saying which, as do credentials that cannot be had; a
+// malformed URL, or none, is refused when the Consumer is made.
 func TestRunRefusesWhatCannotWork(t *testing.T) {
 	c := testenv.SQSClient(t)
 	url := testenv.SQSQueue(t, c, "idem-refuse-", nil)
@@ -184,6 +184,18 @@ func TestRunRefusesWhatCannotWork(t *testing.T) {
 	}
 	if _, err := sqsidem.GuardConsumer(guard(t, idem.Config{}), sqsidem.Config{Client: c, Scope: "refuse"}, noop); err == nil {
 		t.Error("a configuration without a queue was accepted")
+	}
+	// Credentials that cannot be had: Run says so.
+	noCreds := sqs.New(sqs.Options{Region: "us-east-1", BaseEndpoint: aws.String(testenv.SQS(t)), RetryMaxAttempts: 1,
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{}, errors.New("no credentials in this environment")
+		})})
+	cons, err := sqsidem.GuardConsumer(guard(t, idem.Config{}), sqsidem.Config{Client: noCreds, QueueURL: url, DeadLetterQueueURL: url, Scope: "refuse"}, noop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cons.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "credentials") {
+		t.Errorf("without credentials: Run returned %v", err)
 	}
 }
 

@@ -247,9 +247,12 @@ func (s *Sender) input(name string, m *outbox.Message) (*sqs.SendMessageInput, e
 	if len(attrs) > maxAttributes {
 		return nil, fmt.Errorf("%d headers and idem's attributes make %d message attributes; SQS takes at most %d", len(m.Headers), len(attrs), maxAttributes)
 	}
-	for k := range attrs {
+	for k, v := range attrs {
 		if !attributeName.MatchString(k) || strings.HasPrefix(strings.ToLower(k), "aws.") || strings.HasPrefix(strings.ToLower(k), "amazon.") {
 			return nil, fmt.Errorf("the header %q cannot be an SQS message attribute (letters, digits, _, - and . only, not starting with AWS. or Amazon.)", k)
+		}
+		if !sqsText([]byte(*v.StringValue)) {
+			return nil, fmt.Errorf("the value of the header %q has characters SQS does not take in an attribute (control characters, bytes that are not UTF-8)", k)
 		}
 	}
 	in := &sqs.SendMessageInput{MessageBody: aws.String(body), MessageAttributes: attrs}

@@ -3,6 +3,7 @@ package sqssender_test
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -106,9 +107,9 @@ func TestEndpointUnreachable(t *testing.T) {
 }
 
 // TestRefusedMessagesAreDead: what SQS cannot take — an empty body, more
-// attributes than it allows, a header that cannot be an attribute, a body
-// over the queue's maximum size — is dead at once, with the reason; the
-// queue receives nothing.
+// attributes than it allows, a header whose name or value cannot be an
+// attribute, a body over the queue's maximum size — is dead at once, with
+// the reason; the queue receives nothing.
 func TestRefusedMessagesAreDead(t *testing.T) {
 	c := testenv.SQSClient(t)
 	url := testenv.SQSQueue(t, c, "idem-send-", map[string]string{string(types.QueueAttributeNameMaximumMessageSize): "1024"})
@@ -122,6 +123,7 @@ func TestRefusedMessagesAreDead(t *testing.T) {
 		"empty body":          {Key: "K-1", Destination: dest},
 		"eleven attributes":   {Key: "K-2", Destination: dest, Payload: []byte("x"), Headers: many},
 		"a header's name":     {Key: "K-3", Destination: dest, Payload: []byte("x"), Headers: map[string]string{"AWS.Trace": "1"}},
+		"a header's value":    {Key: "K-5", Destination: dest, Payload: []byte("x"), Headers: map[string]string{"X-Note": "bell\x07"}},
 		"over the queue size": {Key: "K-4", Destination: dest, Payload: []byte(strings.Repeat("x", 2048))},
 	} {
 		if res := s.Send(context.Background(), m); res.Status != outbox.Dead || res.Err == nil {
@@ -222,4 +224,19 @@ func TestConcurrentSendsShareBatches(t *testing.T) {
 		t.Fatalf("the queue received %d messages, want %d", len(got), n-1)
 	}
 	t.Logf("%d sends in %v", n, calls.counts)
+}
+
+// TestCredentialsRefused: credentials that cannot be had leave the row
+// pending, saying so: the message is kept for when they can.
+func TestCredentialsRefused(t *testing.T) {
+	testenv.SQS(t)
+	c := sqs.New(sqs.Options{Region: "us-east-1", BaseEndpoint: aws.String(testenv.SQS(t)), RetryMaxAttempts: 1,
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{}, errors.New("no credentials in this environment")
+		})})
+	s := sqssender.New(sqssender.Config{Client: c})
+	res := s.Send(context.Background(), &outbox.Message{Key: "K-1", Destination: "sqs://orders", Payload: []byte("x")})
+	if res.Status != outbox.Pending || res.Err == nil || !strings.Contains(res.Err.Error(), "credentials") {
+		t.Fatalf("%s (%v), want pending, naming the credentials", res.Status, res.Err)
+	}
 }
