@@ -140,6 +140,11 @@ type Config struct {
 	// Lease is how long a request may run before a retry may take it over
 	// (heartbeats extend it while the handler runs). Defaults to 1m.
 	Lease time.Duration
+	// LeaseDeadline, if set, gives a request a time its claim must not
+	// outlive (idem.RunOptions.LeaseDeadline): a process that may be
+	// stopped at a known time — a Lambda invocation at its deadline — so
+	// that its keys are free again when it is. The zero time means none.
+	LeaseDeadline func(*http.Request) time.Time
 	// Retention is how long responses are replayed. Defaults to 24h.
 	Retention time.Duration
 	// MaxAttempts poisons a key after this many executions (re-runs after
@@ -497,7 +502,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		return nil, decided(d, "status "+strconv.Itoa(rec.status))
 	}
-	res, err := m.guard.Run(run.ctx, key, &idem.RunOptions{Fingerprint: fp, WaitInProgress: m.cfg.WaitInProgress, WaitContext: r.Context()}, work)
+	opts := &idem.RunOptions{Fingerprint: fp, WaitInProgress: m.cfg.WaitInProgress, WaitContext: r.Context()}
+	if m.cfg.LeaseDeadline != nil {
+		opts.LeaseDeadline = m.cfg.LeaseDeadline(r)
+	}
+	res, err := m.guard.Run(run.ctx, key, opts, work)
 	if res.Outcome.Owns() {
 		// The handler ran and answered; err is the policy's reason or a
 		// failure to settle, which the observer hears about.

@@ -1,0 +1,52 @@
+package lambdaidem_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/lambdaidem"
+	"github.com/idemgo/idem/store/memstore"
+)
+
+func benchHandler(ctx context.Context, ev events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
+	return events.APIGatewayProxyResponse{StatusCode: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: `{"order":1}`}, nil
+}
+
+// BenchmarkBareHandler is the handler alone: what the wrapper adds to.
+func BenchmarkBareHandler(b *testing.B) {
+	ev := restEvent(`"k"`, "Bearer alice", `{"sku":"A1"}`)
+	for b.Loop() {
+		_, _ = benchHandler(context.Background(), ev)
+	}
+}
+
+// BenchmarkAPIGatewayProxy is the wrapped handler on the memory store:
+// every invocation a new key (a claim, the handler, a settle), and every
+// invocation a replay of one key.
+func BenchmarkAPIGatewayProxy(b *testing.B) {
+	for _, mode := range []string{"new-key", "replay"} {
+		b.Run(mode, func(b *testing.B) {
+			s := memstore.New(memstore.Config{})
+			defer s.Close()
+			h, err := lambdaidem.APIGatewayProxy(lambdaidem.HTTPConfig{HTTP: httpidem.Config{Store: s}}, benchHandler)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ev := restEvent(`"k"`, "Bearer alice", `{"sku":"A1"}`)
+			i := 0
+			for b.Loop() {
+				if mode == "new-key" {
+					i++
+					ev.Headers["Idempotency-Key"] = `"k-` + strconv.Itoa(i) + `"`
+				}
+				if resp, err := h(context.Background(), ev); err != nil || resp.StatusCode != 201 {
+					b.Fatalf("%d %v", resp.StatusCode, err)
+				}
+			}
+		})
+	}
+}

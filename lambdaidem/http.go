@@ -1,0 +1,433 @@
+package lambdaidem
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/httpidem"
+)
+
+// HTTPConfig configures the handlers of HTTP events: API Gateway REST APIs
+// (APIGatewayProxy), HTTP APIs (APIGatewayV2) and function URLs
+// (FunctionURL). They run the event through httpidem's middleware, so a
+// function gets exactly what httpidem gives a net/http handler: the
+// Idempotency-Key header, 409 while the key is in progress, 422 for
+// another payload under it, 400 for a bad key, the first response
+// replayed with Idempotent-Replayed, responses scoped by the caller.
+type HTTPConfig struct {
+	// HTTP is the middleware's configuration: its Store or Guard is
+	// required. Its Principal defaults to the Authorization header, else
+	// the cookies (httpidem.DefaultPrincipal); AuthorizerPrincipal takes the
+	// caller from API Gateway's authorizer instead. Its FinishTimeout
+	// defaults here to a millisecond: a function's work ends with its
+	// invocation.
+	HTTP httpidem.Config
+	// LeaseMargin and ReturnBefore bound the claim by the invocation, as
+	// Config's do for SQS batches: the claim's lease ends LeaseMargin
+	// (default 1s) after the invocation's deadline, and the handler's
+	// context ReturnBefore (default 500ms) before it.
+	LeaseMargin, ReturnBefore time.Duration
+}
+
+// httpCore runs events through the middleware.
+type httpCore struct {
+	before  time.Duration
+	handler http.Handler // the middleware around the function's handler
+}
+
+func newHTTPCore(cfg HTTPConfig) (*httpCore, error) {
+	if cfg.LeaseMargin < 0 || cfg.ReturnBefore < 0 {
+		return nil, errors.New("idem/lambdaidem: HTTPConfig.LeaseMargin and ReturnBefore must not be negative")
+	}
+	if cfg.LeaseMargin == 0 {
+		cfg.LeaseMargin = time.Second
+	}
+	if cfg.ReturnBefore == 0 {
+		cfg.ReturnBefore = 500 * time.Millisecond
+	}
+	if cfg.HTTP.FinishTimeout == 0 {
+		cfg.HTTP.FinishTimeout = time.Millisecond
+	}
+	margin := cfg.LeaseMargin
+	cfg.HTTP.LeaseDeadline = func(r *http.Request) time.Time {
+		if inv, ok := r.Context().Value(invocationKey{}).(*invocation); ok && !inv.deadline.IsZero() {
+			return inv.deadline.Add(margin)
+		}
+		return time.Time{}
+	}
+	mw, err := httpidem.New(cfg.HTTP)
+	if err != nil {
+		return nil, err
+	}
+	c := &httpCore{before: cfg.ReturnBefore}
+	c.handler = mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inv := r.Context().Value(invocationKey{}).(*invocation)
+		resp, err := inv.call(r.Context())
+		if err != nil {
+			inv.err = err
+			w.WriteHeader(http.StatusInternalServerError) // released: the retry runs (a cancelled handler's claim is held)
+			return
+		}
+		for k, vs := range resp.header {
+			w.Header()[k] = vs
+		}
+		if resp.status == 0 {
+			resp.status = http.StatusOK
+		}
+		w.WriteHeader(resp.status)
+		_, _ = w.Write(resp.body)
+	}))
+	return c, nil
+}
+
+// invocationKey carries an *invocation in a request's context.
+type invocationKey struct{}
+
+// invocation is one event on its way through the middleware: the
+// function's handler, called with the event it was given, and its error.
+type invocation struct {
+	event    any
+	deadline time.Time
+	call     func(ctx context.Context) (httpResponse, error)
+	err      error
+}
+
+// EventFrom returns the Lambda event of a request made from one: an
+// events.APIGatewayProxyRequest, events.APIGatewayV2HTTPRequest or
+// events.LambdaFunctionURLRequest (for a Principal or Fingerprint of
+// yours).
+func EventFrom(r *http.Request) (any, bool) {
+	inv, ok := r.Context().Value(invocationKey{}).(*invocation)
+	if !ok {
+		return nil, false
+	}
+	return inv.event, true
+}
+
+// AuthorizerPrincipal names the caller as API Gateway's authorizer did:
+// a JWT authorizer's "sub" claim, an IAM caller's ARN, a Lambda or Cognito
+// authorizer's principalId or "sub" claim; else, as httpidem's default,
+// the Authorization header or the cookies.
+func AuthorizerPrincipal(r *http.Request) string {
+	ev, _ := EventFrom(r)
+	switch ev := ev.(type) {
+	case *events.APIGatewayV2HTTPRequest:
+		if a := ev.RequestContext.Authorizer; a != nil {
+			switch {
+			case a.JWT != nil && a.JWT.Claims["sub"] != "":
+				return "jwt:" + a.JWT.Claims["sub"]
+			case a.IAM != nil && a.IAM.UserARN != "":
+				return "iam:" + a.IAM.UserARN
+			case a.Lambda["principalId"] != nil && fmt.Sprint(a.Lambda["principalId"]) != "":
+				return "lambda:" + fmt.Sprint(a.Lambda["principalId"])
+			}
+		}
+	case *events.APIGatewayProxyRequest:
+		a := ev.RequestContext.Authorizer
+		if id, ok := a["principalId"].(string); ok && id != "" {
+			return "authorizer:" + id
+		}
+		if claims, ok := a["claims"].(map[string]any); ok {
+			if sub, ok := claims["sub"].(string); ok && sub != "" {
+				return "cognito:" + sub
+			}
+		}
+		if arn := ev.RequestContext.Identity.UserArn; arn != "" {
+			return "iam:" + arn
+		}
+	case *events.LambdaFunctionURLRequest:
+		if a := ev.RequestContext.Authorizer; a != nil && a.IAM != nil && a.IAM.UserARN != "" {
+			return "iam:" + a.IAM.UserARN
+		}
+	}
+	return httpidem.DefaultPrincipal(r)
+}
+
+// httpRequest is what the three event kinds say of a request.
+type httpRequest struct {
+	method, path, rawQuery string
+	header                 http.Header
+	body                   string
+	base64                 bool
+	remote                 string
+}
+
+// httpResponse is what a function answers.
+type httpResponse struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// serve runs req through the middleware: call answers it with the
+// function's handler.
+func (c *httpCore) serve(ctx context.Context, event any, req httpRequest, call func(ctx context.Context) (httpResponse, error)) (httpResponse, error) {
+	inv := &invocation{event: event, call: call}
+	if d, ok := ctx.Deadline(); ok {
+		inv.deadline = d
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, d.Add(-c.before))
+		defer cancel()
+	}
+	body := []byte(req.body)
+	if req.base64 {
+		b, err := base64.StdEncoding.DecodeString(req.body)
+		if err != nil {
+			return httpResponse{status: http.StatusBadRequest, header: http.Header{"Content-Type": {"text/plain; charset=utf-8"}},
+				body: []byte("the event's body is not the base64 it says it is\n")}, nil
+		}
+		body = b
+	}
+	u := &url.URL{Path: req.path, RawQuery: req.rawQuery}
+	r, err := http.NewRequestWithContext(context.WithValue(ctx, invocationKey{}, inv), req.method, u.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		return httpResponse{}, fmt.Errorf("idem/lambdaidem: the event's request: %w", err)
+	}
+	r.Header, r.RemoteAddr, r.ContentLength = req.header, req.remote, int64(len(body))
+	if r.Header == nil {
+		r.Header = http.Header{}
+	}
+	r.Host = r.Header.Get("Host")
+	w := &responseBuffer{header: http.Header{}}
+	c.handler.ServeHTTP(w, r)
+	if inv.err != nil && w.status == http.StatusInternalServerError {
+		return httpResponse{}, inv.err
+	}
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return httpResponse{status: w.status, header: w.header, body: w.body.Bytes()}, nil
+}
+
+// responseBuffer is the middleware's ResponseWriter: what the response
+// becomes.
+type responseBuffer struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (w *responseBuffer) Header() http.Header { return w.header }
+func (w *responseBuffer) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+}
+func (w *responseBuffer) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.body.Write(b)
+}
+
+// encodeBody is b as an event's body: as it is if it is UTF-8, else
+// base64.
+func encodeBody(b []byte) (string, bool) {
+	if utf8.Valid(b) {
+		return string(b), false
+	}
+	return base64.StdEncoding.EncodeToString(b), true
+}
+
+// decodeBody is an event response's body as bytes.
+func decodeBody(body string, isBase64 bool) ([]byte, error) {
+	if !isBase64 {
+		return []byte(body), nil
+	}
+	return base64.StdEncoding.DecodeString(body)
+}
+
+// singleHeader folds h into one value per field (the values joined with
+// ", "), as the events that have only Headers carry them; Set-Cookie goes
+// apart, in cookies.
+func singleHeader(h http.Header) (map[string]string, []string) {
+	out := make(map[string]string, len(h))
+	var cookies []string
+	for k, vs := range h {
+		if k == "Set-Cookie" {
+			cookies = append(cookies, vs...)
+			continue
+		}
+		out[k] = strings.Join(vs, ", ")
+	}
+	return out, cookies
+}
+
+// headerOf makes an http.Header of an event's headers.
+func headerOf(single map[string]string, multi map[string][]string, cookies []string) http.Header {
+	h := make(http.Header, len(single)+len(multi)+1)
+	for k, v := range single {
+		h.Set(k, v)
+	}
+	for k, vs := range multi {
+		h[http.CanonicalHeaderKey(k)] = vs
+	}
+	if len(cookies) > 0 {
+		h.Set("Cookie", strings.Join(cookies, "; "))
+	}
+	return h
+}
+
+// APIGatewayProxy wraps the handler of a REST API's proxy integration
+// (events.APIGatewayProxyRequest).
+func APIGatewayProxy(cfg HTTPConfig, h func(context.Context, events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error)) (func(context.Context, events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error), error) {
+	c, err := newHTTPCore(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, ev events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
+		q := url.Values{}
+		for k, v := range ev.QueryStringParameters {
+			q.Set(k, v)
+		}
+		for k, vs := range ev.MultiValueQueryStringParameters {
+			q[k] = vs
+		}
+		req := httpRequest{method: ev.HTTPMethod, path: ev.Path, rawQuery: q.Encode(), header: headerOf(ev.Headers, ev.MultiValueHeaders, nil),
+			body: ev.Body, base64: ev.IsBase64Encoded, remote: ev.RequestContext.Identity.SourceIP}
+		resp, err := c.serve(ctx, &ev, req, func(ctx context.Context) (httpResponse, error) {
+			out, err := h(ctx, ev)
+			if err != nil {
+				return httpResponse{}, err
+			}
+			body, err := decodeBody(out.Body, out.IsBase64Encoded)
+			if err != nil {
+				return httpResponse{}, fmt.Errorf("idem/lambdaidem: the handler's body: %w", err)
+			}
+			return httpResponse{status: out.StatusCode, header: headerOf(out.Headers, out.MultiValueHeaders, nil), body: body}, nil
+		})
+		if err != nil {
+			return events.APIGatewayProxyResponse{}, err
+		}
+		body, b64 := encodeBody(resp.body)
+		return events.APIGatewayProxyResponse{StatusCode: resp.status, MultiValueHeaders: resp.header, Body: body, IsBase64Encoded: b64}, nil
+	}, nil
+}
+
+// APIGatewayV2 wraps the handler of an HTTP API (events.APIGatewayV2HTTPRequest,
+// payload format 2.0).
+func APIGatewayV2(cfg HTTPConfig, h func(context.Context, events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error)) (func(context.Context, events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error), error) {
+	c, err := newHTTPCore(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, ev events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error) {
+		req := httpRequest{method: ev.RequestContext.HTTP.Method, path: ev.RawPath, rawQuery: ev.RawQueryString,
+			header: headerOf(ev.Headers, nil, ev.Cookies), body: ev.Body, base64: ev.IsBase64Encoded, remote: ev.RequestContext.HTTP.SourceIP}
+		resp, err := c.serve(ctx, &ev, req, func(ctx context.Context) (httpResponse, error) {
+			out, err := h(ctx, ev)
+			if err != nil {
+				return httpResponse{}, err
+			}
+			body, err := decodeBody(out.Body, out.IsBase64Encoded)
+			if err != nil {
+				return httpResponse{}, fmt.Errorf("idem/lambdaidem: the handler's body: %w", err)
+			}
+			hdr := headerOf(out.Headers, out.MultiValueHeaders, nil)
+			for _, c := range out.Cookies {
+				hdr.Add("Set-Cookie", c)
+			}
+			return httpResponse{status: out.StatusCode, header: hdr, body: body}, nil
+		})
+		if err != nil {
+			return events.APIGatewayV2HTTPResponse{}, err
+		}
+		body, b64 := encodeBody(resp.body)
+		hdr, cookies := singleHeader(resp.header)
+		return events.APIGatewayV2HTTPResponse{StatusCode: resp.status, Headers: hdr, Cookies: cookies, Body: body, IsBase64Encoded: b64}, nil
+	}, nil
+}
+
+// FunctionURL wraps the handler of a function URL
+// (events.LambdaFunctionURLRequest, buffered).
+func FunctionURL(cfg HTTPConfig, h func(context.Context, events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error)) (func(context.Context, events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error), error) {
+	c, err := newHTTPCore(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, ev events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error) {
+		req := httpRequest{method: ev.RequestContext.HTTP.Method, path: ev.RawPath, rawQuery: ev.RawQueryString,
+			header: headerOf(ev.Headers, nil, ev.Cookies), body: ev.Body, base64: ev.IsBase64Encoded, remote: ev.RequestContext.HTTP.SourceIP}
+		resp, err := c.serve(ctx, &ev, req, func(ctx context.Context) (httpResponse, error) {
+			out, err := h(ctx, ev)
+			if err != nil {
+				return httpResponse{}, err
+			}
+			body, err := decodeBody(out.Body, out.IsBase64Encoded)
+			if err != nil {
+				return httpResponse{}, fmt.Errorf("idem/lambdaidem: the handler's body: %w", err)
+			}
+			hdr := headerOf(out.Headers, nil, nil)
+			for _, c := range out.Cookies {
+				hdr.Add("Set-Cookie", c)
+			}
+			return httpResponse{status: out.StatusCode, header: hdr, body: body}, nil
+		})
+		if err != nil {
+			return events.LambdaFunctionURLResponse{}, err
+		}
+		body, b64 := encodeBody(resp.body)
+		hdr, cookies := singleHeader(resp.header)
+		return events.LambdaFunctionURLResponse{StatusCode: resp.status, Headers: hdr, Cookies: cookies, Body: body, IsBase64Encoded: b64}, nil
+	}, nil
+}
+
+// FunctionConfig configures Function.
+type FunctionConfig[In any] struct {
+	// Scope names the function; keys are scoped by it. Required.
+	Scope string
+	// Key extracts the business key from an event. Required.
+	Key func(In) (string, error)
+	// Fingerprint tells events apart under one key: another fingerprint is
+	// idem.ErrFingerprintMismatch, never a replay. Defaults to none: the
+	// key alone decides.
+	Fingerprint func(In) string
+	// LeaseMargin bounds the claim by the invocation, as Config's does.
+	// Defaults to 1s.
+	LeaseMargin time.Duration
+}
+
+// Function makes fn idempotent for any event type, as Powertools'
+// idempotent_function does: the first invocation with a key runs fn and
+// stores its result (JSON); every later one with that key is answered the
+// stored result without running fn. A duplicate of an invocation still in
+// progress gets idem.ErrInProgress (the invocation fails, and its caller
+// retries it). The claim ends at the invocation's deadline plus the
+// margin.
+func Function[In, Out any](g *idem.Guard, cfg FunctionConfig[In], fn func(context.Context, In) (Out, error)) (func(context.Context, In) (Out, error), error) {
+	if cfg.Scope == "" || cfg.Key == nil {
+		return nil, errors.New("idem/lambdaidem: FunctionConfig.Scope and FunctionConfig.Key are required")
+	}
+	if cfg.LeaseMargin < 0 {
+		return nil, errors.New("idem/lambdaidem: FunctionConfig.LeaseMargin must not be negative")
+	}
+	if cfg.LeaseMargin == 0 {
+		cfg.LeaseMargin = time.Second
+	}
+	return func(ctx context.Context, in In) (Out, error) {
+		var zero Out
+		id, err := cfg.Key(in)
+		if err != nil {
+			return zero, fmt.Errorf("idem/lambdaidem: the event's key: %w", err)
+		}
+		opts := &idem.RunOptions{}
+		if cfg.Fingerprint != nil {
+			opts.Fingerprint = cfg.Fingerprint(in)
+		}
+		if d, ok := ctx.Deadline(); ok {
+			opts.LeaseDeadline = d.Add(cfg.LeaseMargin)
+		}
+		return idem.DoWith(ctx, g, idem.Key{Scope: cfg.Scope, ID: id}, opts, func(ctx context.Context) (Out, error) { return fn(ctx, in) })
+	}, nil
+}
