@@ -240,12 +240,21 @@ func encodeBody(b []byte) (string, bool) {
 	return base64.StdEncoding.EncodeToString(b), true
 }
 
-// decodeBody is an event response's body as bytes.
-func decodeBody(body string, isBase64 bool) ([]byte, error) {
-	if !isBase64 {
-		return []byte(body), nil
+// responseOf is what a handler's event response says: its cookies as
+// Set-Cookie fields, its body decoded.
+func responseOf(status int, single map[string]string, multi map[string][]string, cookies []string, body string, isBase64 bool) (httpResponse, error) {
+	b := []byte(body)
+	if isBase64 {
+		var err error
+		if b, err = base64.StdEncoding.DecodeString(body); err != nil {
+			return httpResponse{}, fmt.Errorf("idem/lambdaidem: the handler's body: %w", err)
+		}
 	}
-	return base64.StdEncoding.DecodeString(body)
+	h := headerOf(single, multi, nil)
+	for _, c := range cookies {
+		h.Add("Set-Cookie", c)
+	}
+	return httpResponse{status: status, header: h, body: b}, nil
 }
 
 // singleHeader folds h into one value per field (the values joined with
@@ -301,11 +310,7 @@ func APIGatewayProxy(cfg HTTPConfig, h func(context.Context, events.APIGatewayPr
 			if err != nil {
 				return httpResponse{}, err
 			}
-			body, err := decodeBody(out.Body, out.IsBase64Encoded)
-			if err != nil {
-				return httpResponse{}, fmt.Errorf("idem/lambdaidem: the handler's body: %w", err)
-			}
-			return httpResponse{status: out.StatusCode, header: headerOf(out.Headers, out.MultiValueHeaders, nil), body: body}, nil
+			return responseOf(out.StatusCode, out.Headers, out.MultiValueHeaders, nil, out.Body, out.IsBase64Encoded)
 		})
 		if err != nil {
 			return events.APIGatewayProxyResponse{}, err
@@ -330,15 +335,7 @@ func APIGatewayV2(cfg HTTPConfig, h func(context.Context, events.APIGatewayV2HTT
 			if err != nil {
 				return httpResponse{}, err
 			}
-			body, err := decodeBody(out.Body, out.IsBase64Encoded)
-			if err != nil {
-				return httpResponse{}, fmt.Errorf("idem/lambdaidem: the handler's body: %w", err)
-			}
-			hdr := headerOf(out.Headers, out.MultiValueHeaders, nil)
-			for _, c := range out.Cookies {
-				hdr.Add("Set-Cookie", c)
-			}
-			return httpResponse{status: out.StatusCode, header: hdr, body: body}, nil
+			return responseOf(out.StatusCode, out.Headers, out.MultiValueHeaders, out.Cookies, out.Body, out.IsBase64Encoded)
 		})
 		if err != nil {
 			return events.APIGatewayV2HTTPResponse{}, err
@@ -364,15 +361,7 @@ func FunctionURL(cfg HTTPConfig, h func(context.Context, events.LambdaFunctionUR
 			if err != nil {
 				return httpResponse{}, err
 			}
-			body, err := decodeBody(out.Body, out.IsBase64Encoded)
-			if err != nil {
-				return httpResponse{}, fmt.Errorf("idem/lambdaidem: the handler's body: %w", err)
-			}
-			hdr := headerOf(out.Headers, nil, nil)
-			for _, c := range out.Cookies {
-				hdr.Add("Set-Cookie", c)
-			}
-			return httpResponse{status: out.StatusCode, header: hdr, body: body}, nil
+			return responseOf(out.StatusCode, out.Headers, nil, out.Cookies, out.Body, out.IsBase64Encoded)
 		})
 		if err != nil {
 			return events.LambdaFunctionURLResponse{}, err

@@ -126,6 +126,17 @@ func runIdem(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st
 		}})
 	check(err)
 	start := time.Now()
+	relayAll(ctx, r, s.Store)
+	waitStream(ctx, st, before+uint64(n))
+	el := time.Since(start)
+	if retries.Load() > 0 {
+		log.Printf("idem: %d sends were retried", retries.Load())
+	}
+	return float64(n) / el.Seconds()
+}
+
+// relayAll runs r until no row of s is pending.
+func relayAll(ctx context.Context, r *outbox.Relay, s *outbox.Store) {
 	for {
 		k, err := r.RunOnce(ctx)
 		check(err)
@@ -135,16 +146,10 @@ func runIdem(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st
 		stats, err := s.Stats(ctx)
 		check(err)
 		if stats.Pending == 0 {
-			break
+			return
 		}
 		time.Sleep(10 * time.Millisecond) // failed sends wait for their backoff
 	}
-	waitStream(ctx, st, before+uint64(n))
-	el := time.Since(start)
-	if retries.Load() > 0 {
-		log.Printf("idem: %d sends were retried", retries.Load())
-	}
-	return float64(n) / el.Seconds()
 }
 
 // jsPublisher is a Watermill publisher onto JetStream, the same publish

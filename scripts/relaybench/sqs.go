@@ -76,19 +76,7 @@ func benchSQS(ctx context.Context, pool *pgxpool.Pool, endpoint string, n, concu
 	calls.Reset()
 	cpu0 := proccpu.Seconds()
 	start := time.Now()
-	for {
-		k, err := r.RunOnce(ctx)
-		check(err)
-		if k > 0 {
-			continue
-		}
-		stats, err := s.Stats(ctx)
-		check(err)
-		if stats.Pending == 0 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	relayAll(ctx, r, s.Store)
 	waitQueue(idemURL)
 	idemRate, idemCPU := float64(n)/time.Since(start).Seconds(), proccpu.PerMessage(cpu0, proccpu.Seconds(), float64(n))+"; calls per message: "+calls.Per(n)
 
