@@ -2,14 +2,10 @@ package testenv
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -57,52 +53,14 @@ func sqsEndpoint(t testing.TB) (string, error) {
 		os.Setenv("AWS_ENDPOINT_URL_SQS", ep)
 		return ep, nil
 	}
-	bin := os.Getenv(FauxqsEnv)
-	if bin == "" {
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			return "", err
-		}
-		bin = filepath.Join(cache, "idem-npm", "node_modules", ".bin", "fauxqs")
-	}
-	if _, err := os.Stat(bin); err != nil {
-		return "", fmt.Errorf("no fauxqs (npm i fauxqs in $XDG_CACHE_HOME/idem-npm, or set %s): %w", FauxqsEnv, err)
-	}
-	var endpoint string
-	var startErr error
-	startOnFreePorts(t, "fauxqs", func(int) error {
-		port := freePort(t)
-		log := filepath.Join(os.TempDir(), "idem-fauxqs-"+strconv.Itoa(port)+".log")
-		out, err := os.Create(log)
-		if err != nil {
-			return err
-		}
-		defer out.Close()
-		cmd := exec.Command(bin)
-		cmd.Env = append(os.Environ(), "FAUXQS_PORT="+strconv.Itoa(port), "FAUXQS_LOGGER=false", "FAUXQS_HOST=127.0.0.1")
-		cmd.Stdout, cmd.Stderr = out, out
-		s, err := startServer(cmd, log, "")
-		if err != nil {
-			startErr = err
-			return nil
-		}
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		if err := s.waitReady(30*time.Second, func() error { return listening(addr) }); err != nil {
-			return err
-		}
-		endpoint = "http://" + addr
-		return nil
+	endpoint, err := startNPMServer(t, "fauxqs", FauxqsEnv, func(port int) ([]string, []string) {
+		return nil, []string{"FAUXQS_PORT=" + strconv.Itoa(port), "FAUXQS_LOGGER=false", "FAUXQS_HOST=127.0.0.1"}
 	})
-	if startErr != nil {
-		return "", startErr
+	if err != nil {
+		return "", err
 	}
 	os.Setenv("AWS_ENDPOINT_URL_SQS", endpoint)
 	os.Setenv(SQSEndpointEnv, endpoint) // the processes the tests start use this one
-	for k, v := range map[string]string{"AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "idem", "AWS_SECRET_ACCESS_KEY": "idem"} {
-		if os.Getenv(k) == "" {
-			os.Setenv(k, v)
-		}
-	}
 	return endpoint, nil
 }
 
