@@ -2,9 +2,13 @@ package dynamostore_test
 
 import (
 	"context"
+	"net/url"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/idemgo/idem"
@@ -26,7 +30,9 @@ func newStore(t testing.TB, clock idem.Clock) store.Store {
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = c.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)}) })
+	t.Cleanup(func() {
+		_, _ = c.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
+	})
 	return s
 }
 
@@ -34,4 +40,58 @@ func newStore(t testing.TB, clock idem.Clock) store.Store {
 // and retention cases advance it instead of sleeping.
 func TestConformance(t *testing.T) {
 	storetest.RunClocked(t, storetest.Capabilities{Persistent: true, Unclaims: true, FencedDeletes: true}, newStore)
+}
+
+// openAt opens the store at location, "TABLE ENDPOINT": a client of the
+// endpoint (the campaign's proxy, or dynalite itself), the table migrated.
+func openAt(t testing.TB, location string) store.Store {
+	table, endpoint, _ := strings.Cut(location, " ")
+	cfg, err := config.LoadDefaultConfig(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
+		if endpoint != "" {
+			o.BaseEndpoint = aws.String(endpoint)
+		}
+	})
+	s, err := dynamostore.New(dynamostore.Config{Client: c, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "migrate the table", func() error { return s.Migrate(context.Background()) })
+	return s
+}
+
+func TestMultiProcess(t *testing.T) {
+	storetest.MultiProcess(t, "TestMultiProcess", testenv.RandomName("idem_mp_")+" "+testenv.DynamoDB(t), 4, 200, openAt)
+}
+
+func TestCrashTakeover(t *testing.T) {
+	storetest.CrashTakeover(t, "TestCrashTakeover", testenv.RandomName("idem_crash_")+" "+testenv.DynamoDB(t), openAt)
+}
+
+// TestCampaign runs the fault campaign on dynalite, every process reaching
+// it through a TCP proxy that the campaign cuts and stalls now and then.
+func TestCampaign(t *testing.T) { storetest.Campaign(t, campaignConfig(t, "TestCampaign")) }
+
+// TestGuardCampaign runs guarded work (idem.Guard) under the same faults.
+func TestGuardCampaign(t *testing.T) {
+	storetest.GuardCampaign(t, campaignConfig(t, "TestGuardCampaign"))
+}
+
+func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
+	cfg := storetest.CampaignConfig{TestName: name, Processes: 2, Open: openAt}
+	if !storetest.IsChild() {
+		endpoint := testenv.DynamoDB(t)
+		u, err := url.Parse(endpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := testenv.StartProxy(t, u.Host)
+		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
+		table := testenv.RandomName("idem_campaign_")
+		cfg.Location, cfg.Direct = table+" http://"+p.Addr(), table+" "+endpoint
+	}
+	return cfg
 }
