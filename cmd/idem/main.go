@@ -149,6 +149,17 @@ a PostgreSQL with fsync off, …).`,
 				}
 			}
 			return nil
+		case storeurl.DynamoDB:
+			if *status {
+				return fmt.Errorf("%s: DynamoDB has no migrations to list: idem migrate creates the table", *st)
+			}
+			s, err := storeurl.Open(ctx, *st, nil) // creates the table and turns TTL on, or says what is wrong with it
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			fmt.Fprintf(cmd.OutOrStdout(), "The table %s is ready: partition key k (a string), TTL on the attribute ttl where the endpoint has TTL.\n", spec.Path)
+			return nil
 		default:
 			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate\n", *st)
 			return nil

@@ -52,6 +52,8 @@ func printMigrations(ctx context.Context, w io.Writer, raw string) error {
 		script = sqlmigrate.Script(sqldriver.Postgres, pg.Schema(),
 			sqlmigrate.Component{Name: "records", Steps: pg.Migrations()},
 			sqlmigrate.Component{Name: "outbox", Steps: ob.Migrations()})
+	case storeurl.DynamoDB:
+		return fmt.Errorf("%s: DynamoDB has no SQL: idem migrate creates the table (on-demand capacity, the partition key k, a string, TTL on ttl)", raw)
 	default:
 		return fmt.Errorf("%s has no schema to print", raw)
 	}

@@ -11,6 +11,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	dtypes "github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
@@ -289,5 +292,29 @@ func TestMigratePrint(t *testing.T) {
 				t.Fatalf("the records on the printed schema: %v %s", err, out)
 			}
 		})
+	}
+}
+
+// TestMigrateDynamoDB: idem migrate on dynamodb://TABLE creates the table
+// with the standard AWS configuration (here the tests' DynamoDB), and
+// again finds it ready; a table of another key schema is refused, saying
+// what is wrong.
+func TestMigrateDynamoDB(t *testing.T) {
+	c := testenv.DynamoDBClient(t) // sets AWS_ENDPOINT_URL_DYNAMODB and the rest for idem's process
+	table := testenv.RandomName("idem_migrate_")
+	for range 2 {
+		out, err := run(t, "migrate", "--store", "dynamodb://"+table)
+		if err != nil || !strings.Contains(out, "is ready") {
+			t.Fatalf("idem migrate: %q %v", out, err)
+		}
+	}
+	other := testenv.RandomName("idem_other_")
+	if _, err := c.CreateTable(context.Background(), &dynamodb.CreateTableInput{TableName: aws.String(other), BillingMode: dtypes.BillingModePayPerRequest,
+		AttributeDefinitions: []dtypes.AttributeDefinition{{AttributeName: aws.String("id"), AttributeType: dtypes.ScalarAttributeTypeS}},
+		KeySchema:            []dtypes.KeySchemaElement{{AttributeName: aws.String("id"), KeyType: dtypes.KeyTypeHash}}}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, "migrate", "--store", "dynamodb://"+other); err == nil || !strings.Contains(out+err.Error(), "another key schema") {
+		t.Fatalf("a table of another key schema: %q %v", out, err)
 	}
 }

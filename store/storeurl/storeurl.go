@@ -23,12 +23,13 @@ const (
 	SQLite   Kind = "sqlite"
 	Postgres Kind = "postgres"
 	Redis    Kind = "redis"
+	DynamoDB Kind = "dynamodb"
 )
 
 // Spec is a parsed store URL.
 type Spec struct {
 	Kind Kind
-	// Path is the SQLite file.
+	// Path is the SQLite file, or the DynamoDB table.
 	Path string
 	// Query holds the options after '?'.
 	Query url.Values
@@ -81,7 +82,17 @@ func Parse(raw string) (Spec, error) {
 		}
 		return Spec{Kind: kind, Query: u.Query(), Raw: raw}, nil
 	}
-	return Spec{}, fmt.Errorf("idem: unknown store URL scheme %q in %q: want memory:, sqlite:PATH, postgres://… or redis://…", scheme, raw)
+	if strings.EqualFold(scheme, "dynamodb") {
+		u, err := url.Parse(raw)
+		if err != nil || !strings.HasPrefix(rest, "//") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.User != nil {
+			return Spec{}, fmt.Errorf("idem: store URL %q: want dynamodb://TABLE", raw)
+		}
+		for k := range u.Query() {
+			return Spec{}, fmt.Errorf("idem: store URL %q: unknown dynamodb option %q (none are known: the region, credentials and endpoint come from the AWS configuration)", raw, k)
+		}
+		return Spec{Kind: DynamoDB, Path: u.Host, Raw: raw}, nil
+	}
+	return Spec{}, fmt.Errorf("idem: unknown store URL scheme %q in %q: want memory:, sqlite:PATH, postgres://…, redis://… or dynamodb://TABLE", scheme, raw)
 }
 
 // Options tune the opened store.

@@ -36,6 +36,10 @@ func TestParse(t *testing.T) {
 		{in: "sqlite:a.db?journal=off", wantErr: "unknown sqlite option"},
 		{in: "postgres:nohost", wantErr: "want postgres://"},
 		{in: "redis://", wantErr: "want redis://"},
+		{in: "dynamodb://idem_records", want: DynamoDB, path: "idem_records"},
+		{in: "dynamodb://", wantErr: "want dynamodb://TABLE"},
+		{in: "dynamodb://t/x", wantErr: "want dynamodb://TABLE"},
+		{in: "dynamodb://t?region=eu-west-1", wantErr: "unknown dynamodb option"},
 	}
 	for _, tt := range tests {
 		spec, err := Parse(tt.in)
@@ -160,5 +164,21 @@ func TestRedisURLFunctions(t *testing.T) {
 	}
 	if _, err := Open(ctx, "redis://"+srv.Addr+"/0?idem_functions=yes", nil); err == nil || !strings.Contains(err.Error(), "idem_functions") {
 		t.Errorf("idem_functions=yes: %v, want it refused", err)
+	}
+}
+
+// TestOpenDynamoDB: dynamodb://TABLE opens the store with the standard
+// AWS configuration (here the tests' DynamoDB) and creates its table.
+func TestOpenDynamoDB(t *testing.T) {
+	testenv.DynamoDB(t)
+	table := testenv.RandomName("idem_url_")
+	s, err := Open(context.Background(), "dynamodb://"+table, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	a, err := s.Acquire(context.Background(), store.AcquireRequest{Key: "k", Lease: time.Second, Retention: time.Hour})
+	if err != nil || a.Outcome != store.Acquired {
+		t.Fatalf("%v %v", a.Outcome, err)
 	}
 }
