@@ -2,6 +2,7 @@ package dynamostore_test
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/smithy-go"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
@@ -94,4 +96,24 @@ func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
 		cfg.Location, cfg.Direct = table+" http://"+p.Addr(), table+" "+endpoint
 	}
 	return cfg
+}
+
+// TestThrottlingIsUnavailable: throttling and a request that timed out are
+// store.ErrUnavailable (nothing runs; the caller retries), never a wrong
+// answer; a validation error is not.
+func TestThrottlingIsUnavailable(t *testing.T) {
+	for _, tt := range []struct {
+		err         error
+		unavailable bool
+	}{
+		{&smithy.GenericAPIError{Code: "ProvisionedThroughputExceededException", Fault: smithy.FaultClient}, true},
+		{&smithy.GenericAPIError{Code: "ThrottlingException", Fault: smithy.FaultClient}, true},
+		{&smithy.GenericAPIError{Code: "InternalServerError", Fault: smithy.FaultServer}, true},
+		{context.DeadlineExceeded, true},
+		{&smithy.GenericAPIError{Code: "ValidationException", Fault: smithy.FaultClient}, false},
+	} {
+		if got := errors.Is(dynamostore.Wrap("acquire", tt.err), store.ErrUnavailable); got != tt.unavailable {
+			t.Errorf("%v: unavailable %v, want %v", tt.err, got, tt.unavailable)
+		}
+	}
 }

@@ -1,0 +1,4 @@
+package dynamostore
+
+// Wrap is wrap, for the tests of how errors are told apart.
+var Wrap = wrap
