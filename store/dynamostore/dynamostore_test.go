@@ -20,12 +20,12 @@ import (
 	"github.com/idemgo/idem/store/storetest"
 )
 
-// newStore returns a store on a table of its own, made by Migrate and
+// newTable returns the name of a table of its own, made by Migrate and
 // deleted when t ends.
-func newStore(t testing.TB, clock idem.Clock) store.Store {
+func newTable(t testing.TB) *string {
 	c := testenv.DynamoDBClient(t)
 	table := testenv.RandomName("idem_records_")
-	s, err := dynamostore.New(dynamostore.Config{Client: c, Table: table, Clock: clock})
+	s, err := dynamostore.New(dynamostore.Config{Client: c, Table: table})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,6 +35,15 @@ func newStore(t testing.TB, clock idem.Clock) store.Store {
 	t.Cleanup(func() {
 		_, _ = c.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
 	})
+	return aws.String(table)
+}
+
+// newStore returns a store on a table of its own (see newTable).
+func newStore(t testing.TB, clock idem.Clock) store.Store {
+	s, err := dynamostore.New(dynamostore.Config{Client: testenv.DynamoDBClient(t), Table: *newTable(t), Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return s
 }
 

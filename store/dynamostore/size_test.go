@@ -46,7 +46,9 @@ func TestRecordBytes(t *testing.T) {
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = c.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)}) })
+	t.Cleanup(func() {
+		_, _ = c.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
+	})
 	storetest.RecordBytes(t, s, "DynamoDB item size", func(key string) (int64, error) {
 		out, err := c.GetItem(context.Background(), &dynamodb.GetItemInput{TableName: aws.String(table),
 			Key: map[string]types.AttributeValue{"k": &types.AttributeValueMemberS{Value: key}}, ConsistentRead: aws.Bool(true)})
