@@ -212,8 +212,12 @@ func (d *Driver) listenLocked(ctx context.Context, channel string) error {
 	return nil
 }
 
+// listenRetry is the longest a Wait that could not listen pauses.
+const listenRetry = time.Second
+
 // Wait blocks until channel is notified (true), or d passes or the
-// listening connection fails (false). One connection of the pool listens;
+// listening connection fails (false; within a second when it cannot
+// listen at all). One connection of the pool listens;
 // it is kept between calls and replaced when it fails.
 func (d *Driver) Wait(ctx context.Context, channel string, timeout time.Duration) bool {
 	if d.noWake {
@@ -223,7 +227,10 @@ func (d *Driver) Wait(ctx context.Context, channel string, timeout time.Duration
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.listenLocked(ctx, channel); err != nil {
-		_ = ctxsleep.Sleep(ctx, timeout)
+		// No listening connection (the server down, or a pooled connection
+		// that died with it): back to the caller within a second, which
+		// looks for work and waits again — not a whole timeout later.
+		_ = ctxsleep.Sleep(ctx, min(timeout, listenRetry))
 		return false
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
