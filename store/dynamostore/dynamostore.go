@@ -68,6 +68,12 @@ func New(cfg Config) (*Store, error) {
 	return &Store{c: cfg.Client, table: aws.String(cfg.Table), limits: cfg.Limits.WithDefaults(), now: now}, nil
 }
 
+// once makes a call one attempt: the SDK's retries are off. A call whose
+// answer is lost may have taken effect; resent, a claim would meet itself
+// and a settle its own result. The Guard retries what it may, knowing
+// that (as for Redis and PostgreSQL, whose clients' resends are off too).
+func once(o *dynamodb.Options) { o.Retryer = aws.NopRetryer{} }
+
 // Attribute names.
 const (
 	aKey      = "k"   // the storage key: the partition key
@@ -208,7 +214,7 @@ func conditionFailed(err error) (*types.ConditionalCheckFailedException, bool) {
 
 // get reads key's item, consistently; ok=false when there is none.
 func (s *Store) get(ctx context.Context, key string) (item, bool, error) {
-	out, err := s.c.GetItem(ctx, &dynamodb.GetItemInput{TableName: s.table, Key: map[string]types.AttributeValue{aKey: str(key)}, ConsistentRead: aws.Bool(true)})
+	out, err := s.c.GetItem(ctx, &dynamodb.GetItemInput{TableName: s.table, Key: map[string]types.AttributeValue{aKey: str(key)}, ConsistentRead: aws.Bool(true)}, once)
 	if err != nil {
 		return item{}, false, wrap("get", err)
 	}
@@ -231,7 +237,7 @@ func (s *Store) put(ctx context.Context, key string, it *item, prev uint64) (ok 
 		in.ExpressionAttributeValues = map[string]types.AttributeValue{":v": unum(prev)}
 	}
 	in.ConditionExpression, in.ExpressionAttributeNames = aws.String(cond), names(cond)
-	_, err = s.c.PutItem(ctx, in)
+	_, err = s.c.PutItem(ctx, in, once)
 	if cf, failed := conditionFailed(err); failed {
 		return false, cf.Item, nil
 	}
@@ -403,7 +409,7 @@ func (s *Store) owned(ctx context.Context, op, key string, fence uint64, now int
 	update = strings.Replace(update, "SET ", "SET #v = #v + :one, ", 1)
 	_, err := s.c.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: s.table, Key: map[string]types.AttributeValue{aKey: str(key)},
 		ConditionExpression: aws.String(condition), UpdateExpression: aws.String(update),
-		ExpressionAttributeNames: names(condition, update), ExpressionAttributeValues: values})
+		ExpressionAttributeNames: names(condition, update), ExpressionAttributeValues: values}, once)
 	if _, failed := conditionFailed(err); failed {
 		return false, nil
 	}
@@ -524,7 +530,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := store.ValidateKey(key); err != nil {
 		return err
 	}
-	_, err := s.c.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: s.table, Key: map[string]types.AttributeValue{aKey: str(key)}})
+	_, err := s.c.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: s.table, Key: map[string]types.AttributeValue{aKey: str(key)}}, once)
 	return wrap("delete", err)
 }
 
@@ -538,7 +544,7 @@ func (s *Store) DeleteUpTo(ctx context.Context, key string, fence uint64) error 
 	}
 	_, err := s.c.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: s.table, Key: map[string]types.AttributeValue{aKey: str(key)},
 		ConditionExpression: aws.String("#f <= :fence"), ExpressionAttributeNames: names("#f"),
-		ExpressionAttributeValues: map[string]types.AttributeValue{":fence": unum(fence)}})
+		ExpressionAttributeValues: map[string]types.AttributeValue{":fence": unum(fence)}}, once)
 	if _, failed := conditionFailed(err); failed {
 		return nil // absent, or a later fence: kept
 	}
@@ -562,7 +568,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 		now := num(ms(s.now()))
 		out, err := s.c.Scan(ctx, &dynamodb.ScanInput{TableName: s.table, ExclusiveStartKey: start, ConsistentRead: aws.Bool(true),
 			FilterExpression: aws.String(sweepable), ProjectionExpression: aws.String("#k"), ExpressionAttributeNames: names(sweepable, "#k"),
-			ExpressionAttributeValues: map[string]types.AttributeValue{":now": now, ":fl": num(int64(store.StateInFlight))}})
+			ExpressionAttributeValues: map[string]types.AttributeValue{":now": now, ":fl": num(int64(store.StateInFlight))}}, once)
 		if err != nil {
 			return deleted, wrap("sweep", err)
 		}
@@ -572,7 +578,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 			}
 			_, err := s.c.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: s.table, Key: map[string]types.AttributeValue{aKey: it[aKey]},
 				ConditionExpression: aws.String(sweepable), ExpressionAttributeNames: names(sweepable),
-				ExpressionAttributeValues: map[string]types.AttributeValue{":now": now, ":fl": num(int64(store.StateInFlight))}})
+				ExpressionAttributeValues: map[string]types.AttributeValue{":now": now, ":fl": num(int64(store.StateInFlight))}}, once)
 			if _, failed := conditionFailed(err); failed {
 				continue // claimed again meanwhile
 			}
@@ -597,13 +603,13 @@ func (s *Store) Close() error { return nil }
 // active, and turns TTL on for the ttl attribute; an existing table with
 // another key schema is an error that says what is wrong.
 func (s *Store) Migrate(ctx context.Context) error {
-	desc, err := s.c.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: s.table})
+	desc, err := s.c.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: s.table}, once)
 	var missing *types.ResourceNotFoundException
 	switch {
 	case errors.As(err, &missing):
 		_, err = s.c.CreateTable(ctx, &dynamodb.CreateTableInput{TableName: s.table, BillingMode: types.BillingModePayPerRequest,
 			AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String(aKey), AttributeType: types.ScalarAttributeTypeS}},
-			KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String(aKey), KeyType: types.KeyTypeHash}}})
+			KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String(aKey), KeyType: types.KeyTypeHash}}}, once)
 		var inUse *types.ResourceInUseException
 		if err != nil && !errors.As(err, &inUse) {
 			return wrap("create table", err)
@@ -628,7 +634,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 			}
 		}
 	}
-	ttl, err := s.c.DescribeTimeToLive(ctx, &dynamodb.DescribeTimeToLiveInput{TableName: s.table})
+	ttl, err := s.c.DescribeTimeToLive(ctx, &dynamodb.DescribeTimeToLiveInput{TableName: s.table}, once)
 	if unknownOperation(err) {
 		return nil // an endpoint without TTL (dynalite): Sweep deletes what expired
 	}
@@ -637,7 +643,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return nil
 	}
 	_, err = s.c.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{TableName: s.table,
-		TimeToLiveSpecification: &types.TimeToLiveSpecification{AttributeName: aws.String(aTTL), Enabled: aws.Bool(true)}})
+		TimeToLiveSpecification: &types.TimeToLiveSpecification{AttributeName: aws.String(aTTL), Enabled: aws.Bool(true)}}, once)
 	if unknownOperation(err) {
 		return nil
 	}
