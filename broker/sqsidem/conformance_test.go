@@ -24,11 +24,25 @@ import (
 func TestConformance(t *testing.T) { brokertest.Run(t, harness(t, false, 1)) }
 
 // TestConformanceConcurrent: the same suite with 8 messages at once.
-func TestConformanceConcurrent(t *testing.T) { brokertest.Run(t, harness(t, false, 8)) }
+func TestConformanceConcurrent(t *testing.T) {
+	skipShort(t)
+	brokertest.Run(t, harness(t, false, 8))
+}
 
 // TestConformanceFIFO: the suite on a FIFO queue, every message in a
 // group of its own.
-func TestConformanceFIFO(t *testing.T) { brokertest.Run(t, harness(t, true, 4)) }
+func TestConformanceFIFO(t *testing.T) {
+	skipShort(t)
+	brokertest.Run(t, harness(t, true, 4))
+}
+
+// skipShort: under -short the suite runs once, on a standard queue (the
+// other configurations run in .ci/run).
+func skipShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the suite runs once, on a standard queue")
+	}
+}
 
 // harness is the suite's view of SQS and sqsidem: a queue per topic (and
 // its dead-letter queue), consumers that share it in this process and in
