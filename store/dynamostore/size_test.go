@@ -37,20 +37,13 @@ func itemSize(item map[string]types.AttributeValue) int64 {
 // TestRecordBytes reports a completed record's item size as DynamoDB
 // bills it (what storage and write units are counted from).
 func TestRecordBytes(t *testing.T) {
-	c := testenv.DynamoDBClient(t)
-	table := testenv.RandomName("idem_size_")
-	s, err := dynamostore.New(dynamostore.Config{Client: c, Table: table})
+	c, table := testenv.DynamoDBClient(t), newTable(t)
+	s, err := dynamostore.New(dynamostore.Config{Client: c, Table: *table})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = c.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
-	})
 	storetest.RecordBytes(t, s, "DynamoDB item size", func(key string) (int64, error) {
-		out, err := c.GetItem(context.Background(), &dynamodb.GetItemInput{TableName: aws.String(table),
+		out, err := c.GetItem(context.Background(), &dynamodb.GetItemInput{TableName: table,
 			Key: map[string]types.AttributeValue{"k": &types.AttributeValueMemberS{Value: key}}, ConsistentRead: aws.Bool(true)})
 		if err != nil {
 			return 0, err
