@@ -2,7 +2,9 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -27,6 +29,18 @@ var dynamoOnce struct {
 	err      error
 }
 
+// survivingAbortedRequests runs dynalite's command (%q: its cli.js) so
+// that a request its client aborts mid-body — a connection the campaigns'
+// proxy cuts — does not end the process: dynalite rethrows the request's
+// ECONNRESET, which Node makes fatal.
+const survivingAbortedRequests = `process.on('uncaughtException', (e) => {
+	if (e && e.code === 'ECONNRESET') return;
+	console.error(e);
+	process.exit(1);
+});
+process.argv.splice(1, 0, 'dynalite');
+require(%q);`
+
 // DynamoDB makes the tests' DynamoDB reachable through the standard AWS
 // configuration and returns its endpoint: the one IDEM_DYNAMODB_ENDPOINT
 // names, else a dynalite this process starts once (in memory, tables made
@@ -41,8 +55,13 @@ func DynamoDB(t testing.TB) string {
 		if ep := os.Getenv(DynamoDBEndpointEnv); ep != "" {
 			dynamoOnce.endpoint = ep
 		} else {
-			dynamoOnce.endpoint, dynamoOnce.err = startNPMServer(t, "dynalite", DynaliteEnv, func(port int) ([]string, []string) {
-				return []string{"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"}, nil
+			dynamoOnce.endpoint, dynamoOnce.err = startNPMServer(t, "dynalite", DynaliteEnv, func(bin string, port int) (string, []string, []string) {
+				cli, err := filepath.EvalSymlinks(bin)
+				if err != nil {
+					cli = bin
+				}
+				return "node", []string{"-e", fmt.Sprintf(survivingAbortedRequests, cli), "--",
+					"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"}, nil
 			})
 		}
 		if dynamoOnce.err == nil {

@@ -14,10 +14,11 @@ import (
 // $XDG_CACHE_HOME/idem-npm, where .ci/run puts it, or where the
 // environment variable binEnv says) on a free loopback port, with the
 // arguments and environment args gives for the port, and returns its
-// endpoint, http://127.0.0.1:PORT. It is killed when this process ends,
+// endpoint, http://127.0.0.1:PORT (args says what to run for the
+// executable and the port: the executable itself, or node around it). It is killed when this process ends,
 // also by SIGKILL. It sets, where they are not set, a region and
 // credentials for the AWS configuration (an emulator takes any).
-func startNPMServer(t testing.TB, name, binEnv string, args func(port int) (argv, env []string)) (string, error) {
+func startNPMServer(t testing.TB, name, binEnv string, args func(bin string, port int) (exe string, argv, env []string)) (string, error) {
 	bin := os.Getenv(binEnv)
 	if bin == "" {
 		cache, err := os.UserCacheDir()
@@ -39,8 +40,8 @@ func startNPMServer(t testing.TB, name, binEnv string, args func(port int) (argv
 			return err
 		}
 		defer out.Close()
-		argv, env := args(port)
-		cmd := exec.Command(bin, argv...)
+		exe, argv, env := args(bin, port)
+		cmd := exec.Command(exe, argv...)
 		cmd.Env = append(os.Environ(), env...)
 		cmd.Stdout, cmd.Stderr = out, out
 		s, err := startServer(cmd, log, "")

@@ -53,8 +53,8 @@ func sqsEndpoint(t testing.TB) (string, error) {
 		os.Setenv("AWS_ENDPOINT_URL_SQS", ep)
 		return ep, nil
 	}
-	endpoint, err := startNPMServer(t, "fauxqs", FauxqsEnv, func(port int) ([]string, []string) {
-		return nil, []string{"FAUXQS_PORT=" + strconv.Itoa(port), "FAUXQS_LOGGER=false", "FAUXQS_HOST=127.0.0.1"}
+	endpoint, err := startNPMServer(t, "fauxqs", FauxqsEnv, func(bin string, port int) (string, []string, []string) {
+		return bin, nil, []string{"FAUXQS_PORT=" + strconv.Itoa(port), "FAUXQS_LOGGER=false", "FAUXQS_HOST=127.0.0.1"}
 	})
 	if err != nil {
 		return "", err
