@@ -28,6 +28,7 @@ import (
 var (
 	campaignDurationFlag = flag.Duration("broker.campaign.duration", 8*time.Second, "how long the broker fault campaign publishes and injects faults")
 	campaignSeed         = flag.Uint64("broker.campaign.seed", 0, "seed of the broker fault campaign (0: a new one, printed)")
+	campaignMaxBacklog   = flag.Int("broker.campaign.max-backlog", 0, "the most keys published and not yet completed before the producer waits (0: the test's CampaignConfig.MaxBacklog)")
 )
 
 // Environment of a campaign's consumer process.
@@ -176,6 +177,9 @@ func Campaign(t *testing.T, h Harness, cfg CampaignConfig) {
 	defer s.Close()
 	track := &tracker{s: s, g: newGuard(t, idem.Config{Store: s}), records: map[string]store.Record{}}
 	maxBacklog := cfg.MaxBacklog
+	if *campaignMaxBacklog > 0 {
+		maxBacklog = *campaignMaxBacklog
+	}
 	if maxBacklog == 0 {
 		maxBacklog = 300
 	}

@@ -242,3 +242,27 @@ func RabbitMQQueueView(url, queue string) string {
 	ctl(false, "list_channels", "pid", "connection", "consumer_count", "messages_unacknowledged", "prefetch_count", "state")
 	return b.String()
 }
+
+// LogLines returns the lines of the node's logs, of every start, that
+// contain any of words: what the node said about its recoveries
+// ("dropped", "Restarting crashed queue", "unclean shutdown").
+func (r *RabbitMQ) LogLines(words ...string) []string {
+	files, _ := filepath.Glob(filepath.Join(r.dir, "log", "*.log"))
+	outs, _ := filepath.Glob(filepath.Join(r.dir, "rabbitmq-*.out"))
+	var lines []string
+	for _, f := range append(files, outs...) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			for _, w := range words {
+				if strings.Contains(line, w) {
+					lines = append(lines, line)
+					break
+				}
+			}
+		}
+	}
+	return lines
+}
