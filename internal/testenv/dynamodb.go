@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -22,6 +24,10 @@ const DynamoDBEndpointEnv = "IDEM_DYNAMODB_ENDPOINT"
 // $XDG_CACHE_HOME/idem-npm/node_modules/.bin/dynalite, where .ci/run
 // installs it (npm i dynalite).
 const DynaliteEnv = "IDEM_DYNALITE"
+
+// userDynamoDBEndpoint is IDEM_DYNAMODB_ENDPOINT as the process was
+// started with (DynamoDB sets it to the dynalite it starts).
+var userDynamoDBEndpoint = os.Getenv(DynamoDBEndpointEnv)
 
 var dynamoOnce struct {
 	sync.Mutex
@@ -56,12 +62,7 @@ func DynamoDB(t testing.TB) string {
 			dynamoOnce.endpoint = ep
 		} else {
 			dynamoOnce.endpoint, dynamoOnce.err = startNPMServer(t, "dynalite", DynaliteEnv, func(bin string, port int) (string, []string, []string) {
-				cli, err := filepath.EvalSymlinks(bin)
-				if err != nil {
-					cli = bin
-				}
-				return "node", []string{"-e", fmt.Sprintf(survivingAbortedRequests, cli), "--",
-					"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"}, nil
+				return "node", dynaliteArgs(bin, port, ""), nil
 			})
 		}
 		if dynamoOnce.err == nil {
@@ -84,3 +85,109 @@ func DynamoDBClient(t testing.TB) *dynamodb.Client {
 	}
 	return dynamodb.NewFromConfig(cfg)
 }
+
+// dynaliteArgs is node's command line for dynalite on port, with its tables
+// in memory, or in files under path (LevelDB) where path is set.
+func dynaliteArgs(bin string, port int, path string) []string {
+	cli, err := filepath.EvalSymlinks(bin)
+	if err != nil {
+		cli = bin
+	}
+	args := []string{"-e", fmt.Sprintf(survivingAbortedRequests, cli), "--",
+		"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"}
+	if path != "" {
+		args = append(args, "--path", path)
+	}
+	return args
+}
+
+// Dynalite is a dynalite of a test's own (StartDynalite), its tables in
+// files, which the test may kill and start again.
+type Dynalite struct {
+	// Endpoint is http://127.0.0.1:PORT.
+	Endpoint string
+
+	bin, dir string
+	port     int
+	proc     *server
+	starts   int
+}
+
+// StartDynalite starts a dynalite on a free port with its tables in a
+// directory of the test's (LevelDB), killed when the test ends. It skips
+// the test where IDEM_DYNAMODB_ENDPOINT names the DynamoDB to use (real
+// DynamoDB cannot be killed) and under -short.
+func StartDynalite(t testing.TB) *Dynalite {
+	t.Helper()
+	skipShort(t, "a dynalite of its own")
+	if userDynamoDBEndpoint != "" {
+		t.Skipf("kills a DynamoDB server of its own; %s names %s", DynamoDBEndpointEnv, userDynamoDBEndpoint)
+	}
+	bin, err := npmBin("dynalite", DynaliteEnv)
+	Need(t, "dynalite", DynaliteEnv, err)
+	setEmulatorCredentials()
+	d := &Dynalite{bin: bin, dir: t.TempDir()}
+	t.Cleanup(d.stop)
+	startOnFreePorts(t, "dynalite", func(int) error {
+		d.port = freePort(t)
+		d.Endpoint = "http://127.0.0.1:" + strconv.Itoa(d.port)
+		return d.start()
+	})
+	return d
+}
+
+func (d *Dynalite) start() error {
+	d.starts++
+	log := filepath.Join(d.dir, fmt.Sprintf("dynalite-%d.log", d.starts))
+	out, err := os.Create(log)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	cmd := exec.Command("node", dynaliteArgs(d.bin, d.port, filepath.Join(d.dir, "data"))...)
+	cmd.Stdout, cmd.Stderr = out, out
+	p, err := startServer(cmd, log, "")
+	if err != nil {
+		return err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(d.port)
+	if err := p.waitReady(30*time.Second, func() error { return listening(addr) }); err != nil {
+		p.stop()
+		return err
+	}
+	d.proc = p
+	return nil
+}
+
+func (d *Dynalite) stop() {
+	if d.proc != nil {
+		d.proc.stop()
+		d.proc = nil
+	}
+}
+
+// Kill kills the server with SIGKILL: calls fail until Start.
+func (d *Dynalite) Kill() { d.stop() }
+
+// Start starts the server again on its port and files, returning once it
+// takes connections.
+func (d *Dynalite) Start() error {
+	held := holdPorts("127.0.0.1:" + strconv.Itoa(d.port))
+	err := d.start()
+	held.release()
+	if err != nil {
+		return fmt.Errorf("dynalite on port %d, after the kill: %w", d.port, err)
+	}
+	return nil
+}
+
+// Restart kills the server with SIGKILL and starts it again on its port and
+// files: it keeps every write it answered.
+func (d *Dynalite) Restart() error {
+	d.Kill()
+	return d.Start()
+}
+
+// OwnDynalite reports whether StartDynalite would start a dynalite rather
+// than skip: no IDEM_DYNAMODB_ENDPOINT given, not -short.
+func OwnDynalite() bool { return userDynamoDBEndpoint == "" && !testing.Short() }

@@ -19,16 +19,9 @@ import (
 // also by SIGKILL. It sets, where they are not set, a region and
 // credentials for the AWS configuration (an emulator takes any).
 func startNPMServer(t testing.TB, name, binEnv string, args func(bin string, port int) (exe string, argv, env []string)) (string, error) {
-	bin := os.Getenv(binEnv)
-	if bin == "" {
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			return "", err
-		}
-		bin = filepath.Join(cache, "idem-npm", "node_modules", ".bin", name)
-	}
-	if _, err := os.Stat(bin); err != nil {
-		return "", fmt.Errorf("no %s (npm i %s in $XDG_CACHE_HOME/idem-npm, or set %s): %w", name, name, binEnv, err)
+	bin, err := npmBin(name, binEnv)
+	if err != nil {
+		return "", err
 	}
 	var endpoint string
 	var startErr error
@@ -59,10 +52,33 @@ func startNPMServer(t testing.TB, name, binEnv string, args func(bin string, por
 	if startErr != nil {
 		return "", startErr
 	}
+	setEmulatorCredentials()
+	return endpoint, nil
+}
+
+// npmBin returns the executable the npm package name installs: where
+// binEnv says, else in $XDG_CACHE_HOME/idem-npm, where .ci/run puts it.
+func npmBin(name, binEnv string) (string, error) {
+	bin := os.Getenv(binEnv)
+	if bin == "" {
+		cache, err := os.UserCacheDir()
+		if err != nil {
+			return "", err
+		}
+		bin = filepath.Join(cache, "idem-npm", "node_modules", ".bin", name)
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("no %s (npm i %s in $XDG_CACHE_HOME/idem-npm, or set %s): %w", name, name, binEnv, err)
+	}
+	return bin, nil
+}
+
+// setEmulatorCredentials sets, where they are not set, a region and
+// credentials for the AWS configuration: an emulator takes any.
+func setEmulatorCredentials() {
 	for k, v := range map[string]string{"AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "idem", "AWS_SECRET_ACCESS_KEY": "idem"} {
 		if os.Getenv(k) == "" {
 			os.Setenv(k, v)
 		}
 	}
-	return endpoint, nil
 }

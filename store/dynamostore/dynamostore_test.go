@@ -86,7 +86,10 @@ func TestCrashTakeover(t *testing.T) {
 }
 
 // TestCampaign runs the fault campaign on dynalite, every process reaching
-// it through a TCP proxy that the campaign cuts and stalls now and then.
+// it through a TCP proxy that the campaign cuts and stalls now and then; a
+// dynalite of the test's own, which the campaign also kills with SIGKILL
+// and starts again on its files (the shared one under -short or where
+// IDEM_DYNAMODB_ENDPOINT is set).
 func TestCampaign(t *testing.T) { storetest.Campaign(t, campaignConfig(t, "TestCampaign")) }
 
 // TestGuardCampaign runs guarded work (idem.Guard) under the same faults.
@@ -98,6 +101,15 @@ func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2, Open: openAt}
 	if !storetest.IsChild() {
 		endpoint := testenv.DynamoDB(t)
+		if testenv.OwnDynalite() {
+			srv := testenv.StartDynalite(t)
+			endpoint = srv.Endpoint
+			cfg.Crash = func() {
+				if err := srv.Restart(); err != nil {
+					t.Error(err)
+				}
+			}
+		}
 		u, err := url.Parse(endpoint)
 		if err != nil {
 			t.Fatal(err)
