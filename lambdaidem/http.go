@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -180,25 +181,31 @@ func (c *httpCore) serve(ctx context.Context, event any, req httpRequest, call f
 		ctx, cancel = context.WithDeadline(ctx, d.Add(-c.before))
 		defer cancel()
 	}
-	body := []byte(req.body)
+	var body io.Reader
+	var length int
 	if req.base64 {
 		b, err := base64.StdEncoding.DecodeString(req.body)
 		if err != nil {
 			return httpResponse{status: http.StatusBadRequest, header: http.Header{"Content-Type": {"text/plain; charset=utf-8"}},
 				body: []byte("the event's body is not the base64 it says it is\n")}, nil
 		}
-		body = b
+		body, length = bytes.NewReader(b), len(b)
+	} else {
+		body, length = strings.NewReader(req.body), len(req.body)
 	}
-	u := &url.URL{Path: req.path, RawQuery: req.rawQuery}
-	r, err := http.NewRequestWithContext(context.WithValue(ctx, invocationKey{}, inv), req.method, u.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		return httpResponse{}, fmt.Errorf("idem/lambdaidem: the event's request: %w", err)
+	if req.method == "" {
+		req.method = http.MethodGet
 	}
-	r.Header, r.RemoteAddr, r.ContentLength = req.header, req.remote, int64(len(body))
-	if r.Header == nil {
-		r.Header = http.Header{}
+	if !validMethod(req.method) {
+		return httpResponse{}, fmt.Errorf("idem/lambdaidem: the event's request: method %q", req.method)
 	}
-	r.Host = r.Header.Get("Host")
+	header := req.header
+	if header == nil {
+		header = http.Header{}
+	}
+	r := (&http.Request{Method: req.method, URL: &url.URL{Path: req.path, RawQuery: req.rawQuery},
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Body: io.NopCloser(body), ContentLength: int64(length),
+		Host: header.Get("Host"), RemoteAddr: req.remote}).WithContext(context.WithValue(ctx, invocationKey{}, inv))
 	w := &responseBuffer{header: http.Header{}}
 	c.handler.ServeHTTP(w, r)
 	if inv.err != nil && w.status == http.StatusInternalServerError {
@@ -276,8 +283,12 @@ func singleHeader(h http.Header) (map[string]string, []string) {
 // headerOf makes an http.Header of an event's headers.
 func headerOf(single map[string]string, multi map[string][]string, cookies []string) http.Header {
 	h := make(http.Header, len(single)+len(multi)+1)
+	values := make([]string, len(single)) // one array for the single values
+	i := 0
 	for k, v := range single {
-		h.Set(k, v)
+		values[i] = v
+		h[http.CanonicalHeaderKey(k)] = values[i : i+1 : i+1]
+		i++
 	}
 	for k, vs := range multi {
 		h[http.CanonicalHeaderKey(k)] = vs
@@ -419,4 +430,16 @@ func Function[In, Out any](g *idem.Guard, cfg FunctionConfig[In], fn func(contex
 		}
 		return idem.DoWith(ctx, g, idem.Key{Scope: cfg.Scope, ID: id}, opts, func(ctx context.Context) (Out, error) { return fn(ctx, in) })
 	}, nil
+}
+
+// validMethod reports whether m, not empty, is an HTTP method token (RFC
+// 9110), as http.NewRequest requires.
+func validMethod(m string) bool {
+	for i := 0; i < len(m); i++ {
+		c := m[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -138,6 +138,43 @@ func TestHandlerErrorReleasesTheKey(t *testing.T) {
 	}
 }
 
+// TestEventRequestAsTheHandlerSeesIt: the request the middleware sees is
+// the event's — method, path and query, headers in canonical form
+// whatever their case in the event, the body and its length — and an event
+// whose method is not an HTTP token is refused before anything runs.
+func TestEventRequestAsTheHandlerSeesIt(t *testing.T) {
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	var seen *http.Request
+	var body []byte
+	mw := httpidem.Config{Store: s, Fingerprint: func(r *http.Request, b []byte) string {
+		seen, body = r, b
+		return "fp"
+	}}
+	var calls atomic.Int32
+	h, err := lambdaidem.APIGatewayProxy(lambdaidem.HTTPConfig{HTTP: mw}, func(ctx context.Context, ev events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
+		calls.Add(1)
+		return events.APIGatewayProxyResponse{StatusCode: 201}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := restEvent(`"k"`, "Bearer alice", `{"sku":"A1"}`)
+	ev.Headers["x-request-id"] = "r-1"
+	ev.QueryStringParameters = map[string]string{"dry": "no"}
+	if resp, err := h(context.Background(), ev); err != nil || resp.StatusCode != 201 {
+		t.Fatalf("%d %v", resp.StatusCode, err)
+	}
+	if seen.Method != "POST" || seen.URL.RequestURI() != "/orders?dry=no" || seen.Header.Get("X-Request-Id") != "r-1" ||
+		seen.Header["X-Request-Id"] == nil || seen.ContentLength != int64(len(`{"sku":"A1"}`)) || string(body) != `{"sku":"A1"}` {
+		t.Fatalf("the request: %s %s %v length %d body %q", seen.Method, seen.URL.RequestURI(), seen.Header, seen.ContentLength, body)
+	}
+	ev.HTTPMethod = "GE T"
+	if _, err := h(context.Background(), ev); err == nil || calls.Load() != 1 {
+		t.Fatalf("a method with a space: %v, %d calls", err, calls.Load())
+	}
+}
+
 // TestAPIGatewayV2AndFunctionURL: an HTTP API's and a function URL's
 // events, keyed by the JWT authorizer's subject (AuthorizerPrincipal): the
 // same subject's retry is replayed, another subject's key is its own.
