@@ -1,0 +1,129 @@
+package model_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// A check of a model: its bounds and flags, and whether it must hold.
+type check struct {
+	name  string
+	model string   // the .pml file
+	defs  []string // -D flags
+	live  bool     // the LTL property under weak fairness, not the assertions
+	fail  bool     // a mutation: a counterexample is expected
+}
+
+// TestRecordProtocol checks record.pml exhaustively at its bounds — two
+// workers on one key with four claims, two on two keys and three on one
+// with three — its liveness property under weak fairness (two workers on
+// one key), and that each mutation of a rule the stores keep
+// yields a counterexample. Under -short, two workers on one key only.
+func TestRecordProtocol(t *testing.T) {
+	checks := []check{
+		{name: "N=2 K=1 C=4", model: "record.pml", defs: []string{"N=2", "K=1", "C=4"}},
+		{name: "N=2 K=2 C=3", model: "record.pml", defs: []string{"N=2", "K=2", "C=3"}},
+		{name: "N=3 K=1 C=3", model: "record.pml", defs: []string{"N=3", "K=1", "C=3"}},
+		{name: "liveness N=2 K=1 C=3", model: "record.pml", defs: []string{"N=2", "K=1", "C=3", "NO_FORGET"}, live: true},
+	}
+	for _, m := range []string{"MUT_SETTLE_IGNORES_FENCE", "MUT_SETTLE_ANY_STATE", "MUT_NO_FENCE_FLOOR", "MUT_HEARTBEAT_ANY_STATE", "MUT_REPLAY_UNSETTLED"} {
+		checks = append(checks, check{name: m, model: "record.pml", defs: []string{"N=2", "K=1", "C=3", m}, fail: true})
+	}
+	checks = append(checks, check{name: "MUT_LEASE_NEVER_ENDS", model: "record.pml", defs: []string{"N=2", "K=1", "C=3", "NO_FORGET", "MUT_LEASE_NEVER_ENDS"}, live: true, fail: true})
+	for _, c := range checks {
+		if testing.Short() && !c.fail && (c.defs[0] != "N=2" || c.defs[1] != "K=1") {
+			continue // -short: two workers on one key only
+		}
+		t.Run(c.name, func(t *testing.T) { run(t, c) })
+	}
+}
+
+var (
+	errorsLine = regexp.MustCompile(`errors: (\d+)`)
+	statesLine = regexp.MustCompile(`(\d+) states, stored`)
+)
+
+// run generates the verifier of c's model with spin, compiles it with gcc
+// and runs it: safety (assertions, invalid end states) or, for c.live, the
+// model's LTL property with weak fairness.
+func run(t *testing.T, c check) {
+	spin, err := exec.LookPath("spin")
+	testenv.Need(t, "spin", "PATH", err)
+	gcc, err := exec.LookPath("gcc")
+	testenv.Need(t, "gcc", "PATH", err)
+	model, err := filepath.Abs(c.model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	args := []string{"-a"}
+	for _, d := range c.defs {
+		args = append(args, "-D"+d)
+	}
+	runIn(t, dir, spin, append(args, model)...)
+	cflags := []string{"-O2", "-w", "-DCOLLAPSE", "-DNFAIR=4", "-o", "pan", "pan.c"}
+	if !c.live {
+		cflags = append([]string{"-DSAFETY", "-DNOCLAIM"}, cflags...)
+	}
+	runIn(t, dir, gcc, cflags...)
+	pan := []string{"-m200000", "-w26"}
+	if c.live {
+		pan = append(pan, "-a", "-f")
+	}
+	out := runIn(t, dir, filepath.Join(dir, "pan"), pan...)
+	m := errorsLine.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("pan printed no error count:\n%s", out)
+	}
+	n, _ := strconv.Atoi(m[1])
+	states := ""
+	if s := statesLine.FindStringSubmatch(out); s != nil {
+		states = s[1] + " states"
+	}
+	switch {
+	case c.fail && n == 0:
+		t.Fatalf("the mutation %v yields no counterexample (%s):\n%s", c.defs, states, out)
+	case !c.fail && n > 0:
+		trail, _ := exec.Command(spin, append(append([]string{"-t", "-p"}, defs(c.defs)...), model)...).CombinedOutput()
+		t.Fatalf("%d errors (%s):\n%s\ncounterexample:\n%s", n, states, out, trail)
+	case !c.fail && regexp.MustCompile(`max search depth too small`).MatchString(out):
+		t.Fatalf("the search was cut at its depth bound:\n%s", out)
+	}
+	t.Logf("%d errors, %s", n, states)
+}
+
+func defs(ds []string) []string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, "-D"+d)
+	}
+	return out
+}
+
+// runIn runs name with args in dir and returns what it printed; a failure
+// to run fails t.
+func runIn(t *testing.T, dir, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+	return string(out)
+}
+
+func TestMain(m *testing.M) {
+	if _, err := os.Stat("record.pml"); err != nil {
+		fmt.Fprintln(os.Stderr, "run from internal/model:", err)
+		os.Exit(2)
+	}
+	os.Exit(m.Run())
+}
