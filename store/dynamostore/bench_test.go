@@ -54,6 +54,36 @@ func BenchmarkBare(b *testing.B) {
 		})
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "lifecycles/s")
 	})
+	// LifecycleAsTheStore sends the requests the store sends — its
+	// conditions (the retention checked on every write), its updates (the
+	// version, the retention and the TTL attribute moved) and its ALL_OLD —
+	// so that Lifecycle against it is the server's cost of those
+	// semantics, and the store against it the client's own.
+	b.Run("LifecycleAsTheStore", func(b *testing.B) {
+		var seq atomic.Uint64
+		prefix := testenv.RandomName("same-")
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			for pb.Next() {
+				key := prefix + strconv.FormatUint(seq.Add(1), 10)
+				if _, err := c.PutItem(ctx, &dynamodb.PutItemInput{TableName: table, Item: item(key), ConditionExpression: aws.String("attribute_not_exists(#k)"),
+					ExpressionAttributeNames: map[string]string{"#k": "k"}, ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld}); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := c.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: table, Key: map[string]types.AttributeValue{"k": &types.AttributeValueMemberS{Value: key}},
+					ConditionExpression:      aws.String("#st = :fl AND #f = :fence AND #ex > :now"),
+					UpdateExpression:         aws.String("SET #v = #v + :one, #st = :st, #ex = :ex, #ttl = :ttl, #up = :now, #r = :r"),
+					ExpressionAttributeNames: map[string]string{"#st": "st", "#f": "f", "#ex": "ex", "#v": "v", "#ttl": "ttl", "#up": "up", "#r": "r"},
+					ExpressionAttributeValues: map[string]types.AttributeValue{":fl": &types.AttributeValueMemberN{Value: "1"}, ":fence": &types.AttributeValueMemberN{Value: "1796606160088000"},
+						":now": &types.AttributeValueMemberN{Value: "1796606160088"}, ":one": &types.AttributeValueMemberN{Value: "1"},
+						":st": &types.AttributeValueMemberN{Value: "2"}, ":ex": &types.AttributeValueMemberN{Value: "1796609760088"},
+						":ttl": &types.AttributeValueMemberN{Value: "1796609761"}, ":r": &types.AttributeValueMemberB{Value: []byte(`{"ok":true}`)}}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "lifecycles/s")
+	})
 	b.Run("Replay", func(b *testing.B) {
 		ctx := context.Background()
 		if _, err := c.PutItem(ctx, &dynamodb.PutItemInput{TableName: table, Item: item("replay")}); err != nil {
