@@ -212,38 +212,53 @@ func (s *RedisSentinel) Failover(t testing.TB) string {
 	defer sc.Close()
 	// A failover already under way (the Sentinels' own, after a crash of
 	// the master the campaign made) is answered INPROG: ask again once it
-	// is over, from the master it left.
-	var oldAddr string
-	Eventually(t, 30*time.Second, "SENTINEL FAILOVER accepted", func() error {
+	// is over, from the master it left. An accepted failover may also be
+	// given up by the Sentinels (no replica good enough yet: one still
+	// syncing after that crash), the master left in place: ask again.
+	var oldAddr, now string
+	Eventually(t, 60*time.Second, "a failover carried out by every Sentinel", func() error {
 		old, err := sc.GetMasterAddrByName(ctx, s.MasterName).Result()
 		if err != nil {
 			t.Fatalf("SENTINEL GET-MASTER-ADDR-BY-NAME: %v", err)
 		}
 		oldAddr = old[0] + ":" + old[1]
-		err = sc.Failover(ctx, s.MasterName).Err()
-		if err != nil && !strings.Contains(err.Error(), "INPROG") {
-			t.Fatalf("SENTINEL FAILOVER: %v", err)
-		}
-		return err
-	})
-	var now string
-	Eventually(t, 30*time.Second, "a new master, named by every Sentinel, "+oldAddr+" replicating from it", func() error {
-		for _, addr := range s.SentinelAddrs {
-			c := redis.NewSentinelClient(&redis.Options{Addr: addr})
-			m, err := c.GetMasterAddrByName(ctx, s.MasterName).Result()
-			c.Close()
-			if err != nil {
-				return err
+		if err := sc.Failover(ctx, s.MasterName).Err(); err != nil {
+			if !strings.Contains(err.Error(), "INPROG") && !strings.Contains(err.Error(), "NOGOODSLAVE") {
+				t.Fatalf("SENTINEL FAILOVER: %v", err)
 			}
-			if a := m[0] + ":" + m[1]; a == oldAddr || (now != "" && a != now) {
-				return fmt.Errorf("sentinel %s names %s", addr, a)
-			} else {
-				now = a
+			time.Sleep(200 * time.Millisecond)
+			return err
+		}
+		var named error
+		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if now, named = s.namedInstead(ctx, oldAddr); named == nil {
+				return nil
 			}
 		}
-		return replicaInSync(ctx, oldAddr)
+		return fmt.Errorf("the failover from %s was not carried out: %w", oldAddr, named)
 	})
+	Eventually(t, 30*time.Second, oldAddr+" replicating from "+now+", in sync", func() error { return replicaInSync(ctx, oldAddr) })
 	return now
+}
+
+// namedInstead returns the master every Sentinel names, if they all name
+// one and it is not oldAddr.
+func (s *RedisSentinel) namedInstead(ctx context.Context, oldAddr string) (string, error) {
+	var now string
+	for _, addr := range s.SentinelAddrs {
+		c := redis.NewSentinelClient(&redis.Options{Addr: addr})
+		m, err := c.GetMasterAddrByName(ctx, s.MasterName).Result()
+		c.Close()
+		if err != nil {
+			return "", err
+		}
+		if a := m[0] + ":" + m[1]; a == oldAddr || (now != "" && a != now) {
+			return "", fmt.Errorf("sentinel %s names %s", addr, a)
+		} else {
+			now = a
+		}
+	}
+	return now, nil
 }
 
 // CrashMaster kills the master at addr with SIGKILL, waits until its
