@@ -63,11 +63,7 @@ func run(t *testing.T, c check) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	args := []string{"-a"}
-	for _, d := range c.defs {
-		args = append(args, "-D"+d)
-	}
-	runIn(t, dir, spin, append(args, model)...)
+	runIn(t, dir, spin, append(append([]string{"-a"}, defs(c.defs)...), model)...)
 	opt := "-O2"
 	if c.fail {
 		opt = "-O0" // a mutation's counterexample comes within a few thousand states: compile fast
