@@ -213,6 +213,28 @@ func (r *RabbitMQ) Restart() error {
 	return nil
 }
 
+// Ctl runs rabbitmqctl against the node (set_disk_free_limit, say) and
+// returns what it printed.
+func (r *RabbitMQ) Ctl(args ...string) (string, error) {
+	var node string
+	for _, e := range r.env {
+		if n, ok := strings.CutPrefix(e, "RABBITMQ_NODENAME="); ok {
+			node = n
+		}
+	}
+	cookie, err := os.ReadFile(filepath.Join(r.dir, ".erlang.cookie"))
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("rabbitmqctl", append([]string{"-q", "-n", node, "--erlang-cookie", string(cookie)}, args...)...)
+	cmd.Env, cmd.Dir = r.env, r.dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
 // RabbitMQQueueView describes queue as the broker at url sees it: its
 // depth and consumers, and — where rabbitmqctl can reach the node (the
 // machine's own) — its unacknowledged deliveries and every channel's

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -30,7 +31,8 @@ import (
 // message stays pending with the reason until a queue takes it. One
 // connection per server, one confirm channel per send at a time. A send
 // waits no longer than its context (the relay's SendTimeout), whatever the
-// broker does: a connection whose broker did not confirm in time is dropped
+// broker does; while the broker blocks publishing (a resource alarm: low on
+// disk or memory) a send stays pending at once with the broker's reason; a connection whose broker did not confirm in time is dropped
 // and dialed again by the next send.
 type Sender struct {
 	cfg     amqp.Config
@@ -40,8 +42,30 @@ type Sender struct {
 }
 
 type amqpConn struct {
-	conn *amqp.Connection
-	pool chan *confirmChannel
+	conn    *amqp.Connection
+	pool    chan *confirmChannel
+	blocked atomic.Pointer[string] // why the broker blocks the connection's publishes; nil while it does not
+}
+
+// watchBlocked keeps c.blocked up to date with the broker's
+// connection.blocked and connection.unblocked until the connection ends.
+func (c *amqpConn) watchBlocked(notes chan amqp.Blocking) {
+	for b := range notes {
+		if b.Active {
+			reason := b.Reason
+			c.blocked.Store(&reason)
+		} else {
+			c.blocked.Store(nil)
+		}
+	}
+}
+
+// blockedErr is the broker's block of c's publishes, or nil.
+func (c *amqpConn) blockedErr() error {
+	if reason := c.blocked.Load(); reason != nil {
+		return fmt.Errorf("the broker blocks publishing on this connection (%s): a resource alarm of the node; sent again once it clears", *reason)
+	}
+	return nil
 }
 
 // confirmChannel is a channel in confirm mode, with the returns of its
@@ -137,6 +161,7 @@ func (a *Sender) conn(ctx context.Context, server string) (*amqpConn, error) {
 		return c, nil
 	}
 	c = &amqpConn{conn: conn, pool: make(chan *confirmChannel, 64)}
+	go c.watchBlocked(conn.NotifyBlocked(make(chan amqp.Blocking, 4)))
 	a.conns[server] = c
 	return c, nil
 }
@@ -234,6 +259,9 @@ func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	if err != nil {
 		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("connect: %w", err)}
 	}
+	if err := c.blockedErr(); err != nil {
+		return outbox.Result{Status: outbox.Pending, Err: err}
+	}
 	cc, err := c.channel(ctx)
 	if err != nil {
 		if ctx.Err() != nil { // the broker did not answer in time
@@ -257,6 +285,13 @@ func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 		return outbox.Result{Status: outbox.Pending, Err: err}
 	}
 	ok, err := conf.WaitContext(ctx)
+	if err != nil && c.blockedErr() != nil {
+		// Blocked: the broker holds the publish unread until the alarm
+		// clears (it may then be confirmed and delivered: a duplicate the
+		// receiver's idempotency absorbs). The connection is sound.
+		discard(cc)
+		return outbox.Result{Status: outbox.Pending, Err: c.blockedErr()}
+	}
 	if err != nil {
 		// The broker did not confirm in time: it may have stopped
 		// answering on this connection, and then closing a channel waits

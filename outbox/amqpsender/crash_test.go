@@ -281,7 +281,7 @@ func TestConfirmedBacklogSurvivesBrokerCrashes(t *testing.T) {
 				close(stop)
 				senders.Wait()
 				t.Fatalf("after crash %d no send confirmed for a minute (%d confirmed); the last refusal: %v; the node said:\n%s", i, n, err,
-					strings.Join(srv.LogLines("dropped", "crashed", "Deleting", "deleted", "error"), "\n"))
+					strings.Join(srv.LogLines("dropped", "crashed", "Deleting", "deleted", "error", "alarm"), "\n"))
 			}
 		}
 		srv.Crash(t)
@@ -319,4 +319,57 @@ func TestConfirmedBacklogSurvivesBrokerCrashes(t *testing.T) {
 		t.Errorf("%d confirmed messages not in the queue after the crashes, e.g. %v; the node said:\n%s", len(missing), missing[:min(10, len(missing))],
 			strings.Join(srv.LogLines("dropped", "crashed"), "\n"))
 	}
+}
+
+// TestSendSaysWhenTheBrokerBlocksPublishing: a node that raises a resource
+// alarm (low on disk, here) blocks its publishers — it stops reading what
+// they send, so no confirm comes. A send then returns pending within its
+// context with the broker's reason, not a bare timeout, and sends go
+// through again once the alarm clears.
+func TestSendSaysWhenTheBrokerBlocksPublishing(t *testing.T) {
+	srv := testenv.StartRabbitMQ(t)
+	queue := testenv.RandomName("idemblocked.")
+	conn, err := amqp.Dial(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	sender := amqpsender.New(amqp.Config{})
+	defer sender.Close()
+	dest := srv.URL + "?routing_key=" + queue
+	send := func(key string) outbox.Result {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return sender.Send(ctx, &outbox.Message{Key: key, Destination: dest, Payload: []byte(key)})
+	}
+	if res := send("K-1"); res.Status != outbox.Sent {
+		t.Fatalf("before the alarm: %s %v", res.Status, res.Err)
+	}
+	if _, err := srv.Ctl("set_disk_free_limit", "1000000000000000"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "a send naming the alarm", func() error {
+		res := send("K-2")
+		if res.Status != outbox.Pending || res.Err == nil || !strings.Contains(res.Err.Error(), "blocks publishing") ||
+			!strings.Contains(res.Err.Error(), "disk") {
+			return fmt.Errorf("under a disk alarm: %s %v", res.Status, res.Err)
+		}
+		return nil
+	})
+	if _, err := srv.Ctl("set_disk_free_limit", "50000000"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "a send after the alarm", func() error {
+		if res := send("K-2"); res.Status != outbox.Sent {
+			return fmt.Errorf("after the alarm: %s %v", res.Status, res.Err)
+		}
+		return nil
+	})
 }
