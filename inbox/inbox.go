@@ -109,6 +109,9 @@ var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*
 // New validates cfg and returns the inbox of the database reached by driver
 // (pgxv5.New(pool), databasesql.New(db, sqldriver.SQLite), …).
 func New[TTx any](driver sqldriver.Driver[TTx], cfg Config) (*Inbox[TTx], error) {
+	if driver.Dialect() == sqldriver.MySQL {
+		return nil, errors.New("idem/inbox: MySQL and MariaDB are not supported by the inbox yet (PostgreSQL and SQLite are)")
+	}
 	if cfg.Table == "" {
 		cfg.Table = "processed_events"
 	}

@@ -161,6 +161,9 @@ type Outbox[TTx any] struct {
 // that listens for notifications (pgxv5) wakes the relay as soon as a row
 // commits; with the others the relay polls.
 func New[TTx any](driver sqldriver.Driver[TTx], cfg Config) (*Outbox[TTx], error) {
+	if driver.Dialect() == sqldriver.MySQL {
+		return nil, errors.New("idem/outbox: MySQL and MariaDB are not supported by the outbox yet (PostgreSQL and SQLite are)")
+	}
 	if cfg.Schema != "" && !ident.MatchString(cfg.Schema) {
 		return nil, fmt.Errorf("idem/outbox: schema %q is not a plain name", cfg.Schema)
 	}

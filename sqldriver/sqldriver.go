@@ -3,8 +3,8 @@
 //
 // A Driver is implemented once per way of reaching a database —
 // [github.com/idemgo/idem/sqldriver/pgxv5] for PostgreSQL through pgx,
-// [github.com/idemgo/idem/sqldriver/databasesql] for PostgreSQL or SQLite
-// through database/sql — and is generic over the transaction type its
+// [github.com/idemgo/idem/sqldriver/databasesql] for PostgreSQL, SQLite or
+// MySQL through database/sql — and is generic over the transaction type its
 // users already hold (pgx.Tx, *sql.Tx), so a component writes into the
 // user's own transaction without wrappers or type assertions:
 //
@@ -156,15 +156,27 @@ type Dialect interface {
 	// by the next statement; SQLite: nothing to raise ("true", which its ON
 	// CONFLICT needs after a SELECT anyway).
 	Durably() string
+	// Ident is name quoted as an identifier.
+	Ident(name string) string
+	// KeyText is the column type of a string in a key or a unique index.
+	KeyText() string
+	// InSubquery is the condition "column is one of the rows of sel", a
+	// SELECT of column that may have a LIMIT, a row lock, and read the
+	// table the statement changes.
+	InSubquery(column, sel string) string
 }
 
-// Qualify returns schema.name with both parts quoted, or the quoted name
-// alone when schema is "".
-func Qualify(schema, name string) string {
+// Qualify returns schema.name with both parts quoted as identifiers of
+// PostgreSQL and SQLite, or the quoted name alone when schema is "".
+func Qualify(schema, name string) string { return QualifyIn(Postgres, schema, name) }
+
+// QualifyIn returns schema.name with both parts quoted as d's identifiers,
+// or the quoted name alone when schema is "".
+func QualifyIn(d Dialect, schema, name string) string {
 	if schema == "" {
-		return quote(name)
+		return d.Ident(name)
 	}
-	return quote(schema) + "." + quote(name)
+	return d.Ident(schema) + "." + d.Ident(name)
 }
 
 func quote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }

@@ -17,6 +17,7 @@ import (
 	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 	"github.com/idemgo/idem/store"
+	"github.com/idemgo/idem/store/mysqlstore"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/sqlitestore"
@@ -133,6 +134,13 @@ a PostgreSQL with fsync off, …).`,
 			defer s.Close()
 			pg := s.(*pgstore.Store)
 			conn, schema = pgxv5.New(pg.Pool()), pg.Schema()
+		case storeurl.MySQL:
+			s, err := storeurl.Open(ctx, *st, &storeurl.Options{SkipMigrate: true})
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			conn = databasesql.New(s.(*mysqlstore.Store).DB(), sqldriver.MySQL)
 		case storeurl.Redis:
 			fmt.Fprintf(cmd.OutOrStdout(), "%s has no schema to migrate. %s\n", *st, redisNote)
 			s, err := openStore(ctx, *st)
@@ -171,13 +179,15 @@ a PostgreSQL with fsync off, …).`,
 			}
 			defer s.Close()
 			logServerWarnings(ctx, s, migrateLogger(cmd))
-			ob, closeFn, err := openOutbox(ctx, *st)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			if err := ob.Migrate(ctx); err != nil {
-				return err
+			if spec.Kind != storeurl.MySQL { // the outbox does not run on MySQL yet
+				ob, closeFn, err := openOutbox(ctx, *st)
+				if err != nil {
+					return err
+				}
+				defer closeFn()
+				if err := ob.Migrate(ctx); err != nil {
+					return err
+				}
 			}
 		}
 		applied, err := sqlmigrate.Status(ctx, conn, schema)

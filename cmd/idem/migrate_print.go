@@ -10,6 +10,7 @@ import (
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
+	"github.com/idemgo/idem/store/mysqlstore"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/sqlitestore"
 	"github.com/idemgo/idem/store/storeurl"
@@ -52,6 +53,8 @@ func printMigrations(ctx context.Context, w io.Writer, raw string) error {
 		script = sqlmigrate.Script(sqldriver.Postgres, pg.Schema(),
 			sqlmigrate.Component{Name: "records", Steps: pg.Migrations()},
 			sqlmigrate.Component{Name: "outbox", Steps: ob.Migrations()})
+	case storeurl.MySQL:
+		script = sqlmigrate.Script(sqldriver.MySQL, "", sqlmigrate.Component{Name: "records", Steps: mysqlstore.Migrations()})
 	case storeurl.DynamoDB:
 		return fmt.Errorf("%s: DynamoDB has no SQL: idem migrate creates the table (on-demand capacity, the partition key k, a string, TTL on ttl)", raw)
 	default:

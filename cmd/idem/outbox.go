@@ -94,6 +94,9 @@ func openSQLDB(ctx context.Context, raw, what string) (*sqlDB, error) {
 		}
 		return d, nil
 	}
+	if spec.Kind == storeurl.MySQL {
+		return nil, fmt.Errorf("the %s does not run on MySQL or MariaDB yet: use sqlite:PATH or postgres://… (the idempotency records do run there)", what)
+	}
 	return nil, fmt.Errorf("the %s lives in a database: use sqlite:PATH or postgres://…, not %s", what, spec.Kind)
 }
 

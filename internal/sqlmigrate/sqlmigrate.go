@@ -5,7 +5,7 @@
 // numbered migrations; the versions applied are rows of one table,
 // idem_migrations, in the component's schema. Apply runs in one transaction
 // that first takes the migration lock — pg_advisory_xact_lock on
-// PostgreSQL, BEGIN IMMEDIATE on SQLite — so concurrent starters wait for
+// PostgreSQL, BEGIN IMMEDIATE on SQLite, GET_LOCK on MySQL — so concurrent starters wait for
 // the first one and then find nothing left to do. Migration 1 of each
 // component creates its tables with IF NOT EXISTS, so tables a user created
 // from the component's published schema are adopted as version 1.
@@ -73,7 +73,7 @@ func Apply(ctx context.Context, c Conn, schema, component string, steps []Step) 
 			if _, err := tx.Exec(ctx, s.SQL); err != nil {
 				return fmt.Errorf("%s migration %d (%s): %w", component, s.Version, s.Name, err)
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO `+table(schema)+` (component, version, name, applied_at) VALUES ($1, $2, $3, $4)`,
+			if _, err := tx.Exec(ctx, `INSERT INTO `+table(c.Dialect(), schema)+` (component, version, name, applied_at) VALUES ($1, $2, $3, $4)`,
 				component, s.Version, s.Name, time.Now().UTC().Format(time.RFC3339Nano)); err != nil {
 				return fmt.Errorf("%s migration %d: recording it: %w", component, s.Version, err)
 			}
@@ -92,18 +92,20 @@ func Status(ctx context.Context, c Conn, schema string) ([]Applied, error) {
 			return err
 		}
 		var err error
-		out, err = query(ctx, tx, `SELECT component, version, name, applied_at FROM `+table(schema)+` ORDER BY component, version`)
+		out, err = query(ctx, tx, `SELECT component, version, name, applied_at FROM `+table(c.Dialect(), schema)+` ORDER BY component, version`)
 		return err
 	})
 	return out, err
 }
 
-func table(schema string) string { return sqldriver.Qualify(schema, "idem_migrations") }
+func table(d sqldriver.Dialect, schema string) string {
+	return sqldriver.QualifyIn(d, schema, "idem_migrations")
+}
 
 // versionTable is the DDL of idem_migrations.
-func versionTable(schema string) string {
-	return `CREATE TABLE IF NOT EXISTS ` + table(schema) + ` (
-	component  text    NOT NULL,
+func versionTable(d sqldriver.Dialect, schema string) string {
+	return `CREATE TABLE IF NOT EXISTS ` + table(d, schema) + ` (
+	component  ` + d.KeyText() + ` NOT NULL,
 	version    integer NOT NULL,
 	name       text    NOT NULL,
 	applied_at text    NOT NULL,
@@ -126,19 +128,22 @@ type Component struct {
 func Script(d sqldriver.Dialect, schema string, components ...Component) string {
 	var b strings.Builder
 	now := "to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
-	if d == sqldriver.SQLite {
+	switch d {
+	case sqldriver.SQLite:
 		now = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+	case sqldriver.MySQL:
+		now = "DATE_FORMAT(UTC_TIMESTAMP(6), '%Y-%m-%dT%H:%i:%s.%fZ')"
 	}
 	b.WriteString("-- The tables of the version bookkeeping.\nBEGIN;\n")
 	if ddl := d.CreateSchema(schema); schema != "" && ddl != "" {
 		b.WriteString(ddl + ";\n")
 	}
-	b.WriteString(versionTable(schema) + ";\nCOMMIT;\n")
+	b.WriteString(versionTable(d, schema) + ";\nCOMMIT;\n")
 	for _, c := range components {
 		for _, s := range c.Steps {
 			fmt.Fprintf(&b, "\n-- %s %d: %s\nBEGIN;\n%s;\n", c.Name, s.Version, s.Name, strings.TrimRight(strings.TrimSpace(s.SQL), ";"))
 			fmt.Fprintf(&b, "INSERT INTO %s (component, version, name, applied_at) VALUES (%s, %d, %s, %s);\nCOMMIT;\n",
-				table(schema), quote(c.Name), s.Version, quote(s.Name), now)
+				table(d, schema), quote(c.Name), s.Version, quote(s.Name), now)
 		}
 	}
 	return b.String()
@@ -155,10 +160,10 @@ func prepare(ctx context.Context, tx sqldriver.Executor, d sqldriver.Dialect, sc
 			return nil, err
 		}
 	}
-	if _, err := tx.Exec(ctx, versionTable(schema)); err != nil {
+	if _, err := tx.Exec(ctx, versionTable(d, schema)); err != nil {
 		return nil, err
 	}
-	rows, err := query(ctx, tx, `SELECT component, version, name, applied_at FROM `+table(schema)+` WHERE component = $1`, component)
+	rows, err := query(ctx, tx, `SELECT component, version, name, applied_at FROM `+table(d, schema)+` WHERE component = $1`, component)
 	if err != nil {
 		return nil, err
 	}

@@ -3,11 +3,13 @@ package testenv
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"net/url"
 	"testing"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -218,4 +220,69 @@ func PostgresSchemaOn(t testing.TB, connString string, ddl func(schema string) s
 		pool.Close()
 	})
 	return pool, schema
+}
+
+// MySQLURL is the MySQL or MariaDB server of the tests (a mysql:// URL
+// whose database the tests may create others beside).
+var MySQLURL = URL("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+
+// MySQLDatabase creates a database of its own for t on MySQLURL's server
+// (dropped at cleanup unless this process is a storetest child, or, when
+// name is given, reused) and returns the mysql:// URL that names it. It
+// skips or fails t when the server does not answer.
+func MySQLDatabase(t testing.TB, name string) string {
+	t.Helper()
+	u, err := url.Parse(MySQLURL)
+	if err != nil {
+		t.Fatalf("IDEM_MYSQL_URL: %v", err)
+	}
+	if name == "" {
+		name = RandomName("idemtest_")
+	}
+	admin := MySQLDSN(u.String())
+	db, err := sql.Open("mysql", admin)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout())
+		err = db.PingContext(ctx)
+		cancel()
+	}
+	if err != nil {
+		if db != nil {
+			db.Close()
+		}
+		Need(t, "MySQL", u.Redacted(), err)
+	}
+	if _, err := db.Exec("CREATE DATABASE IF NOT EXISTS `" + name + "` CHARACTER SET utf8mb4"); err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !isChild() {
+			_, _ = db.Exec("DROP DATABASE IF EXISTS `" + name + "`")
+		}
+		db.Close()
+	})
+	u.Path = "/" + name
+	return u.String()
+}
+
+// MySQLDSN is the go-sql-driver DSN of a mysql:// URL.
+func MySQLDSN(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host += ":3306"
+	}
+	dsn := "tcp(" + host + ")" + u.Path
+	if u.User != nil {
+		pass, _ := u.User.Password()
+		dsn = u.User.Username() + ":" + pass + "@" + dsn
+	}
+	if u.RawQuery != "" {
+		dsn += "?" + u.RawQuery
+	}
+	return dsn
 }

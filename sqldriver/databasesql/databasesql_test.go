@@ -3,9 +3,12 @@ package databasesql_test
 import (
 	"context"
 	"database/sql"
+	"net/url"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	_ "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
@@ -43,5 +46,23 @@ func TestSQLite(t *testing.T) {
 		}
 		t.Cleanup(func() { db.Close() })
 		return databasesql.New(db, sqldriver.SQLite), ""
+	})
+}
+
+func TestMySQL(t *testing.T) {
+	drivertest.Run(t, func(t *testing.T) (sqldriver.Driver[*sql.Tx], string) {
+		loc := testenv.MySQLDatabase(t, "")
+		dsn := testenv.MySQLDSN(loc)
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		db, err := sql.Open("mysql", dsn+sep+"parseTime=true&loc=UTC")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		u, _ := url.Parse(loc)
+		return databasesql.New(db, sqldriver.MySQL), strings.TrimPrefix(u.Path, "/")
 	})
 }

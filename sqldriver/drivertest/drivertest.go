@@ -74,7 +74,7 @@ func count(t *testing.T, ex sqldriver.Executor, tbl string) int {
 
 func create(t *testing.T, d sqldriver.Dialect, ex sqldriver.Executor, tbl string) {
 	t.Helper()
-	mustExec(t, ex, `CREATE TABLE `+tbl+` (id `+d.SerialKey()+`, name text NOT NULL, data `+d.BinaryType()+`, status text NOT NULL DEFAULT 'pending', at `+d.TimeType()+`)`)
+	mustExec(t, ex, `CREATE TABLE `+tbl+` (id `+d.SerialKey()+`, name text NOT NULL, data `+d.BinaryType()+`, status `+d.KeyText()+` NOT NULL DEFAULT 'pending', at `+d.TimeType()+`)`)
 }
 
 func testExecQuery[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
@@ -243,7 +243,7 @@ func testRowID[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
 	for i := range 7 {
 		mustExec(t, ex, `INSERT INTO `+tbl+` (name) VALUES ($1)`, fmt.Sprint(i))
 	}
-	del := `DELETE FROM ` + tbl + ` WHERE ` + dl.RowID() + ` IN (SELECT ` + dl.RowID() + ` FROM ` + tbl + ` LIMIT $1)`
+	del := `DELETE FROM ` + tbl + ` WHERE ` + dl.InSubquery(dl.RowID(), `SELECT `+dl.RowID()+` FROM `+tbl+` LIMIT $1`)
 	if n := mustExec(t, ex, del, 3); n != 3 {
 		t.Fatalf("deleted %d, want 3", n)
 	}
@@ -255,25 +255,73 @@ func testRowID[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
 // testSkipLocked: two transactions claiming "the first n pending rows" at
 // once get disjoint rows — by skipping each other's locks where the
 // database locks rows, by waiting for the other's commit where it locks
-// the whole database.
+// the whole database. Claimed in one UPDATE over a subquery (PostgreSQL,
+// SQLite), and as a SELECT of the rows followed by an UPDATE of them in one
+// transaction (every dialect; MySQL's only way: its UPDATE locks every row
+// it reads, skipped or not).
 func testSkipLocked[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema string) {
+	dl := d.Dialect()
+	oneStatement := func(ctx context.Context, ex sqldriver.Executor, tbl, status string) (int64, error) {
+		return ex.Exec(ctx, `UPDATE `+tbl+` SET status = $1 WHERE `+dl.InSubquery("id", `SELECT id FROM `+tbl+` WHERE status = 'pending' ORDER BY id LIMIT 4`+dl.SkipLocked()), status)
+	}
+	selectThenUpdate := func(ctx context.Context, ex sqldriver.Executor, tbl, status string) (int64, error) {
+		rows, err := ex.Query(ctx, `SELECT id FROM `+tbl+` WHERE status = 'pending' ORDER BY id LIMIT 4`+dl.SkipLocked())
+		if err != nil {
+			return 0, err
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return 0, err
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil || len(ids) == 0 {
+			return 0, err
+		}
+		cond, args := dl.InInt64s("id", 2, ids)
+		return ex.Exec(ctx, `UPDATE `+tbl+` SET status = $1 WHERE `+cond, append([]any{status}, args...)...)
+	}
+	if dl != sqldriver.MySQL {
+		t.Run("OneStatement", func(t *testing.T) { skipLocked(t, d, table(schema, "things"), oneStatement) })
+	}
+	t.Run("SelectThenUpdate", func(t *testing.T) { skipLocked(t, d, table(schema, "things2"), selectThenUpdate) })
+}
+
+func skipLocked[TTx any](t *testing.T, d sqldriver.Driver[TTx], tbl string, claim func(context.Context, sqldriver.Executor, string, string) (int64, error)) {
 	ctx := context.Background()
-	dl, tbl := d.Dialect(), table(schema, "things")
+	dl := d.Dialect()
 	create(t, dl, d.Executor(), tbl)
-	for i := range 10 {
+	// Enough rows that an UPDATE of four ids reads those four by the key
+	// (MariaDB reads a 10-row table whole, locking every row).
+	for i := range 200 {
 		mustExec(t, d.Executor(), `INSERT INTO `+tbl+` (name) VALUES ($1)`, fmt.Sprint(i))
 	}
-	claim := `UPDATE ` + tbl + ` SET status = $1 WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status = 'pending' ORDER BY id LIMIT 4` + dl.SkipLocked() + `)`
 	first, err := d.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := mustExec(t, d.UnwrapExecutor(first), claim, "first"); n != 4 {
-		t.Fatalf("first claim took %d rows", n)
+	defer d.Rollback(ctx, first)
+	if n, err := claim(ctx, d.UnwrapExecutor(first), tbl, "first"); err != nil || n != 4 {
+		t.Fatalf("first claim took %d rows (%v)", n, err)
 	}
 	second := make(chan int64, 1)
 	go func() {
-		n, err := d.Executor().Exec(ctx, claim, "second")
+		n, err := func() (int64, error) {
+			tx, err := d.Begin(ctx)
+			if err != nil {
+				return 0, err
+			}
+			defer d.Rollback(ctx, tx)
+			n, err := claim(ctx, d.UnwrapExecutor(tx), tbl, "second")
+			if err != nil {
+				return n, err
+			}
+			return n, d.Commit(ctx, tx)
+		}()
 		if err != nil {
 			t.Error(err)
 		}
@@ -309,7 +357,11 @@ func testSchemaAndIndex[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema s
 		if ddl := dl.CreateSchema(schema + "_extra"); ddl != "" {
 			mustExec(t, ex, ddl)
 			mustExec(t, ex, ddl) // idempotent
-			t.Cleanup(func() { d.Executor().Exec(context.Background(), `DROP SCHEMA `+schema+`_extra CASCADE`) })
+			drop := `DROP SCHEMA ` + schema + `_extra CASCADE`
+			if dl == sqldriver.MySQL { // a schema is a database: no CASCADE
+				drop = `DROP SCHEMA ` + schema + `_extra`
+			}
+			t.Cleanup(func() { d.Executor().Exec(context.Background(), drop) })
 			create(t, dl, ex, table(schema+"_extra", "things"))
 		}
 	}
@@ -317,7 +369,7 @@ func testSchemaAndIndex[TTx any](t *testing.T, d sqldriver.Driver[TTx], schema s
 	idx := dl.CreateIndex(schema, "things_status", "things", "(status) WHERE status = 'pending'")
 	mustExec(t, ex, idx)
 	mustExec(t, ex, idx) // idempotent
-	if q := sqldriver.Qualify(schema, "things"); count(t, ex, q) != 0 {
+	if q := sqldriver.QualifyIn(dl, schema, "things"); count(t, ex, q) != 0 {
 		t.Fatalf("%s is not the table", q)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem/internal/coalesce"
 	"github.com/idemgo/idem/internal/keypack"
 	"github.com/idemgo/idem/internal/sqlmigrate"
+	"github.com/idemgo/idem/internal/sqlrecord"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/store"
@@ -141,7 +142,7 @@ const (
 	condLimit    = `(?6 > 0 AND attempts >= ?6)`
 	condTake     = `(` + condExpired + ` OR NOT (` + condMismatch + ` OR ` + condLive + ` OR ` + condSettled + ` OR ` + condLimit + `))`
 	condPoison   = `(NOT ` + condExpired + ` AND NOT ` + condMismatch + ` AND NOT ` + condLive + ` AND NOT ` + condSettled + ` AND ` + condLimit + `)`
-	recordCols   = `k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at`
+	recordCols   = sqlrecord.Columns
 )
 
 // floorAtExecution is the fence floor of the moment the statement runs,
@@ -241,33 +242,6 @@ var fences store.FenceSequence
 
 func (s *Store) nowMs() int64 { return s.clock.Now().UnixMilli() }
 
-func ms(t int64) time.Time {
-	if t == 0 {
-		return time.Time{}
-	}
-	return time.UnixMilli(t)
-}
-
-type scanner interface{ Scan(dest ...any) error }
-
-func (s *Store) scanRecord(sc scanner, extra ...any) (store.Record, error) {
-	var r store.Record
-	var key, fp []byte
-	var state int
-	var lease, exp, upd int64
-	dest := append(extra, &key, &state, &r.Fence, &fp, &r.Attempts, &r.Result, &lease, &exp, &upd)
-	if err := sc.Scan(dest...); err != nil {
-		return store.Record{}, err
-	}
-	r.Key, r.Fingerprint = keypack.Key(string(key)), keypack.UnpackFingerprint(string(fp))
-	r.State = store.State(state)
-	if r.State == store.StateInFlight {
-		r.LeaseUntil = ms(lease)
-	}
-	r.ExpiresAt, r.UpdatedAt = ms(exp), ms(upd)
-	return r, nil
-}
-
 // wrap maps driver errors to idem's, keeping the driver's error in the chain
 // (errors.As finds *sqlite.Error): context errors pass through; after Close,
 // ErrClosed; a busy, locked, I/O, full or unopenable database is
@@ -308,7 +282,7 @@ func (s *Store) Acquire(ctx context.Context, req store.AcquireRequest) (store.Ac
 func (s *Store) acquireWith(ctx context.Context, st *sql.Stmt, c *writeCall) (store.Acquisition, error) {
 	t := s.clock.Now()
 	var outcome int
-	rec, err := s.scanRecord(st.QueryRowContext(ctx, keypack.KeyArg(c.key), keypack.FingerprintArg(c.fp), t.UnixMilli(), c.lease, c.keep, c.maxAttempts,
+	rec, err := sqlrecord.Scan(st.QueryRowContext(ctx, keypack.KeyArg(c.key), keypack.FingerprintArg(c.fp), t.UnixMilli(), c.lease, c.keep, c.maxAttempts,
 		int64(fences.Next(t, 0))), &outcome)
 	if err != nil {
 		return store.Acquisition{}, s.wrap("acquire", err)
@@ -385,7 +359,7 @@ func (s *Store) Get(ctx context.Context, key string) (store.Record, error) {
 	if err := store.ValidateKey(key); err != nil {
 		return store.Record{}, err
 	}
-	rec, err := s.scanRecord(s.get.QueryRowContext(ctx, keypack.KeyArg(key), s.nowMs()))
+	rec, err := sqlrecord.Scan(s.get.QueryRowContext(ctx, keypack.KeyArg(key), s.nowMs()))
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Record{}, store.ErrNotFound
 	}
@@ -441,7 +415,7 @@ func (s *Store) List(ctx context.Context, after string, limit int) ([]store.Reco
 	defer rows.Close()
 	var out []store.Record
 	for rows.Next() {
-		r, err := s.scanRecord(rows)
+		r, err := sqlrecord.Scan(rows)
 		if err != nil {
 			return nil, s.wrap("list", err)
 		}

@@ -2,6 +2,7 @@ package storeurl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -24,6 +25,7 @@ const (
 	Postgres Kind = "postgres"
 	Redis    Kind = "redis"
 	DynamoDB Kind = "dynamodb"
+	MySQL    Kind = "mysql"
 )
 
 // Spec is a parsed store URL.
@@ -41,7 +43,7 @@ type Spec struct {
 func Parse(raw string) (Spec, error) {
 	scheme, rest, ok := strings.Cut(raw, ":")
 	if !ok || scheme == "" {
-		return Spec{}, fmt.Errorf("idem: store URL %q has no scheme: want memory:, sqlite:PATH, postgres://… or redis://…", raw)
+		return Spec{}, fmt.Errorf("idem: store URL %q has no scheme: want memory:, sqlite:PATH, postgres://…, mysql://…, redis://… or dynamodb://TABLE", redactedAny(raw))
 	}
 	switch strings.ToLower(scheme) {
 	case "memory":
@@ -71,16 +73,19 @@ func Parse(raw string) (Spec, error) {
 	case "postgres", "postgresql", "redis", "rediss":
 		u, err := url.Parse(raw)
 		if err != nil {
-			return Spec{}, fmt.Errorf("idem: store URL %q: %v", raw, err)
+			return Spec{}, fmt.Errorf("idem: store URL %q: %v", redactedAny(raw), redactErr(err))
 		}
 		if !strings.HasPrefix(rest, "//") || u.Host == "" {
-			return Spec{}, fmt.Errorf("idem: store URL %q: want %s://HOST[:PORT]/…", raw, scheme)
+			return Spec{}, fmt.Errorf("idem: store URL %q: want %s://HOST[:PORT]/…", u.Redacted(), scheme)
 		}
 		kind := Postgres
 		if strings.HasPrefix(strings.ToLower(scheme), "redis") {
 			kind = Redis
 		}
 		return Spec{Kind: kind, Query: u.Query(), Raw: raw}, nil
+	}
+	if strings.EqualFold(scheme, "mysql") || strings.EqualFold(scheme, "mariadb") {
+		return parseMySQL(raw, rest)
 	}
 	if strings.EqualFold(scheme, "dynamodb") {
 		u, err := url.Parse(raw)
@@ -92,7 +97,33 @@ func Parse(raw string) (Spec, error) {
 		}
 		return Spec{Kind: DynamoDB, Path: u.Host, Raw: raw}, nil
 	}
-	return Spec{}, fmt.Errorf("idem: unknown store URL scheme %q in %q: want memory:, sqlite:PATH, postgres://…, redis://… or dynamodb://TABLE", scheme, raw)
+	return Spec{}, fmt.Errorf("idem: unknown store URL scheme %q in %q: want memory:, sqlite:PATH, postgres://…, mysql://…, redis://… or dynamodb://TABLE", scheme, redactedAny(raw))
+}
+
+// Redacted is raw with the password of its user replaced by xxxxx, for
+// messages and logs; a URL that does not parse is named only by its
+// scheme.
+func Redacted(raw string) string { return redactedAny(raw) }
+
+func redactedAny(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		scheme, _, _ := strings.Cut(raw, ":")
+		if strings.ContainsAny(scheme, "/@") {
+			scheme = "?"
+		}
+		return scheme + ":(a URL that does not parse)"
+	}
+	return u.Redacted()
+}
+
+// redactErr drops the URL from a url.Parse error (it holds the password).
+func redactErr(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }
 
 // Options tune the opened store.

@@ -2,6 +2,7 @@ package storeurl
 
 import (
 	"context"
+	"net/url"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/store"
+	"github.com/idemgo/idem/store/mysqlstore"
 )
 
 func TestParse(t *testing.T) {
@@ -30,7 +32,12 @@ func TestParse(t *testing.T) {
 		{in: "rediss://h:6380", want: Redis},
 		{in: "", wantErr: "no scheme"},
 		{in: "idem.db", wantErr: "no scheme"},
-		{in: "mysql://root@h/db", wantErr: "unknown store URL scheme"},
+		{in: "mysql://root@h/db", want: MySQL, path: "db"},
+		{in: "mariadb://root:pw@h:3307/db?tls=true", want: MySQL, path: "db"},
+		{in: "mysql://root:hunter2@h", wantErr: "names no database"},
+		{in: "mysql://root:hunter2@h/", wantErr: "names no database"},
+		{in: "mysql:h/db", wantErr: "want mysql://"},
+		{in: "ftp://root:hunter2@h/db", wantErr: "unknown store URL scheme"},
 		{in: "memory:x", wantErr: "nothing after"},
 		{in: "sqlite:", wantErr: "needs a file path"},
 		{in: "sqlite:a.db?journal=off", wantErr: "unknown sqlite option"},
@@ -44,7 +51,7 @@ func TestParse(t *testing.T) {
 	for _, tt := range tests {
 		spec, err := Parse(tt.in)
 		if tt.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || strings.Contains(err.Error(), "hunter2") {
 				t.Errorf("Parse(%q) error = %v, want it to mention %q", tt.in, err, tt.wantErr)
 			}
 			continue
@@ -69,6 +76,33 @@ func TestOpen(t *testing.T) {
 	}
 	if _, err := Open(ctx, "ftp://x", nil); err == nil {
 		t.Fatal("unknown scheme accepted")
+	}
+}
+
+// TestOpenMySQL: a mysql:// URL opens (and migrates) a mysqlstore; a
+// refused login names the URL without its password.
+func TestOpenMySQL(t *testing.T) {
+	ctx := context.Background()
+	loc := testenv.MySQLDatabase(t, "")
+	s, err := Open(ctx, loc+"?idem_coalesce=0", &Options{Concurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, ok := s.(*mysqlstore.Store); !ok {
+		t.Fatalf("Open gave a %T", s)
+	}
+	a, err := s.Acquire(ctx, store.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || a.Outcome != store.Acquired {
+		t.Fatalf("acquire: %v %v", a.Outcome, err)
+	}
+	u, _ := url.Parse(loc)
+	u.User = url.UserPassword("idem_nobody", "hunter2")
+	if _, err := Open(ctx, u.String(), nil); err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("a refused login: %v", err)
+	}
+	if _, err := Open(ctx, loc+"?idem_coalesce=maybe", nil); err == nil {
+		t.Fatal("idem_coalesce=maybe accepted")
 	}
 }
 
