@@ -20,6 +20,12 @@ import (
 // maxBatch bounds the calls of one shared round trip.
 const maxBatch = 64
 
+// inFlight is how many round trips run at once. Measured on MariaDB 10.11
+// (2 cores, 32 goroutines, lifecycles/s): 1 in flight 3,761 (16 calls a
+// trip), 2 4,373 (12), 4 2,518 (8): two keep the server busy while a batch
+// is built and answered; more compete for its cores.
+const inFlight = 2
+
 // writeCall is an Acquire or a settle (Complete, Fail).
 type writeCall struct {
 	acquire     bool
@@ -33,7 +39,7 @@ type writeCall struct {
 }
 
 func (s *Store) newWrites() *coalesce.Group[writeCall, store.Acquisition] {
-	return coalesce.New(coalesce.Config[writeCall]{MaxBatch: maxBatch, Key: func(c writeCall) string { return c.key }},
+	return coalesce.New(coalesce.Config[writeCall]{MaxBatch: maxBatch, MaxInFlight: inFlight, Key: func(c writeCall) string { return c.key }},
 		func(ctx context.Context, c writeCall) (store.Acquisition, error) {
 			return s.writeAlone(ctx, &c)
 		}, s.writeMany)
