@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -84,8 +85,37 @@ type confirmChannel struct {
 // destination's URL, so outbox rows need carry no secret; likewise its TLS
 // settings and heartbeat. The zero Config dials as amqp.Dial does: with the
 // URL's user and password, or guest/guest.
+//
+// Every write to a broker's socket must make progress within
+// WriteStall: a broker that stops reading (stalled, or blocking its
+// publishers) fails the connection then, rather than holding it — and every
+// send and Close waiting behind its write — for ever.
 func New(cfg amqp.Config) *Sender {
+	dial := cfg.Dial
+	if dial == nil {
+		dial = amqp.DefaultDial(30 * time.Second)
+	}
+	cfg.Dial = func(network, addr string) (net.Conn, error) {
+		c, err := dial(network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return writeDeadlineConn{c}, nil
+	}
 	return &Sender{cfg: cfg, conns: map[string]*amqpConn{}, dialErr: map[string]error{}}
+}
+
+// WriteStall bounds how long one write to a broker's socket may wait.
+const WriteStall = 15 * time.Second
+
+// writeDeadlineConn gives every write WriteStall to complete.
+type writeDeadlineConn struct{ net.Conn }
+
+func (c writeDeadlineConn) Write(b []byte) (int, error) {
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(WriteStall)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(b)
 }
 
 // ParseDestination splits a destination into the server URL, exchange and
@@ -276,13 +306,21 @@ func (a *Sender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
 	if m.OrderingKey != "" {
 		headers[outbox.OrderingKeyHeader] = m.OrderingKey
 	}
-	conf, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, amqp.Publishing{
-		MessageId: m.Key, DeliveryMode: amqp.Persistent, Headers: headers, Body: m.Payload,
-		ContentType: m.Headers["Content-Type"],
-	})
+	// The publish's write blocks while the broker reads nothing (amqp091
+	// looks at ctx only before it): wait for it no longer than ctx.
+	conf, err := within(ctx, func() (*amqp.DeferredConfirmation, error) {
+		return cc.ch.PublishWithDeferredConfirm(exchange, key, true, false, amqp.Publishing{
+			MessageId: m.Key, DeliveryMode: amqp.Persistent, Headers: headers, Body: m.Payload,
+			ContentType: m.Headers["Content-Type"],
+		})
+	}, func(*amqp.DeferredConfirmation, error) {})
 	if err != nil {
-		discard(cc)
-		return outbox.Result{Status: outbox.Pending, Err: err}
+		if ctx.Err() != nil { // the write did not finish in time: the connection is stuck
+			a.drop(server, c)
+		} else {
+			discard(cc)
+		}
+		return outbox.Result{Status: outbox.Pending, Err: fmt.Errorf("publish: %w", err)}
 	}
 	ok, err := conf.WaitContext(ctx)
 	if err != nil && c.blockedErr() != nil {

@@ -60,6 +60,26 @@ func TestSendReturnsWhenTheBrokerStopsAnswering(t *testing.T) {
 		t.Fatalf("before the stall: %s %v", res.Status, res.Err)
 	}
 	proxy.Stall()
+	// First, on the open connection: a publish larger than what the socket buffers: its write blocks on a
+	// broker that reads nothing, and the send still returns with its
+	// context.
+	big := make([]byte, 16<<20)
+	bigSend := func() outbox.Result {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		done := make(chan outbox.Result, 1)
+		go func() { done <- s.Send(ctx, &outbox.Message{Key: "K-big", Destination: dest, Payload: big}) }()
+		select {
+		case res := <-done:
+			return res
+		case <-time.After(10 * time.Second):
+			t.Fatalf("a send whose write blocks: no answer 10 s after its context ended")
+			return outbox.Result{}
+		}
+	}
+	if res := bigSend(); res.Status != outbox.Pending {
+		t.Fatalf("a broker that reads nothing: %s %v, want pending", res.Status, res.Err)
+	}
 	for _, key := range []string{"K-2", "K-3"} {
 		if res := send(key); res.Status != outbox.Pending {
 			t.Fatalf("a broker that does not answer: %s %s %v, want pending", key, res.Status, res.Err)
