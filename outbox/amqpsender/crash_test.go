@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -145,6 +146,8 @@ func confirmedSurvivesCrash(t *testing.T, queueType string) {
 	var sentMu sync.Mutex
 	var sent []string
 	var attempts, refused atomic.Int64
+	var reasonsMu sync.Mutex
+	reasons := map[string]int{} // why sends were not confirmed, by kind
 	stop := make(chan struct{})
 	var senders sync.WaitGroup
 	for g := range 8 {
@@ -168,6 +171,9 @@ func confirmedSurvivesCrash(t *testing.T, queueType string) {
 						break
 					}
 					refused.Add(1)
+					reasonsMu.Lock()
+					reasons[reason(res.Err)]++
+					reasonsMu.Unlock()
 					select {
 					case <-stop:
 						return
@@ -211,13 +217,24 @@ func confirmedSurvivesCrash(t *testing.T, queueType string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Logf("%s queue: %d messages confirmed in %d sends (%d not confirmed, sent again), 3 crashes; %d confirmed and never consumed",
-		queueType, len(sent), attempts.Load(), refused.Load(), len(missing))
+	t.Logf("%s queue: %d messages confirmed in %d sends (%d not confirmed, sent again: %v), 3 crashes; %d confirmed and never consumed",
+		queueType, len(sent), attempts.Load(), refused.Load(), reasons, len(missing))
 	if len(missing) > 0 {
 		t.Errorf("%d confirmed messages lost in the crashes of the node, e.g. %v; the node said:\n%s", len(missing), missing[:min(10, len(missing))],
 			strings.Join(srv.LogLines("dropped", "crashed"), "\n"))
 	}
 }
+
+// reason is the kind of a send's refusal: its error without what varies
+// (addresses, ids).
+func reason(err error) string {
+	if err == nil {
+		return "no error"
+	}
+	return digits.ReplaceAllString(err.Error(), "#")
+}
+
+var digits = regexp.MustCompile(`[0-9]+`)
 
 // TestConfirmedBacklogSurvivesBrokerCrashes: a queue that holds a backlog
 // — every message confirmed and none consumed yet, as while the consumers

@@ -111,9 +111,10 @@ func TestGuardCampaign(t *testing.T) {
 	storetest.GuardCampaign(t, campaignConfig(t, "TestGuardCampaign"))
 }
 
-// campaignConfig: every process reaches the server through a TCP proxy
-// that the campaign cuts and stalls now and then (the Guard campaign's
-// direct workers without it).
+// campaignConfig: a MariaDB server of the test's own, which every process
+// reaches through a TCP proxy that the campaign cuts and stalls now and
+// then (the Guard campaign's direct workers without it), and which the
+// campaign crashes now and then.
 func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
 	cfg := storetest.CampaignConfig{TestName: name, Processes: 2,
 		Open: func(t testing.TB, location string) store.Store {
@@ -130,13 +131,15 @@ func campaignConfig(t *testing.T, name string) storetest.CampaignConfig {
 			return s
 		}}
 	if !storetest.IsChild() {
-		direct := testenv.MySQLDatabase(t, "")
+		srv := testenv.StartMariaDB(t)
+		direct := srv.URL
 		u, err := url.Parse(direct)
 		if err != nil {
 			t.Fatal(err)
 		}
 		p := testenv.StartProxy(t, u.Host)
 		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = p.Cut, p.Restore, p.Stall, p.Unstall
+		cfg.Crash = func() { srv.Crash(t) }
 		u.Host = p.Addr()
 		cfg.Location, cfg.Direct = u.String(), direct
 	}
@@ -278,4 +281,13 @@ func TestEightOpenAtOnce(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestServerCrash: a SIGKILL of a MariaDB server of the test's own, after
+// each kind of write, loses no write the store acknowledged
+// (innodb_flush_log_at_trx_commit=1, the default).
+func TestServerCrash(t *testing.T) {
+	srv := testenv.StartMariaDB(t)
+	s := open(t, srv.URL, mysqlstore.Config{})
+	storetest.ServerCrash(t, s, func() { srv.Crash(t) }, "MariaDB")
 }
