@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem/console"
+	"github.com/idemgo/idem/internal/redact"
 	"github.com/idemgo/idem/store/storeurl"
 )
 
@@ -67,7 +67,7 @@ attempts are rate-limited, and --tls-cert/--tls-key serve it over TLS with Secur
 			return err
 		}
 		defer s.Close()
-		cfg := console.Config{Store: s, Token: *token, StoreURL: redactStoreURL(*store)}
+		cfg := console.Config{Store: s, Token: *token, StoreURL: redact.URL(*store)}
 		if spec, err := storeurl.Parse(*store); err == nil && (spec.Kind == storeurl.SQLite || spec.Kind == storeurl.Postgres) {
 			ob, closeOutbox, err := openOutbox(ctx, *store)
 			if err != nil {
@@ -119,14 +119,4 @@ func serveUntilDone(ctx context.Context, addr string, handler http.Handler, grac
 		return err
 	}
 	return nil
-}
-
-// redactStoreURL is a store URL with its password, if any, replaced by
-// xxxxx, to show on a page.
-func redactStoreURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	return u.Redacted()
 }

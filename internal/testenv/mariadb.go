@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -52,18 +51,7 @@ func StartMariaDB(t testing.TB) *MariaDB {
 		m.held.release()
 		os.RemoveAll(dir)
 	})
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("mysql")
-		if err != nil {
-			Need(t, "the mysql user (mariadbd as root needs one to run as)", "/etc/passwd", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		m.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-	}
+	m.cred = serviceUser(t, "mysql", dir, "mariadbd as root needs one to run as")
 	cmd := exec.Command(install, "--no-defaults", "--datadir="+m.data(), "--auth-root-authentication-method=normal",
 		"--skip-test-db", "--skip-name-resolve")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: m.cred}

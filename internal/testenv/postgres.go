@@ -83,18 +83,7 @@ func StartPostgres(t testing.TB, settings ...string) *Postgres {
 		p.held.release()
 		os.RemoveAll(dir)
 	})
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			Need(t, "the postgres user (PostgreSQL refuses to run as root)", "/etc/passwd", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		p.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-	}
+	p.cred = serviceUser(t, "postgres", dir, "PostgreSQL refuses to run as root")
 	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", p.data(), "-A", "trust", "-U", "postgres",
 		"-E", "UTF8", "--no-sync", "--no-instructions")
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
@@ -262,4 +251,24 @@ func (p *Postgres) Reconfigure(t testing.TB, name, value string) {
 		}
 		return nil
 	})
+}
+
+// serviceUser is the credential of the system user name, who then owns
+// dir, when the test runs as root (nil otherwise): a server that will not
+// run as root (why) runs as that user.
+func serviceUser(t testing.TB, name, dir, why string) *syscall.Credential {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		Need(t, "the "+name+" user ("+why+")", "/etc/passwd", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chown(dir, uid, gid); err != nil {
+		t.Fatal(err)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 }

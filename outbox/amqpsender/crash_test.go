@@ -253,19 +253,7 @@ func TestConfirmedBacklogSurvivesBrokerCrashes(t *testing.T) {
 		t.Skip("run with -amqpsender.backlog-crashes (about two minutes: four kills of a node under sixteen senders)")
 	}
 	srv := testenv.StartRabbitMQ(t)
-	queue := testenv.RandomName("idembacklog.")
-	conn, err := amqp.Dial(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close()
+	queue := durableQueue(t, srv.URL, "idembacklog.")
 	sender := amqpsender.New(amqp.Config{})
 	defer sender.Close()
 	dest := srv.URL + "?routing_key=" + queue
@@ -325,12 +313,13 @@ func TestConfirmedBacklogSurvivesBrokerCrashes(t *testing.T) {
 	close(stop)
 	senders.Wait()
 
-	conn, err = amqp.Dial(srv.URL)
+	conn, err := amqp.Dial(srv.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if ch, err = conn.Channel(); err != nil {
+	ch, err := conn.Channel()
+	if err != nil {
 		t.Fatal(err)
 	}
 	queued := map[string]bool{}
@@ -364,19 +353,7 @@ func TestConfirmedBacklogSurvivesBrokerCrashes(t *testing.T) {
 // through again once the alarm clears.
 func TestSendSaysWhenTheBrokerBlocksPublishing(t *testing.T) {
 	srv := testenv.StartRabbitMQ(t)
-	queue := testenv.RandomName("idemblocked.")
-	conn, err := amqp.Dial(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close()
+	queue := durableQueue(t, srv.URL, "idemblocked.")
 	sender := amqpsender.New(amqp.Config{})
 	defer sender.Close()
 	dest := srv.URL + "?routing_key=" + queue
@@ -408,4 +385,24 @@ func TestSendSaysWhenTheBrokerBlocksPublishing(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// durableQueue declares a durable classic queue named prefix and random
+// digits on the broker at url, and returns its name.
+func durableQueue(t *testing.T, url, prefix string) string {
+	t.Helper()
+	queue := testenv.RandomName(prefix)
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	return queue
 }

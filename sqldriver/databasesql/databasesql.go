@@ -79,17 +79,18 @@ func (d *Driver) Locked(ctx context.Context, fn func(sqldriver.Executor) error) 
 		return err
 	}
 	defer conn.Close()
-	if d.d == sqldriver.MySQL {
+	begin, lock := "BEGIN", "SELECT pg_advisory_xact_lock(hashtext('idem_migrate'))"
+	switch d.d {
+	case sqldriver.SQLite:
+		begin, lock = "BEGIN IMMEDIATE", ""
+	case sqldriver.MySQL: // a named lock of the session, taken before the transaction
+		lock = ""
 		if err := getLock(ctx, conn); err != nil {
 			return err
 		}
 		defer func() {
 			_, _ = conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK('idem_migrate')")
 		}()
-	}
-	begin, lock := "BEGIN", "SELECT pg_advisory_xact_lock(hashtext('idem_migrate'))"
-	if d.d == sqldriver.SQLite {
-		begin, lock = "BEGIN IMMEDIATE", ""
 	}
 	if _, err := conn.ExecContext(ctx, begin); err != nil {
 		return err
@@ -100,7 +101,7 @@ func (d *Driver) Locked(ctx context.Context, fn func(sqldriver.Executor) error) 
 			_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
 		}
 	}()
-	if lock != "" && d.d != sqldriver.MySQL {
+	if lock != "" {
 		if _, err := conn.ExecContext(ctx, lock); err != nil {
 			return err
 		}

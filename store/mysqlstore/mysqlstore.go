@@ -17,6 +17,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/coalesce"
 	"github.com/idemgo/idem/internal/keypack"
+	"github.com/idemgo/idem/internal/redact"
 	"github.com/idemgo/idem/internal/sqlmigrate"
 	"github.com/idemgo/idem/internal/sqlrecord"
 	"github.com/idemgo/idem/sqldriver"
@@ -74,18 +75,18 @@ type Store struct {
 func ParseURL(raw string) (*mysql.Config, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, fmt.Errorf("idem/mysqlstore: %w", redact(err))
+		return nil, fmt.Errorf("idem/mysqlstore: %w", redact.ParseError(err))
 	}
 	if u.Scheme != "mysql" {
-		return nil, fmt.Errorf("idem/mysqlstore: %s: the scheme is not mysql://", Redacted(raw))
+		return nil, fmt.Errorf("idem/mysqlstore: %s: the scheme is not mysql://", redact.URL(raw))
 	}
 	db := strings.TrimPrefix(u.Path, "/")
 	if db == "" || strings.Contains(db, "/") {
-		return nil, fmt.Errorf("idem/mysqlstore: %s names no database (mysql://USER:PASSWORD@HOST:PORT/DATABASE)", Redacted(raw))
+		return nil, fmt.Errorf("idem/mysqlstore: %s names no database (mysql://USER:PASSWORD@HOST:PORT/DATABASE)", redact.URL(raw))
 	}
 	host := u.Host
 	if host == "" {
-		return nil, fmt.Errorf("idem/mysqlstore: %s names no host", Redacted(raw))
+		return nil, fmt.Errorf("idem/mysqlstore: %s names no host", redact.URL(raw))
 	}
 	if u.Port() == "" {
 		host = net.JoinHostPort(strings.Trim(host, "[]"), "3306")
@@ -100,27 +101,9 @@ func ParseURL(raw string) (*mysql.Config, error) {
 	}
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("idem/mysqlstore: %s: %v", Redacted(raw), err)
+		return nil, fmt.Errorf("idem/mysqlstore: %s: %v", redact.URL(raw), err)
 	}
 	return cfg, nil
-}
-
-// Redacted is a mysql:// URL with its password replaced by xxxxx.
-func Redacted(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(a URL that does not parse)"
-	}
-	return u.Redacted()
-}
-
-// redact drops the URL from a url.Parse error (it holds the password).
-func redact(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
-	}
-	return err
 }
 
 // driverConfig reads cfg.DSN and sets the options the store relies on.

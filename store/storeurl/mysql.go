@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/idemgo/idem/internal/redact"
 	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/mysqlstore"
 )
@@ -25,7 +26,7 @@ import (
 func parseMySQL(raw, rest string) (Spec, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return Spec{}, fmt.Errorf("idem: store URL %q: %v", redactedAny(raw), redactErr(err))
+		return Spec{}, fmt.Errorf("idem: store URL %q: %v", redact.URL(raw), redact.ParseError(err))
 	}
 	if !strings.HasPrefix(rest, "//") || u.Host == "" {
 		return Spec{}, fmt.Errorf("idem: store URL %q: want mysql://USER:PASSWORD@HOST[:PORT]/DATABASE", u.Redacted())
@@ -40,7 +41,7 @@ func init() {
 	openers[MySQL] = func(ctx context.Context, spec Spec, o Options) (store.Store, error) {
 		u, err := url.Parse(spec.Raw)
 		if err != nil {
-			return nil, fmt.Errorf("idem: store URL: %v", redactErr(err))
+			return nil, fmt.Errorf("idem: store URL: %v", redact.ParseError(err))
 		}
 		u.Scheme = "mysql"
 		q := u.Query()

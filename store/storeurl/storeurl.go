@@ -2,11 +2,11 @@ package storeurl
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"strings"
 
+	"github.com/idemgo/idem/internal/redact"
 	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
 	"github.com/idemgo/idem/store/sqlitestore"
@@ -43,7 +43,7 @@ type Spec struct {
 func Parse(raw string) (Spec, error) {
 	scheme, rest, ok := strings.Cut(raw, ":")
 	if !ok || scheme == "" {
-		return Spec{}, fmt.Errorf("idem: store URL %q has no scheme: want memory:, sqlite:PATH, postgres://…, mysql://…, redis://… or dynamodb://TABLE", redactedAny(raw))
+		return Spec{}, fmt.Errorf("idem: store URL %q has no scheme: want memory:, sqlite:PATH, postgres://…, mysql://…, redis://… or dynamodb://TABLE", redact.URL(raw))
 	}
 	switch strings.ToLower(scheme) {
 	case "memory":
@@ -73,7 +73,7 @@ func Parse(raw string) (Spec, error) {
 	case "postgres", "postgresql", "redis", "rediss":
 		u, err := url.Parse(raw)
 		if err != nil {
-			return Spec{}, fmt.Errorf("idem: store URL %q: %v", redactedAny(raw), redactErr(err))
+			return Spec{}, fmt.Errorf("idem: store URL %q: %v", redact.URL(raw), redact.ParseError(err))
 		}
 		if !strings.HasPrefix(rest, "//") || u.Host == "" {
 			return Spec{}, fmt.Errorf("idem: store URL %q: want %s://HOST[:PORT]/…", u.Redacted(), scheme)
@@ -97,33 +97,7 @@ func Parse(raw string) (Spec, error) {
 		}
 		return Spec{Kind: DynamoDB, Path: u.Host, Raw: raw}, nil
 	}
-	return Spec{}, fmt.Errorf("idem: unknown store URL scheme %q in %q: want memory:, sqlite:PATH, postgres://…, mysql://…, redis://… or dynamodb://TABLE", scheme, redactedAny(raw))
-}
-
-// Redacted is raw with the password of its user replaced by xxxxx, for
-// messages and logs; a URL that does not parse is named only by its
-// scheme.
-func Redacted(raw string) string { return redactedAny(raw) }
-
-func redactedAny(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		scheme, _, _ := strings.Cut(raw, ":")
-		if strings.ContainsAny(scheme, "/@") {
-			scheme = "?"
-		}
-		return scheme + ":(a URL that does not parse)"
-	}
-	return u.Redacted()
-}
-
-// redactErr drops the URL from a url.Parse error (it holds the password).
-func redactErr(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
-	}
-	return err
+	return Spec{}, fmt.Errorf("idem: unknown store URL scheme %q in %q: want memory:, sqlite:PATH, postgres://…, mysql://…, redis://… or dynamodb://TABLE", scheme, redact.URL(raw))
 }
 
 // Options tune the opened store.
