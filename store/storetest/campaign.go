@@ -110,7 +110,10 @@ type CampaignConfig struct {
 	// taken over counts an attempt under which nothing ran, so an
 	// acquisition with a MaxAttempts may poison a key the model holds
 	// absent or released (the claim's give-back came after its lease: its
-	// caller paused, or the hot tier stalled).
+	// caller paused, or the hot tier stalled). And an acquisition at its
+	// MaxAttempts takes the claim (past MaxAttempts, so as not to poison a
+	// key settled elsewhere) before it poisons the key: one that fails with
+	// an error may leave that claim, or the claim given back.
 	TakeoverOfMomentaryClaims bool
 	// SettleExtendsLease: a Complete or Fail extends the owner's lease by up
 	// to this much before it takes effect (the tiered store does, so that no

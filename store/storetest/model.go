@@ -223,7 +223,10 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 			if poisonMayBeDue(s, in) {
 				next = append(next, poisoned(s, in))
 			}
-			if !poisonDue(s, in) {
+			if !poisonDue(s, in) || in.LaxTakeover {
+				// With momentary claims, an acquisition at MaxAttempts
+				// takes the claim before it poisons (see
+				// CampaignConfig.TakeoverOfMomentaryClaims).
 				claim(s.Attempts + 1)
 			}
 		}

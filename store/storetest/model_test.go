@@ -214,3 +214,31 @@ func TestPoisonOfAMomentaryClaim(t *testing.T) {
 		}
 	}
 }
+
+// TestFailedPoisoningLeavesTheClaimGivenBack: the tiered store's history
+// (campaign seed 8204860326311561358, times shortened): a claim's lease
+// ended; an acquisition with MaxAttempts 1 took the claim over (past its
+// MaxAttempts, so as not to poison a key settled in the cold tier), found
+// nothing settled, gave the claim back and failed; meanwhile another
+// acquisition was answered Acquired on the claim given back. The strict
+// model refuses it (an acquisition at MaxAttempts poisons or changes
+// nothing); with TakeoverOfMomentaryClaims it is accepted.
+func TestFailedPoisoningLeavesTheClaimGivenBack(t *testing.T) {
+	history := func(lax bool) []porcupine.Operation {
+		op := func(client int, in opInput, out opOutput) porcupine.Operation { return c1Op(client, lax, in, out) }
+		return []porcupine.Operation{
+			op(0, opInput{Kind: opAcquire, FP: "A", Lease: 100, Ret: 5000, Call: 0, Return: 1},
+				opOutput{Outcome: store.Acquired, Fence: 10, Attempts: 1, LeaseUntil: 100, ExpiresAt: 5000}),
+			op(1, opInput{Kind: opAcquire, FP: "A", Lease: 250, Ret: 500, Max: 1, Call: 150, Return: 1150},
+				opOutput{Res: resUnknown}),
+			op(2, opInput{Kind: opAcquire, FP: "A", Lease: 370, Ret: 1400, Call: 151, Return: 158},
+				opOutput{Outcome: store.Acquired, Fence: 20, Attempts: 2, LeaseUntil: 520, ExpiresAt: 1560}),
+		}
+	}
+	model := recordModel.ToModel()
+	for _, lax := range []bool{false, true} {
+		if got := porcupine.CheckOperations(model, history(lax)); got != lax {
+			t.Errorf("lax=%v: linearizable %v, want %v", lax, got, lax)
+		}
+	}
+}

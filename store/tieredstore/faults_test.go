@@ -1699,3 +1699,106 @@ func TestArchiveBudgetCountsFromBeforeTheHeartbeat(t *testing.T) {
 		t.Fatalf("a duplicate after: %v (fence %d), %v; want InProgress under the takeover's fence %d", dup.Outcome, dup.Record.Fence, err, taken.Fence)
 	}
 }
+
+// hotDropsFail is a memory hot tier whose DeleteUpTo fails (the hot tier cut
+// at that moment).
+type hotDropsFail struct{ *memstore.Store }
+
+func (hotDropsFail) DeleteUpTo(context.Context, string, uint64) error {
+	return fmt.Errorf("%w: connection reset", store.ErrUnavailable)
+}
+
+// TestNoPoisoningOfAKeySettledInTheColdTier: a caller claimed a key for a
+// moment (to read the cold tier, where the key is completed) and died; its
+// hot claim counted an attempt. A duplicate with MaxAttempts 1 must be
+// answered the replay and leave no poisoned record behind: a poisoned hot
+// copy shadows the key once the cold record expires (every request then
+// told Poisoned, dead-lettered, instead of running a key whose retention
+// ended), and other callers see it before any drop lands. Found by the
+// tiered buckets campaign (seed 17602973348286608137: a duplicate without
+// MaxAttempts told Poisoned just after the completion expired).
+func TestNoPoisoningOfAKeySettledInTheColdTier(t *testing.T) {
+	ctx := context.Background()
+	clock := storetest.NewManualClock(time.Now())
+	hot := hotDropsFail{memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})}
+	cold := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := store.Record{Key: "PAY-26", State: store.StateCompleted, Fence: 1, Fingerprint: "A", Attempts: 1, Result: []byte("done")}
+	if err := cold.Archive(ctx, done, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	req := store.AcquireRequest{Key: "PAY-26", Fingerprint: "A", Lease: time.Second, Retention: time.Hour}
+	// The dead caller's momentary claim, its lease then over.
+	if a, err := hot.Acquire(ctx, req); err != nil || a.Outcome != store.Acquired {
+		t.Fatalf("the momentary claim: %v, %v", a.Outcome, err)
+	}
+	clock.Advance(2 * time.Second)
+	once := req
+	once.MaxAttempts = 1
+	if a, err := s.Acquire(ctx, once); err != nil || a.Outcome != store.Replayed || string(a.Record.Result) != "done" {
+		t.Fatalf("a duplicate with MaxAttempts 1: %v %q, %v; want the completion replayed", a.Outcome, a.Record.Result, err)
+	}
+	if rec, err := hot.Get(ctx, "PAY-26"); err == nil && rec.State == store.StatePoisoned {
+		t.Fatalf("the hot tier holds %v (attempts %d) for a key completed in the cold tier", rec.State, rec.Attempts)
+	}
+	// The completion's retention ends, and so does its re-warmed hot copy
+	// (given the time the cold record had left, read on the wall clock).
+	clock.Advance(11 * time.Second)
+	if a, err := s.Acquire(ctx, req); err != nil || a.Outcome != store.Acquired {
+		t.Fatalf("a request after the completion expired: %v, %v; want Acquired", a.Outcome, err)
+	}
+}
+
+// claimOnUnclaim is a memory hot tier on which another caller claims the
+// key just after an Unclaim (once armed), with no MaxAttempts.
+type claimOnUnclaim struct {
+	*memstore.Store
+	armed atomic.Bool
+	taken store.Acquisition
+}
+
+func (s *claimOnUnclaim) Unclaim(ctx context.Context, key string, fence uint64) error {
+	err := s.Store.Unclaim(ctx, key, fence)
+	if s.armed.CompareAndSwap(true, false) {
+		s.taken, _ = s.Store.Acquire(ctx, store.AcquireRequest{Key: key, Fingerprint: "A", Lease: time.Minute, Retention: time.Hour})
+	}
+	return err
+}
+
+// TestPoisoningOvertakenByAClaim: a request at its MaxAttempts takes the
+// key over in the hot tier, finds nothing settled in the cold tier, gives
+// its claim back and acquires again to poison the key; a caller without a
+// MaxAttempts claims the key in between. That caller owns the key, and the
+// first request fails as unavailable: told InProgress, it would have been
+// answered as if it found that claim first, while its own takeover had
+// ended the earlier claim (the fault campaign's model refuses it).
+func TestPoisoningOvertakenByAClaim(t *testing.T) {
+	ctx := context.Background()
+	clock := storetest.NewManualClock(time.Now())
+	hot := &claimOnUnclaim{Store: memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})}
+	cold := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := store.AcquireRequest{Key: "PAY-27", Fingerprint: "A", Lease: time.Second, Retention: time.Hour}
+	if a, err := s.Acquire(ctx, req); err != nil || a.Outcome != store.Acquired {
+		t.Fatalf("the first claim: %v, %v", a.Outcome, err)
+	}
+	clock.Advance(2 * time.Second) // its owner died
+	once := req
+	once.MaxAttempts = 1
+	hot.armed.Store(true)
+	if a, err := s.Acquire(ctx, once); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("the request at MaxAttempts: %v, %v; want ErrUnavailable (another caller claimed the key while it poisoned it)", a.Outcome, err)
+	}
+	if hot.taken.Outcome != store.Acquired {
+		t.Fatalf("the other caller: %v; want Acquired (the key given back, released)", hot.taken.Outcome)
+	}
+	if a, err := s.Acquire(ctx, once); err != nil || a.Outcome != store.InProgress {
+		t.Fatalf("the request at MaxAttempts again: %v, %v; want InProgress under the other caller's claim", a.Outcome, err)
+	}
+}

@@ -107,10 +107,25 @@ func (s *Store) Acquire(ctx context.Context, req store.AcquireRequest) (store.Ac
 	if err := (store.Limits{}).CheckRetention(req.Retention); err != nil {
 		return store.Acquisition{}, err
 	}
-	a, err := s.hot.Acquire(ctx, req) // unsettled records keep the full retention
+	// The hot tier is asked without MaxAttempts: a key settled in the cold
+	// tier may have counted attempts in the hot tier under momentary claims
+	// (of callers that died before giving them back), and a poisoning there
+	// would shadow the settled record — seen by other callers, and left
+	// behind once the cold record expires. A claim past MaxAttempts is
+	// checked against the cold tier like any other, and poisons the key
+	// only when the key is not settled there (see poison).
+	uncapped := req
+	uncapped.MaxAttempts = 0
+	a, err := s.hot.Acquire(ctx, uncapped) // unsettled records keep the full retention
 	if err != nil {
 		return a, err
 	}
+	return s.answer(ctx, req, a)
+}
+
+// answer returns the acquisition for the hot tier's answer a, after
+// consulting the cold tier.
+func (s *Store) answer(ctx context.Context, req store.AcquireRequest, a store.Acquisition) (store.Acquisition, error) {
 	if a.Outcome == store.InProgress || a.Outcome == store.Mismatch || a.Outcome == store.Poisoned {
 		// The hot record may be another caller's momentary claim on a key
 		// that the cold tier holds settled (taken to consult the cold tier
@@ -164,6 +179,9 @@ func (s *Store) Acquire(ctx context.Context, req store.AcquireRequest) (store.Ac
 		return store.Acquisition{}, errBeingDeleted
 	}
 	if errors.Is(err, store.ErrNotFound) || (err == nil && rec.State != store.StateCompleted && rec.State != store.StateFailed) {
+		if req.MaxAttempts > 0 && a.Record.Attempts > req.MaxAttempts {
+			return s.poison(ctx, req, a.Fence)
+		}
 		// The claim must still stand after the cold round trip: a Delete
 		// that ran meanwhile removed it (and the cold record we did not
 		// see). A fenced heartbeat checks it and renews the lease.
@@ -223,6 +241,27 @@ func (s *Store) Acquire(ctx context.Context, req store.AcquireRequest) (store.Ac
 		_ = s.dropClaim(bg, req.Key, a.Fence)
 	}
 	return store.Acquisition{Outcome: store.Replayed, Record: rec}, nil
+}
+
+// poison ends a claim (fence) that went past req.MaxAttempts on a key the
+// cold tier does not hold settled: the claim is given back and the key
+// acquired again under MaxAttempts, which poisons it in the hot tier. A
+// caller that claimed the key in between (one without a MaxAttempts, or
+// with a larger one) keeps it, and this acquisition fails as unavailable:
+// its own claim came and went unseen, so it is not told InProgress as if
+// it had found that caller's claim first.
+func (s *Store) poison(ctx context.Context, req store.AcquireRequest, fence uint64) (store.Acquisition, error) {
+	if err := s.giveBack(context.WithoutCancel(ctx), req.Key, fence); err != nil {
+		return store.Acquisition{}, err
+	}
+	a, err := s.hot.Acquire(ctx, req)
+	if err != nil {
+		return a, err
+	}
+	if a.Outcome == store.InProgress || a.Outcome == store.Mismatch {
+		return store.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the key was claimed by another caller while this one poisoned it at MaxAttempts; retry", store.ErrUnavailable)
+	}
+	return s.answer(ctx, req, a) // a claim now is within MaxAttempts
 }
 
 // coldReadAwaiting reads the cold tier before a claim is handed out (or a
