@@ -176,6 +176,9 @@ func (i *Inbox[TTx]) claimAll(ctx context.Context, ex sqldriver.Executor, items 
 		ev := items[n].Event
 		args = append(args, ev.Consumer, ev.CorrelationID, ev.Type)
 	}
+	if i.mysql {
+		return i.claimEach(ctx, ex, items, ordered)
+	}
 	rows, err := ex.Query(ctx, i.claimAllSQL(len(valid)), args...)
 	if err != nil {
 		return nil, fmt.Errorf("idem/inbox: claim a batch of %d: %w", len(valid), err)
@@ -191,6 +194,26 @@ func (i *Inbox[TTx]) claimAll(ctx context.Context, ex sqldriver.Executor, items 
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("idem/inbox: claim a batch of %d: %w", len(valid), err)
+	}
+	return claimed, nil
+}
+
+// claimEach claims the keys of items (in the order given, the same in
+// every batch) one statement each: a key claimed is one whose row the
+// statement inserted.
+func (i *Inbox[TTx]) claimEach(ctx context.Context, ex sqldriver.Executor, items []BatchItem[TTx], ordered []int) (map[string]bool, error) {
+	claimed := make(map[string]bool, len(ordered))
+	for _, n := range ordered {
+		ev := items[n].Event
+		k := batchKey(ev.Consumer, ev.CorrelationID)
+		if _, seen := claimed[k]; seen {
+			continue
+		}
+		added, err := ex.Exec(ctx, i.sql.claim, ev.Consumer, ev.CorrelationID, ev.Type, i.cfg.ConsumerVersion)
+		if err != nil {
+			return nil, fmt.Errorf("idem/inbox: claim %s/%s: %w", ev.Consumer, ev.CorrelationID, err)
+		}
+		claimed[k] = added == 1
 	}
 	return claimed, nil
 }

@@ -68,7 +68,7 @@ func openCampaignDB[TTx any](t testing.TB, driver sqldriver.Driver[TTx], prefix 
 	}
 	db := campaignDB[TTx]{driver: driver, ib: ib, effects: prefix + "campaign_effects"}
 	if _, err := driver.Executor().Exec(ctx, `CREATE TABLE IF NOT EXISTS `+db.effects+` (id `+driver.Dialect().SerialKey()+
-		`, key text NOT NULL, entity text NOT NULL, version bigint NOT NULL)`); err != nil {
+		`, msg_key text NOT NULL, entity text NOT NULL, version bigint NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	return db
@@ -210,7 +210,7 @@ func (b *broker) pending() int {
 func consume[TTx any](ctx context.Context, db campaignDB[TTx], brokerURL string, rng *rand.Rand, batch bool) {
 	client := &http.Client{Timeout: 2 * time.Second}
 	change := func(ctx context.Context, tx TTx, d delivery) error {
-		if _, err := db.driver.UnwrapExecutor(tx).Exec(ctx, `INSERT INTO `+db.effects+` (key, entity, version) VALUES ($1, $2, $3)`,
+		if _, err := db.driver.UnwrapExecutor(tx).Exec(ctx, `INSERT INTO `+db.effects+` (msg_key, entity, version) VALUES ($1, $2, $3)`,
 			d.Key, d.Entity, d.Version); err != nil {
 			return err
 		}
@@ -384,7 +384,7 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 	var rs sqldriver.Rows
 	testenv.Eventually(t, 10*time.Second, "the effects read back", func() error {
 		var err error
-		rs, err = db.driver.Executor().Query(ctx, `SELECT id, key, entity, version FROM `+db.effects+` ORDER BY id`)
+		rs, err = db.driver.Executor().Query(ctx, `SELECT id, msg_key, entity, version FROM `+db.effects+` ORDER BY id`)
 		return err
 	})
 	for rs.Next() {
@@ -499,6 +499,25 @@ func TestCampaignSQLite(t *testing.T) {
 		loc = filepath.Join(t.TempDir(), "inbox.db")
 	}
 	inboxCampaign(t, "TestCampaignSQLite", loc, "", open, dbFaults{})
+}
+
+// TestCampaignMySQL runs it on a MariaDB server of the test's own through
+// database/sql, behind a proxy for the test and half the consumer
+// processes; now and then the server is killed with SIGKILL and started
+// again.
+func TestCampaignMySQL(t *testing.T) {
+	open := func(t testing.TB, location string, _ int) campaignDB[*sql.Tx] {
+		db := testenv.OpenMySQL(t, location+"?timeout=2s")
+		return openCampaignDB(t, databasesql.New(db, sqldriver.MySQL), "", inbox.Config{})
+	}
+	if loc := os.Getenv(envLocation); loc != "" {
+		inboxCampaign(t, "TestCampaignMySQL", loc, "", open, dbFaults{})
+		return
+	}
+	srv := testenv.StartMariaDB(t)
+	proxy := testenv.StartProxy(t, srv.Addr())
+	inboxCampaign(t, "TestCampaignMySQL", strings.Replace(srv.URL, srv.Addr(), proxy.Addr(), 1), srv.URL, open,
+		dbFaults{cut: proxy.Cut, restore: proxy.Restore, stall: proxy.Stall, unstall: proxy.Unstall, crash: func() { srv.Crash(t) }})
 }
 
 // campaignDuration is how long the campaign runs: -inbox.campaign.duration, or under -short at

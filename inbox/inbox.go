@@ -101,7 +101,9 @@ type Inbox[TTx any] struct {
 	sql    struct {
 		claim, claimStrict, claimMany, claimManyEnd string
 		unclaim, version, sweep, list, find         string
+		versionInsert                               string // MySQL: see applyVersion
 	}
+	mysql bool
 }
 
 var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
@@ -109,9 +111,6 @@ var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*
 // New validates cfg and returns the inbox of the database reached by driver
 // (pgxv5.New(pool), databasesql.New(db, sqldriver.SQLite), …).
 func New[TTx any](driver sqldriver.Driver[TTx], cfg Config) (*Inbox[TTx], error) {
-	if driver.Dialect() == sqldriver.MySQL {
-		return nil, errors.New("idem/inbox: MySQL and MariaDB are not supported by the inbox yet (PostgreSQL and SQLite are)")
-	}
 	if cfg.Table == "" {
 		cfg.Table = "processed_events"
 	}
@@ -152,7 +151,33 @@ ORDER BY consumer, correlation_id LIMIT $4`
 WHERE correlation_id = $1 ORDER BY consumer LIMIT 100`
 	i.sql.sweep = `DELETE FROM ` + cfg.Table + ` WHERE ` + d.RowID() + ` IN (SELECT ` + d.RowID() + ` FROM ` + cfg.Table + `
 WHERE processed_at < ` + d.NowPlusMillis("-$1") + ` LIMIT $2)`
+	if d == sqldriver.MySQL {
+		if len(cfg.ConsumerVersion) > 255 {
+			return nil, errors.New("idem/inbox: Config.ConsumerVersion is limited to 255 bytes on MySQL")
+		}
+		i.mysql = true
+		i.mysqlStatements(d)
+	}
 	return i, nil
+}
+
+// mysqlStatements replaces the statements MySQL and MariaDB do not take
+// (ON CONFLICT, RETURNING, a LIMIT in a subquery). A claim is INSERT IGNORE:
+// a duplicate waits for the transaction that inserted the key, as on
+// PostgreSQL, and is then ignored (no row affected), whatever the
+// connection's CLIENT_FOUND_ROWS; the event's fields are bounded before
+// (validate), so IGNORE turns no other error into a warning. The version
+// guard raises an existing row first (one statement, an exclusive lock at
+// once) and inserts a new entity's row only when there was none (see
+// applyVersion). A batch claims its keys one statement each (MySQL 8 has no
+// RETURNING to tell which rows a multi-row insert added).
+func (i *Inbox[TTx]) mysqlStatements(d sqldriver.Dialect) {
+	i.sql.claim = `INSERT IGNORE INTO ` + i.cfg.Table + ` (consumer, correlation_id, event_type, processed_at, consumer_version) VALUES ($1, $2, $3, ` + d.Now() + `, $4)`
+	i.sql.claimStrict = `INSERT INTO ` + i.cfg.Table + ` (consumer, correlation_id, event_type, processed_at, consumer_version) VALUES ($1, $2, $3, ` + d.Now() + `, $4)`
+	i.sql.claimMany, i.sql.claimManyEnd = "", ""
+	i.sql.version = `UPDATE ` + i.cfg.VersionTable + ` SET version = $2, updated_at = ` + d.Now() + ` WHERE entity = $1 AND version < $2`
+	i.sql.versionInsert = `INSERT IGNORE INTO ` + i.cfg.VersionTable + ` (entity, version, updated_at) VALUES ($1, $2, ` + d.Now() + `)`
+	i.sql.sweep = `DELETE FROM ` + i.cfg.Table + ` WHERE processed_at < ` + d.NowPlusMillis("-$1") + ` LIMIT $2`
 }
 
 // Schema returns the DDL of the inbox and version tables, for migrations run
@@ -163,6 +188,24 @@ func (i *Inbox[TTx]) Schema() string {
 	table := i.cfg.Table
 	if i.schema != "" {
 		table = strings.TrimPrefix(table, i.schema+".")
+	}
+	if i.mysql {
+		// Keys compared byte for byte (a binary string: no collation folds
+		// case or trailing spaces), within InnoDB's key length.
+		return `CREATE TABLE IF NOT EXISTS ` + i.cfg.Table + ` (
+	consumer         varbinary(255) NOT NULL,
+	correlation_id   varbinary(255) NOT NULL,
+	event_type       varbinary(255) NOT NULL DEFAULT '',
+	processed_at     ` + ts + `,
+	consumer_version varbinary(255) NOT NULL DEFAULT '',
+	PRIMARY KEY (consumer, correlation_id),
+	KEY ` + d.Ident(table+"_processed_at") + ` (processed_at)
+) ENGINE=InnoDB;
+CREATE TABLE IF NOT EXISTS ` + i.cfg.VersionTable + ` (
+	entity     varbinary(255) NOT NULL PRIMARY KEY,
+	version    bigint NOT NULL,
+	updated_at ` + ts + `
+) ENGINE=InnoDB;`
 	}
 	return `CREATE TABLE IF NOT EXISTS ` + i.cfg.Table + ` (
 	consumer         text NOT NULL,
@@ -254,6 +297,14 @@ func (i *Inbox[TTx]) applyVersion(ctx context.Context, tx sqldriver.Executor, en
 		return false, errors.New("idem/inbox: the entity must be 1 to 255 bytes")
 	}
 	n, err := tx.Exec(ctx, i.sql.version, entity, version)
+	if err == nil && n == 0 && i.mysql {
+		// No row raised: a new entity's is inserted; if another
+		// transaction inserted one first (the insert waited for it and was
+		// ignored), that row is raised if it holds an older version.
+		if n, err = tx.Exec(ctx, i.sql.versionInsert, entity, version); err == nil && n == 0 {
+			n, err = tx.Exec(ctx, i.sql.version, entity, version)
+		}
+	}
 	if err != nil {
 		return false, fmt.Errorf("idem/inbox: version guard %s@%d: %w", entity, version, err)
 	}

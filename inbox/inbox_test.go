@@ -123,8 +123,12 @@ func newPgxBouncer(t *testing.T) backend {
 }
 
 func sqlBackend(t *testing.T, db *sql.DB, d sqldriver.Dialect, prefix string) backend {
+	insert := `INSERT INTO ` + prefix + `credits (ref) VALUES ($1)`
+	if d == sqldriver.MySQL {
+		insert = `INSERT INTO ` + prefix + `credits (ref) VALUES (?)`
+	}
 	return newBackend(t, databasesql.New(db, d), prefix, func(ctx context.Context, tx *sql.Tx, ref string) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO `+prefix+`credits (ref) VALUES ($1)`, ref)
+		_, err := tx.ExecContext(ctx, insert, ref)
 		return err
 	})
 }
@@ -172,7 +176,26 @@ func newSQLPostgresAsync(t *testing.T) backend {
 	return sqlBackend(t, sqlPostgres(t, srv.URL), sqldriver.Postgres, "")
 }
 
+// newMySQL: the inbox on MariaDB (or the server of IDEM_MYSQL_URL) through
+// database/sql, in a database of the test's own.
+func newMySQL(t *testing.T) backend { return mysqlBackend(t, testenv.MySQLDatabase(t, "")) }
+
+// newMySQLReadCommitted: the same under READ COMMITTED.
+func newMySQLReadCommitted(t *testing.T) backend {
+	return mysqlBackend(t, testenv.MySQLReadCommitted(t, testenv.MySQLDatabase(t, "")))
+}
+
+func mysqlBackend(t *testing.T, loc string) backend {
+	db := testenv.OpenMySQL(t, loc)
+	if _, err := db.Exec(`CREATE TABLE credits (id bigint AUTO_INCREMENT PRIMARY KEY, ref varchar(255) NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return sqlBackend(t, db, sqldriver.MySQL, "")
+}
+
 var backends = map[string]func(t *testing.T) backend{
+	"mysql":                 newMySQL,
+	"mysql-read-committed":  newMySQLReadCommitted,
 	"pgx":                   newPgx,
 	"pgx-async":             newPgxAsync,
 	"pgx-pgbouncer":         newPgxBouncer,

@@ -16,7 +16,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem/inbox"
-	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
@@ -30,7 +29,7 @@ type inboxTable interface {
 }
 
 // openInbox opens the inbox table (processed_events, or --table) of a
-// sqlite: or postgres:// store URL.
+// sqlite:, postgres:// or mysql:// store URL.
 func openInbox(ctx context.Context, raw, table string) (inboxTable, func(), error) {
 	d, err := openSQLDB(ctx, raw, "inbox")
 	if err != nil {
@@ -44,7 +43,7 @@ func openInbox(ctx context.Context, raw, table string) (inboxTable, func(), erro
 	}
 	var ib inboxTable
 	if d.db != nil {
-		ib, err = inbox.New[*sql.Tx](databasesql.New(d.db, sqldriver.SQLite), inbox.Config{Table: table})
+		ib, err = inbox.New[*sql.Tx](databasesql.New(d.db, d.dialect()), inbox.Config{Table: table})
 	} else {
 		ib, err = inbox.New[pgx.Tx](pgxv5.New(d.pool, d.pgOpts...), inbox.Config{Table: table})
 	}

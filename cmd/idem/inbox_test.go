@@ -10,22 +10,33 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
 )
 
 // TestInboxCommands: idem inbox ls pages through every processed key (in
 // key order, per consumer on request, hostile ids quoted) and idem inbox
-// sweep deletes only keys older than asked.
+// sweep deletes only keys older than asked — on SQLite and on MySQL.
 func TestInboxCommands(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "app.db")
-	// The fixture's 1,204 keys need no fsync each: synchronous(OFF).
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(OFF)&_txlock=immediate")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	ib, err := inbox.New(databasesql.New(db, sqldriver.SQLite), inbox.Config{})
+	t.Run("sqlite", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "app.db")
+		// The fixture's 1,204 keys need no fsync each: synchronous(OFF).
+		db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(OFF)&_txlock=immediate")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		inboxCommands(t, databasesql.New(db, sqldriver.SQLite), "sqlite:"+path)
+	})
+	t.Run("mysql", func(t *testing.T) {
+		loc := testenv.MySQLDatabase(t, "")
+		inboxCommands(t, databasesql.New(testenv.OpenMySQL(t, loc), sqldriver.MySQL), loc)
+	})
+}
+
+func inboxCommands(t *testing.T, driver sqldriver.Driver[*sql.Tx], store string) {
+	ib, err := inbox.New(driver, inbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,19 +44,29 @@ func TestInboxCommands(t *testing.T) {
 	if err := ib.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
+	var items []inbox.BatchItem[*sql.Tx]
+	nothing := func(context.Context, *sql.Tx) error { return nil }
 	for i := range 1203 {
 		consumer := "payments"
 		if i%3 == 0 {
 			consumer = "refunds"
 		}
-		if _, err := ib.Process(ctx, inbox.Event{Consumer: consumer, CorrelationID: fmt.Sprintf("PAY-%05d", i)}, func(context.Context, *sql.Tx) error { return nil }); err != nil {
+		items = append(items, inbox.BatchItem[*sql.Tx]{Event: inbox.Event{Consumer: consumer, CorrelationID: fmt.Sprintf("PAY-%05d", i)}, Fn: nothing})
+	}
+	items = append(items, inbox.BatchItem[*sql.Tx]{Event: inbox.Event{Consumer: "payments", CorrelationID: "evil\tid\n"}, Fn: nothing})
+	for len(items) > 0 {
+		n := min(len(items), inbox.MaxBatch)
+		res, err := ib.ProcessBatch(ctx, items[:n])
+		if err != nil {
 			t.Fatal(err)
 		}
+		for _, r := range res {
+			if r.Outcome != inbox.Processed {
+				t.Fatalf("fixture: %v %v", r.Outcome, r.Err)
+			}
+		}
+		items = items[n:]
 	}
-	if _, err := ib.Process(ctx, inbox.Event{Consumer: "payments", CorrelationID: "evil\tid\n"}, func(context.Context, *sql.Tx) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
-	store := "sqlite:" + path
 	out, err := run(t, "inbox", "ls", "--store", store)
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -38,6 +39,7 @@ import (
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
+	"github.com/idemgo/idem/store/mysqlstore"
 	"github.com/idemgo/idem/store/pgstore"
 	"github.com/idemgo/idem/store/sqlitestore"
 	"github.com/idemgo/idem/store/storeurl"
@@ -46,7 +48,8 @@ import (
 // sqlDB is the database of a sqlite: or postgres:// store URL, for the
 // SQL components (outbox, inbox).
 type sqlDB struct {
-	db     *sql.DB       // SQLite, through database/sql
+	db     *sql.DB       // SQLite or MySQL, through database/sql
+	my     bool          // db is MySQL's or MariaDB's
 	pool   *pgxpool.Pool // PostgreSQL, through pgx
 	schema string        // idem_schema
 	pgOpts []pgxv5.Option
@@ -95,9 +98,44 @@ func openSQLDB(ctx context.Context, raw, what string) (*sqlDB, error) {
 		return d, nil
 	}
 	if spec.Kind == storeurl.MySQL {
-		return nil, fmt.Errorf("the %s does not run on MySQL or MariaDB yet: use sqlite:PATH or postgres://… (the idempotency records do run there)", what)
+		if what != "inbox" {
+			return nil, fmt.Errorf("the %s does not run on MySQL or MariaDB yet: use sqlite:PATH or postgres://… (the idempotency records and the inbox do run there)", what)
+		}
+		db, err := openMySQL(spec.Raw)
+		if err != nil {
+			return nil, err
+		}
+		return &sqlDB{db: db, my: true}, nil
 	}
-	return nil, fmt.Errorf("the %s lives in a database: use sqlite:PATH or postgres://…, not %s", what, spec.Kind)
+	return nil, fmt.Errorf("the %s lives in a database: use sqlite:PATH, postgres://… or mysql://…, not %s", what, spec.Kind)
+}
+
+// openMySQL opens database/sql on a mysql:// (or mariadb://) URL as
+// sqldriver.MySQL reads it: points in time parsed, in UTC.
+func openMySQL(raw string) (*sql.DB, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, err
+	}
+	u.Scheme = "mysql"
+	mc, err := mysqlstore.ParseURL(u.String())
+	if err != nil {
+		return nil, err
+	}
+	mc.ParseTime, mc.Loc = true, time.UTC
+	conn, err := mysql.NewConnector(mc)
+	if err != nil {
+		return nil, err
+	}
+	return sql.OpenDB(conn), nil
+}
+
+// dialect is the SQL dialect of d.db.
+func (d *sqlDB) dialect() sqldriver.Dialect {
+	if d.my {
+		return sqldriver.MySQL
+	}
+	return sqldriver.SQLite
 }
 
 func (d *sqlDB) Close() {

@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -263,6 +265,51 @@ func MySQLDatabase(t testing.TB, name string) string {
 		db.Close()
 	})
 	u.Path = "/" + name
+	return u.String()
+}
+
+// OpenMySQL opens database/sql on the mysql:// URL loc (MySQLDatabase's) as
+// sqldriver.MySQL needs it (parseTime, UTC), closed when t ends.
+func OpenMySQL(t testing.TB, loc string) *sql.DB {
+	t.Helper()
+	dsn := MySQLDSN(loc)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	db, err := sql.Open("mysql", dsn+sep+"parseTime=true&loc=UTC")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// MySQLReadCommitted returns the mysql:// URL loc with the parameter that
+// makes its sessions READ COMMITTED (the server's default is REPEATABLE
+// READ): transaction_isolation, or tx_isolation on a MariaDB before 11.1.
+func MySQLReadCommitted(t testing.TB, loc string) string {
+	t.Helper()
+	var version string
+	if err := OpenMySQL(t, loc).QueryRow(`SELECT VERSION()`).Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	variable := "transaction_isolation"
+	var major, minor int
+	if _, err := fmt.Sscanf(version, "%d.%d", &major, &minor); err == nil && strings.Contains(version, "MariaDB") && (major < 11 || major == 11 && minor < 1) {
+		variable = "tx_isolation"
+	}
+	u, err := url.Parse(loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set(variable, "'READ-COMMITTED'")
+	u.RawQuery = q.Encode()
+	var level string
+	if err := OpenMySQL(t, u.String()).QueryRow(`SELECT @@` + variable).Scan(&level); err != nil || level != "READ-COMMITTED" {
+		t.Fatalf("the session's isolation is %q (%v)", level, err)
+	}
 	return u.String()
 }
 

@@ -52,16 +52,7 @@ func TestSQLite(t *testing.T) {
 func TestMySQL(t *testing.T) {
 	drivertest.Run(t, func(t *testing.T) (sqldriver.Driver[*sql.Tx], string) {
 		loc := testenv.MySQLDatabase(t, "")
-		dsn := testenv.MySQLDSN(loc)
-		sep := "?"
-		if strings.Contains(dsn, "?") {
-			sep = "&"
-		}
-		db, err := sql.Open("mysql", dsn+sep+"parseTime=true&loc=UTC")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
+		db := testenv.OpenMySQL(t, loc)
 		u, _ := url.Parse(loc)
 		return databasesql.New(db, sqldriver.MySQL), strings.TrimPrefix(u.Path, "/")
 	})
