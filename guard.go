@@ -649,8 +649,10 @@ func (g *Guard) holdOnPanic(skey string, fence uint64) {
 // try that finds the fence stale after an earlier one whose fate is unknown
 // asks the store whether that one landed.
 func (g *Guard) settle(ctx context.Context, skey string, fence uint64, disp Disposition, value []byte, workErr error, res *Result, leaseEnd, until mono.Time) error {
+	// The settle outlives the caller's cancellation. Done is not asked: a
+	// context may start watching its parent when first asked (httpidem's).
 	sctx := ctx
-	if ctx.Done() != nil {
+	if ctx != context.Background() && ctx != context.TODO() {
 		sctx = context.WithoutCancel(ctx)
 	}
 	var err error

@@ -476,7 +476,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			if !rec.wroteFinal {
 				rec.WriteHeader(http.StatusServiceUnavailable)
 			}
-			return nil, decided(idem.Hold, "handler cancelled: "+context.Cause(hctx).Error())
+			why := context.Cause(hctx)
+			if run.clientGone() {
+				why = errClientGone
+			}
+			return nil, decided(idem.Hold, "handler cancelled: "+why.Error())
 		}
 		if !rec.wroteFinal {
 			rec.WriteHeader(http.StatusOK)
@@ -506,7 +510,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if m.cfg.LeaseDeadline != nil {
 		opts.LeaseDeadline = m.cfg.LeaseDeadline(r)
 	}
-	res, err := m.guard.Run(run.ctx, key, opts, work)
+	res, err := m.guard.Run(run, key, opts, work)
 	if res.Outcome.Owns() {
 		// The handler ran and answered; err is the policy's reason or a
 		// failure to settle, which the observer hears about.

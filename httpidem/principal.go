@@ -1,14 +1,10 @@
 package httpidem
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/textproto"
 	"strings"
-	"sync"
-	"time"
 )
 
 // DefaultPrincipal is the default Config.Principal: a hash of the
@@ -99,51 +95,3 @@ func validToken(s string) bool {
 	return true
 }
 
-// errClientGone is the cause when a handler is cancelled FinishTimeout after
-// its client left.
-var errClientGone = errors.New("idem/httpidem: the client left and the handler did not finish within FinishTimeout")
-
-// finishWithoutClient returns the context a request runs under (its ctx):
-// client (the request's context) without its cancellation, cancelled with
-// cause errClientGone timeout after the client left. The Guard runs the
-// request under it, so the client leaving neither stops the lease's
-// heartbeats nor hides the Guard's own cancellations (a refused heartbeat, a
-// lease run out) from the handler. Its stop releases the timers.
-func finishWithoutClient(client context.Context, timeout time.Duration) *finisher {
-	f := &finisher{timeout: timeout}
-	f.ctx, f.cancel = context.WithCancelCause(context.WithoutCancel(client))
-	f.stopAfter = context.AfterFunc(client, f.clientLeft)
-	return f
-}
-
-// finisher is finishWithoutClient's state, one allocation.
-type finisher struct {
-	ctx       context.Context
-	timeout   time.Duration
-	cancel    context.CancelCauseFunc
-	stopAfter func() bool
-	mu        sync.Mutex
-	stopped   bool
-	timer     *time.Timer
-}
-
-func (f *finisher) clientLeft() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.stopped {
-		f.timer = time.AfterFunc(f.timeout, f.expire)
-	}
-}
-
-func (f *finisher) expire() { f.cancel(errClientGone) }
-
-func (f *finisher) stop() {
-	f.stopAfter()
-	f.mu.Lock()
-	f.stopped = true
-	if f.timer != nil {
-		f.timer.Stop()
-	}
-	f.mu.Unlock()
-	f.cancel(nil)
-}

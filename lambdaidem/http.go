@@ -74,14 +74,11 @@ func newHTTPCore(cfg HTTPConfig) (*httpCore, error) {
 	c := &httpCore{before: cfg.ReturnBefore}
 	c.handler = mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		inv := r.Context().Value(invocationKey{}).(*invocation)
-		resp, err := inv.call(r.Context())
+		resp, err := inv.call(r.Context(), w.Header())
 		if err != nil {
 			inv.err = err
 			w.WriteHeader(http.StatusInternalServerError) // released: the retry runs (a cancelled handler's claim is held)
 			return
-		}
-		for k, vs := range resp.header {
-			w.Header()[k] = vs
 		}
 		if resp.status == 0 {
 			resp.status = http.StatusOK
@@ -100,7 +97,7 @@ type invocationKey struct{}
 type invocation struct {
 	event    any
 	deadline time.Time
-	call     func(ctx context.Context) (httpResponse, error)
+	call     func(ctx context.Context, h http.Header) (httpResponse, error) // the response's header written into h
 	err      error
 }
 
@@ -173,7 +170,7 @@ type httpResponse struct {
 
 // serve runs req through the middleware: call answers it with the
 // function's handler.
-func (c *httpCore) serve(ctx context.Context, event any, req httpRequest, call func(ctx context.Context) (httpResponse, error)) (httpResponse, error) {
+func (c *httpCore) serve(ctx context.Context, event any, req httpRequest, call func(ctx context.Context, h http.Header) (httpResponse, error)) (httpResponse, error) {
 	inv := &invocation{event: event, call: call}
 	if d, ok := ctx.Deadline(); ok {
 		inv.deadline = d
@@ -247,9 +244,9 @@ func encodeBody(b []byte) (string, bool) {
 	return base64.StdEncoding.EncodeToString(b), true
 }
 
-// responseOf is what a handler's event response says: its cookies as
-// Set-Cookie fields, its body decoded.
-func responseOf(status int, single map[string]string, multi map[string][]string, cookies []string, body string, isBase64 bool) (httpResponse, error) {
+// responseOf is what a handler's event response says: its header fields
+// written into h, its cookies as Set-Cookie fields, its body decoded.
+func responseOf(h http.Header, status int, single map[string]string, multi map[string][]string, cookies []string, body string, isBase64 bool) (httpResponse, error) {
 	b := []byte(body)
 	if isBase64 {
 		var err error
@@ -257,11 +254,11 @@ func responseOf(status int, single map[string]string, multi map[string][]string,
 			return httpResponse{}, fmt.Errorf("idem/lambdaidem: the handler's body: %w", err)
 		}
 	}
-	h := headerOf(single, multi, nil)
+	fillHeader(h, single, multi)
 	for _, c := range cookies {
 		h.Add("Set-Cookie", c)
 	}
-	return httpResponse{status: status, header: h, body: b}, nil
+	return httpResponse{status: status, body: b}, nil
 }
 
 // singleHeader folds h into one value per field (the values joined with
@@ -283,6 +280,15 @@ func singleHeader(h http.Header) (map[string]string, []string) {
 // headerOf makes an http.Header of an event's headers.
 func headerOf(single map[string]string, multi map[string][]string, cookies []string) http.Header {
 	h := make(http.Header, len(single)+len(multi)+1)
+	fillHeader(h, single, multi)
+	if len(cookies) > 0 {
+		h.Set("Cookie", strings.Join(cookies, "; "))
+	}
+	return h
+}
+
+// fillHeader sets an event's header fields in h.
+func fillHeader(h http.Header, single map[string]string, multi map[string][]string) {
 	values := make([]string, len(single)) // one array for the single values
 	i := 0
 	for k, v := range single {
@@ -293,10 +299,6 @@ func headerOf(single map[string]string, multi map[string][]string, cookies []str
 	for k, vs := range multi {
 		h[http.CanonicalHeaderKey(k)] = vs
 	}
-	if len(cookies) > 0 {
-		h.Set("Cookie", strings.Join(cookies, "; "))
-	}
-	return h
 }
 
 // APIGatewayProxy wraps the handler of a REST API's proxy integration
@@ -307,21 +309,25 @@ func APIGatewayProxy(cfg HTTPConfig, h func(context.Context, events.APIGatewayPr
 		return nil, err
 	}
 	return func(ctx context.Context, ev events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
-		q := url.Values{}
-		for k, v := range ev.QueryStringParameters {
-			q.Set(k, v)
+		var rawQuery string
+		if len(ev.QueryStringParameters) > 0 || len(ev.MultiValueQueryStringParameters) > 0 {
+			q := url.Values{}
+			for k, v := range ev.QueryStringParameters {
+				q.Set(k, v)
+			}
+			for k, vs := range ev.MultiValueQueryStringParameters {
+				q[k] = vs
+			}
+			rawQuery = q.Encode()
 		}
-		for k, vs := range ev.MultiValueQueryStringParameters {
-			q[k] = vs
-		}
-		req := httpRequest{method: ev.HTTPMethod, path: ev.Path, rawQuery: q.Encode(), header: headerOf(ev.Headers, ev.MultiValueHeaders, nil),
+		req := httpRequest{method: ev.HTTPMethod, path: ev.Path, rawQuery: rawQuery, header: headerOf(ev.Headers, ev.MultiValueHeaders, nil),
 			body: ev.Body, base64: ev.IsBase64Encoded, remote: ev.RequestContext.Identity.SourceIP}
-		resp, err := c.serve(ctx, &ev, req, func(ctx context.Context) (httpResponse, error) {
+		resp, err := c.serve(ctx, &ev, req, func(ctx context.Context, hdr http.Header) (httpResponse, error) {
 			out, err := h(ctx, ev)
 			if err != nil {
 				return httpResponse{}, err
 			}
-			return responseOf(out.StatusCode, out.Headers, out.MultiValueHeaders, nil, out.Body, out.IsBase64Encoded)
+			return responseOf(hdr, out.StatusCode, out.Headers, out.MultiValueHeaders, nil, out.Body, out.IsBase64Encoded)
 		})
 		if err != nil {
 			return events.APIGatewayProxyResponse{}, err
@@ -341,12 +347,12 @@ func APIGatewayV2(cfg HTTPConfig, h func(context.Context, events.APIGatewayV2HTT
 	return func(ctx context.Context, ev events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error) {
 		req := httpRequest{method: ev.RequestContext.HTTP.Method, path: ev.RawPath, rawQuery: ev.RawQueryString,
 			header: headerOf(ev.Headers, nil, ev.Cookies), body: ev.Body, base64: ev.IsBase64Encoded, remote: ev.RequestContext.HTTP.SourceIP}
-		resp, err := c.serve(ctx, &ev, req, func(ctx context.Context) (httpResponse, error) {
+		resp, err := c.serve(ctx, &ev, req, func(ctx context.Context, hdr http.Header) (httpResponse, error) {
 			out, err := h(ctx, ev)
 			if err != nil {
 				return httpResponse{}, err
 			}
-			return responseOf(out.StatusCode, out.Headers, out.MultiValueHeaders, out.Cookies, out.Body, out.IsBase64Encoded)
+			return responseOf(hdr, out.StatusCode, out.Headers, out.MultiValueHeaders, out.Cookies, out.Body, out.IsBase64Encoded)
 		})
 		if err != nil {
 			return events.APIGatewayV2HTTPResponse{}, err
@@ -367,12 +373,12 @@ func FunctionURL(cfg HTTPConfig, h func(context.Context, events.LambdaFunctionUR
 	return func(ctx context.Context, ev events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error) {
 		req := httpRequest{method: ev.RequestContext.HTTP.Method, path: ev.RawPath, rawQuery: ev.RawQueryString,
 			header: headerOf(ev.Headers, nil, ev.Cookies), body: ev.Body, base64: ev.IsBase64Encoded, remote: ev.RequestContext.HTTP.SourceIP}
-		resp, err := c.serve(ctx, &ev, req, func(ctx context.Context) (httpResponse, error) {
+		resp, err := c.serve(ctx, &ev, req, func(ctx context.Context, hdr http.Header) (httpResponse, error) {
 			out, err := h(ctx, ev)
 			if err != nil {
 				return httpResponse{}, err
 			}
-			return responseOf(out.StatusCode, out.Headers, nil, out.Cookies, out.Body, out.IsBase64Encoded)
+			return responseOf(hdr, out.StatusCode, out.Headers, nil, out.Cookies, out.Body, out.IsBase64Encoded)
 		})
 		if err != nil {
 			return events.LambdaFunctionURLResponse{}, err
