@@ -94,4 +94,3 @@ func validToken(s string) bool {
 	}
 	return true
 }
-
