@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/idemgo/idem/httpidem"
+	"github.com/idemgo/idem/internal/cputime"
 	"github.com/idemgo/idem/lambdaidem"
 	"github.com/idemgo/idem/store/memstore"
 )
@@ -20,8 +21,21 @@ func benchHandler(ctx context.Context, ev events.APIGatewayProxyRequest) (events
 // BenchmarkBareHandler is the handler alone: what the wrapper adds to.
 func BenchmarkBareHandler(b *testing.B) {
 	ev := restEvent(`"k"`, "Bearer alice", `{"sku":"A1"}`)
+	defer reportCPU(b)()
 	for b.Loop() {
 		_, _ = benchHandler(context.Background(), ev)
+	}
+}
+
+// reportCPU starts counting the process's CPU time (every thread: the
+// garbage collector's work included); the function it returns reports it
+// per operation, as cpu-ns/op.
+func reportCPU(b *testing.B) func() {
+	start, ok := cputime.Process()
+	return func() {
+		if end, _ := cputime.Process(); ok && b.N > 0 {
+			b.ReportMetric(float64(end-start)/float64(b.N), "cpu-ns/op")
+		}
 	}
 }
 
@@ -43,6 +57,7 @@ func BenchmarkAPIGatewayProxy(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 			defer cancel()
 			i := 0
+			defer reportCPU(b)()
 			for b.Loop() {
 				if mode == "new-key" {
 					i++

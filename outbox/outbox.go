@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -147,6 +148,9 @@ type Store struct {
 	listen sqldriver.Listener // nil: the relay polls
 	// migrations runs Migrate's transaction under the migration lock.
 	migrations sqlmigrate.Conn
+	// inTx runs fn in a transaction of its own (MySQL's claims and
+	// counters take two statements).
+	inTx func(ctx context.Context, fn func(tx sqldriver.Executor) error) error
 }
 
 // Outbox is the Store written in the application's transactions, of type
@@ -161,15 +165,23 @@ type Outbox[TTx any] struct {
 // that listens for notifications (pgxv5) wakes the relay as soon as a row
 // commits; with the others the relay polls.
 func New[TTx any](driver sqldriver.Driver[TTx], cfg Config) (*Outbox[TTx], error) {
-	if driver.Dialect() == sqldriver.MySQL {
-		return nil, errors.New("idem/outbox: MySQL and MariaDB are not supported by the outbox yet (PostgreSQL and SQLite are)")
-	}
 	if cfg.Schema != "" && !ident.MatchString(cfg.Schema) {
 		return nil, fmt.Errorf("idem/outbox: schema %q is not a plain name", cfg.Schema)
 	}
 	s := newStore(driver.Dialect(), driver.Executor(), cfg.Schema)
 	s.migrations = driver
 	s.listen, _ = any(driver).(sqldriver.Listener)
+	s.inTx = func(ctx context.Context, fn func(tx sqldriver.Executor) error) error {
+		tx, err := driver.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if err := fn(driver.UnwrapExecutor(tx)); err != nil {
+			_ = driver.Rollback(context.WithoutCancel(ctx), tx)
+			return err
+		}
+		return driver.Commit(ctx, tx)
+	}
 	return &Outbox[TTx]{Store: s, driver: driver}, nil
 }
 
@@ -180,6 +192,9 @@ func (s *Store) t(name string) string { return s.schema + name }
 
 // Schema returns the DDL (idempotent) of the outbox and its counters.
 func (s *Store) Schema() string {
+	if s.d == sqldriver.MySQL {
+		return s.mysqlSchema()
+	}
 	now := s.d.Now()
 	ts := s.d.TimeType()
 	ddl := `CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox") + ` (
@@ -216,6 +231,9 @@ CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
 
 type queries struct {
 	insert, insertAlone, existing, counter, claim, claimPastDead, extend, sent, unclaim, failed, ack, ackSent, retry, skip, list, get, getExternal, refuse, purge string
+
+	// MySQL's (see mysqlQueries).
+	counterRead, claimMark, acked string
 }
 
 func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store {
@@ -295,6 +313,9 @@ WHERE key = $1 AND status = 'sent'`,
 		// $1 age ms, $2 limit
 		purge: `DELETE FROM ` + tbl + ` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status IN ('sent', 'acked')
 	AND coalesce(acked_at, sent_at) < ` + s.d.NowPlusMillis("-$1") + ` ORDER BY id LIMIT $2)`,
+	}
+	if d == sqldriver.MySQL {
+		s.mysqlQueries(cols)
 	}
 	return s
 }
@@ -378,8 +399,15 @@ func (o *Outbox[TTx]) NextKeyTx(ctx context.Context, tx TTx, typ string, now tim
 }
 
 // NextKey is NextKeyTx in a transaction of its own.
-func (s *Store) NextKey(ctx context.Context, typ string, now time.Time) (string, error) {
-	return s.nextKey(ctx, s.db, typ, now)
+func (s *Store) NextKey(ctx context.Context, typ string, now time.Time) (key string, err error) {
+	if s.d != sqldriver.MySQL {
+		return s.nextKey(ctx, s.db, typ, now)
+	}
+	err = s.inTx(ctx, func(tx sqldriver.Executor) error {
+		key, err = s.nextKey(ctx, tx, typ, now)
+		return err
+	})
+	return key, err
 }
 
 func (s *Store) nextKey(ctx context.Context, tx sqldriver.Executor, typ string, now time.Time) (string, error) {
@@ -402,13 +430,30 @@ func (o *Outbox[TTx]) NextCounterTx(ctx context.Context, tx TTx, name string) (i
 }
 
 // NextCounter is NextCounterTx in a transaction of its own.
-func (s *Store) NextCounter(ctx context.Context, name string) (int64, error) {
-	return s.nextCounter(ctx, s.db, name)
+func (s *Store) NextCounter(ctx context.Context, name string) (n int64, err error) {
+	if s.d != sqldriver.MySQL {
+		return s.nextCounter(ctx, s.db, name)
+	}
+	err = s.inTx(ctx, func(tx sqldriver.Executor) error {
+		n, err = s.nextCounter(ctx, tx, name)
+		return err
+	})
+	return n, err
 }
 
 func (s *Store) nextCounter(ctx context.Context, tx sqldriver.Executor, name string) (int64, error) {
 	var n int64
-	if err := tx.QueryRow(ctx, s.q.counter, name).Scan(&n); err != nil {
+	var err error
+	if s.d == sqldriver.MySQL {
+		// The increment holds the row's lock until the transaction ends:
+		// the value read back is this transaction's.
+		if _, err = tx.Exec(ctx, s.q.counter, name); err == nil {
+			err = tx.QueryRow(ctx, s.q.counterRead, name).Scan(&n)
+		}
+	} else {
+		err = tx.QueryRow(ctx, s.q.counter, name).Scan(&n)
+	}
+	if err != nil {
 		return 0, fmt.Errorf("idem/outbox: counter %s: %w", name, err)
 	}
 	return n, nil
@@ -448,7 +493,7 @@ func (s *Store) Refuse(ctx context.Context, key, reason string, dead bool) error
 	if dead {
 		st = Dead
 	}
-	n, err := s.db.Exec(ctx, s.q.refuse, key, reason, string(st))
+	n, err := s.db.Exec(ctx, s.q.refuse, key, lastError(reason), string(st))
 	if err != nil {
 		return fmt.Errorf("idem/outbox: refuse %s: %w", key, err)
 	}
@@ -499,17 +544,28 @@ func (s *Store) claim(ctx context.Context, token string, lease time.Duration, n 
 	if pastDead {
 		q = s.q.claimPastDead
 	}
+	if s.d == sqldriver.MySQL {
+		return s.claimMySQL(ctx, q, token, lease.Milliseconds(), n)
+	}
 	rs, err := s.db.Query(ctx, q, token, lease.Milliseconds(), n)
 	if err != nil {
 		return nil, fmt.Errorf("idem/outbox: claim: %w", err)
 	}
+	out, err := scanClaimed(rs, nil)
+	if err != nil {
+		return nil, fmt.Errorf("idem/outbox: claim: %w", err)
+	}
+	return out, nil
+}
+
+// scanClaimed appends the claimed rows of rs to out, and closes rs.
+func scanClaimed(rs sqldriver.Rows, out []claimed) ([]claimed, error) {
 	defer rs.Close()
-	var out []claimed
 	for rs.Next() {
 		var c claimed
 		var headers string
 		if err := rs.Scan(&c.ID, &c.Key, &c.Destination, &c.Payload, &headers, &c.ExternalID, &c.OrderingKey, &c.trace, &c.Tries); err != nil {
-			return nil, fmt.Errorf("idem/outbox: claim: %w", err)
+			return nil, err
 		}
 		if headers != "" && headers != "{}" {
 			_ = json.Unmarshal([]byte(headers), &c.Headers) // a bad JSON from another writer: sent without headers
@@ -558,6 +614,19 @@ func (s *Store) withIDs(q string, args []any, ids []int64) (string, []any) {
 	return q + cond, append(args, more...)
 }
 
+// lastError is cause as last_error keeps it: its first 2,000 bytes, cut
+// at a character's boundary.
+func lastError(cause string) string {
+	if len(cause) <= 2000 {
+		return cause
+	}
+	cut := 2000
+	for cut > 0 && !utf8.RuneStart(cause[cut]) {
+		cut--
+	}
+	return cause[:cut]
+}
+
 // markFailed records a failed attempt: back to pending after backoff, or
 // dead.
 func (s *Store) markFailed(ctx context.Context, token string, id int64, cause string, backoff time.Duration, dead bool) error {
@@ -565,10 +634,7 @@ func (s *Store) markFailed(ctx context.Context, token string, id int64, cause st
 	if dead {
 		st = Dead
 	}
-	if len(cause) > 2000 {
-		cause = cause[:2000]
-	}
-	if _, err := s.db.Exec(ctx, s.q.failed, token, id, cause, backoff.Milliseconds(), string(st)); err != nil {
+	if _, err := s.db.Exec(ctx, s.q.failed, token, id, lastError(cause), backoff.Milliseconds(), string(st)); err != nil {
 		return fmt.Errorf("idem/outbox: mark failed: %w", err)
 	}
 	return nil
@@ -579,6 +645,9 @@ func (s *Store) markFailed(ctx context.Context, token string, id int64, cause st
 // an acked message is a no-op; a dead or unknown one is ErrNotFound.
 func (s *Store) Ack(ctx context.Context, key string) error {
 	n, err := s.db.Exec(ctx, s.q.ack, key)
+	if err == nil {
+		n, err = s.changedOrAcked(ctx, n, key)
+	}
 	if err != nil {
 		return fmt.Errorf("idem/outbox: ack %s: %w", key, err)
 	}
@@ -594,6 +663,9 @@ func (s *Store) Ack(ctx context.Context, key string) error {
 // for it proves nothing; that, a dead or an unknown row is ErrNotFound.
 func (s *Store) AckSent(ctx context.Context, key string) error {
 	n, err := s.db.Exec(ctx, s.q.ackSent, key)
+	if err == nil {
+		n, err = s.changedOrAcked(ctx, n, key)
+	}
 	if err != nil {
 		return fmt.Errorf("idem/outbox: ack %s: %w", key, err)
 	}

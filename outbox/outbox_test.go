@@ -125,6 +125,28 @@ func TestSQLite(t *testing.T) {
 	})
 }
 
+// TestMySQL runs the suite on MariaDB (or the server of IDEM_MYSQL_URL)
+// through database/sql, each run in a database of its own;
+// TestMySQLReadCommitted under READ COMMITTED (the server's default is
+// REPEATABLE READ), on connections that count the rows an UPDATE matched
+// rather than changed (clientFoundRows: how many rows a write reports
+// depends on it).
+func TestMySQL(t *testing.T) {
+	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend[*sql.Tx] {
+		return backend(t, databasesql.New(testenv.OpenMySQL(t, testenv.MySQLDatabase(t, "")), sqldriver.MySQL), "")
+	})
+}
+
+func TestMySQLReadCommitted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: TestMySQL runs the suite; this runs it under READ COMMITTED")
+	}
+	outboxtest.Run(t, func(t testing.TB) outboxtest.Backend[*sql.Tx] {
+		loc := testenv.MySQLReadCommitted(t, testenv.MySQLDatabase(t, ""))
+		return backend(t, databasesql.New(testenv.OpenMySQL(t, loc+"&clientFoundRows=true"), sqldriver.MySQL), "")
+	})
+}
+
 // TestListenNotifyWakesTheRelay: with a 30s poll interval, a committed row
 // is sent within a second because the insert trigger's NOTIFY wakes the
 // relay.
@@ -451,6 +473,41 @@ func TestCampaignSQLite(t *testing.T) {
 			t.Cleanup(func() { db.Close() })
 			return backend(t, databasesql.New(db, sqldriver.SQLite), "")
 		}})
+}
+
+// TestCampaignMySQL runs the outbox's fault campaign on a MariaDB server of
+// the test's own through database/sql (the relays poll), behind a proxy
+// that cuts and stalls the connections of the test's processes and of half
+// its relay processes; now and then the server is killed with SIGKILL and
+// started again.
+func TestCampaignMySQL(t *testing.T) {
+	cfg := outboxtest.CampaignConfig[*sql.Tx]{TestName: "TestCampaignMySQL", Open: openCampaignMySQL}
+	if loc := os.Getenv("IDEM_OUTBOX_CAMPAIGN_LOCATION"); loc != "" { // a relay process
+		cfg.Location = loc
+	} else {
+		srv := testenv.StartMariaDB(t)
+		proxy := testenv.StartProxy(t, srv.Addr())
+		cfg.Location, cfg.Direct = strings.Replace(srv.URL, srv.Addr(), proxy.Addr(), 1), srv.URL
+		cfg.Crash = func() { srv.Crash(t) }
+		cfg.Cut, cfg.Restore, cfg.Stall, cfg.Unstall = proxy.Cut, proxy.Restore, proxy.Stall, proxy.Unstall
+	}
+	outboxtest.Campaign(t, cfg)
+}
+
+// openCampaignMySQL opens the outbox at the mysql:// URL location; a
+// process started while the campaign cuts the server waits until the
+// schema can be read.
+func openCampaignMySQL(t testing.TB, location string) outboxtest.Backend[*sql.Tx] {
+	driver := databasesql.New(testenv.OpenMySQL(t, location+"?timeout=2s"), sqldriver.MySQL)
+	testenv.Eventually(t, 10*time.Second, "the outbox's schema migrated", func() error {
+		ob, err := outbox.New(driver, outbox.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ob.Close()
+		return ob.Migrate(context.Background())
+	})
+	return backend(t, driver, "")
 }
 
 // TestClaimSurvivesAServerCrash: a relay's claim survives a SIGKILL of the

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/cputime"
 	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/storeurl"
 )
@@ -235,7 +236,7 @@ func runPhase(ctx context.Context, progress io.Writer, name string, o benchOpts,
 	var firstErr atomic.Value
 	hists := make([]histogram, o.concurrency)
 	var wg sync.WaitGroup
-	cpu0, cpuOK := processCPU()
+	cpu0, cpuOK := cputime.Process()
 	start := time.Now()
 	for w := range o.concurrency {
 		wg.Add(1)
@@ -280,7 +281,7 @@ loop:
 		}
 	}
 	elapsed := time.Since(start)
-	cpu1, _ := processCPU()
+	cpu1, _ := cputime.Process()
 	if !o.quiet {
 		fmt.Fprint(progress, "\r\033[K")
 	}

@@ -179,15 +179,13 @@ a PostgreSQL with fsync off, …).`,
 			}
 			defer s.Close()
 			logServerWarnings(ctx, s, migrateLogger(cmd))
-			if spec.Kind != storeurl.MySQL { // the outbox does not run on MySQL yet
-				ob, closeFn, err := openOutbox(ctx, *st)
-				if err != nil {
-					return err
-				}
-				defer closeFn()
-				if err := ob.Migrate(ctx); err != nil {
-					return err
-				}
+			ob, closeFn, err := openOutbox(ctx, *st)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			if err := ob.Migrate(ctx); err != nil {
+				return err
 			}
 		}
 		applied, err := sqlmigrate.Status(ctx, conn, schema)

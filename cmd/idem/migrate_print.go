@@ -54,7 +54,13 @@ func printMigrations(ctx context.Context, w io.Writer, raw string) error {
 			sqlmigrate.Component{Name: "records", Steps: pg.Migrations()},
 			sqlmigrate.Component{Name: "outbox", Steps: ob.Migrations()})
 	case storeurl.MySQL:
-		script = sqlmigrate.Script(sqldriver.MySQL, "", sqlmigrate.Component{Name: "records", Steps: mysqlstore.Migrations()})
+		ob, err := outbox.New(databasesql.New(nil, sqldriver.MySQL), outbox.Config{}) // for its SQL: never connects
+		if err != nil {
+			return err
+		}
+		script = sqlmigrate.Script(sqldriver.MySQL, "",
+			sqlmigrate.Component{Name: "records", Steps: mysqlstore.Migrations()},
+			sqlmigrate.Component{Name: "outbox", Steps: ob.Store.Migrations()})
 	case storeurl.DynamoDB:
 		return fmt.Errorf("%s: DynamoDB has no SQL: idem migrate creates the table (on-demand capacity, the partition key k, a string, TTL on ttl)", raw)
 	default:

@@ -18,6 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
 )
 
 // TestConcurrentStartsOnAFreshDatabase starts eight idem processes at once
@@ -36,6 +38,9 @@ func TestConcurrentStartsOnAFreshDatabase(t *testing.T) {
 				conn.Close(context.Background())
 			}
 		})
+	}
+	if testenv.Required() || os.Getenv("IDEM_MYSQL_URL") != "" || probeMySQL() == nil {
+		stores["mysql"] = testenv.MySQLDatabase(t, "")
 	}
 	for name, store := range stores {
 		t.Run(name, func(t *testing.T) {
@@ -81,6 +86,15 @@ func TestConcurrentStartsOnAFreshDatabase(t *testing.T) {
 			}
 		})
 	}
+}
+
+func probeMySQL() error {
+	db, err := sql.Open("mysql", testenv.MySQLDSN(testenv.MySQLURL))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.Ping()
 }
 
 func probePostgres() error {
@@ -225,6 +239,15 @@ func TestMigratePrint(t *testing.T) {
 	}
 	apply := func(t *testing.T, store, script string) {
 		t.Helper()
+		if strings.HasPrefix(store, "mysql://") {
+			// database/sql's executor of the MySQL dialect sends a script
+			// a statement at a time.
+			ex := databasesql.New(testenv.OpenMySQL(t, store), sqldriver.MySQL).Executor()
+			if _, err := ex.Exec(context.Background(), script); err != nil {
+				t.Fatalf("applying the printed SQL: %v", err)
+			}
+			return
+		}
 		if strings.HasPrefix(store, "sqlite:") {
 			db, err := sql.Open("sqlite", strings.TrimPrefix(store, "sqlite:"))
 			if err != nil {
@@ -257,11 +280,14 @@ func TestMigratePrint(t *testing.T) {
 		})
 		return testenv.PostgresURL + "&idem_schema=" + name
 	}
-	for _, kind := range []string{"sqlite", "postgres"} {
+	for _, kind := range []string{"sqlite", "postgres", "mysql"} {
 		t.Run(kind, func(t *testing.T) {
 			byHand, byIdem := "sqlite:"+filepath.Join(t.TempDir(), "hand.db"), "sqlite:"+filepath.Join(t.TempDir(), "idem.db")
-			if kind == "postgres" {
+			switch kind {
+			case "postgres":
 				byHand, byIdem = pgSchema(t), pgSchema(t)
+			case "mysql":
+				byHand, byIdem = testenv.MySQLDatabase(t, ""), testenv.MySQLDatabase(t, "")
 			}
 			script, err := run(t, "migrate", "--print", "--store", byHand)
 			if err != nil {

@@ -45,8 +45,8 @@ import (
 	"github.com/idemgo/idem/store/storeurl"
 )
 
-// sqlDB is the database of a sqlite: or postgres:// store URL, for the
-// SQL components (outbox, inbox).
+// sqlDB is the database of a sqlite:, postgres:// or mysql:// store URL,
+// for the SQL components (outbox, inbox).
 type sqlDB struct {
 	db     *sql.DB       // SQLite or MySQL, through database/sql
 	my     bool          // db is MySQL's or MariaDB's
@@ -98,9 +98,6 @@ func openSQLDB(ctx context.Context, raw, what string) (*sqlDB, error) {
 		return d, nil
 	}
 	if spec.Kind == storeurl.MySQL {
-		if what != "inbox" {
-			return nil, fmt.Errorf("the %s does not run on MySQL or MariaDB yet: use sqlite:PATH or postgres://… (the idempotency records and the inbox do run there)", what)
-		}
 		db, err := openMySQL(spec.Raw)
 		if err != nil {
 			return nil, err
@@ -147,14 +144,15 @@ func (d *sqlDB) Close() {
 	}
 }
 
-// openOutbox opens the outbox tables of a sqlite: or postgres:// store URL.
+// openOutbox opens the outbox tables of a sqlite:, postgres:// or mysql://
+// store URL.
 func openOutbox(ctx context.Context, raw string) (*outbox.Store, func(), error) {
 	d, err := openSQLDB(ctx, raw, "outbox")
 	if err != nil {
 		return nil, nil, err
 	}
 	if d.db != nil {
-		ob, err := outbox.New(databasesql.New(d.db, sqldriver.SQLite), outbox.Config{})
+		ob, err := outbox.New(databasesql.New(d.db, d.dialect()), outbox.Config{})
 		if err != nil {
 			d.Close()
 			return nil, nil, err

@@ -95,8 +95,15 @@ func (f *flakyReceiver) process(key string) {
 
 // sqliteOutbox returns a migrated outbox on a new SQLite file, and its
 // store URL.
-func sqliteOutbox(t *testing.T) (string, *outbox.Store) {
+func sqliteOutbox(t *testing.T) (string, *outbox.Store) { return outboxOn(t, "sqlite") }
+
+// outboxOn migrates an outbox on a database of the kind (sqlite, mysql) of
+// the test's own and returns its store URL and the outbox.
+func outboxOn(t *testing.T, kind string) (string, *outbox.Store) {
 	store := "sqlite:" + filepath.Join(t.TempDir(), "outbox.db")
+	if kind == "mysql" {
+		store = testenv.MySQLDatabase(t, "")
+	}
 	s, closeFn, err := openOutbox(context.Background(), store)
 	if err != nil {
 		t.Fatal(err)
@@ -119,11 +126,21 @@ func startRelay(t *testing.T, store string, extra ...string) *exec.Cmd {
 	return cmd
 }
 
+// TestRelayKill9TwiceWithFlakyReceiver: a relay killed with SIGKILL twice
+// while a receiver fails most first attempts; the third delivers every
+// intent once, each attempt with the same key and bytes — on SQLite and on
+// MySQL.
 func TestRelayKill9TwiceWithFlakyReceiver(t *testing.T) {
+	for _, kind := range []string{"sqlite", "mysql"} {
+		t.Run(kind, func(t *testing.T) { relayKill9TwiceWithFlakyReceiver(t, kind) })
+	}
+}
+
+func relayKill9TwiceWithFlakyReceiver(t *testing.T, kind string) {
 	recv := &flakyReceiver{attempts: map[string][]string{}, processed: map[string]int{}, t: t}
 	srv := httptest.NewServer(recv)
 	defer srv.Close()
-	store, s := sqliteOutbox(t)
+	store, s := outboxOn(t, kind)
 	ctx := context.Background()
 	const n = 60
 	for i := range n {
@@ -446,6 +463,12 @@ func TestOutboxOrderingKeys(t *testing.T) {
 // its key), but no message of a key arrives before the one enqueued before
 // it, nor after the one enqueued after it.
 func TestRelayKill9KeepsOrder(t *testing.T) {
+	for _, kind := range []string{"sqlite", "mysql"} {
+		t.Run(kind, func(t *testing.T) { relayKill9KeepsOrder(t, kind) })
+	}
+}
+
+func relayKill9KeepsOrder(t *testing.T, kind string) {
 	var mu sync.Mutex
 	arrivals := map[string][]int{} // ordering key → sequence numbers in arrival order
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -461,7 +484,7 @@ func TestRelayKill9KeepsOrder(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	defer srv.Close()
-	store, s := sqliteOutbox(t)
+	store, s := outboxOn(t, kind)
 	ctx := context.Background()
 	const perKey = 15
 	accounts := []string{"acct-A", "acct-B", "acct-C"}

@@ -154,7 +154,7 @@ func Campaign[TTx any](t *testing.T, cfg CampaignConfig[TTx]) CampaignReport {
 	if b.Config.Schema != "" {
 		orders = b.Config.Schema + "." + orders
 	}
-	if _, err := b.Driver.Executor().Exec(ctx, `CREATE TABLE IF NOT EXISTS `+orders+` (key text PRIMARY KEY, payload text NOT NULL)`); err != nil {
+	if _, err := b.Driver.Executor().Exec(ctx, `CREATE TABLE IF NOT EXISTS `+orders+` (order_key `+b.Driver.Dialect().KeyText()+` PRIMARY KEY, payload text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
 
@@ -513,7 +513,7 @@ func (p *producers[TTx]) transaction(rng *rand.Rand, g, seq int) {
 	m := p.message(key, g, seq)
 	ex := p.b.Driver.UnwrapExecutor(tx)
 	var exists int
-	if err := ex.QueryRow(ctx, `SELECT count(*) FROM `+p.orders+` WHERE key = $1`, key).Scan(&exists); err != nil {
+	if err := ex.QueryRow(ctx, `SELECT count(*) FROM `+p.orders+` WHERE order_key = $1`, key).Scan(&exists); err != nil {
 		return
 	}
 	if exists > 0 {
@@ -522,7 +522,7 @@ func (p *producers[TTx]) transaction(rng *rand.Rand, g, seq int) {
 		p.mu.Unlock()
 		return
 	}
-	if _, err := ex.Exec(ctx, `INSERT INTO `+p.orders+` (key, payload) VALUES ($1, $2)`, key, string(m.Payload)); err != nil {
+	if _, err := ex.Exec(ctx, `INSERT INTO `+p.orders+` (order_key, payload) VALUES ($1, $2)`, key, string(m.Payload)); err != nil {
 		return
 	}
 	if err := p.b.Outbox.EnqueueTx(ctx, tx, m); err != nil {
@@ -591,7 +591,7 @@ func checkOutboxCampaign[TTx any](t *testing.T, ctx context.Context, b Backend[T
 	// What committed: the business rows, the Enqueues that succeeded, and
 	// those that did not answer but whose row is there (or was delivered).
 	committed := map[string]string{}
-	rs, err := b.Driver.Executor().Query(ctx, `SELECT key, payload FROM `+p.orders)
+	rs, err := b.Driver.Executor().Query(ctx, `SELECT order_key, payload FROM `+p.orders)
 	if err != nil {
 		t.Fatal(err)
 	}
