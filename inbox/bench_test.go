@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
@@ -53,25 +56,8 @@ func BenchmarkInboxOverhead(b *testing.B) {
 		b.Fatal(err)
 	}
 	var seq atomic.Uint64
-	// each runs op b.N times: by one worker, or by 8 per CPU.
 	each := func(b *testing.B, parallel bool, op func(n uint64) error) float64 {
-		if !parallel {
-			for range b.N {
-				if err := op(seq.Add(1)); err != nil {
-					b.Fatal(err)
-				}
-			}
-		} else {
-			b.SetParallelism(8)
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if err := op(seq.Add(1)); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
-		}
-		return float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+		return runEach(b, parallel, &seq, op)
 	}
 	bare := func(n uint64) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return business(ctx, tx, "PAY-"+strconv.FormatUint(n, 10), n) })
@@ -99,6 +85,96 @@ func BenchmarkInboxOverhead(b *testing.B) {
 		if without > 0 && with > 0 && withSeparate > 0 {
 			fmt.Printf("InboxOverhead %s: without inbox %.0f µs/msg, with inbox %.0f µs/msg (ratio %.2f, target ≤ 1.3), claim in a round trip of its own %.0f µs/msg (%.2f)\n",
 				name, without/1e3, with/1e3, with/without, withSeparate/1e3, withSeparate/without)
+		}
+	}
+}
+
+// runEach runs op b.N times, each with the next number of seq: by one
+// worker, or by 8 per CPU; it returns the time per operation.
+func runEach(b *testing.B, parallel bool, seq *atomic.Uint64, op func(n uint64) error) float64 {
+	if !parallel {
+		for range b.N {
+			if err := op(seq.Add(1)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	} else {
+		b.SetParallelism(8)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := op(seq.Add(1)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	return float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+}
+
+// BenchmarkInboxOverheadMySQL is BenchmarkInboxOverhead on MariaDB (or the
+// server of IDEM_MYSQL_URL) through database/sql: the business transaction
+// with and without the inbox's claim, and their ratio (target: the inbox
+// at least 0.7 of the bare transaction's rate, a ratio of time ≤ 1.43).
+func BenchmarkInboxOverheadMySQL(b *testing.B) {
+	db := testenv.OpenMySQL(b, testenv.MySQLDatabase(b, ""))
+	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16)
+	ctx := context.Background()
+	for _, ddl := range []string{
+		`CREATE TABLE credit_transfers (id bigint AUTO_INCREMENT PRIMARY KEY, correlation_id varchar(255) NOT NULL, account varchar(64) NOT NULL, amount_cents bigint NOT NULL)`,
+		`CREATE TABLE accounts (account varchar(64) PRIMARY KEY, balance_cents bigint NOT NULL)`,
+	} {
+		if _, err := db.Exec(ddl); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ib, err := inbox.New(databasesql.New(db, sqldriver.MySQL), inbox.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ib.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	business := func(ctx context.Context, tx *sql.Tx, id string, n uint64) error {
+		acc := "ACC-" + strconv.FormatUint(n%100, 10)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO credit_transfers (correlation_id, account, amount_cents) VALUES (?, ?, 100)`, id, acc); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO accounts VALUES (?, 100) ON DUPLICATE KEY UPDATE balance_cents = balance_cents + 100`, acc)
+		return err
+	}
+	var seq atomic.Uint64
+	bare := func(n uint64) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err := business(ctx, tx, "PAY-"+strconv.FormatUint(n, 10), n); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	}
+	through := func(n uint64) error {
+		id := "PAY-" + strconv.FormatUint(n, 10)
+		out, err := ib.Process(ctx, inbox.Event{Consumer: "credits", CorrelationID: id},
+			func(ctx context.Context, tx *sql.Tx) error { return business(ctx, tx, id, n) })
+		if err == nil && out != inbox.Processed {
+			err = fmt.Errorf("outcome %v", out)
+		}
+		return err
+	}
+	for _, parallel := range []bool{false, true} {
+		name := "one-worker"
+		if parallel {
+			name = "8-per-cpu"
+		}
+		var with, without float64
+		b.Run(name+"/without-inbox", func(b *testing.B) { without = runEach(b, parallel, &seq, bare) })
+		b.Run(name+"/with-inbox", func(b *testing.B) { with = runEach(b, parallel, &seq, through) })
+		if without > 0 && with > 0 {
+			fmt.Printf("InboxOverheadMySQL %s: without inbox %.0f µs/msg, with inbox %.0f µs/msg (the inbox at %.2f of the bare rate, target ≥ 0.7)\n",
+				name, without/1e3, with/1e3, without/with)
 		}
 	}
 }

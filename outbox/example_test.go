@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql"
+
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
@@ -103,6 +105,51 @@ func ExampleOutbox_EnqueueTx_postgres() {
 		log.Fatal(err)
 	}
 	err = tx.Commit(ctx) // the message and its key exist before the first send, or neither does
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// On MySQL or MariaDB through database/sql (go-sql-driver/mysql): the
+// business change, the key and the message commit in one transaction. This
+// example only compiles: it needs a MySQL server (the tests run the same
+// calls against MariaDB).
+func ExampleOutbox_EnqueueTx_mysql() {
+	ctx := context.Background()
+	// parseTime and loc=UTC: the outbox's points in time are UTC datetimes.
+	db, err := sql.Open("mysql", "app:secret@tcp(127.0.0.1:3306)/shop?parseTime=true&loc=UTC")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	body := []byte(`{"order":4711,"sku":"A-1","qty":2}`)
+
+	ob, err := outbox.New(databasesql.New(db, sqldriver.MySQL), outbox.Config{}) // *outbox.Outbox[*sql.Tx]
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = ob.Migrate(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback() // after a commit: nothing
+	if _, err := tx.ExecContext(ctx, `UPDATE orders SET state = 'placed' WHERE id = ?`, 4711); err != nil {
+		log.Fatal(err)
+	}
+	key, err := ob.NextKeyTx(ctx, tx, "ORD", time.Now())
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = ob.EnqueueTx(ctx, tx, outbox.Message{Key: key, Destination: "https://partner.example/orders", Payload: body})
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = tx.Commit()
 	if err != nil {
 		log.Fatal(err)
 	}

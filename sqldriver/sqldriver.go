@@ -197,6 +197,8 @@ func (v timeScanner) Scan(src any) error {
 		*v.t = time.UnixMilli(x)
 	case float64:
 		*v.t = time.UnixMilli(int64(x))
+	case []byte, string:
+		return errors.New("sqldriver: a point in time came as text: open MySQL with parseTime=true&loc=UTC (go-sql-driver/mysql)")
 	default:
 		return fmt.Errorf("sqldriver: cannot scan a point in time from a %T", src)
 	}

@@ -59,7 +59,7 @@ func newRootCmd() *cobra.Command {
 
 // storeFlag adds --store to cmd and returns where its value lands.
 func storeFlag(cmd *cobra.Command) *string {
-	return cmd.Flags().String("store", storeurl.Default, "store URL: memory:, sqlite:PATH, postgres://… or redis://…")
+	return cmd.Flags().String("store", storeurl.Default, "store URL: memory:, sqlite:PATH, postgres://…, mysql://…, redis://… or dynamodb://TABLE")
 }
 
 func openStore(ctx context.Context, url string) (store.Store, error) {

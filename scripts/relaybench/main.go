@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"flag"
 	"fmt"
 	"log"
+	"net/url"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
+	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -20,6 +24,8 @@ import (
 
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/outbox/senders"
+	"github.com/idemgo/idem/sqldriver"
+	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
@@ -31,6 +37,7 @@ func main() {
 	batch := flag.Int("batch", 1000, "idem relay: rows per claim; watermill: SubscribeBatchSize")
 	orderingKeys := flag.Int("ordering-keys", 1000, "idem relay's second run: rows spread over this many ordering keys (0 skips it)")
 	sqsEndpoint := flag.String("sqs", "", "instead of NATS and Watermill: the relay to the SQS at this endpoint (http://HOST:PORT) next to a bare SendMessageBatch loop")
+	mysqlURL := flag.String("mysql", "", "also the relay from this MySQL or MariaDB server (mysql://USER@HOST:PORT/DB, a database it may drop and create) to JetStream, next to PostgreSQL's")
 	flag.Parse()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, *pgURL+"&pool_max_conns=16")
@@ -62,11 +69,19 @@ func main() {
 		log.Printf("idem, %d ordering keys: %d rows", *orderingKeys, *n)
 		orderedRate = runIdem(ctx, pool, js, st, *natsURL, *n, *concurrency, *batch, *orderingKeys, payload)
 	}
+	var mysqlRate float64
+	if *mysqlURL != "" {
+		log.Printf("idem, MySQL: %d rows", *n)
+		mysqlRate = runIdemMySQL(ctx, *mysqlURL, st, *natsURL, *n, *concurrency, *batch, payload)
+	}
 	log.Printf("watermill: %d rows", *n)
 	wmRate := runWatermill(ctx, pool, js, st, *n, *batch, payload)
 	fmt.Printf("idem relay        %8.0f msg/s  (%d rows, PostgreSQL → JetStream, Nats-Msg-Id = key)\n", idemRate, *n)
 	fmt.Printf("watermill-sql fwd %8.0f msg/s  (%d rows, SQL subscriber → forwarder → JetStream)\n", wmRate, *n)
 	fmt.Printf("ratio %.2fx (target ≥ 2x, and idem ≥ 10,000 msg/s)\n", idemRate/wmRate)
+	if *mysqlURL != "" {
+		fmt.Printf("idem relay, MySQL %8.0f msg/s  %.2f of PostgreSQL's (target ≥ 0.8)\n", mysqlRate, mysqlRate/idemRate)
+	}
 	if *orderingKeys > 0 {
 		fmt.Printf("idem relay, %d ordering keys %8.0f msg/s  %.2f of the same rows without ordering keys (target ≥ 0.8)\n", *orderingKeys, orderedRate, orderedRate/idemRate)
 	}
@@ -133,6 +148,81 @@ func runIdem(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st
 		log.Printf("idem: %d sends were retried", retries.Load())
 	}
 	return float64(n) / el.Seconds()
+}
+
+// runIdemMySQL relays n rows from a fresh outbox table of the MySQL
+// database at raw (dropped and made again) to JetStream.
+func runIdemMySQL(ctx context.Context, raw string, st jetstream.Stream, natsURL string, n, concurrency, batch int, payload []byte) float64 {
+	u, err := url.Parse(raw)
+	check(err)
+	name := strings.Trim(u.Path, "/")
+	u.Path = "/"
+	admin, err := sql.Open("mysql", dsn(u))
+	check(err)
+	_, err = admin.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`")
+	check(err)
+	_, err = admin.ExecContext(ctx, "CREATE DATABASE `"+name+"`")
+	check(err)
+	defer admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS `"+name+"`")
+	admin.Close()
+	u.Path = "/" + name
+	q := u.Query()
+	q.Set("parseTime", "true")
+	q.Set("loc", "UTC")
+	u.RawQuery = q.Encode()
+	db, err := sql.Open("mysql", dsn(u))
+	check(err)
+	defer db.Close()
+	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16)
+	s, err := outbox.New(databasesql.New(db, sqldriver.MySQL), outbox.Config{})
+	check(err)
+	check(s.Migrate(ctx))
+	dest := natsURL + "/relaybench.idem"
+	const chunk = 500
+	for i := 0; i < n; i += chunk {
+		var b strings.Builder
+		b.WriteString("INSERT INTO idem_outbox (`key`, destination, payload, headers) VALUES ")
+		var args []any
+		for j := i; j < min(i+chunk, n); j++ {
+			if j > i {
+				b.WriteString(", ")
+			}
+			b.WriteString("(?, ?, ?, '{}')")
+			args = append(args, "ORD-mysql-"+strconv.Itoa(j), dest, payload)
+		}
+		_, err := db.ExecContext(ctx, b.String(), args...)
+		check(err)
+	}
+	info, err := st.Info(ctx)
+	check(err)
+	before := info.State.Msgs
+	router, closeSenders := senders.New(senders.Config{})
+	defer closeSenders()
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s.Store, Sender: router, Batch: batch, Concurrency: concurrency,
+		BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond})
+	check(err)
+	start := time.Now()
+	relayAll(ctx, r, s.Store)
+	waitStream(ctx, st, before+uint64(n))
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// dsn is the go-sql-driver DSN of a mysql:// URL.
+func dsn(u *url.URL) string {
+	host := u.Host
+	if u.Port() == "" {
+		host += ":3306"
+	}
+	d := "tcp(" + host + ")" + u.Path
+	if u.User != nil {
+		pass, _ := u.User.Password()
+		d = u.User.Username() + ":" + pass + "@" + d
+	}
+	if u.RawQuery != "" {
+		d += "?" + u.RawQuery
+	}
+	return d
 }
 
 // relayAll runs r until no row of s is pending.
