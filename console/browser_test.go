@@ -37,7 +37,8 @@ func chromiumPath(t *testing.T) string {
 	return ""
 }
 
-// TestInABrowser drives the console in headless Chromium: a message to a
+// TestInABrowser drives the console in headless Chromium, on SQLite and on
+// MariaDB (records, outbox and inbox in one database): a message to a
 // destination that answers 400 is dead; the Outbox page shows it with its
 // last error; Retry makes it pending; a key is forgotten from the Keys page
 // through its confirmation; no page logs a JavaScript error or a CSP
@@ -45,13 +46,19 @@ func chromiumPath(t *testing.T) string {
 // IDEM_CONSOLE_SCREENSHOT=FILE also saves the overview there (the README's
 // picture).
 func TestInABrowser(t *testing.T) {
+	for _, kind := range []string{"sqlite", "mysql"} {
+		t.Run(kind, func(t *testing.T) { inABrowser(t, kind) })
+	}
+}
+
+func inABrowser(t *testing.T, kind string) {
 	exe := chromiumPath(t)
 	// The relay's sends of the last few minutes, for the overview's chart.
 	hist := console.NewHistory(nil)
 	for i := range 240 {
 		hist.Add([]string{"acked", "acked", "acked", "sent", "pending", "dead"}[i%6])
 	}
-	f := newFixture(t, console.Config{Loopback: true, History: hist, HistoryTitle: "Sends"})
+	f := newFixtureOn(t, console.Config{Loopback: true, History: hist, HistoryTitle: "Sends"}, kind)
 	ctx := context.Background()
 
 	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -21,11 +21,13 @@ import (
 	"github.com/idemgo/idem/console"
 	"github.com/idemgo/idem/httpidem"
 	"github.com/idemgo/idem/inbox"
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/store"
 	"github.com/idemgo/idem/store/memstore"
+	"github.com/idemgo/idem/store/mysqlstore"
 )
 
 const hostile = `<script>alert(1)</script>`
@@ -33,38 +35,61 @@ const hostile = `<script>alert(1)</script>`
 // fixture is a console over a memory store, a SQLite outbox and inbox.
 type fixture struct {
 	db     *sql.DB
-	store  *memstore.Store
+	store  store.Store
 	outbox *outbox.Store
 	inbox  *inbox.Inbox[*sql.Tx]
 	srv    *httptest.Server
 	client *http.Client
 }
 
-func newFixture(t *testing.T, cfg console.Config) *fixture {
+// newFixture serves a console over a memory store and an outbox and inbox
+// in SQLite.
+func newFixture(t *testing.T, cfg console.Config) *fixture { return newFixtureOn(t, cfg, "sqlite") }
+
+// newFixtureOn is newFixture on a database of the kind: sqlite, or mysql
+// (the records, the outbox and the inbox in a MariaDB database of the
+// test's own).
+func newFixtureOn(t *testing.T, cfg console.Config, kind string) *fixture {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "app.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.SetMaxOpenConns(1)
-	t.Cleanup(func() { db.Close() })
-	ob, err := outbox.New(databasesql.New(db, sqldriver.SQLite), outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ib, err := inbox.New(databasesql.New(db, sqldriver.SQLite), inbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
+	var db *sql.DB
+	var dialect sqldriver.Dialect
+	var s store.Store
+	if kind == "mysql" {
+		loc := testenv.MySQLDatabase(t, "")
+		db, dialect = testenv.OpenMySQL(t, loc), sqldriver.MySQL
+		ms, err := mysqlstore.Open(ctx, mysqlstore.Config{DSN: loc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ms.Close() })
+		s = ms
+	} else {
+		var err error
+		db, err = sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "app.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.SetMaxOpenConns(1)
+		t.Cleanup(func() { db.Close() })
+		ms := memstore.New(memstore.Config{})
+		t.Cleanup(func() { ms.Close() })
+		dialect, s = sqldriver.SQLite, ms
+	}
+	ob, err := outbox.New(databasesql.New(db, dialect), outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := inbox.New(databasesql.New(db, dialect), inbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := ob.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := ib.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	s := memstore.New(memstore.Config{})
-	t.Cleanup(func() { s.Close() })
 	cfg.Store, cfg.Outbox, cfg.Inbox = s, ob.Store, ib
 	c, err := console.New(cfg)
 	if err != nil {
@@ -374,7 +399,7 @@ func TestStoredResponsesAreShownAsResponses(t *testing.T) {
 	if !strings.Contains(keys, "201 Created · {&#34;id&#34;:&#34;ch_1&#34;") || strings.Contains(keys, "binary") {
 		t.Fatalf("the keys page shows the response as %s", keys)
 	}
-	recs, err := f.store.List(context.Background(), "", 10)
+	recs, err := f.store.(store.Lister).List(context.Background(), "", 10)
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("records: %v %v", recs, err)
 	}
