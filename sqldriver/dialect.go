@@ -1,6 +1,7 @@
 package sqldriver
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -162,6 +163,22 @@ func (mysql) Ident(name string) string { return "`" + strings.ReplaceAll(name, "
 // KeyText: InnoDB indexes a bounded string only; 255 characters of
 // utf8mb4 are 1,020 bytes, within its 3,072-byte key prefix.
 func (mysql) KeyText() string { return "varchar(255)" }
+
+// CheckMySQLServer refuses a server older than MySQL 8.0 or MariaDB 10.6
+// (the first with FOR UPDATE SKIP LOCKED), saying which it is; version is
+// what VERSION() returns ("8.0.36", "10.11.19-MariaDB-0+deb12u1").
+func CheckMySQLServer(version string) error {
+	var major, minor int
+	_, err := fmt.Sscanf(version, "%d.%d", &major, &minor)
+	ok := err == nil && major >= 8
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		ok = err == nil && (major > 10 || major == 10 && minor >= 6)
+	}
+	if !ok {
+		return fmt.Errorf("the server is %s; idem needs MySQL 8.0 or later, or MariaDB 10.6 or later (the first with SKIP LOCKED)", version)
+	}
+	return nil
+}
 
 // dotted is schema.name, or name alone.
 func dotted(schema, name string) string {

@@ -53,6 +53,15 @@ func Apply(ctx context.Context, c Conn, schema, component string, steps []Step) 
 	var applied []Step
 	err := c.Locked(ctx, func(tx sqldriver.Executor) error {
 		applied = nil
+		if c.Dialect() == sqldriver.MySQL {
+			var version string
+			if err := tx.QueryRow(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
+				return err
+			}
+			if err := sqldriver.CheckMySQLServer(version); err != nil {
+				return err
+			}
+		}
 		have, err := prepare(ctx, tx, c.Dialect(), schema, component)
 		if err != nil {
 			return err

@@ -186,26 +186,14 @@ func (s *Store) checkServer(ctx context.Context) error {
 	if err := s.db.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&s.server); err != nil {
 		return s.wrap("connect", err)
 	}
-	if !supported(s.server) {
-		return fmt.Errorf("idem/mysqlstore: the server is %s; idem needs MySQL 8.0 or later, or MariaDB 10.6 or later (the first with SKIP LOCKED)", s.server)
+	if err := sqldriver.CheckMySQLServer(s.server); err != nil {
+		return fmt.Errorf("idem/mysqlstore: %w", err)
 	}
 	return nil
 }
 
 // MariaDB reports whether the server is MariaDB rather than MySQL.
 func (s *Store) MariaDB() bool { return strings.Contains(strings.ToLower(s.server), "mariadb") }
-
-// supported reads VERSION(): "8.0.36", "10.11.19-MariaDB-0+deb12u1".
-func supported(version string) bool {
-	var major, minor int
-	if _, err := fmt.Sscanf(version, "%d.%d", &major, &minor); err != nil {
-		return false
-	}
-	if strings.Contains(strings.ToLower(version), "mariadb") {
-		return major > 10 || major == 10 && minor >= 6
-	}
-	return major >= 8
-}
 
 // Migrations returns the numbered migrations of the records table. Version
 // 1 creates it.
