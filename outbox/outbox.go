@@ -257,7 +257,9 @@ func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store 
 	// ordering key is claimable once no earlier row of its key is
 	// unfinished (any pending row, claimed or not, and — unless
 	// pastDead — a dead one): it is the first unfinished row of its key,
-	// found by idem_outbox_ordering. The due rows are walked in
+	// found by idem_outbox_ordering; and while no other row of its key is
+	// claimed under a live lease (a row sent, then refused by its receipt,
+	// is pending again while a later row's send may be under way). The due rows are walked in
 	// idem_outbox_due's order, (next_attempt_at, id), so a claim reads
 	// about a batch of rows, not every pending one. (The test is "id <=
 	// that first id", which is "=" for a pending row: an equality of a
@@ -271,8 +273,10 @@ func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store 
 		return `UPDATE ` + tbl + ` SET claimed_by = $1, claimed_until = ` + s.d.NowPlusMillis("$2") + `
 WHERE ` + durably + ` AND id IN (SELECT o.id FROM ` + tbl + ` o WHERE o.status = 'pending' AND o.next_attempt_at <= ` + s.d.Now() + `
 	AND (o.claimed_until IS NULL OR o.claimed_until < ` + s.d.Now() + `)
-	AND (o.ordering_key IS NULL OR o.id <= (SELECT min(e.id) FROM ` + tbl + ` e
-		WHERE e.ordering_key = o.ordering_key AND e.status IN (` + unfinished + `)))
+	AND (o.ordering_key IS NULL OR (o.id <= (SELECT min(e.id) FROM ` + tbl + ` e
+		WHERE e.ordering_key = o.ordering_key AND e.status IN (` + unfinished + `))
+		AND NOT EXISTS (SELECT 1 FROM ` + tbl + ` c WHERE c.ordering_key = o.ordering_key AND c.status IN ('pending', 'dead')
+			AND c.id <> o.id AND c.claimed_until >= ` + s.d.Now() + `)))
 	ORDER BY o.next_attempt_at, o.id LIMIT $3` + d.SkipLocked() + `)
 RETURNING id, key, destination, payload, headers, coalesce(external_id, ''), coalesce(ordering_key, ''), coalesce(trace_context, ''), tries`
 	}

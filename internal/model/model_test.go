@@ -45,6 +45,28 @@ func TestRecordProtocol(t *testing.T) {
 	}
 }
 
+// TestOutbox checks outbox.pml exhaustively at its bounds — two relays,
+// three rows (two of one ordering key), three claims and two acts of an
+// operator or a receipt, with and without DeadRowsReleaseOrderingKeys —
+// and that each mutation of a rule the relay and its claim keep yields a
+// counterexample. Under -short, one act instead of two.
+func TestOutbox(t *testing.T) {
+	ops := "OPS=2"
+	if testing.Short() {
+		ops = "OPS=1"
+	}
+	checks := []check{
+		{name: "P=2 C=3 " + ops, model: "outbox.pml", defs: []string{"P=2", "C=3", ops}},
+		{name: "P=2 C=3 " + ops + " PAST_DEAD", model: "outbox.pml", defs: []string{"P=2", "C=3", ops, "PAST_DEAD"}},
+	}
+	for _, m := range []string{"MUT_CLAIM_IGNORES_ORDER", "MUT_CLAIM_BESIDE_A_CLAIM", "MUT_DEAD_RELEASES_KEY", "MUT_MARK_SENT_ANY_STATUS", "MUT_MARK_SENT_ANY_CLAIM", "MUT_KEY_PER_ATTEMPT"} {
+		checks = append(checks, check{name: m, model: "outbox.pml", defs: []string{"P=2", "C=3", "OPS=2", m}, fail: true})
+	}
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) { run(t, c) })
+	}
+}
+
 var (
 	errorsLine = regexp.MustCompile(`errors: (\d+)`)
 	statesLine = regexp.MustCompile(`(\d+) states, stored`)

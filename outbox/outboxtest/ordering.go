@@ -269,3 +269,68 @@ func testDeadRowReleasesItsKey[TTx any](t *testing.T, b Backend[TTx]) {
 		t.Fatalf("delivered %s past the dead row", got)
 	}
 }
+
+// blockingSender sends every message at once except those named in hold,
+// whose sends wait for release after saying so on started.
+type blockingSender struct {
+	hold    string
+	started chan string
+	release chan struct{}
+	mu      sync.Mutex
+	sent    []string
+}
+
+func (s *blockingSender) Send(ctx context.Context, m *outbox.Message) outbox.Result {
+	if m.Key == s.hold {
+		s.started <- m.Key
+		<-s.release
+	}
+	s.mu.Lock()
+	s.sent = append(s.sent, m.Key)
+	s.mu.Unlock()
+	return outbox.Result{Status: outbox.Sent}
+}
+
+// testRefusedRowWaitsForItsKey: A and B share an ordering key. A is sent;
+// B is claimed and its send is under way when A's receipt refuses it (A is
+// pending again). Another relay must not claim A while B's send is under
+// way — two rows of one key in flight at once —, and sends A once B's
+// claim is over. (Found by the outbox's protocol model, internal/model.)
+func testRefusedRowWaitsForItsKey[TTx any](t *testing.T, b Backend[TTx]) {
+	ctx := context.Background()
+	a, bb := orderedMsg("acct", 1), orderedMsg("acct", 2)
+	for _, m := range []outbox.Message{a, bb} {
+		if err := b.Outbox.Enqueue(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := &blockingSender{hold: bb.Key, started: make(chan string, 1), release: make(chan struct{})}
+	r1, err := outbox.NewRelay(outbox.RelayConfig{Store: b.Outbox.Store, Sender: first, Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r1.RunOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("the first batch: %d, %v; want A alone", n, err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := r1.RunOnce(ctx); done <- err }()
+	<-first.started // B's send is under way
+	if err := b.Outbox.Refuse(ctx, a.Key, "refused by the receiver", false); err != nil {
+		t.Fatal(err)
+	}
+	second := &blockingSender{started: make(chan string, 1)}
+	r2, err := outbox.NewRelay(outbox.RelayConfig{Store: b.Outbox.Store, Sender: second, Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r2.RunOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("another relay while B's send is under way: %d rows (%v), sent %v; want none: A would be in flight beside B", n, err, second.sent)
+	}
+	close(first.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r2.RunOnce(ctx); err != nil || n != 1 || len(second.sent) != 1 || second.sent[0] != a.Key {
+		t.Fatalf("after B's send: %d rows (%v), sent %v; want A", n, err, second.sent)
+	}
+}

@@ -64,6 +64,7 @@ func Run[TTx any](t *testing.T, open func(t testing.TB) Backend[TTx]) {
 		{"OrderingKeysSentInOrderUnderFourRelays", testOrderingUnderRelays[TTx]},
 		{"DeadRowBlocksItsOrderingKeyOnly", testDeadRowBlocksItsKey[TTx]},
 		{"DeadRowReleasesItsOrderingKeyWhenConfigured", testDeadRowReleasesItsKey[TTx]},
+		{"RefusedRowWaitsForItsKey", testRefusedRowWaitsForItsKey[TTx]},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
