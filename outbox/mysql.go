@@ -73,10 +73,8 @@ func (s *Store) mysqlQueries(cols string) {
 		return `SELECT o.id, o.` + "`key`" + `, o.destination, o.payload, o.headers, coalesce(o.external_id, ''), coalesce(o.ordering_key, ''), coalesce(o.trace_context, ''), o.tries
 FROM ` + tbl + ` o WHERE o.status = 'pending' AND o.next_attempt_at <= UTC_TIMESTAMP(6)
 	AND (o.claimed_until IS NULL OR o.claimed_until < UTC_TIMESTAMP(6))
-	AND (o.ordering_key IS NULL OR (o.id <= (SELECT min(e.id) FROM ` + tbl + ` e
-		WHERE e.ordering_key = o.ordering_key AND e.status IN (` + unfinished + `))
-		AND NOT EXISTS (SELECT 1 FROM ` + tbl + ` c WHERE c.ordering_key = o.ordering_key AND c.status IN ('pending', 'dead')
-			AND c.id <> o.id AND c.claimed_until >= UTC_TIMESTAMP(6))))
+	AND (o.ordering_key IS NULL OR o.id <= (SELECT min(e.id) FROM ` + tbl + ` e
+		WHERE e.ordering_key = o.ordering_key AND e.status IN (` + unfinished + `)))
 	ORDER BY o.next_attempt_at, o.id LIMIT $1 FOR UPDATE SKIP LOCKED`
 	}
 	s.q.claim, s.q.claimPastDead = claim(false), claim(true)

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -232,6 +234,9 @@ CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
 type queries struct {
 	insert, insertAlone, existing, counter, claim, claimPastDead, extend, sent, unclaim, failed, ack, ackSent, retry, skip, list, get, getExternal, refuse, purge string
 
+	// conflicts: $1 claim token, then ordering keys: the keys that have a
+	// row claimed under another token, pending or dead, under a live lease.
+	conflicts string
 	// MySQL's (see mysqlQueries).
 	counterRead, claimMark, acked string
 }
@@ -257,9 +262,8 @@ func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store 
 	// ordering key is claimable once no earlier row of its key is
 	// unfinished (any pending row, claimed or not, and — unless
 	// pastDead — a dead one): it is the first unfinished row of its key,
-	// found by idem_outbox_ordering; and while no other row of its key is
-	// claimed under a live lease (a row sent, then refused by its receipt,
-	// is pending again while a later row's send may be under way). The due rows are walked in
+	// found by idem_outbox_ordering. A claimed row whose key has another
+	// row claimed meanwhile is given back (see keyConflicts). The due rows are walked in
 	// idem_outbox_due's order, (next_attempt_at, id), so a claim reads
 	// about a batch of rows, not every pending one. (The test is "id <=
 	// that first id", which is "=" for a pending row: an equality of a
@@ -273,10 +277,8 @@ func newStore(d sqldriver.Dialect, db sqldriver.Executor, schema string) *Store 
 		return `UPDATE ` + tbl + ` SET claimed_by = $1, claimed_until = ` + s.d.NowPlusMillis("$2") + `
 WHERE ` + durably + ` AND id IN (SELECT o.id FROM ` + tbl + ` o WHERE o.status = 'pending' AND o.next_attempt_at <= ` + s.d.Now() + `
 	AND (o.claimed_until IS NULL OR o.claimed_until < ` + s.d.Now() + `)
-	AND (o.ordering_key IS NULL OR (o.id <= (SELECT min(e.id) FROM ` + tbl + ` e
-		WHERE e.ordering_key = o.ordering_key AND e.status IN (` + unfinished + `))
-		AND NOT EXISTS (SELECT 1 FROM ` + tbl + ` c WHERE c.ordering_key = o.ordering_key AND c.status IN ('pending', 'dead')
-			AND c.id <> o.id AND c.claimed_until >= ` + s.d.Now() + `)))
+	AND (o.ordering_key IS NULL OR o.id <= (SELECT min(e.id) FROM ` + tbl + ` e
+		WHERE e.ordering_key = o.ordering_key AND e.status IN (` + unfinished + `)))
 	ORDER BY o.next_attempt_at, o.id LIMIT $3` + d.SkipLocked() + `)
 RETURNING id, key, destination, payload, headers, coalesce(external_id, ''), coalesce(ordering_key, ''), coalesce(trace_context, ''), tries`
 	}
@@ -318,6 +320,8 @@ WHERE key = $1 AND status = 'sent'`,
 		purge: `DELETE FROM ` + tbl + ` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status IN ('sent', 'acked')
 	AND coalesce(acked_at, sent_at) < ` + s.d.NowPlusMillis("-$1") + ` ORDER BY id LIMIT $2)`,
 	}
+	s.q.conflicts = `SELECT DISTINCT ordering_key FROM ` + tbl + ` WHERE status IN ('pending', 'dead') AND claimed_until >= ` + s.d.Now() + `
+	AND claimed_by <> $1 AND `
 	if d == sqldriver.MySQL {
 		s.mysqlQueries(cols)
 	}
@@ -548,18 +552,105 @@ func (s *Store) claim(ctx context.Context, token string, lease time.Duration, n 
 	if pastDead {
 		q = s.q.claimPastDead
 	}
+	var out []claimed
+	var err error
 	if s.d == sqldriver.MySQL {
-		return s.claimMySQL(ctx, q, token, lease.Milliseconds(), n)
+		out, err = s.claimMySQL(ctx, q, token, lease.Milliseconds(), n)
+	} else {
+		var rs sqldriver.Rows
+		if rs, err = s.db.Query(ctx, q, token, lease.Milliseconds(), n); err == nil {
+			out, err = scanClaimed(rs, nil)
+		}
+		if err != nil {
+			err = fmt.Errorf("idem/outbox: claim: %w", err)
+		}
 	}
-	rs, err := s.db.Query(ctx, q, token, lease.Milliseconds(), n)
 	if err != nil {
-		return nil, fmt.Errorf("idem/outbox: claim: %w", err)
+		return nil, err
 	}
-	out, err := scanClaimed(rs, nil)
+	return s.keyConflicts(ctx, token, out)
+}
+
+// keyConflicts gives back the rows of out whose ordering key has another
+// row claimed under a live lease — one row of a key in flight at a time.
+// The claim takes a key's first unfinished row only, but an earlier row
+// may be unfinished again while a later one is being sent (a sent row its
+// receipt refused, a dead row retried past which the key's later rows went
+// on), or commit after it. The check follows the claim's commit, so of two
+// relays that claim rows of one key at once, at least one sees the other's
+// claim.
+func (s *Store) keyConflicts(ctx context.Context, token string, out []claimed) ([]claimed, error) {
+	var keys []string
+	for _, c := range out {
+		if c.OrderingKey != "" && !slices.Contains(keys, c.OrderingKey) {
+			keys = append(keys, c.OrderingKey)
+		}
+	}
+	if len(keys) == 0 {
+		return out, nil
+	}
+	cond, args := inStrings("ordering_key", 2, keys)
+	rs, err := s.db.Query(ctx, s.q.conflicts+cond, append([]any{token}, args...)...)
 	if err != nil {
-		return nil, fmt.Errorf("idem/outbox: claim: %w", err)
+		return nil, s.giveBackAll(ctx, token, out, err)
 	}
-	return out, nil
+	busy := map[string]bool{}
+	for rs.Next() {
+		var k string
+		if err := rs.Scan(&k); err != nil {
+			rs.Close()
+			return nil, s.giveBackAll(ctx, token, out, err)
+		}
+		busy[k] = true
+	}
+	rs.Close()
+	if err := rs.Err(); err != nil {
+		return nil, s.giveBackAll(ctx, token, out, err)
+	}
+	if len(busy) == 0 {
+		return out, nil
+	}
+	var back []int64
+	kept := out[:0]
+	for _, c := range out {
+		if busy[c.OrderingKey] {
+			back = append(back, c.ID)
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	if err := s.unclaim(ctx, token, back); err != nil {
+		return nil, err
+	}
+	return kept, nil
+}
+
+// giveBackAll hands every row of out back after the check of their keys
+// failed with err, and returns err.
+func (s *Store) giveBackAll(ctx context.Context, token string, out []claimed, err error) error {
+	ids := make([]int64, len(out))
+	for i, c := range out {
+		ids[i] = c.ID
+	}
+	_ = s.unclaim(context.WithoutCancel(ctx), token, ids)
+	return fmt.Errorf("idem/outbox: claim: the ordering keys' other claims: %w", err)
+}
+
+// inStrings is a condition on column being one of vs, its parameters from
+// $n on.
+func inStrings(column string, n int, vs []string) (string, []any) {
+	var b strings.Builder
+	b.WriteString(column + " IN (")
+	args := make([]any, len(vs))
+	for i, v := range vs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("$" + strconv.Itoa(n+i))
+		args[i] = v
+	}
+	b.WriteByte(')')
+	return b.String(), args
 }
 
 // scanClaimed appends the claimed rows of rs to out, and closes rs.

@@ -27,6 +27,7 @@ type check struct {
 // one key), and that each mutation of a rule the stores keep
 // yields a counterexample. Under -short, two workers on one key only.
 func TestRecordProtocol(t *testing.T) {
+	t.Parallel() // beside TestOutbox: each check is one process on one core
 	checks := []check{
 		{name: "N=2 K=1 C=4", model: "record.pml", defs: []string{"N=2", "K=1", "C=4"}},
 		{name: "N=2 K=2 C=3", model: "record.pml", defs: []string{"N=2", "K=2", "C=3"}},
@@ -51,6 +52,7 @@ func TestRecordProtocol(t *testing.T) {
 // and that each mutation of a rule the relay and its claim keep yields a
 // counterexample. Under -short, one act instead of two.
 func TestOutbox(t *testing.T) {
+	t.Parallel()
 	ops := "OPS=2"
 	if testing.Short() {
 		ops = "OPS=1"

@@ -11,7 +11,7 @@
  * of its key). Mutations (-D, one at a time) each break one rule the code
  * keeps; each must yield a counterexample:
  *   MUT_CLAIM_IGNORES_ORDER     a claim that ignores the ordering key
- *   MUT_CLAIM_BESIDE_A_CLAIM    a claim of a row while another row of its
+ *   MUT_CLAIM_BESIDE_A_CLAIM    a claimed row kept while another row of its
  *                               key is claimed (and maybe being sent)
  *   MUT_DEAD_RELEASES_KEY       a dead row not holding back its key's
  *                               later rows (without PAST_DEAD)
@@ -80,23 +80,20 @@ bool wasSkipped[R];
  * e.status IN (…))". */
 #define first(r) (!(r > 0 && ok[0] == ok[r] && unfinished(0)) && !(r > 1 && ok[1] == ok[r] && unfinished(1)))
 
-/* alone(r): no other unfinished row of r's ordering key is claimed under a
- * live lease — the claim's "NOT EXISTS (… e.ordering_key = o.ordering_key
- * AND e.status IN ('pending', 'dead') AND e.id <> o.id AND
- * e.claimed_until >= now)". (A claimed row is pending; it stops being so
- * while claimed only by an Ack, and then its receiver has it.) */
-#define claimedOther(r, e) (r != e && ok[e] == ok[r] && (st[e] == PENDING || st[e] == DEAD) && cb[e] != 0 && cl[e])
-#define alone(r) (!claimedOther(r, 0) && !claimedOther(r, 1) && !claimedOther(r, 2))
+/* conflict(r, tok): another row of r's ordering key, pending or dead, is
+ * claimed under another token with a live lease — Store.keyConflicts's
+ * query. (A claimed row is pending; it stops being so while claimed only
+ * by an Ack, and then its receiver has it.) */
+#define claimedOther(r, e, tok) (r != e && ok[e] == ok[r] && (st[e] == PENDING || st[e] == DEAD) && cb[e] != 0 && cb[e] != tok && cl[e])
+#define conflict(r, tok) (claimedOther(r, 0, tok) || claimedOther(r, 1, tok) || claimedOther(r, 2, tok))
 
 /* claimable: what the claim statement (Store.claim: claim, claimPastDead;
  * MySQL's claimMySQL) takes: a pending row, not under a live claim, first of
- * its ordering key and alone in it. */
+ * its ordering key. */
 #ifdef MUT_CLAIM_IGNORES_ORDER
 #define claimable(r) (st[r] == PENDING && !(cb[r] != 0 && cl[r]))
-#elif defined(MUT_CLAIM_BESIDE_A_CLAIM)
-#define claimable(r) (st[r] == PENDING && !(cb[r] != 0 && cl[r]) && first(r))
 #else
-#define claimable(r) (st[r] == PENDING && !(cb[r] != 0 && cl[r]) && first(r) && alone(r))
+#define claimable(r) (st[r] == PENDING && !(cb[r] != 0 && cl[r]) && first(r))
 #endif
 
 /* Statuses never go back: acked and skipped are final. Checked after every
@@ -136,6 +133,34 @@ inline claim(tok, take0, take1, take2) {
 		:: skip
 		fi;
 		take0 = false; take1 = false; take2 = false
+	}
+}
+
+/* keyConflicts: after the claim, one query finds the claimed rows whose
+ * ordering key has another row claimed under a live lease, and gives them
+ * back (an UPDATE conditioned on the token). */
+inline giveBackConflicts(tok, take0, take1, take2) {
+	atomic {
+#ifndef MUT_CLAIM_BESIDE_A_CLAIM
+		take0 = cb[0] == tok && conflict(0, tok);
+		take1 = cb[1] == tok && conflict(1, tok);
+		take2 = cb[2] == tok && conflict(2, tok);
+		if
+		:: take0 -> cb[0] = 0; cl[0] = false
+		:: else
+		fi;
+		if
+		:: take1 -> cb[1] = 0; cl[1] = false
+		:: else
+		fi;
+		if
+		:: take2 -> cb[2] = 0; cl[2] = false
+		:: else
+		fi;
+		take0 = false; take1 = false; take2 = false
+#else
+		skip
+#endif
 	}
 }
 
@@ -212,6 +237,10 @@ proctype relay(byte p) {
 	do
 	:: claims < C ->
 		claim(tok, take0, take1, take2);
+		if
+		:: giveBackConflicts(tok, take0, take1, take2)
+		:: goto crashed /* between the claim and its check */
+		fi;
 		r = 0;
 		do
 		:: r < R && cb[r] == tok ->
