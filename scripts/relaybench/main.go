@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -16,7 +15,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
-	_ "github.com/go-sql-driver/mysql"
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -27,6 +26,7 @@ import (
 	"github.com/idemgo/idem/sqldriver"
 	"github.com/idemgo/idem/sqldriver/databasesql"
 	"github.com/idemgo/idem/sqldriver/pgxv5"
+	"github.com/idemgo/idem/store/mysqlstore"
 )
 
 func main() {
@@ -126,13 +126,20 @@ func runIdem(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st
 	check(err)
 	_, err = pool.Exec(ctx, `ANALYZE relaybench.idem_outbox`)
 	check(err)
+	return relayTimed(ctx, s.Store, st, n, concurrency, batch)
+}
+
+// relayTimed relays the n pending rows of s to the stream st and returns
+// the messages per second, from the relay's start to the last message in
+// the stream.
+func relayTimed(ctx context.Context, s *outbox.Store, st jetstream.Stream, n, concurrency, batch int) float64 {
 	info, err := st.Info(ctx)
 	check(err)
 	before := info.State.Msgs
 	router, closeSenders := senders.New(senders.Config{})
 	defer closeSenders()
 	var retries atomic.Int64
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s.Store, Sender: router, Batch: batch, Concurrency: concurrency,
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s, Sender: router, Batch: batch, Concurrency: concurrency,
 		BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
 		OnResult: func(_ *outbox.Message, _ int, res outbox.Result) {
 			if res.Status != outbox.Sent {
@@ -141,7 +148,7 @@ func runIdem(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st
 		}})
 	check(err)
 	start := time.Now()
-	relayAll(ctx, r, s.Store)
+	relayAll(ctx, r, s)
 	waitStream(ctx, st, before+uint64(n))
 	el := time.Since(start)
 	if retries.Load() > 0 {
@@ -153,25 +160,24 @@ func runIdem(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, st
 // runIdemMySQL relays n rows from a fresh outbox table of the MySQL
 // database at raw (dropped and made again) to JetStream.
 func runIdemMySQL(ctx context.Context, raw string, st jetstream.Stream, natsURL string, n, concurrency, batch int, payload []byte) float64 {
-	u, err := url.Parse(raw)
+	cfg, err := mysqlstore.ParseURL(raw)
 	check(err)
-	name := strings.Trim(u.Path, "/")
-	u.Path = "/"
-	admin, err := sql.Open("mysql", dsn(u))
+	name := cfg.DBName
+	adminCfg := cfg.Clone()
+	adminCfg.DBName = ""
+	conn, err := mysql.NewConnector(adminCfg)
 	check(err)
+	admin := sql.OpenDB(conn)
 	_, err = admin.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`")
 	check(err)
 	_, err = admin.ExecContext(ctx, "CREATE DATABASE `"+name+"`")
 	check(err)
+	defer admin.Close()
 	defer admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS `"+name+"`")
-	admin.Close()
-	u.Path = "/" + name
-	q := u.Query()
-	q.Set("parseTime", "true")
-	q.Set("loc", "UTC")
-	u.RawQuery = q.Encode()
-	db, err := sql.Open("mysql", dsn(u))
+	cfg.ParseTime, cfg.Loc = true, time.UTC
+	conn, err = mysql.NewConnector(cfg)
 	check(err)
+	db := sql.OpenDB(conn)
 	defer db.Close()
 	db.SetMaxOpenConns(16)
 	db.SetMaxIdleConns(16)
@@ -194,35 +200,7 @@ func runIdemMySQL(ctx context.Context, raw string, st jetstream.Stream, natsURL 
 		_, err := db.ExecContext(ctx, b.String(), args...)
 		check(err)
 	}
-	info, err := st.Info(ctx)
-	check(err)
-	before := info.State.Msgs
-	router, closeSenders := senders.New(senders.Config{})
-	defer closeSenders()
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s.Store, Sender: router, Batch: batch, Concurrency: concurrency,
-		BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond})
-	check(err)
-	start := time.Now()
-	relayAll(ctx, r, s.Store)
-	waitStream(ctx, st, before+uint64(n))
-	return float64(n) / time.Since(start).Seconds()
-}
-
-// dsn is the go-sql-driver DSN of a mysql:// URL.
-func dsn(u *url.URL) string {
-	host := u.Host
-	if u.Port() == "" {
-		host += ":3306"
-	}
-	d := "tcp(" + host + ")" + u.Path
-	if u.User != nil {
-		pass, _ := u.User.Password()
-		d = u.User.Username() + ":" + pass + "@" + d
-	}
-	if u.RawQuery != "" {
-		d += "?" + u.RawQuery
-	}
-	return d
+	return relayTimed(ctx, s.Store, st, n, concurrency, batch)
 }
 
 // relayAll runs r until no row of s is pending.
