@@ -119,16 +119,27 @@ type Archiver interface {
 	Archive(ctx context.Context, rec Record, retention time.Duration) error
 }
 
-// Unclaimer is implemented by stores that can give back a claim under which
-// nothing ran. Unclaim is Release (the record in flight under fence becomes
-// released; ErrStaleFence otherwise) that also takes back the attempt the
-// claim counted, so MaxAttempts counts only acquisitions that may have run
-// work. The tiered store uses it when it fails an acquisition closed after
-// taking the hot claim (the cold tier unreachable): a store outage must not
-// poison a key whose work never ran. memstore, sqlitestore, pgstore and
-// redisstore implement it.
+// Unclaimer is implemented by stores that can end a claim under which
+// nothing ran, taking back the attempt the claim counted, so MaxAttempts
+// counts only acquisitions that may have run work. Each is one atomic
+// operation, accepted only while the record is in flight under fence
+// (ErrStaleFence otherwise):
+//   - Unclaim is Release (the record becomes released) that also takes
+//     back the attempt. The tiered store uses it when it fails an
+//     acquisition closed after taking the hot claim (the cold tier
+//     unreachable): a store outage must not poison a key whose work never
+//     ran.
+//   - PoisonClaim makes the record poisoned, as an acquisition at
+//     MaxAttempts would have found it: the attempt taken back, the fence and
+//     the expiry kept. The tiered store claims in its hot tier without
+//     MaxAttempts and poisons there a claim that went past it once the cold
+//     tier said the key is not settled — in one step, so that no other
+//     caller sees the key released, or claims it, in between.
+//
+// Every store of this module implements it.
 type Unclaimer interface {
 	Unclaim(ctx context.Context, key string, fence uint64) error
+	PoisonClaim(ctx context.Context, key string, fence uint64) error
 }
 
 // FencedDeleter is implemented by stores that can delete a key's record

@@ -503,6 +503,16 @@ func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 		map[string]types.AttributeValue{":rel": num(int64(store.StateReleased))})
 }
 
+// PoisonClaim implements store.Unclaimer: one conditional update makes the
+// claim poisoned and takes back its attempt.
+func (s *Store) PoisonClaim(ctx context.Context, key string, fence uint64) error {
+	if err := store.ValidateKey(key); err != nil {
+		return err
+	}
+	return s.ownedOrStale(ctx, "poison claim", key, fence, "SET #st = :poi, #up = :now, #at = #at - :one",
+		map[string]types.AttributeValue{":poi": num(int64(store.StatePoisoned))})
+}
+
 // Get implements store.Store: a strongly consistent read; a record past its
 // retention is absent, whether or not TTL deleted it yet.
 func (s *Store) Get(ctx context.Context, key string) (store.Record, error) {

@@ -277,8 +277,19 @@ func (s *Store) Release(ctx context.Context, key string, fence uint64) error {
 
 // Unclaim implements store.Unclaimer.
 func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
+	return s.endUnused(ctx, key, fence, store.StateReleased)
+}
+
+// PoisonClaim implements store.Unclaimer.
+func (s *Store) PoisonClaim(ctx context.Context, key string, fence uint64) error {
+	return s.endUnused(ctx, key, fence, store.StatePoisoned)
+}
+
+// endUnused ends a claim under which nothing ran in state st, taking back
+// its attempt.
+func (s *Store) endUnused(ctx context.Context, key string, fence uint64, st store.State) error {
 	return s.owned(ctx, key, fence, func(e *entry, now time.Time) {
-		e.state = store.StateReleased
+		e.state = st
 		e.leaseUntil = time.Time{}
 		e.updatedAt = now
 		e.attempts = max(e.attempts-1, 0)

@@ -312,6 +312,8 @@ var (
 	WHERE k = :key AND fence = :fence AND state = 1 AND expires_at > :now`)
 	unclaimSQL = stmt(`UPDATE idem_records SET state = 5, lease_until = 0, updated_at = :now, attempts = GREATEST(attempts - 1, 0)
 	WHERE k = :key AND fence = :fence AND state = 1 AND expires_at > :now`)
+	poisonClaimSQL = stmt(`UPDATE idem_records SET state = 4, lease_until = 0, updated_at = :now, attempts = GREATEST(attempts - 1, 0)
+	WHERE k = :key AND fence = :fence AND state = 1 AND expires_at > :now`)
 	getSQL = stmt(`SELECT ` + recordCols + ` FROM idem_records WHERE k = :key AND expires_at > :now`)
 	// A deleted record stays as an expired row that keeps its fence until
 	// a sweep after the millisecond of its Delete (see deleted).
@@ -452,6 +454,14 @@ func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 		return err
 	}
 	return s.owned(ctx, "unclaim", unclaimSQL, &params{key: keypack.KeyArg(key), fence: int64(fence), now: s.nowMs()})
+}
+
+// PoisonClaim implements store.Unclaimer with one statement.
+func (s *Store) PoisonClaim(ctx context.Context, key string, fence uint64) error {
+	if err := store.ValidateKey(key); err != nil {
+		return err
+	}
+	return s.owned(ctx, "poison claim", poisonClaimSQL, &params{key: keypack.KeyArg(key), fence: int64(fence), now: s.nowMs()})
 }
 
 // Get implements store.Store.

@@ -133,9 +133,9 @@ type Store struct {
 }
 
 type statements struct {
-	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive string
-	acquireMany, settleMany                                                               string
-	awaitArchives                                                                         string
+	acquire, heartbeat, settle, release, unclaim, poisonClaim, get, del, delUpTo, sweep, list, archive string
+	acquireMany, settleMany                                                                            string
+	awaitArchives                                                                                      string
 }
 
 // Open connects a pool from cfg.ConnString (or uses cfg.Pool) and migrates
@@ -427,6 +427,8 @@ WHERE k = $1::` + kt + ` AND fence = $2 AND state = 1 AND expires_at > now()` + 
 WHERE k = $1::` + kt + ` AND fence = $2 AND state = 1 AND expires_at > now()` + and,
 		unclaim: `UPDATE ` + table + ` SET state = 5, lease_until = now(), updated_at = now(), attempts = greatest(attempts - 1, 0)
 WHERE k = $1::` + kt + ` AND fence = $2 AND state = 1 AND expires_at > now()` + and,
+		poisonClaim: `UPDATE ` + table + ` SET state = 4, lease_until = now(), updated_at = now(), attempts = greatest(attempts - 1, 0)
+WHERE k = $1::` + kt + ` AND fence = $2 AND state = 1 AND expires_at > now()` + and,
 		get: `SELECT ` + recordCols + ` FROM ` + table + ` WHERE k = $1::` + kt + ` AND expires_at > now()`,
 		// The deletes take the key's lock before they touch its row (l is a
 		// one-time filter, evaluated first).
@@ -659,6 +661,14 @@ func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 		return err
 	}
 	return s.exec(ctx, "unclaim", func(st *statements) string { return st.unclaim }, key, int64(fence))
+}
+
+// PoisonClaim implements store.Unclaimer with one statement.
+func (s *Store) PoisonClaim(ctx context.Context, key string, fence uint64) error {
+	if err := store.ValidateKey(key); err != nil {
+		return err
+	}
+	return s.exec(ctx, "poison claim", func(st *statements) string { return st.poisonClaim }, key, int64(fence))
 }
 
 // Get implements store.Store.

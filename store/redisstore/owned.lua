@@ -1,6 +1,7 @@
--- idem heartbeat / complete / fail / release / unclaim of record k, accepted only with
--- the current fence while in flight: op (h, c, f, x, u — x that also takes
--- back the claim's attempt), fence (as written),
+-- idem heartbeat / complete / fail / release / unclaim / poison-claim of record k,
+-- accepted only with the current fence while in flight: op (h, c, f, x, u — x
+-- that also takes back the claim's attempt —, p — the record poisoned, the
+-- attempt taken back), fence (as written),
 -- ms (lease for h, retention for c and f), result (c and f), the call's
 -- nonce; now the server time in ms. The script's ARGV holds five arguments
 -- per key, in that order. A settle records its nonce (tag 'S'), so a second
@@ -22,9 +23,10 @@ local function owned(k, op, fence, ms, result, nonce, now)
   elseif op == 'c' or op == 'f' then
     r.st, r.r, r.l, r.e, r.tag, r.n = 2, result, 0, now + ms, 83, nonce
     if op == 'f' then r.st = 3 end
-  elseif op == 'x' or op == 'u' then
+  elseif op == 'x' or op == 'u' or op == 'p' then
     r.st, r.l, r.tag, r.n = 5, 0, 83, nonce
-    if op == 'u' and r.a > 0 then r.a = r.a - 1 end
+    if op == 'p' then r.st = 4 end
+    if op ~= 'x' and r.a > 0 then r.a = r.a - 1 end
   else
     return redis.error_reply('idem: unknown op ' .. op)
   end

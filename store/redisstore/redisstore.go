@@ -943,6 +943,14 @@ func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 	return s.owned(ctx, "unclaim", "u", key, fence, 0, nil)
 }
 
+// PoisonClaim implements store.Unclaimer with one script.
+func (s *Store) PoisonClaim(ctx context.Context, key string, fence uint64) error {
+	if err := store.ValidateKey(key); err != nil {
+		return err
+	}
+	return s.owned(ctx, "poison claim", "p", key, fence, 0, nil)
+}
+
 // Get implements store.Store (one GET; an expired record is gone by TTL).
 func (s *Store) Get(ctx context.Context, key string) (store.Record, error) {
 	if err := store.ValidateKey(key); err != nil {

@@ -64,8 +64,8 @@ type Store struct {
 	clock  idem.Clock
 	limits store.Limits
 
-	acquire, heartbeat, settle, release, unclaim, get, del, delUpTo, sweep, list, archive *sql.Stmt
-	closed                                                                                atomic.Bool
+	acquire, heartbeat, settle, release, unclaim, poisonClaim, get, del, delUpTo, sweep, list, archive *sql.Stmt
+	closed                                                                                             atomic.Bool
 
 	writes *coalesce.Group[writeCall, store.Acquisition] // nil: NoCoalesce
 }
@@ -187,6 +187,8 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.release, `UPDATE idem_records SET state = 5, lease_until = 0, updated_at = ?3
 			WHERE k = ?1 AND fence = ?2 AND state = 1 AND expires_at > ?3`},
 		{&s.unclaim, `UPDATE idem_records SET state = 5, lease_until = 0, updated_at = ?3, attempts = max(attempts - 1, 0)
+			WHERE k = ?1 AND fence = ?2 AND state = 1 AND expires_at > ?3`},
+		{&s.poisonClaim, `UPDATE idem_records SET state = 4, lease_until = 0, updated_at = ?3, attempts = max(attempts - 1, 0)
 			WHERE k = ?1 AND fence = ?2 AND state = 1 AND expires_at > ?3`},
 		{&s.get, `SELECT ` + recordCols + ` FROM idem_records WHERE k = ?1 AND expires_at > ?2`},
 		// ?1 key: a deleted record stays as an expired row that keeps its
@@ -352,6 +354,14 @@ func (s *Store) Unclaim(ctx context.Context, key string, fence uint64) error {
 		return err
 	}
 	return s.owned(ctx, "unclaim", s.unclaim, keypack.KeyArg(key), int64(fence), s.nowMs())
+}
+
+// PoisonClaim implements store.Unclaimer with one statement.
+func (s *Store) PoisonClaim(ctx context.Context, key string, fence uint64) error {
+	if err := store.ValidateKey(key); err != nil {
+		return err
+	}
+	return s.owned(ctx, "poison claim", s.poisonClaim, keypack.KeyArg(key), int64(fence), s.nowMs())
 }
 
 // Get implements store.Store.

@@ -136,7 +136,7 @@ type CampaignReport struct {
 	Executions, LedgerAccepted                     int
 	HistoriesChecked, HistoriesUnknown, Violations int
 	Segments                                       int // checked separately, cut at isolated deletes
-	PoisonedAnswers, Unclaims                      int // acquisitions answered Poisoned; Unclaim calls
+	PoisonedAnswers, Unclaims                      int // acquisitions answered Poisoned; Unclaim and PoisonClaim calls
 }
 
 // Campaign runs a randomized fault campaign against a store and checks its
@@ -482,6 +482,11 @@ func (w *worker) execute(key, fp string, fence uint64, lease, ret time.Duration)
 	if u, ok := w.s.(store.Unclaimer); ok && w.rng.IntN(10) == 0 {
 		// Nothing ran under the claim (the caller failed before the work):
 		// give it back with its attempt.
+		if w.rng.IntN(4) == 0 {
+			// ... or, at an attempt limit of its own, poison the key.
+			w.owned(opInput{Kind: opPoison, Key: key, Fence: fence}, func(ctx context.Context) error { return u.PoisonClaim(ctx, key, fence) })
+			return
+		}
 		w.owned(opInput{Kind: opUnclaim, Key: key, Fence: fence}, func(ctx context.Context) error { return u.Unclaim(ctx, key, fence) })
 		return
 	}
@@ -600,7 +605,7 @@ func checkCampaign(t *testing.T, dir string, ledger *sql.DB, killedAt map[int]in
 		if in.Kind == opAcquire && out.Res == resOK && out.Outcome == store.Poisoned {
 			rep.PoisonedAnswers++
 		}
-		if in.Kind == opUnclaim {
+		if in.Kind == opUnclaim || in.Kind == opPoison {
 			rep.Unclaims++
 		}
 		k := op.Input.(opInput).Key
@@ -678,7 +683,7 @@ func checkFences(h []porcupine.Operation, violate func(string, ...any)) {
 	}
 	for _, op := range h {
 		in, out := op.Input.(opInput), op.Output.(opOutput)
-		if out.Res == resOK && (in.Kind == opComplete || in.Kind == opFail || in.Kind == opRelease || in.Kind == opUnclaim || in.Kind == opHeartbeat) {
+		if out.Res == resOK && (in.Kind == opComplete || in.Kind == opFail || in.Kind == opRelease || in.Kind == opUnclaim || in.Kind == opPoison || in.Kind == opHeartbeat) {
 			for _, c := range claims {
 				if c.fence > in.Fence && c.ret < op.Call {
 					violate("%s: %s with fence %d accepted after fence %d was issued", in.Key, in.Kind, in.Fence, c.fence)

@@ -24,6 +24,7 @@ const (
 	opHeartbeat = "heartbeat"
 	opDelete    = "delete"
 	opUnclaim   = "unclaim"
+	opPoison    = "poison claim"
 	opGet       = "get"
 )
 
@@ -302,7 +303,8 @@ func momentaryClaimMayStand(s mstate, in opInput) bool {
 	return absentLike(s, in) || (presentLike(s, in) && s.St == store.StateReleased)
 }
 
-// stepOwned covers complete, fail, release and heartbeat.
+// stepOwned covers complete, fail, release, heartbeat, unclaim and poison
+// claim.
 func stepOwned(s mstate, in opInput, out opOutput) []mstate {
 	applicable := owns(s, in.Fence) && mayBeLive(s, in)
 	certain := owns(s, in.Fence) && mustBeLive(s, in)
@@ -321,6 +323,10 @@ func stepOwned(s mstate, in opInput, out opOutput) []mstate {
 		applied.LeaseLo, applied.LeaseHi = 0, 0
 	case opUnclaim: // a release that takes back the claim's attempt
 		applied.St = store.StateReleased
+		applied.LeaseLo, applied.LeaseHi = 0, 0
+		applied.Attempts = max(s.Attempts-1, 0)
+	case opPoison: // poisoned as at MaxAttempts, the claim's attempt taken back
+		applied.St = store.StatePoisoned
 		applied.LeaseLo, applied.LeaseHi = 0, 0
 		applied.Attempts = max(s.Attempts-1, 0)
 	case opHeartbeat:

@@ -105,7 +105,10 @@ func Run(t *testing.T, caps Capabilities, newStore NewStore) {
 		cases = append(cases, struct {
 			name string
 			fn   func(t *testing.T, s store.Store)
-		}{"UnclaimTakesBackTheAttempt", testUnclaim})
+		}{"UnclaimTakesBackTheAttempt", testUnclaim}, struct {
+			name string
+			fn   func(t *testing.T, s store.Store)
+		}{"PoisonClaimEndsTheClaimPoisoned", testPoisonClaim})
 	}
 	if caps.FencedDeletes {
 		cases = append(cases, struct {
@@ -1113,6 +1116,51 @@ func testUnclaim(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	mustAcquire(t, s, r, store.Poisoned)
+}
+
+// testPoisonClaim: PoisonClaim (store.Unclaimer) makes a claim's record
+// poisoned in one step, as an acquisition at MaxAttempts finds it: the
+// claim's attempt taken back, its fence, fingerprint and expiry kept; every
+// later acquisition of the key is Poisoned (Mismatch for another
+// fingerprint), and nothing fenced on the claim is accepted any more.
+func testPoisonClaim(t *testing.T, s store.Store) {
+	u, ok := s.(store.Unclaimer)
+	if !ok {
+		t.Fatalf("%T does not implement store.Unclaimer (Capabilities.Unclaims)", s)
+	}
+	ctx := context.Background()
+	r := req("k")
+	r.Lease = shortLease
+	first := mustAcquire(t, s, r, store.Acquired)
+	pass(s, shortLease+100*time.Millisecond) // its owner died: the key is taken over
+	r.Lease = longLease
+	a := mustAcquire(t, s, r, store.TakenOver)
+	if err := u.PoisonClaim(ctx, "k", first.Fence); !errors.Is(err, store.ErrStaleFence) {
+		t.Fatalf("PoisonClaim with the earlier owner's fence: %v, want ErrStaleFence", err)
+	}
+	if err := u.PoisonClaim(ctx, "k", a.Fence); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(ctx, "k")
+	if err != nil || rec.State != store.StatePoisoned || rec.Attempts != 1 || rec.Fence != a.Fence || rec.Fingerprint != "fp" {
+		t.Fatalf("after PoisonClaim: %+v, %v; want poisoned, 1 attempt, fence %d", rec, err, a.Fence)
+	}
+	if rec.ExpiresAt.Before(a.Record.ExpiresAt.Add(-time.Second)) {
+		t.Fatalf("after PoisonClaim the record expires at %v, before its claim's %v", rec.ExpiresAt, a.Record.ExpiresAt)
+	}
+	if err := u.PoisonClaim(ctx, "k", a.Fence); !errors.Is(err, store.ErrStaleFence) {
+		t.Fatalf("a second PoisonClaim: %v, want ErrStaleFence", err)
+	}
+	if err := s.Complete(ctx, "k", a.Fence, []byte("late"), retention); !errors.Is(err, store.ErrStaleFence) {
+		t.Fatalf("Complete after PoisonClaim: %v, want ErrStaleFence", err)
+	}
+	if err := s.Heartbeat(ctx, "k", a.Fence, longLease); !errors.Is(err, store.ErrStaleFence) {
+		t.Fatalf("Heartbeat after PoisonClaim: %v, want ErrStaleFence", err)
+	}
+	mustAcquire(t, s, r, store.Poisoned)
+	other := r
+	other.Fingerprint = "other"
+	mustAcquire(t, s, other, store.Mismatch)
 }
 
 // testDeleteUpTo: DeleteUpTo (store.FencedDeleter) removes a record whose

@@ -10,8 +10,11 @@
 // ErrStaleFence: its result may have been replayed before it was withdrawn.
 // A request that meets a Delete under way is told to retry. An acquisition
 // that fails closed gives its hot claim back without counting the attempt
-// when the hot store implements store.Unclaimer (idem's memory and Redis
-// stores do), so an outage of the cold tier never poisons a key.
+// when the hot store implements store.Unclaimer (every store of this module
+// does), so an outage of the cold tier never poisons a key. MaxAttempts is
+// applied once the cold tier has been read: the hot tier claims without it
+// (a key settled in the cold tier is replayed, never poisoned), and a claim
+// past it is poisoned in one step (store.Unclaimer's PoisonClaim).
 //
 // Round trips: a fresh claim costs one hot acquire, one cold read and one
 // fenced hot heartbeat (the claim must still stand after the cold read); a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1752,34 +1753,79 @@ func TestNoPoisoningOfAKeySettledInTheColdTier(t *testing.T) {
 	}
 }
 
-// claimOnUnclaim is a memory hot tier on which another caller claims the
-// key just after an Unclaim (once armed), with no MaxAttempts.
-type claimOnUnclaim struct {
+// seenAfterWrites is a memory hot tier that reads the key back after each
+// write that ends a claim (Release, Unclaim, PoisonClaim) and keeps the
+// states it saw: what any other caller could have seen at that moment.
+type seenAfterWrites struct {
 	*memstore.Store
-	armed atomic.Bool
-	taken store.Acquisition
+	seen []store.State
 }
 
-func (s *claimOnUnclaim) Unclaim(ctx context.Context, key string, fence uint64) error {
-	err := s.Store.Unclaim(ctx, key, fence)
-	if s.armed.CompareAndSwap(true, false) {
-		s.taken, _ = s.Store.Acquire(ctx, store.AcquireRequest{Key: key, Fingerprint: "A", Lease: time.Minute, Retention: time.Hour})
+func (s *seenAfterWrites) look(ctx context.Context, key string, err error) error {
+	if rec, gerr := s.Store.Get(ctx, key); gerr == nil {
+		s.seen = append(s.seen, rec.State)
 	}
 	return err
 }
 
-// TestPoisoningOvertakenByAClaim: a request at its MaxAttempts takes the
-// key over in the hot tier, finds nothing settled in the cold tier, gives
-// its claim back and acquires again to poison the key; a caller without a
-// MaxAttempts claims the key in between. That caller owns the key, and the
-// first request fails as unavailable: told InProgress, it would have been
-// answered as if it found that claim first, while its own takeover had
-// ended the earlier claim (the fault campaign's model refuses it).
-func TestPoisoningOvertakenByAClaim(t *testing.T) {
+func (s *seenAfterWrites) Release(ctx context.Context, key string, fence uint64) error {
+	return s.look(ctx, key, s.Store.Release(ctx, key, fence))
+}
+
+func (s *seenAfterWrites) Unclaim(ctx context.Context, key string, fence uint64) error {
+	return s.look(ctx, key, s.Store.Unclaim(ctx, key, fence))
+}
+
+func (s *seenAfterWrites) PoisonClaim(ctx context.Context, key string, fence uint64) error {
+	return s.look(ctx, key, s.Store.PoisonClaim(ctx, key, fence))
+}
+
+// TestPoisoningIsOneStep: a request at its MaxAttempts takes the key over
+// in the hot tier (asked without MaxAttempts), finds nothing settled in the
+// cold tier and poisons the key. No other caller may see the key released
+// between the claim and the poisoning — nor claim it then, running the work
+// the poisoning dead-letters (the fault campaign's model refuses a Get that
+// sees it released).
+func TestPoisoningIsOneStep(t *testing.T) {
 	ctx := context.Background()
 	clock := storetest.NewManualClock(time.Now())
-	hot := &claimOnUnclaim{Store: memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})}
+	hot := &seenAfterWrites{Store: memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})}
 	cold := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := store.AcquireRequest{Key: "PAY-27", Fingerprint: "A", Lease: time.Second, Retention: time.Hour}
+	first, err := s.Acquire(ctx, req)
+	if err != nil || first.Outcome != store.Acquired {
+		t.Fatalf("the first claim: %v, %v", first.Outcome, err)
+	}
+	clock.Advance(2 * time.Second) // its owner died
+	once := req
+	once.MaxAttempts = 1
+	a, err := s.Acquire(ctx, once)
+	if err != nil || a.Outcome != store.Poisoned || a.Record.State != store.StatePoisoned || a.Record.Attempts != 1 {
+		t.Fatalf("the request at MaxAttempts: %v (%+v), %v; want Poisoned with 1 attempt", a.Outcome, a.Record, err)
+	}
+	if !slices.Equal(hot.seen, []store.State{store.StatePoisoned}) {
+		t.Fatalf("the hot tier was seen %v between the claim and the answer; want only poisoned", hot.seen)
+	}
+	if a, err := s.Acquire(ctx, req); err != nil || a.Outcome != store.Poisoned {
+		t.Fatalf("a request without MaxAttempts after: %v, %v; want Poisoned", a.Outcome, err)
+	}
+}
+
+// TestPoisoningOfAClaimTakenOver: a request at its MaxAttempts takes the key
+// over in the hot tier, and is paused past its lease while it reads the
+// cold tier; another caller takes the key over meanwhile. The poisoning
+// finds the claim gone and the request fails as unavailable; the other
+// caller keeps the key.
+func TestPoisoningOfAClaimTakenOver(t *testing.T) {
+	ctx := context.Background()
+	clock := storetest.NewManualClock(time.Now())
+	hot := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	var other store.Acquisition
+	cold := &pausedRead{Store: memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})}
 	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
 	if err != nil {
 		t.Fatal(err)
@@ -1789,16 +1835,33 @@ func TestPoisoningOvertakenByAClaim(t *testing.T) {
 		t.Fatalf("the first claim: %v, %v", a.Outcome, err)
 	}
 	clock.Advance(2 * time.Second) // its owner died
+	cold.during = func() {
+		clock.Advance(2 * time.Second) // the request's own claim ends
+		other, _ = hot.Acquire(ctx, req)
+	}
 	once := req
 	once.MaxAttempts = 1
-	hot.armed.Store(true)
 	if a, err := s.Acquire(ctx, once); !errors.Is(err, store.ErrUnavailable) {
-		t.Fatalf("the request at MaxAttempts: %v, %v; want ErrUnavailable (another caller claimed the key while it poisoned it)", a.Outcome, err)
+		t.Fatalf("the request at MaxAttempts: %v, %v; want ErrUnavailable (its claim was taken over)", a.Outcome, err)
 	}
-	if hot.taken.Outcome != store.Acquired {
-		t.Fatalf("the other caller: %v; want Acquired (the key given back, released)", hot.taken.Outcome)
+	if other.Outcome != store.TakenOver {
+		t.Fatalf("the other caller: %v; want TakenOver", other.Outcome)
 	}
-	if a, err := s.Acquire(ctx, once); err != nil || a.Outcome != store.InProgress {
-		t.Fatalf("the request at MaxAttempts again: %v, %v; want InProgress under the other caller's claim", a.Outcome, err)
+	if rec, err := hot.Get(ctx, req.Key); err != nil || rec.State != store.StateInFlight || rec.Fence != other.Fence {
+		t.Fatalf("the hot record: %+v, %v; want the other caller's claim", rec, err)
 	}
+}
+
+// pausedRead is a memory cold tier whose next read runs during (once) first.
+type pausedRead struct {
+	*memstore.Store
+	during func()
+}
+
+func (s *pausedRead) Get(ctx context.Context, key string) (store.Record, error) {
+	if f := s.during; f != nil {
+		s.during = nil
+		f()
+	}
+	return s.Store.Get(ctx, key)
 }

@@ -180,7 +180,7 @@ func (s *Store) answer(ctx context.Context, req store.AcquireRequest, a store.Ac
 	}
 	if errors.Is(err, store.ErrNotFound) || (err == nil && rec.State != store.StateCompleted && rec.State != store.StateFailed) {
 		if req.MaxAttempts > 0 && a.Record.Attempts > req.MaxAttempts {
-			return s.poison(ctx, req, a.Fence)
+			return s.poison(ctx, req, a)
 		}
 		// The claim must still stand after the cold round trip: a Delete
 		// that ran meanwhile removed it (and the cold record we did not
@@ -243,15 +243,35 @@ func (s *Store) answer(ctx context.Context, req store.AcquireRequest, a store.Ac
 	return store.Acquisition{Outcome: store.Replayed, Record: rec}, nil
 }
 
-// poison ends a claim (fence) that went past req.MaxAttempts on a key the
-// cold tier does not hold settled: the claim is given back and the key
-// acquired again under MaxAttempts, which poisons it in the hot tier. A
-// caller that claimed the key in between (one without a MaxAttempts, or
-// with a larger one) keeps it, and this acquisition fails as unavailable:
-// its own claim came and went unseen, so it is not told InProgress as if
-// it had found that caller's claim first.
-func (s *Store) poison(ctx context.Context, req store.AcquireRequest, fence uint64) (store.Acquisition, error) {
-	if err := s.giveBack(context.WithoutCancel(ctx), req.Key, fence); err != nil {
+// poison ends the claim a that went past req.MaxAttempts on a key the cold
+// tier does not hold settled, by poisoning the key in the hot tier: in one
+// step where the hot store can (store.Unclaimer's PoisonClaim). If the claim
+// was taken over or deleted while the cold tier was consulted, the
+// acquisition fails as unavailable.
+//
+// On another hot store the claim is given back and the key acquired again
+// under MaxAttempts, which poisons it; for that moment the key is released,
+// and a caller that claims it then (one without a MaxAttempts, or with a
+// larger one) keeps it, and this acquisition fails as unavailable: its own
+// claim came and went unseen, so it is not told InProgress as if it had
+// found that caller's claim first.
+func (s *Store) poison(ctx context.Context, req store.AcquireRequest, a store.Acquisition) (store.Acquisition, error) {
+	bg := context.WithoutCancel(ctx)
+	if u, ok := s.hot.(store.Unclaimer); ok {
+		err := u.PoisonClaim(bg, req.Key, a.Fence)
+		if errors.Is(err, store.ErrStaleFence) {
+			return store.Acquisition{}, fmt.Errorf("%w: idem/tieredstore: the claim was deleted or taken over while the cold tier was consulted; retry", store.ErrUnavailable)
+		}
+		if err != nil {
+			_ = s.giveBack(bg, req.Key, a.Fence)
+			return store.Acquisition{}, err
+		}
+		rec := a.Record
+		rec.State, rec.LeaseUntil = store.StatePoisoned, time.Time{}
+		rec.Attempts = max(rec.Attempts-1, 0)
+		return store.Acquisition{Outcome: store.Poisoned, Record: rec}, nil
+	}
+	if err := s.hot.Release(bg, req.Key, a.Fence); err != nil {
 		return store.Acquisition{}, err
 	}
 	a, err := s.hot.Acquire(ctx, req)
