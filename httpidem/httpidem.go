@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -205,6 +206,7 @@ type middleware struct {
 	cfg     Config
 	guard   *idem.Guard
 	methods map[string]bool
+	dates   httpDates
 }
 
 // New validates cfg and returns the middleware.
@@ -463,12 +465,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	defer run.stop()
 	var rec *recorder
 	work := func(hctx context.Context, fence uint64) ([]byte, error) {
-		rec = &recorder{ResponseWriter: w, limit: m.cfg.MaxResponseBytes}
-		rec.onHeader = func(status int, h http.Header) {
-			if m.cfg.Policy(status) == idem.Complete {
-				h.Set(ExpiresHeader, time.Now().Add(m.cfg.Retention).UTC().Format(http.TimeFormat))
-			}
-		}
+		rec = &recorder{ResponseWriter: w, limit: m.cfg.MaxResponseBytes, advertise: m}
 		next.ServeHTTP(rec, r.WithContext(hctx))
 		if hctx.Err() != nil && (!rec.wroteFinal || m.cfg.Policy(rec.status) != idem.Complete) {
 			// Cancelled (finish timeout, lost lease) before a storable
@@ -554,7 +551,7 @@ func (m *middleware) replay(w http.ResponseWriter, res idem.Result) {
 	}
 	dst.Set(ReplayedHeader, "true")
 	if !res.Record.ExpiresAt.IsZero() {
-		dst.Set(ExpiresHeader, res.Record.ExpiresAt.UTC().Format(http.TimeFormat))
+		dst.Set(ExpiresHeader, m.dates.format(res.Record.ExpiresAt))
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
@@ -593,6 +590,34 @@ func headerBytes(h http.Header) int {
 		}
 	}
 	return n
+}
+
+// advertiseExpiry sets the Idempotency-Key-Expires field of a response with
+// status that will be stored.
+func (m *middleware) advertiseExpiry(status int, h http.Header) {
+	if m.cfg.Policy(status) == idem.Complete {
+		h.Set(ExpiresHeader, m.dates.format(time.Now().Add(m.cfg.Retention)))
+	}
+}
+
+// httpDates formats times as HTTP dates (http.TimeFormat), keeping the
+// text of the last second formatted: a server's responses of one second
+// share it.
+type httpDates struct{ last atomic.Pointer[httpDate] }
+
+type httpDate struct {
+	unix int64
+	text string
+}
+
+func (d *httpDates) format(t time.Time) string {
+	unix := t.Unix()
+	if p := d.last.Load(); p != nil && p.unix == unix {
+		return p.text
+	}
+	text := t.UTC().Format(http.TimeFormat)
+	d.last.Store(&httpDate{unix: unix, text: text})
+	return text
 }
 
 func storable(h http.Header, setCookie bool) http.Header {

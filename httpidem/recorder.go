@@ -2,6 +2,7 @@ package httpidem
 
 import (
 	"bytes"
+	"io"
 	"net/http"
 )
 
@@ -14,7 +15,7 @@ import (
 type recorder struct {
 	http.ResponseWriter
 	limit      int
-	onHeader   func(status int, h http.Header) // called once, before the final header goes out
+	advertise  *middleware // sets the final header's expiry, once, before it goes out
 	status     int
 	header     http.Header // snapshot at WriteHeader
 	body       bytes.Buffer
@@ -36,32 +37,54 @@ func (w *recorder) WriteHeader(code int) {
 	}
 	w.wroteFinal = true
 	w.status = code
-	if w.onHeader != nil {
-		w.onHeader(code, w.ResponseWriter.Header())
+	if w.advertise != nil {
+		w.advertise.advertiseExpiry(code, w.ResponseWriter.Header())
 	}
 	w.header = w.ResponseWriter.Header().Clone()
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *recorder) Write(b []byte) (int, error) {
+	if w.keeps(len(b)) {
+		w.body.Write(b)
+	}
+	if !w.gone {
+		if _, err := w.ResponseWriter.Write(b); err != nil {
+			w.gone = true
+		}
+	}
+	return len(b), nil
+}
+
+// WriteString is Write of a string, passed on as a string to a writer
+// that takes one (io.StringWriter).
+func (w *recorder) WriteString(s string) (int, error) {
+	if w.keeps(len(s)) {
+		w.body.WriteString(s)
+	}
+	if !w.gone {
+		if _, err := io.WriteString(w.ResponseWriter, s); err != nil {
+			w.gone = true
+		}
+	}
+	return len(s), nil
+}
+
+// keeps sends the header if it is not sent yet, and reports whether the
+// copy to store takes n bytes more (else the copy is dropped: too large).
+func (w *recorder) keeps(n int) bool {
 	if !w.wroteFinal {
 		w.WriteHeader(http.StatusOK)
 	}
-	if !w.overflow {
-		if w.body.Len()+len(b) > w.limit {
-			w.overflow = true
-			w.body = bytes.Buffer{}
-		} else {
-			w.body.Write(b)
-		}
+	if w.overflow {
+		return false
 	}
-	if w.gone {
-		return len(b), nil
+	if w.body.Len()+n > w.limit {
+		w.overflow = true
+		w.body = bytes.Buffer{}
+		return false
 	}
-	if _, err := w.ResponseWriter.Write(b); err != nil {
-		w.gone = true
-	}
-	return len(b), nil
+	return true
 }
 
 // Flush supports handlers that assert http.Flusher directly.

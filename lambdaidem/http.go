@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -73,8 +75,8 @@ func newHTTPCore(cfg HTTPConfig) (*httpCore, error) {
 	}
 	c := &httpCore{before: cfg.ReturnBefore}
 	c.handler = mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		inv := r.Context().Value(invocationKey{}).(*invocation)
-		resp, err := inv.call(r.Context(), w.Header())
+		inv := invocationOf(w, r)
+		resp, err := inv.handler.call(r.Context(), w.Header())
 		if err != nil {
 			inv.err = err
 			w.WriteHeader(http.StatusInternalServerError) // released: the retry runs (a cancelled handler's claim is held)
@@ -84,22 +86,137 @@ func newHTTPCore(cfg HTTPConfig) (*httpCore, error) {
 			resp.status = http.StatusOK
 		}
 		w.WriteHeader(resp.status)
-		_, _ = w.Write(resp.body)
+		if resp.isText {
+			_, _ = io.WriteString(w, resp.text)
+		} else {
+			_, _ = w.Write(resp.body)
+		}
 	}))
 	return c, nil
+}
+
+// invocationOf returns the invocation a request to the function's handler
+// was made from: found from the response writer — the invocation's own,
+// under the middleware's — without a walk up the request's contexts.
+func invocationOf(w http.ResponseWriter, r *http.Request) *invocation {
+	for {
+		if b, ok := w.(*responseBuffer); ok {
+			return b.inv
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return r.Context().Value(invocationKey{}).(*invocation)
+		}
+		w = u.Unwrap()
+	}
 }
 
 // invocationKey carries an *invocation in a request's context.
 type invocationKey struct{}
 
 // invocation is one event on its way through the middleware: the
-// function's handler, called with the event it was given, and its error.
+// function's handler, called with the event it was given, and its error;
+// and the context of the request made from it — the invocation's, ending
+// ReturnBefore ahead of the invocation's deadline, and carrying the
+// invocation (invocationKey). That context's timer is made only once
+// something waits on it (Done, AfterFunc, a context made from it): a
+// handler and a store that never wait cost none. The request's URL, body
+// and response are fields of it, made with it.
 type invocation struct {
+	parent   context.Context // the invocation's context
 	event    any
-	deadline time.Time
-	call     func(ctx context.Context, h http.Header) (httpResponse, error) // the response's header written into h
+	deadline time.Time // the invocation's (zero without one)
+	returnBy time.Time // when the context ends (zero: with parent)
+	handler  eventHandler
 	err      error
+
+	once    sync.Once
+	bounded context.Context // parent until returnBy, made on first wait
+	cancel  context.CancelFunc
+	ended   atomic.Bool
+
+	url  url.URL
+	body eventBody
+	w    responseBuffer
 }
+
+// eventHandler calls a function's handler with the event it was given,
+// and writes its response's header into h.
+type eventHandler interface {
+	call(ctx context.Context, h http.Header) (httpResponse, error)
+}
+
+// endedContext is the context of an invocation waited on after it ended.
+var endedContext = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// waitable returns the context that ends at returnBy, making it on the
+// first call.
+func (v *invocation) waitable() context.Context {
+	if v.returnBy.IsZero() {
+		return v.parent
+	}
+	v.once.Do(func() { v.bounded, v.cancel = context.WithDeadline(v.parent, v.returnBy) })
+	return v.bounded
+}
+
+// end ends the context once the event was served.
+func (v *invocation) end() {
+	v.ended.Store(true)
+	v.once.Do(func() { v.bounded = endedContext })
+	if v.cancel != nil {
+		v.cancel()
+	}
+}
+
+func (v *invocation) Deadline() (time.Time, bool) {
+	if v.returnBy.IsZero() {
+		return v.parent.Deadline()
+	}
+	return v.returnBy, true
+}
+
+func (v *invocation) Done() <-chan struct{} { return v.waitable().Done() }
+
+func (v *invocation) Err() error {
+	if v.returnBy.IsZero() || (!v.ended.Load() && time.Now().Before(v.returnBy)) {
+		return v.parent.Err()
+	}
+	return v.waitable().Err()
+}
+
+func (v *invocation) Value(key any) any {
+	if key == (invocationKey{}) {
+		return v
+	}
+	return v.parent.Value(key)
+}
+
+// AfterFunc runs f once the context ends (as context.AfterFunc does): the
+// context package uses it for contexts made from this one, instead of a
+// goroutine each.
+func (v *invocation) AfterFunc(f func()) (stop func() bool) {
+	return context.AfterFunc(v.waitable(), f)
+}
+
+// eventBody is a request's body: the event's, as it is or decoded.
+type eventBody struct {
+	text    strings.Reader
+	decoded bytes.Reader
+	isText  bool
+}
+
+func (b *eventBody) Read(p []byte) (int, error) {
+	if b.isText {
+		return b.text.Read(p)
+	}
+	return b.decoded.Read(p)
+}
+
+func (b *eventBody) Close() error { return nil }
 
 // EventFrom returns the Lambda event of a request made from one: an
 // events.APIGatewayProxyRequest, events.APIGatewayV2HTTPRequest or
@@ -161,24 +278,39 @@ type httpRequest struct {
 	remote                 string
 }
 
-// httpResponse is what a function answers.
+// httpResponse is what a function answers: its body is text (isText) or
+// body.
 type httpResponse struct {
 	status int
 	header http.Header
 	body   []byte
+	text   string
+	isText bool
 }
 
-// serve runs req through the middleware: call answers it with the
-// function's handler.
-func (c *httpCore) serve(ctx context.Context, event any, req httpRequest, call func(ctx context.Context, h http.Header) (httpResponse, error)) (httpResponse, error) {
-	inv := &invocation{event: event, call: call}
-	if d, ok := ctx.Deadline(); ok {
-		inv.deadline = d
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, d.Add(-c.before))
-		defer cancel()
+// eventBody is the response's body as an event's: as it is if it is
+// UTF-8, else base64.
+func (r httpResponse) eventBody() (string, bool) {
+	if r.isText {
+		if utf8.ValidString(r.text) {
+			return r.text, false
+		}
+		return base64.StdEncoding.EncodeToString([]byte(r.text)), true
 	}
-	var body io.Reader
+	if utf8.Valid(r.body) {
+		return string(r.body), false
+	}
+	return base64.StdEncoding.EncodeToString(r.body), true
+}
+
+// serve runs req, made from inv's event, through the middleware: inv's
+// handler answers it.
+func (c *httpCore) serve(ctx context.Context, inv *invocation, req httpRequest) (httpResponse, error) {
+	inv.parent = ctx
+	if d, ok := ctx.Deadline(); ok {
+		inv.deadline, inv.returnBy = d, d.Add(-c.before)
+	}
+	defer inv.end()
 	var length int
 	if req.base64 {
 		b, err := base64.StdEncoding.DecodeString(req.body)
@@ -186,9 +318,11 @@ func (c *httpCore) serve(ctx context.Context, event any, req httpRequest, call f
 			return httpResponse{status: http.StatusBadRequest, header: http.Header{"Content-Type": {"text/plain; charset=utf-8"}},
 				body: []byte("the event's body is not the base64 it says it is\n")}, nil
 		}
-		body, length = bytes.NewReader(b), len(b)
+		inv.body.decoded.Reset(b)
+		length = len(b)
 	} else {
-		body, length = strings.NewReader(req.body), len(req.body)
+		inv.body.text.Reset(req.body)
+		inv.body.isText, length = true, len(req.body)
 	}
 	if req.method == "" {
 		req.method = http.MethodGet
@@ -200,26 +334,34 @@ func (c *httpCore) serve(ctx context.Context, event any, req httpRequest, call f
 	if header == nil {
 		header = http.Header{}
 	}
-	r := (&http.Request{Method: req.method, URL: &url.URL{Path: req.path, RawQuery: req.rawQuery},
-		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Body: io.NopCloser(body), ContentLength: int64(length),
-		Host: header.Get("Host"), RemoteAddr: req.remote}).WithContext(context.WithValue(ctx, invocationKey{}, inv))
-	w := &responseBuffer{header: http.Header{}}
-	c.handler.ServeHTTP(w, r)
+	inv.url = url.URL{Path: req.path, RawQuery: req.rawQuery}
+	base := http.Request{Method: req.method, URL: &inv.url,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Body: &inv.body, ContentLength: int64(length),
+		Host: header.Get("Host"), RemoteAddr: req.remote}
+	w := &inv.w
+	w.inv, w.header = inv, make(http.Header, 4)
+	c.handler.ServeHTTP(w, base.WithContext(inv))
 	if inv.err != nil && w.status == http.StatusInternalServerError {
 		return httpResponse{}, inv.err
 	}
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
+	if w.isText {
+		return httpResponse{status: w.status, header: w.header, text: w.text, isText: true}, nil
+	}
 	return httpResponse{status: w.status, header: w.header, body: w.body.Bytes()}, nil
 }
 
 // responseBuffer is the middleware's ResponseWriter: what the response
-// becomes.
+// becomes. A body written as one string is kept as that string (isText).
 type responseBuffer struct {
+	inv    *invocation
 	header http.Header
 	status int
 	body   bytes.Buffer
+	text   string
+	isText bool
 }
 
 func (w *responseBuffer) Header() http.Header { return w.header }
@@ -229,36 +371,49 @@ func (w *responseBuffer) WriteHeader(status int) {
 	}
 }
 func (w *responseBuffer) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
+	w.toBytes()
 	return w.body.Write(b)
 }
 
-// encodeBody is b as an event's body: as it is if it is UTF-8, else
-// base64.
-func encodeBody(b []byte) (string, bool) {
-	if utf8.Valid(b) {
-		return string(b), false
+func (w *responseBuffer) WriteString(s string) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
 	}
-	return base64.StdEncoding.EncodeToString(b), true
+	if w.body.Len() == 0 && !w.isText {
+		w.text, w.isText = s, true
+		return len(s), nil
+	}
+	w.toBytes()
+	return w.body.WriteString(s)
+}
+
+// toBytes makes the body written so far bytes, before more is written.
+func (w *responseBuffer) toBytes() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if w.isText {
+		w.body.WriteString(w.text)
+		w.text, w.isText = "", false
+	}
 }
 
 // responseOf is what a handler's event response says: its header fields
 // written into h, its cookies as Set-Cookie fields, its body decoded.
 func responseOf(h http.Header, status int, single map[string]string, multi map[string][]string, cookies []string, body string, isBase64 bool) (httpResponse, error) {
-	b := []byte(body)
+	resp := httpResponse{status: status, text: body, isText: !isBase64}
 	if isBase64 {
 		var err error
-		if b, err = base64.StdEncoding.DecodeString(body); err != nil {
+		if resp.body, err = base64.StdEncoding.DecodeString(body); err != nil {
 			return httpResponse{}, fmt.Errorf("idem/lambdaidem: the handler's body: %w", err)
 		}
+		resp.text = ""
 	}
 	fillHeader(h, single, multi)
 	for _, c := range cookies {
 		h.Add("Set-Cookie", c)
 	}
-	return httpResponse{status: status, body: b}, nil
+	return resp, nil
 }
 
 // singleHeader folds h into one value per field (the values joined with
@@ -301,6 +456,41 @@ func fillHeader(h http.Header, single map[string]string, multi map[string][]stri
 	}
 }
 
+// eventInvocation is the invocation of a handler h of events In, made
+// with its event in one allocation; respond makes h's answer a response.
+type eventInvocation[In, Out any] struct {
+	invocation
+	ev      In
+	h       func(context.Context, In) (Out, error)
+	respond func(hdr http.Header, out Out) (httpResponse, error)
+}
+
+func newInvocation[In, Out any](ev In, h func(context.Context, In) (Out, error), respond func(http.Header, Out) (httpResponse, error)) *eventInvocation[In, Out] {
+	x := &eventInvocation[In, Out]{ev: ev, h: h, respond: respond}
+	x.event, x.handler = &x.ev, x
+	return x
+}
+
+func (x *eventInvocation[In, Out]) call(ctx context.Context, hdr http.Header) (httpResponse, error) {
+	out, err := x.h(ctx, x.ev)
+	if err != nil {
+		return httpResponse{}, err
+	}
+	return x.respond(hdr, out)
+}
+
+func restResponse(hdr http.Header, out events.APIGatewayProxyResponse) (httpResponse, error) {
+	return responseOf(hdr, out.StatusCode, out.Headers, out.MultiValueHeaders, nil, out.Body, out.IsBase64Encoded)
+}
+
+func v2Response(hdr http.Header, out events.APIGatewayV2HTTPResponse) (httpResponse, error) {
+	return responseOf(hdr, out.StatusCode, out.Headers, out.MultiValueHeaders, out.Cookies, out.Body, out.IsBase64Encoded)
+}
+
+func urlResponse(hdr http.Header, out events.LambdaFunctionURLResponse) (httpResponse, error) {
+	return responseOf(hdr, out.StatusCode, out.Headers, nil, out.Cookies, out.Body, out.IsBase64Encoded)
+}
+
 // APIGatewayProxy wraps the handler of a REST API's proxy integration
 // (events.APIGatewayProxyRequest).
 func APIGatewayProxy(cfg HTTPConfig, h func(context.Context, events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error)) (func(context.Context, events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error), error) {
@@ -322,17 +512,11 @@ func APIGatewayProxy(cfg HTTPConfig, h func(context.Context, events.APIGatewayPr
 		}
 		req := httpRequest{method: ev.HTTPMethod, path: ev.Path, rawQuery: rawQuery, header: headerOf(ev.Headers, ev.MultiValueHeaders, nil),
 			body: ev.Body, base64: ev.IsBase64Encoded, remote: ev.RequestContext.Identity.SourceIP}
-		resp, err := c.serve(ctx, &ev, req, func(ctx context.Context, hdr http.Header) (httpResponse, error) {
-			out, err := h(ctx, ev)
-			if err != nil {
-				return httpResponse{}, err
-			}
-			return responseOf(hdr, out.StatusCode, out.Headers, out.MultiValueHeaders, nil, out.Body, out.IsBase64Encoded)
-		})
+		resp, err := c.serve(ctx, &newInvocation(ev, h, restResponse).invocation, req)
 		if err != nil {
 			return events.APIGatewayProxyResponse{}, err
 		}
-		body, b64 := encodeBody(resp.body)
+		body, b64 := resp.eventBody()
 		return events.APIGatewayProxyResponse{StatusCode: resp.status, MultiValueHeaders: resp.header, Body: body, IsBase64Encoded: b64}, nil
 	}, nil
 }
@@ -347,17 +531,11 @@ func APIGatewayV2(cfg HTTPConfig, h func(context.Context, events.APIGatewayV2HTT
 	return func(ctx context.Context, ev events.APIGatewayV2HTTPRequest) (events.APIGatewayV2HTTPResponse, error) {
 		req := httpRequest{method: ev.RequestContext.HTTP.Method, path: ev.RawPath, rawQuery: ev.RawQueryString,
 			header: headerOf(ev.Headers, nil, ev.Cookies), body: ev.Body, base64: ev.IsBase64Encoded, remote: ev.RequestContext.HTTP.SourceIP}
-		resp, err := c.serve(ctx, &ev, req, func(ctx context.Context, hdr http.Header) (httpResponse, error) {
-			out, err := h(ctx, ev)
-			if err != nil {
-				return httpResponse{}, err
-			}
-			return responseOf(hdr, out.StatusCode, out.Headers, out.MultiValueHeaders, out.Cookies, out.Body, out.IsBase64Encoded)
-		})
+		resp, err := c.serve(ctx, &newInvocation(ev, h, v2Response).invocation, req)
 		if err != nil {
 			return events.APIGatewayV2HTTPResponse{}, err
 		}
-		body, b64 := encodeBody(resp.body)
+		body, b64 := resp.eventBody()
 		hdr, cookies := singleHeader(resp.header)
 		return events.APIGatewayV2HTTPResponse{StatusCode: resp.status, Headers: hdr, Cookies: cookies, Body: body, IsBase64Encoded: b64}, nil
 	}, nil
@@ -373,17 +551,11 @@ func FunctionURL(cfg HTTPConfig, h func(context.Context, events.LambdaFunctionUR
 	return func(ctx context.Context, ev events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error) {
 		req := httpRequest{method: ev.RequestContext.HTTP.Method, path: ev.RawPath, rawQuery: ev.RawQueryString,
 			header: headerOf(ev.Headers, nil, ev.Cookies), body: ev.Body, base64: ev.IsBase64Encoded, remote: ev.RequestContext.HTTP.SourceIP}
-		resp, err := c.serve(ctx, &ev, req, func(ctx context.Context, hdr http.Header) (httpResponse, error) {
-			out, err := h(ctx, ev)
-			if err != nil {
-				return httpResponse{}, err
-			}
-			return responseOf(hdr, out.StatusCode, out.Headers, nil, out.Cookies, out.Body, out.IsBase64Encoded)
-		})
+		resp, err := c.serve(ctx, &newInvocation(ev, h, urlResponse).invocation, req)
 		if err != nil {
 			return events.LambdaFunctionURLResponse{}, err
 		}
-		body, b64 := encodeBody(resp.body)
+		body, b64 := resp.eventBody()
 		hdr, cookies := singleHeader(resp.header)
 		return events.LambdaFunctionURLResponse{StatusCode: resp.status, Headers: hdr, Cookies: cookies, Body: body, IsBase64Encoded: b64}, nil
 	}, nil

@@ -2,6 +2,7 @@ package lambdaidem_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -270,5 +271,46 @@ func TestFunction(t *testing.T) {
 	b, err2 := f(context.Background(), Order{"O-1", "A1"})
 	if err1 != nil || err2 != nil || a != b || runs.Load() != 1 {
 		t.Fatalf("%v %v, %v %v, %d runs", a, err1, b, err2, runs.Load())
+	}
+}
+
+// TestHTTPBinaryBodies: a request body in base64 reaches the handler in
+// the event as it came; a response that is not UTF-8 goes back in base64, and so does
+// its replay; a text response goes back as it is, first and replayed.
+func TestHTTPBinaryBodies(t *testing.T) {
+	s := memstore.New(memstore.Config{})
+	defer s.Close()
+	png := []byte{0x89, 'P', 'N', 'G', 0xff, 0x00}
+	var seen atomic.Value
+	h, err := lambdaidem.APIGatewayProxy(lambdaidem.HTTPConfig{HTTP: httpidem.Config{Store: s}},
+		func(ctx context.Context, ev events.APIGatewayProxyRequest) (events.APIGatewayProxyResponse, error) {
+			seen.Store(ev.Body)
+			if ev.Path == "/text" {
+				return events.APIGatewayProxyResponse{StatusCode: 201, Body: "créé"}, nil
+			}
+			return events.APIGatewayProxyResponse{StatusCode: 201, Body: base64.StdEncoding.EncodeToString(png), IsBase64Encoded: true}, nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := restEvent(`"bin-1"`, "Bearer alice", base64.StdEncoding.EncodeToString([]byte{0xde, 0xad, 0xbe, 0xef}))
+	ev.IsBase64Encoded = true
+	for i, want := range []string{"", "true"} {
+		resp, err := h(context.Background(), ev)
+		if err != nil || resp.StatusCode != 201 || !resp.IsBase64Encoded || resp.Body != base64.StdEncoding.EncodeToString(png) ||
+			resp.MultiValueHeaders[httpidem.ReplayedHeader] != nil != (want != "") {
+			t.Fatalf("binary response %d: %+v, %v", i, resp, err)
+		}
+	}
+	if seen.Load() != base64.StdEncoding.EncodeToString([]byte{0xde, 0xad, 0xbe, 0xef}) {
+		t.Fatalf("the handler saw %q", seen.Load())
+	}
+	text := restEvent(`"text-1"`, "Bearer alice", `{}`)
+	text.Path = "/text"
+	for i := range 2 {
+		resp, err := h(context.Background(), text)
+		if err != nil || resp.StatusCode != 201 || resp.IsBase64Encoded || resp.Body != "créé" {
+			t.Fatalf("text response %d: %+v, %v", i, resp, err)
+		}
 	}
 }
