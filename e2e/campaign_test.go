@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,16 +15,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemgo/idem/broker"
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/internal/drain"
 	"github.com/idemgo/idem/internal/fleet"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/outbox"
-	"github.com/idemgo/idem/sqldriver/pgxv5"
 )
 
 var (
@@ -82,28 +77,6 @@ type transfer struct {
 	Seq int64 `json:"seq"`
 }
 
-// receiver is what a consumer process books with: the transactional
-// inbox, the business change, and how the adapter runs them.
-type receiver struct {
-	inbox *inbox.Inbox[pgx.Tx]
-	// credit makes one transfer's business change in tx; key is what the
-	// consumer read from the protocol's own field.
-	credit func(ctx context.Context, tx pgx.Tx, key string, body []byte) error
-	// batches: through the adapter's InboxBatches (many messages, one
-	// transaction, a savepoint each) rather than InboxHandler.
-	batches bool
-	// decided hears each decision the adapter applied to a message of key.
-	decided func(key string, d broker.Decision)
-}
-
-// book runs one message through the inbox: its key recorded and its credit
-// made in one transaction.
-func (r receiver) book(ctx context.Context, key string, body []byte) (inbox.Outcome, error) {
-	return r.inbox.Process(ctx, inbox.Event{Consumer: inboxConsumer, CorrelationID: key}, func(ctx context.Context, tx pgx.Tx) error {
-		return r.credit(ctx, tx, key, body)
-	})
-}
-
 type transport struct {
 	// broker starts a broker of the campaign's own and returns its URL (its
 	// host:port is what a proxy stands in front of) and a function that
@@ -134,22 +107,13 @@ type transport struct {
 	ordered bool
 }
 
-func schemaDDL(schema string) string {
-	return strings.NewReplacer("S.", schema+".").Replace(`
-		-- The sender's side: a debit per committed transfer.
-		CREATE TABLE S.debits (key text PRIMARY KEY, account text NOT NULL, cents bigint NOT NULL, seq bigint NOT NULL);
-		-- Each account's last transfer number, its row locked by the transfer's transaction.
-		CREATE TABLE S.account_seqs (account text PRIMARY KEY, seq bigint NOT NULL);
-		-- The receiver's side: a credit per booking, deliberately without a
-		-- unique key (the inbox is what stops a second booking), and the
-		-- balances the credits add up to.
-		CREATE TABLE S.credits (id bigserial PRIMARY KEY, key text NOT NULL, body_key text NOT NULL,
-			account text NOT NULL, cents bigint NOT NULL, seq bigint NOT NULL, proc int NOT NULL);
-		CREATE TABLE S.balances (account text PRIMARY KEY, cents bigint NOT NULL);`)
+// campaign runs the end-to-end campaign on tr with the books on
+// PostgreSQL; testName is the calling test, which helper processes re-run.
+func campaign(t *testing.T, testName string, tr transport) {
+	campaignOn(t, testName, tr, postgresBooks)
 }
 
-// campaign runs the end-to-end campaign on tr; testName is the calling
-// test, which helper processes re-run.
+// campaignOn runs the end-to-end campaign on tr with the books on db.
 //
 // Producers commit transfers: a debit row and its outbox message in one
 // transaction (a sixth of them rolled back). Three relay processes send the
@@ -185,7 +149,7 @@ func schemaDDL(schema string) string {
 //   - in order (where the transport keeps it to the consumer: Kafka): each
 //     account's transfers — the account is their ordering key — booked in
 //     the order they committed.
-func campaign(t *testing.T, testName string, tr transport) {
+func campaignOn(t *testing.T, testName string, tr transport, db businessDB) {
 	switch os.Getenv(envRole) {
 	case "relay":
 		runRelay(t, tr)
@@ -198,19 +162,11 @@ func campaign(t *testing.T, testName string, tr transport) {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	t.Logf("end-to-end campaign seed %d (replay: -e2e.campaign.seed=%d), duration %v", seed, seed, campaignDuration())
+	t.Logf("end-to-end campaign seed %d (replay: -e2e.campaign.seed=%d), duration %v, the books on %s", seed, seed, campaignDuration(), db.name)
 	ctx := context.Background()
-	db := testenv.StartPostgres(t)
-	pool, schema := testenv.PostgresSchemaOn(t, db.URL, schemaDDL)
-	ob, err := outbox.New(pgxv5.New(pool), outbox.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ob.Close()
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := openInbox(t, pool, schema).Migrate(ctx); err != nil {
+	dbURL, schema, dbAddr, crashDB := db.start(t)
+	books := openLedger(t, dbURL, schema)
+	if err := books.migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	rawBrokerURL, crash := tr.broker(t)
@@ -221,14 +177,14 @@ func campaign(t *testing.T, testName string, tr transport) {
 		t.Fatal(err)
 	}
 	dest := tr.destination(rawBrokerURL, topic)
-	dbProxy := testenv.StartProxy(t, db.Addr())
-	proxiedDB := strings.Replace(db.URL, db.Addr(), dbProxy.Addr(), 1)
+	dbProxy := testenv.StartProxy(t, dbAddr)
+	proxiedDB := strings.Replace(dbURL, dbAddr, dbProxy.Addr(), 1)
 	brokerProxy := testenv.StartProxy(t, brokerURL.Host)
 	dbOutages, brokerOutages := testenv.NewOutages(dbProxy), testenv.NewOutages(brokerProxy)
 	dir := t.TempDir()
 	helpers := func(role string) *fleet.Fleet {
 		return fleet.New(t, testName, readyLine, []string{"-e2e.campaign.duration=" + campaignDuration().String()}, func(n int) []string {
-			conn, brokerAddr := db.URL, brokerURL.Host
+			conn, brokerAddr := dbURL, brokerURL.Host
 			if n%2 == 1 {
 				conn, brokerAddr = proxiedDB, brokerProxy.Addr()
 			}
@@ -263,7 +219,7 @@ func campaign(t *testing.T, testName string, tr transport) {
 	go func() {
 		defer close(countDone)
 		for time.Now().Before(deadline) {
-			if n, err := unbooked(ctx, pool, schema); err == nil {
+			if n, err := books.unbooked(ctx); err == nil {
 				backlog.Store(int64(n))
 			}
 			time.Sleep(250 * time.Millisecond)
@@ -281,15 +237,15 @@ func campaign(t *testing.T, testName string, tr transport) {
 					continue
 				}
 				before := dbCrashes.Load()
-				switch err := commitTransfer(ctx, pool, ob, schema, rng, dest); {
+				switch err := books.commitTransfer(ctx, rng, dest); {
 				case errors.Is(err, errRolledBack):
 					rolledBack.Add(1)
 				case err != nil && (before%2 == 1 || dbCrashes.Load() != before ||
 					time.Since(time.Unix(0, dbCrashEnded.Load())) < 2*time.Second):
-					// PostgreSQL was killed meanwhile: committed or not,
+					// The database was killed meanwhile: committed or not,
 					// the books at the end say which.
 					failedInCrash.Add(1)
-				case err != nil: // the producers reach PostgreSQL directly: no other fault of the campaign's
+				case err != nil: // the producers reach the database directly: no other fault of the campaign's
 					t.Errorf("a producer's transaction failed: %v", err)
 				default:
 					if committed.Add(1) == 50 {
@@ -370,12 +326,13 @@ func campaign(t *testing.T, testName string, tr transport) {
 				history.crashed(from, time.Now().UnixNano())
 			})
 		case f == 9 && dbCrashes.Load()%2 == 0 && frng.IntN(2) == 0:
-			// PostgreSQL killed (SIGKILL) and started again on its files,
-			// in the background too: it keeps what it acknowledged, and
-			// every transaction open at the kill is rolled back.
+			// The database killed (SIGKILL) and started again on its
+			// files, in the background too: it keeps what it
+			// acknowledged, and every transaction open at the kill is
+			// rolled back.
 			dbCrashes.Add(1)
 			crashes.Go(func() {
-				err := db.Restart()
+				err := crashDB()
 				dbCrashEnded.Store(time.Now().UnixNano())
 				dbCrashes.Add(1)
 				if err != nil {
@@ -391,34 +348,34 @@ func campaign(t *testing.T, testName string, tr transport) {
 	brokerOutages.Wait()
 	relays.ThawAll()
 	consumers.ThawAll()
-	behind, _ := unbooked(ctx, pool, schema)
-	t.Logf("%d transfers committed, %d rolled back, %d failed in a crash of PostgreSQL; %d kills, %d freezes, %d cuts, %d stalls and %d crashes of PostgreSQL, %d cuts and %d stalls of the broker, %d crashes of the broker; the producers waited %v for the consumers (at most %d transfers behind), %d transfers not yet booked when the faults ended",
+	behind, _ := books.unbooked(ctx)
+	t.Logf("%d transfers committed, %d rolled back, %d failed in a crash of the database; %d kills, %d freezes, %d cuts, %d stalls and %d crashes of the database, %d cuts and %d stalls of the broker, %d crashes of the broker; the producers waited %v for the consumers (at most %d transfers behind), %d transfers not yet booked when the faults ended",
 		committed.Load(), rolledBack.Load(), failedInCrash.Load(), kills, freezes, cuts, stalls, dbCrashes.Load()/2, brokerCuts, brokerStalls, brokerCrashes,
 		time.Duration(paced.Load()/4).Round(time.Second), *campaignMaxBacklog, behind)
 
 	// The faults are over: every committed transfer must be booked, the
 	// relays and consumers given as long as they make progress.
 	res := drain.Wait(drain.Config{Stall: time.Minute, Bound: drainBound(), Logf: t.Logf}, func() (drain.Progress, error) {
-		var booked int
-		if err := pool.QueryRow(ctx, `SELECT count(DISTINCT key) FROM `+schema+`.credits`).Scan(&booked); err != nil {
-			return drain.Progress{}, err
-		}
-		left, err := unbooked(ctx, pool, schema)
+		booked, err := books.booked(ctx)
 		if err != nil {
 			return drain.Progress{}, err
 		}
-		counts, err := ob.CountByStatus(ctx)
+		left, err := books.unbooked(ctx)
 		if err != nil {
 			return drain.Progress{}, err
 		}
-		return drain.Progress{Done: booked, Left: left + int(counts[outbox.Pending])}, nil
+		pending, err := books.pending(ctx)
+		if err != nil {
+			return drain.Progress{}, err
+		}
+		return drain.Progress{Done: booked, Left: left + pending}, nil
 	})
 	if !res.Drained {
 		t.Errorf("VIOLATION: transfers not booked after the faults ended: %s; the drain's curve (booked/to do every 10s): %s", res.Why, res.CurveString(10*time.Second))
 	}
 	relays.StopAll()
 	consumers.StopAll()
-	lost := checkBooks(t, pool, schema, ob, tr.ordered)
+	lost := books.check(t, tr.ordered)
 	reportLost(t, dir, lost, history)
 	decisions := decisionsLogged(dir)
 	t.Logf("the inbox kept %d copies from booking again; the consumers' other decisions: %v",
@@ -428,75 +385,12 @@ func campaign(t *testing.T, testName string, tr transport) {
 // drainBound is the longest the drain waits, however the transfers move.
 func drainBound() time.Duration { return drain.Bound(campaignDuration()) }
 
-// unbooked counts the committed transfers without a credit.
-func unbooked(ctx context.Context, pool *pgxpool.Pool, schema string) (int, error) {
-	var n int
-	err := pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.debits d WHERE NOT EXISTS (SELECT 1 FROM `+schema+`.credits c WHERE c.key = d.key)`).Scan(&n)
-	return n, err
-}
-
 var errRolledBack = errors.New("rolled back on purpose")
-
-// commitTransfer debits an account and enqueues the transfer in one
-// transaction, which it rolls back one time in six.
-func commitTransfer(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox[pgx.Tx], schema string, rng *rand.Rand, dest string) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		key, err := outbox.NewUUIDKey()
-		if rng.IntN(2) == 0 { // half the keys from the outbox's counters
-			key, err = ob.NextKeyTx(ctx, tx, "TRF", time.Now())
-		}
-		if err != nil {
-			return err
-		}
-		tr := transfer{Key: key, Account: "ACC-" + strconv.Itoa(rng.IntN(accounts)), Cents: 1 + rng.Int64N(100_000)}
-		if err := tx.QueryRow(ctx, `INSERT INTO `+schema+`.account_seqs AS a (account, seq) VALUES ($1, 1)
-			ON CONFLICT (account) DO UPDATE SET seq = a.seq + 1 RETURNING seq`, tr.Account).Scan(&tr.Seq); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.debits (key, account, cents, seq) VALUES ($1, $2, $3, $4)`, tr.Key, tr.Account, tr.Cents, tr.Seq); err != nil {
-			return err
-		}
-		payload, _ := json.Marshal(tr)
-		if err := ob.EnqueueTx(ctx, tx, outbox.Message{Key: key, Destination: dest, Payload: payload, OrderingKey: tr.Account}); err != nil {
-			return err
-		}
-		if rng.IntN(6) == 0 {
-			return errRolledBack
-		}
-		return nil
-	})
-}
-
-func openInbox(t testing.TB, pool *pgxpool.Pool, schema string) *inbox.Inbox[pgx.Tx] {
-	ib, err := inbox.New(pgxv5.New(pool), inbox.Config{Table: schema + ".processed_events", VersionTable: schema + ".entity_versions"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ib
-}
-
-// helperPool opens the helper process's own pool, on the connection string
-// its number gave it.
-func helperPool(t testing.TB) *pgxpool.Pool {
-	cfg, err := pgxpool.ParseConfig(os.Getenv(envDB))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pool
-}
 
 // runRelay is a relay process: it sends the outbox until it is killed,
 // reaching the broker at envBroker.
 func runRelay(t *testing.T, tr transport) {
-	ob, err := outbox.New(pgxv5.New(helperPool(t)), outbox.Config{Schema: os.Getenv(envSchema)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := helperLedger(t).relayStore()
 	u, err := url.Parse(os.Getenv(envBrokerURL))
 	if err != nil {
 		t.Fatal(err)
@@ -509,7 +403,7 @@ func runRelay(t *testing.T, tr transport) {
 		batch, concurrency = 64, 1
 	}
 	r, err := outbox.NewRelay(outbox.RelayConfig{
-		Store: ob.Store, Batch: batch, Concurrency: concurrency, Lease: relayLease, SendTimeout: relaySendTimeout,
+		Store: store, Batch: batch, Concurrency: concurrency, Lease: relayLease, SendTimeout: relaySendTimeout,
 		PollInterval: 100 * time.Millisecond, BackoffMin: 20 * time.Millisecond, BackoffMax: 300 * time.Millisecond,
 		MaxTries: 1000, // a message dies only when the broker refuses it for good
 		Sender: outbox.SenderFunc(func(ctx context.Context, m *outbox.Message) outbox.Result {
@@ -538,98 +432,13 @@ func runRelay(t *testing.T, tr transport) {
 // it is killed — the odd ones one message a transaction, the even ones in
 // batches — and logs each copy the inbox kept from booking again.
 func runConsumer(t *testing.T, tr transport) {
-	pool := helperPool(t)
-	schema := os.Getenv(envSchema)
 	proc, _ := strconv.Atoi(os.Getenv(envProc))
 	decisions := openTrail(t, os.Getenv(envDir), "decisions-"+strconv.Itoa(proc)+".log")
-	tr.consume(t, os.Getenv(envBrokerURL), os.Getenv(envTopic), receiver{
-		inbox:   openInbox(t, pool, schema),
-		batches: proc%2 == 0,
-		credit: func(ctx context.Context, tx pgx.Tx, key string, body []byte) error {
-			var m transfer
-			if err := json.Unmarshal(body, &m); err != nil {
-				return fmt.Errorf("message %s: %w", key, err)
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.credits (key, body_key, account, cents, seq, proc) VALUES ($1, $2, $3, $4, $5, $6)`,
-				key, m.Key, m.Account, m.Cents, m.Seq, proc); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.balances (account, cents) VALUES ($1, $2)
-				ON CONFLICT (account) DO UPDATE SET cents = balances.cents + EXCLUDED.cents`, m.Account, m.Cents)
-			return err
-		},
-		decided: func(key string, d broker.Decision) {
-			decisions.add(proc, key, d.Verdict.String(), strings.ReplaceAll(d.Reason, key, "KEY"))
-		},
-	})
+	tr.consume(t, os.Getenv(envBrokerURL), os.Getenv(envTopic), helperLedger(t).receiver(proc, proc%2 == 0, func(key string, d broker.Decision) {
+		decisions.add(proc, key, d.Verdict.String(), strings.ReplaceAll(d.Reason, key, "KEY"))
+	}))
 	fmt.Println(readyLine)
 	time.Sleep(campaignDuration() + drainBound() + time.Minute)
-}
-
-// checkBooks compares both ends' business rows.
-// It returns the keys of the debits without a credit.
-func checkBooks(t *testing.T, pool *pgxpool.Pool, schema string, ob *outbox.Outbox[pgx.Tx], ordered bool) (lost []string) {
-	ctx := context.Background()
-	violations := 0
-	rows, err := pool.Query(ctx, `SELECT d.key FROM `+schema+`.debits d WHERE NOT EXISTS (SELECT 1 FROM `+schema+`.credits c WHERE c.key = d.key) ORDER BY d.key`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lost, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	each := func(what, query string) {
-		rows, err := pool.Query(ctx, strings.ReplaceAll(query, "S.", schema+"."))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			vals, err := rows.Values()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if violations++; violations <= 20 {
-				t.Errorf("VIOLATION: %s: %v", what, vals)
-			}
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	each("lost: a committed debit without its credit (key, account, cents)",
-		`SELECT d.key, d.account, d.cents FROM S.debits d WHERE NOT EXISTS (SELECT 1 FROM S.credits c WHERE c.key = d.key)`)
-	each("twice: a debit credited more than once (key, credits, consumer processes)",
-		`SELECT key, count(*), array_agg(proc) FROM S.credits GROUP BY key HAVING count(*) > 1`)
-	each("phantom: a credit without a committed debit (key, account, cents)",
-		`SELECT c.key, c.account, c.cents FROM S.credits c WHERE NOT EXISTS (SELECT 1 FROM S.debits d WHERE d.key = c.key)`)
-	each("someone else's: a credit unlike its debit (key, body's key, credited account and cents, debited account and cents)",
-		`SELECT c.key, c.body_key, c.account, c.cents, d.account, d.cents FROM S.credits c JOIN S.debits d ON d.key = c.key
-		 WHERE c.body_key <> c.key OR c.account <> d.account OR c.cents <> d.cents`)
-	each("a balance unlike its debits' sum (account, balance, debited)",
-		`SELECT coalesce(b.account, d.account), b.cents, d.cents FROM S.balances b
-		 FULL JOIN (SELECT account, sum(cents) AS cents FROM S.debits GROUP BY account) d ON d.account = b.account
-		 WHERE b.cents IS DISTINCT FROM d.cents`)
-	each("a dead outbox row (key, tries, last error)", `SELECT key, tries, last_error FROM S.idem_outbox WHERE status = 'dead'`)
-	if ordered {
-		// Credits are inserted in booking order (id); an account's must
-		// follow its transfers' commit order (seq).
-		each("out of order: an account's transfers booked out of their commit order (account, seqs in booking order)",
-			`SELECT account, array_agg(seq ORDER BY id) FROM S.credits GROUP BY account
-			 HAVING array_agg(seq ORDER BY id) <> array_agg(seq ORDER BY seq)`)
-	}
-	var debits, booked, tries int64
-	if err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE c.n = 1), coalesce(sum(o.tries), 0)
-		FROM `+schema+`.debits d JOIN `+schema+`.idem_outbox o ON o.key = d.key
-		LEFT JOIN (SELECT key, count(*) AS n FROM `+schema+`.credits GROUP BY key) c ON c.key = d.key`).Scan(&debits, &booked, &tries); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%d of %d committed transfers booked once each at the receiver; their outbox rows counted %d tries in all", booked, debits, tries)
-	if violations > 20 {
-		t.Errorf("… %d violations in all", violations)
-	}
-	return lost
 }
 
 // decisionsLogged counts the decisions the consumers logged, but the acks

@@ -12,7 +12,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -40,6 +39,14 @@ import (
 // shorter than the relays' lease), the consumers take it from there
 // through natsidem's InboxHandler and InboxBatches.
 func TestCampaignNATS(t *testing.T) { campaign(t, "TestCampaignNATS", natsTransport()) }
+
+// TestCampaignNATSMariaDB runs the JetStream campaign with the books — the
+// debits and the outbox, the credits and the inbox — on a MariaDB server of
+// its own, through database/sql: cut, stalled, and killed with SIGKILL and
+// started again on its files, as PostgreSQL is in the others.
+func TestCampaignNATSMariaDB(t *testing.T) {
+	campaignOn(t, "TestCampaignNATSMariaDB", natsTransport(), mariaDBBooks)
+}
 
 // TestCampaignRabbitMQ runs it through RabbitMQ: the relays publish with
 // confirms and the key in the message-id (no dedup at the broker: every
@@ -119,15 +126,12 @@ func natsTransport() transport {
 				OnDecision: func(msg jetstream.Msg, d broker.Decision) { r.decided(msg.Headers().Get(nats.MsgIdHdr), d) },
 			}
 			var handle jetstream.MessageHandler
-			if r.batches {
-				h, err := natsidem.InboxBatches(cfg, natsidem.Batch[pgx.Tx]{Inbox: r.inbox, Size: batchSize,
-					Process: func(ctx context.Context, tx pgx.Tx, msg jetstream.Msg) error {
-						return r.credit(ctx, tx, msg.Headers().Get(nats.MsgIdHdr), msg.Data())
-					}})
+			if r.batched() {
+				h, err := r.natsBatches(cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
-				handle = h.Handle
+				handle = h
 			} else {
 				h, err := natsidem.InboxHandler(cfg, func(ctx context.Context, msg jetstream.Msg, key string) (inbox.Outcome, error) {
 					return r.book(ctx, key, msg.Data())
@@ -252,15 +256,12 @@ func amqpTransport() transport {
 				OnDecision: func(d *amqp.Delivery, dec broker.Decision) { r.decided(d.MessageId, dec) },
 			}
 			var handle func(amqp.Delivery)
-			if r.batches {
-				h, err := amqpidem.InboxBatches(cfg, amqpidem.Batch[pgx.Tx]{Inbox: r.inbox, Size: batchSize,
-					Process: func(ctx context.Context, tx pgx.Tx, d *amqp.Delivery) error {
-						return r.credit(ctx, tx, d.MessageId, d.Body)
-					}})
+			if r.batched() {
+				h, err := r.amqpBatches(cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
-				handle = h.Handle
+				handle = h
 			} else {
 				h, err := amqpidem.InboxHandler(cfg, func(ctx context.Context, d *amqp.Delivery, key string) (inbox.Outcome, error) {
 					return r.book(ctx, key, d.Body)
