@@ -242,6 +242,10 @@ func (i *Inbox[TTx]) Migrate(ctx context.Context) error {
 	if _, err := sqlmigrate.Apply(ctx, i.driver, i.schema, i.component(), i.Migrations()); err != nil {
 		return fmt.Errorf("idem/inbox: migrate: %w", err)
 	}
+	keys := sqlmigrate.KeyColumns{i.cfg.Table: {"consumer", "correlation_id"}, i.cfg.VersionTable: {"entity"}}
+	if err := sqlmigrate.CheckKeyColumns(ctx, i.driver, keys); err != nil {
+		return fmt.Errorf("idem/inbox: migrate: %w", err)
+	}
 	return nil
 }
 

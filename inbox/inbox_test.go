@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -485,6 +486,38 @@ func TestMigrateAdoptsAndRunsConcurrently(t *testing.T) {
 	for err := range errs {
 		if err != nil {
 			t.Fatalf("a concurrent start failed: %v", err)
+		}
+	}
+}
+
+// TestMySQLTableMadeByHand: an inbox table created by hand on MySQL whose
+// keys compare without regard to case (varchar under the server's default
+// collation) is refused at Migrate, naming the column — "ORD-1" and
+// "ord-1" would be one key, and the second message dropped as the first's
+// duplicate; one whose key columns compare byte for byte is adopted.
+func TestMySQLTableMadeByHand(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		keyType string
+		refused bool
+	}{
+		{"varchar(255) COLLATE utf8mb4_general_ci", true},
+		{"varchar(255) COLLATE utf8mb4_bin", false},
+		{"varbinary(255)", false},
+	} {
+		db := testenv.OpenMySQL(t, testenv.MySQLDatabase(t, ""))
+		if _, err := db.ExecContext(ctx, `CREATE TABLE processed_events (consumer varbinary(255) NOT NULL, correlation_id `+c.keyType+` NOT NULL,
+			event_type varbinary(255) NOT NULL DEFAULT '', processed_at datetime(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+			consumer_version varbinary(255) NOT NULL DEFAULT '', PRIMARY KEY (consumer, correlation_id))`); err != nil {
+			t.Fatal(err)
+		}
+		ib, err := inbox.New(databasesql.New(db, sqldriver.MySQL), inbox.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = ib.Migrate(ctx)
+		if c.refused != (err != nil) || c.refused && !strings.Contains(err.Error(), "processed_events.correlation_id") {
+			t.Fatalf("correlation_id %s: Migrate: %v", c.keyType, err)
 		}
 	}
 }

@@ -343,6 +343,10 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := sqlmigrate.Apply(ctx, s.migrations, strings.TrimSuffix(s.schema, "."), "outbox", s.Migrations()); err != nil {
 		return fmt.Errorf("idem/outbox: migrate: %w", err)
 	}
+	keys := sqlmigrate.KeyColumns{s.t("idem_outbox"): {"key", "external_id", "ordering_key"}, s.t("idem_outbox_counters"): {"name"}}
+	if err := sqlmigrate.CheckKeyColumns(ctx, s.migrations, keys); err != nil {
+		return fmt.Errorf("idem/outbox: migrate: %w", err)
+	}
 	return nil
 }
 

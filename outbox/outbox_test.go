@@ -554,3 +554,23 @@ func TestClaimSurvivesAServerCrash(t *testing.T) {
 		t.Fatal("the relay's claim was lost in the crash: another relay may send the row while this one sends it")
 	}
 }
+
+// TestMySQLTableMadeByHand: an outbox created by hand on MySQL whose keys
+// compare without regard to case is refused at Migrate, naming the column:
+// a second message whose key differs in case only would be taken for the
+// first's repeat.
+func TestMySQLTableMadeByHand(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.OpenMySQL(t, testenv.MySQLDatabase(t, ""))
+	if _, err := db.ExecContext(ctx, "CREATE TABLE idem_outbox_counters (name varchar(255) NOT NULL PRIMARY KEY, value bigint NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(databasesql.New(db, sqldriver.MySQL), outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ob.Close()
+	if err := ob.Migrate(ctx); err == nil || !strings.Contains(err.Error(), "idem_outbox_counters.name") {
+		t.Fatalf("Migrate: %v; want idem_outbox_counters.name refused", err)
+	}
+}

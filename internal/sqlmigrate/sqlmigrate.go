@@ -202,3 +202,64 @@ func query(ctx context.Context, tx sqldriver.Executor, q string, args ...any) ([
 	}
 	return out, rows.Err()
 }
+
+// KeyColumns names, for a table as the migrations write it ("schema.table"
+// or "table"), the columns that hold keys.
+type KeyColumns map[string][]string
+
+// CheckKeyColumns refuses, on MySQL, a table whose key columns do not
+// compare byte for byte. The migrations make them binary strings
+// (varbinary); a table created by hand with a text type under a
+// case-insensitive collation (MySQL's default) holds "ABC" and "abc", or
+// "a" and "a ", as one key — a message taken for another's duplicate and
+// dropped. A text column with a binary collation (…_bin) passes. On other
+// databases text compares byte for byte: nothing to check.
+func CheckKeyColumns(ctx context.Context, c Conn, tables KeyColumns) error {
+	if c.Dialect() != sqldriver.MySQL {
+		return nil
+	}
+	return c.Locked(ctx, func(tx sqldriver.Executor) error {
+		for table, columns := range tables {
+			schema, name, ok := strings.Cut(strings.ReplaceAll(table, "`", ""), ".")
+			if !ok {
+				schema, name = "", schema
+			}
+			rows, err := tx.Query(ctx, `SELECT column_name, data_type, coalesce(collation_name, '') FROM information_schema.columns
+				WHERE table_schema = coalesce(nullif($1, ''), DATABASE()) AND table_name = $2`, schema, name)
+			if err != nil {
+				return err
+			}
+			kinds := map[string]string{}
+			for rows.Next() {
+				var column, typ, collation string
+				if err := rows.Scan(&column, &typ, &collation); err != nil {
+					rows.Close()
+					return err
+				}
+				kind := strings.ToLower(typ)
+				if collation != "" {
+					kind += " (collation " + collation + ")"
+				}
+				if strings.HasSuffix(kind, "binary") || strings.HasSuffix(kind, "blob") || strings.HasSuffix(collation, "_bin") {
+					kind = ""
+				}
+				kinds[strings.ToLower(column)] = kind
+			}
+			err = rows.Err()
+			rows.Close()
+			if err != nil {
+				return err
+			}
+			for _, column := range columns {
+				kind, ok := kinds[column]
+				switch {
+				case !ok:
+					return fmt.Errorf("%s has no column %s: the table was not created by idem's migration", table, column)
+				case kind != "":
+					return fmt.Errorf("%s.%s is %s, which does not compare keys byte for byte (keys differing in case or trailing spaces would be one): the table was not created by idem's migration; make the column varbinary, as the migration does", table, column, kind)
+				}
+			}
+		}
+		return nil
+	})
+}

@@ -56,37 +56,47 @@ func TestRingKeepsEveryKeyOnItsShard(t *testing.T) {
 	}
 	defer s.Close()
 	ctx := context.Background()
+	// Rounds of 64 acquisitions at once, until calls shared a trip (on a
+	// loaded machine the goroutines of one round may run one after
+	// another).
 	const n = 64
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for i := range n {
-		wg.Go(func() {
-			k := fmt.Sprintf("ring-%d", i)
-			a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Minute})
-			if err == nil && a.Outcome != store.Acquired {
-				err = fmt.Errorf("%s: %v", k, a.Outcome)
+	total := 0 // records made
+	for round := 0; ; round++ {
+		total += n
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for i := range n {
+			wg.Go(func() {
+				k := fmt.Sprintf("ring-%d-%d", round, i)
+				a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Minute})
+				if err == nil && a.Outcome != store.Acquired {
+					err = fmt.Errorf("%s: %v", k, a.Outcome)
+				}
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
 			}
-			errs <- err
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
 		}
-	}
-	for i := range n {
-		k := fmt.Sprintf("ring-%d", i)
-		if rec, err := s.Get(ctx, k); err != nil || rec.State != store.StateInFlight {
-			t.Fatalf("%s after its acquisition: %+v, %v — written on another shard", k, rec, err)
+		for i := range n {
+			k := fmt.Sprintf("ring-%d-%d", round, i)
+			if rec, err := s.Get(ctx, k); err != nil || rec.State != store.StateInFlight {
+				t.Fatalf("%s after its acquisition: %+v, %v — written on another shard", k, rec, err)
+			}
+			if a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Minute}); err != nil || a.Outcome != store.InProgress {
+				t.Fatalf("%s acquired again: %v, %v — want InProgress", k, a.Outcome, err)
+			}
 		}
-		if a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Lease: time.Minute, Retention: time.Minute}); err != nil || a.Outcome != store.InProgress {
-			t.Fatalf("%s acquired again: %v, %v — want InProgress", k, a.Outcome, err)
+		if trips, _ := s.CoalesceStats(); trips > 0 {
+			break
 		}
-	}
-	if trips, calls := s.CoalesceStats(); trips == 0 {
-		t.Fatalf("no shared trips (%d calls): the case did not batch", calls)
+		if round == 49 {
+			t.Fatal("no shared trips in 50 rounds of 64 acquisitions at once: the case did not batch")
+		}
 	}
 	// Both shards hold records, and the operator's walks see them all.
 	perShard := map[string]int{}
@@ -100,8 +110,8 @@ func TestRingKeepsEveryKeyOnItsShard(t *testing.T) {
 	}); err != nil || len(perShard) != 2 || perShard[shards["a"]] == 0 || perShard[shards["b"]] == 0 {
 		t.Fatalf("keys per shard: %v, %v — want both shards used", perShard, err)
 	}
-	if recs, err := s.List(ctx, "", 1000); err != nil || len(recs) != n {
-		t.Fatalf("List over the Ring: %d records, %v; want %d", len(recs), err, n)
+	if recs, err := s.List(ctx, "", 10_000); err != nil || len(recs) != total {
+		t.Fatalf("List over the Ring: %d records, %v; want %d", len(recs), err, total)
 	}
 	seen, cursor := 0, ""
 	for {
@@ -115,8 +125,8 @@ func TestRingKeepsEveryKeyOnItsShard(t *testing.T) {
 		}
 		cursor = next
 	}
-	if seen != n {
-		t.Fatalf("a Scan walk over the Ring saw %d records, want %d", seen, n)
+	if seen != total {
+		t.Fatalf("a Scan walk over the Ring saw %d records, want %d", seen, total)
 	}
 }
 
