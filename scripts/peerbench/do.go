@@ -27,7 +27,7 @@ func doComparisons(_ context.Context, cfg config) ([]comparison, error) {
 		}
 	}
 	typed := func(name string, r runner, workers int) side {
-		return side{name: name, round: func() (float64, error) {
+		return side{name: name, round: func() (measured, error) {
 			return drive(workers, n, func(i int) error {
 				p, err := r.do(ctx, ids[i%keys])
 				if err == nil && p.Amount != 100 {

@@ -19,6 +19,9 @@ import (
 	"github.com/idemgo/idem/store/memstore"
 )
 
+// noMiddleware names the side that serves the handler bare.
+const noMiddleware = "no middleware"
+
 // payments is the handler behind every server: a 201 and a short body.
 var payments = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
@@ -88,13 +91,13 @@ func httpComparisons(_ context.Context, cfg config) ([]comparison, error) {
 		return nil
 	}
 	freshSide := func(name, url string) side {
-		return side{name: name, round: func() (float64, error) {
+		return side{name: name, round: func() (measured, error) {
 			prefix := "f" + strconv.FormatInt(round.Add(1), 10) + "-"
 			return drive(workers, fresh, func(i int) error { return post(url, prefix+strconv.Itoa(i)) })
 		}}
 	}
 	replaySide := func(name, url string) side {
-		return side{name: name, round: func() (float64, error) {
+		return side{name: name, round: func() (measured, error) {
 			return drive(workers, replayed, func(i int) error { return post(url, "replay-"+strconv.Itoa(i%100)) })
 		}}
 	}
@@ -106,10 +109,10 @@ func httpComparisons(_ context.Context, cfg config) ([]comparison, error) {
 	}
 	return []comparison{
 		{name: fmt.Sprintf("http middleware, memory store, fresh keys, %d clients", workers), sides: []side{
-			freshSide("idem httpidem", idemURL), freshSide("peer idempotencyhttp", peerURL), freshSide("no middleware", bareURL),
+			freshSide("idem httpidem", idemURL), freshSide("peer idempotencyhttp", peerURL), freshSide(noMiddleware, bareURL),
 		}},
 		{name: fmt.Sprintf("http middleware, memory store, replays of 100 keys, %d clients", workers), sides: []side{
-			replaySide("idem httpidem", idemURL), replaySide("peer idempotencyhttp", peerURL), replaySide("no middleware", bareURL),
+			replaySide("idem httpidem", idemURL), replaySide("peer idempotencyhttp", peerURL), replaySide(noMiddleware, bareURL),
 		}, close: closeAll},
 	}, nil
 }
@@ -185,16 +188,16 @@ func handlerComparisons(_ context.Context, cfg config) ([]comparison, error) {
 		for _, s := range []struct {
 			name    string
 			handler which
-		}{{"idem httpidem", idemSide}, {"peer idempotencyhttp", peerSide}, {"no middleware", bareSide}} {
-			out = append(out, side{name: s.name, round: func() (float64, error) {
+		}{{"idem httpidem", idemSide}, {"peer idempotencyhttp", peerSide}, {noMiddleware, bareSide}} {
+			out = append(out, side{name: s.name, round: func() (measured, error) {
 				idemMW, peerMW, err := middlewares()
 				if err != nil {
-					return 0, err
+					return measured{}, err
 				}
 				h := s.handler(idemMW, peerMW)
 				for i := range 100 { // the keys replayed
 					if err := call(h, "replay-"+strconv.Itoa(i)); err != nil {
-						return 0, err
+						return measured{}, err
 					}
 				}
 				return drive(workers, n, func(i int) error { return call(h, key(i)) })

@@ -108,10 +108,10 @@ func ownerTokens() func() (string, error) {
 // runner made for the round.
 func firstRuns(name string, workers, n int, newRunner func() (runner, error)) side {
 	var round atomic.Int64
-	return side{name: name, round: func() (float64, error) {
+	return side{name: name, round: func() (measured, error) {
 		r, err := newRunner()
 		if err != nil {
-			return 0, err
+			return measured{}, err
 		}
 		defer r.close()
 		prefix := "r" + strconv.FormatInt(round.Add(1), 10) + "-"
@@ -132,7 +132,7 @@ func replays(name string, workers, n int, r runner) (side, error) {
 	if _, _, err := r.run(ctx, "hot"); err != nil {
 		return side{}, err
 	}
-	return side{name: name, round: func() (float64, error) {
+	return side{name: name, round: func() (measured, error) {
 		return drive(workers, n, func(int) error {
 			v, replayed, err := r.run(ctx, "hot")
 			if err == nil && (!replayed || len(v) == 0) {

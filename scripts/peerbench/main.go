@@ -30,6 +30,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -115,10 +116,33 @@ type comparison struct {
 	close func()
 }
 
-// A side runs one round and returns its rate in operations per second.
+// A side runs one round and returns what it measured.
 type side struct {
 	name  string
-	round func() (float64, error)
+	round func() (measured, error)
+}
+
+// measured is a round: its operations, how long they took, and the CPU
+// time the process spent meanwhile (every goroutine's: the servers' and
+// the clients' of a loopback round, the garbage collector's).
+type measured struct {
+	ops     int
+	elapsed time.Duration
+	cpu     time.Duration
+}
+
+func (m measured) rate() float64 { return float64(m.ops) / m.elapsed.Seconds() }
+
+// cpuPerOp is the CPU time per operation, in µs.
+func (m measured) cpuPerOp() float64 { return float64(m.cpu.Microseconds()) / float64(m.ops) }
+
+// processCPU is the CPU time the process has used (user and system).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func (c comparison) run(rounds int) error {
@@ -126,21 +150,36 @@ func (c comparison) run(rounds int) error {
 		defer c.close()
 	}
 	rates := make([][]float64, len(c.sides))
+	cpus := make([][]float64, len(c.sides))
 	for range rounds {
 		for i, s := range c.sides {
 			runtime.GC() // no side pays for the garbage of the one before
-			r, err := s.round()
+			m, err := s.round()
 			if err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
-			rates[i] = append(rates[i], r)
+			rates[i] = append(rates[i], m.rate())
+			cpus[i] = append(cpus[i], m.cpuPerOp())
 		}
 	}
 	fmt.Printf("\n== %s\n", c.name)
 	medians := make([]float64, len(c.sides))
 	for i, s := range c.sides {
 		medians[i] = median(rates[i])
-		fmt.Printf("  %-28s %10.0f /s   (rounds %s)\n", s.name, medians[i], span(rates[i]))
+		fmt.Printf("  %-28s %10.0f /s   (rounds %s)   CPU %6.2f µs/op (rounds %.2f–%.2f)\n", s.name, medians[i], span(rates[i]),
+			median(cpus[i]), slices.Min(cpus[i]), slices.Max(cpus[i]))
+	}
+	if last := len(c.sides) - 1; last >= 2 && c.sides[last].name == noMiddleware {
+		// The CPU each middleware adds to a request: its side's less the
+		// bare side's of the same round.
+		added := make([][]float64, last)
+		for i := range last {
+			for r := range rounds {
+				added[i] = append(added[i], cpus[i][r]-cpus[last][r])
+			}
+			fmt.Printf("  CPU %s adds per request: %.2f µs (rounds %.2f–%.2f)\n", c.sides[i].name, median(added[i]), slices.Min(added[i]), slices.Max(added[i]))
+		}
+		fmt.Printf("  CPU added, %s / %s = %.2f\n", c.sides[0].name, c.sides[1].name, median(added[0])/median(added[1]))
 	}
 	for i := 1; i < len(c.sides); i++ {
 		ratios := make([]float64, rounds)
@@ -170,12 +209,13 @@ func span(xs []float64) string {
 }
 
 // drive runs op n times over workers goroutines (op gets the operation's
-// index, 0 to n-1) and returns the rate. The first error stops the round.
-func drive(workers, n int, op func(i int) error) (float64, error) {
+// index, 0 to n-1) and returns what it measured. The first error stops the
+// round.
+func drive(workers, n int, op func(i int) error) (measured, error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var firstErr atomic.Pointer[error]
-	start := time.Now()
+	start, cpu := time.Now(), processCPU()
 	for range workers {
 		wg.Go(func() {
 			for {
@@ -191,11 +231,11 @@ func drive(workers, n int, op func(i int) error) (float64, error) {
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	m := measured{ops: n, elapsed: time.Since(start), cpu: processCPU() - cpu}
 	if p := firstErr.Load(); p != nil {
-		return 0, *p
+		return measured{}, *p
 	}
-	return float64(n) / elapsed.Seconds(), nil
+	return m, nil
 }
 
 func writeProfile(name, path string) {
