@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 
@@ -54,22 +55,6 @@ func (s *Store) write(ctx context.Context, c writeCall) (store.Acquisition, erro
 	return s.writes.Do(ctx, c)
 }
 
-// statements appends c's statements to b and their arguments to args: an
-// acquisition (the claim and its read-back) or a settle (its UPDATE and
-// the rows it matched, as a SELECT).
-func (s *Store) statements(b *strings.Builder, args []any, c *writeCall, now int64) []any {
-	if c.acquire {
-		b.WriteString(acquireSQL.text)
-		b.WriteString(";\n")
-		t := s.clock.Now()
-		return append(args, acquireSQL.bind(&params{key: keypack.KeyArg(c.key), fp: keypack.FingerprintArg(c.fp), now: now,
-			lease: c.lease, keep: c.keep, max: c.maxAttempts, floor: int64(fences.Next(t, 0))})...)
-	}
-	b.WriteString(settleSQL.text)
-	b.WriteString(";\nSELECT ROW_COUNT();\n")
-	return append(args, settleSQL.bind(&params{key: keypack.KeyArg(c.key), fence: c.fence, now: now, keep: c.keep, state: c.state, result: c.result})...)
-}
-
 // writeAlone runs one call: a settle as its UPDATE, an acquisition in its
 // own transaction with its read-back.
 func (s *Store) writeAlone(ctx context.Context, c *writeCall) (store.Acquisition, error) {
@@ -83,47 +68,92 @@ func (s *Store) writeAlone(ctx context.Context, c *writeCall) (store.Acquisition
 }
 
 // writeMany runs calls in one transaction sent as one multi-statement
-// query, in key order (two transactions take their rows' locks in the same
-// order, so shared round trips do not deadlock each other), with one
-// commit. A server error on the way — a deadlock with a client of its
-// own, a lock wait timeout — rolls the transaction back and each call
-// runs again alone, for an answer of its own; a lost connection fails
-// every call unavailable (the commit may or may not have happened).
+// query, with one commit: the acquisitions of each MaxAttempts as one
+// statement (many rows) and one read-back, then each settle as its UPDATE
+// and the rows it matched — each in key order. A server error on the way —
+// a deadlock with another transaction, a lock wait timeout — rolls the
+// transaction back and each call runs again alone, for an answer of its
+// own; a lost connection fails every call unavailable (the commit may or
+// may not have happened).
 func (s *Store) writeMany(ctx context.Context, calls []writeCall, out []store.Acquisition, errs []error) {
 	order := make([]int, len(calls))
 	for i := range order {
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(calls[a].key, calls[b].key) })
+	groups := map[int][]*writeCall{} // acquisitions by MaxAttempts
+	var settles []int
+	for _, i := range order {
+		if c := &calls[i]; c.acquire {
+			groups[c.maxAttempts] = append(groups[c.maxAttempts], c)
+		} else {
+			settles = append(settles, i)
+		}
+	}
+	maxes := slices.Sorted(maps.Keys(groups))
 	var b strings.Builder
 	b.WriteString("START TRANSACTION;\n")
 	var args []any
 	now := s.nowMs()
-	for _, i := range order {
-		args = s.statements(&b, args, &calls[i], now)
+	floor := func() int64 { return int64(fences.Next(s.clock.Now(), 0)) }
+	for _, m := range maxes {
+		args = acquireSQL(&b, args, groups[m], now, floor)
+	}
+	for _, i := range settles {
+		c := &calls[i]
+		b.WriteString(settleSQL.text)
+		b.WriteString(";\nSELECT ROW_COUNT();\n")
+		args = append(args, settleSQL.bind(&params{key: keypack.KeyArg(c.key), fence: c.fence, now: now, keep: c.keep, state: c.state, result: c.result})...)
 	}
 	b.WriteString("COMMIT")
+	byKey := make(map[string]int, len(calls))
+	for i := range calls {
+		byKey[calls[i].key] = i
+	}
 	err := s.inTransaction(ctx, b.String(), args, func(rows *sql.Rows) error {
-		for n, i := range order {
-			if n > 0 && !rows.NextResultSet() {
+		first := true
+		next := func() error {
+			if !first && !rows.NextResultSet() {
 				return cmp.Or(rows.Err(), errNoRecord)
 			}
-			if !rows.Next() {
-				return cmp.Or(rows.Err(), errNoRecord)
+			first = false
+			return nil
+		}
+		for _, m := range maxes {
+			if err := next(); err != nil {
+				return err
 			}
-			c := &calls[i]
-			if c.acquire {
+			read := 0
+			for rows.Next() {
 				var outcome int
 				rec, err := sqlrecord.Scan(rows, &outcome)
 				if err != nil {
 					return err
+				}
+				i, ok := byKey[rec.Key]
+				if !ok || !calls[i].acquire {
+					return errNoRecord
 				}
 				a := store.Acquisition{Outcome: store.Outcome(outcome), Record: rec}
 				if a.Outcome.Owns() {
 					a.Fence = rec.Fence
 				}
 				out[i], errs[i] = a, nil
-				continue
+				read++
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			if read != len(groups[m]) {
+				return errNoRecord
+			}
+		}
+		for _, i := range settles {
+			if err := next(); err != nil {
+				return err
+			}
+			if !rows.Next() {
+				return cmp.Or(rows.Err(), errNoRecord)
 			}
 			var n int64
 			if err := rows.Scan(&n); err != nil {

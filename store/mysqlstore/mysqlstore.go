@@ -278,30 +278,65 @@ const (
 	floorAtExecution = `(CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED) + 1)`
 )
 
-// acquireSQL claims or interrogates the key. MySQL assigns an
-// ON DUPLICATE KEY UPDATE's columns left to right, each seeing the ones
-// before it as already assigned: outcome comes first, decided from the row
-// as it was, and the others follow from it, state last. The read-back is a
-// locking read of the row the claim holds locked: a plain SELECT would read
-// the transaction's REPEATABLE READ snapshot, taken at the first read of a
-// shared round trip, and where the claim changed nothing (an answer equal
-// to the last one) show the row as it was before a later commit.
-var acquireSQL = stmt(`INSERT INTO idem_records (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome)
-VALUES (:key, 1, GREATEST(:floor, ` + floorAtExecution + `), :fp, 1, NULL, :now + :lease, :now + :keep, :now, 1)
+// acquireHead and acquireUpdate make the statement that claims or
+// interrogates keys of one MaxAttempts (acquireSQL): one row of values per
+// key, then ON DUPLICATE KEY UPDATE, in which each existing row's own
+// values stand for the call's: VALUES(fp) its fingerprint,
+// VALUES(lease_until) the end of its lease, VALUES(expires_at) of its
+// unsettled retention, VALUES(fence) its fence floor. MySQL assigns the
+// update's columns left to right, each seeing the ones before it as
+// already assigned: outcome comes first, decided from the row as it was,
+// and the others follow from it, state last.
+const (
+	acquireHead = `INSERT INTO idem_records (k, state, fence, fp, attempts, result, lease_until, expires_at, updated_at, outcome) VALUES `
+	acquireRow  = `(?, 1, GREATEST(?, ` + floorAtExecution + `), ?, 1, NULL, ?, ?, ?, 1)`
+	// The update's parameters: now (four times), MaxAttempts (twice).
+	acquireUpdate = `
 ON DUPLICATE KEY UPDATE
-	outcome = CASE WHEN ` + condExpired + ` THEN 1 WHEN fp <> :fp THEN 5 WHEN state = 1 AND lease_until > :now THEN 3
-		WHEN state IN (2, 3) THEN 4 WHEN state = 4 THEN 6 WHEN :max > 0 AND attempts >= :max THEN 6
+	outcome = CASE WHEN expires_at <= ? THEN 1 WHEN fp <> VALUES(fp) THEN 5 WHEN state = 1 AND lease_until > ? THEN 3
+		WHEN state IN (2, 3) THEN 4 WHEN state = 4 THEN 6 WHEN ? > 0 AND attempts >= ? THEN 6
 		WHEN state = 1 THEN 2 ELSE 1 END,
-	fence = CASE WHEN ` + taken + ` OR ` + poisonedIt + ` THEN GREATEST(fence + 1, :floor, ` + floorAtExecution + `) ELSE fence END,
-	fp = CASE WHEN ` + condExpired + ` THEN :fp ELSE fp END,
-	attempts = CASE WHEN ` + condExpired + ` THEN 1 WHEN ` + taken + ` THEN attempts + 1 ELSE attempts END,
-	result = CASE WHEN ` + condExpired + ` THEN NULL ELSE result END,
-	lease_until = CASE WHEN ` + taken + ` THEN :now + :lease ELSE lease_until END,
-	updated_at = CASE WHEN ` + taken + ` OR ` + poisonedIt + ` THEN :now ELSE updated_at END,
-	expires_at = CASE WHEN ` + condExpired + ` THEN :now + :keep
-		WHEN ` + taken + ` OR ` + poisonedIt + ` THEN GREATEST(expires_at, :now + :keep) ELSE expires_at END,
-	state = CASE WHEN ` + taken + ` THEN 1 WHEN ` + poisonedIt + ` THEN 4 ELSE state END;
-SELECT outcome, ` + recordCols + ` FROM idem_records WHERE k = :key FOR UPDATE`)
+	fence = CASE WHEN ` + taken + ` OR ` + poisonedIt + ` THEN GREATEST(fence + 1, VALUES(fence)) ELSE fence END,
+	fp = CASE WHEN expires_at <= ? THEN VALUES(fp) ELSE fp END,
+	attempts = CASE WHEN expires_at <= ? THEN 1 WHEN ` + taken + ` THEN attempts + 1 ELSE attempts END,
+	result = CASE WHEN expires_at <= ? THEN NULL ELSE result END,
+	lease_until = CASE WHEN ` + taken + ` THEN VALUES(lease_until) ELSE lease_until END,
+	updated_at = CASE WHEN ` + taken + ` OR ` + poisonedIt + ` THEN VALUES(updated_at) ELSE updated_at END,
+	expires_at = CASE WHEN expires_at <= ? THEN VALUES(expires_at)
+		WHEN ` + taken + ` OR ` + poisonedIt + ` THEN GREATEST(expires_at, VALUES(expires_at)) ELSE expires_at END,
+	state = CASE WHEN ` + taken + ` THEN 1 WHEN ` + poisonedIt + ` THEN 4 ELSE state END`
+)
+
+// acquireSQL appends to b the claim of calls (acquisitions of one
+// MaxAttempts, in key order) and its read-back, and their arguments to
+// args. The read-back is a locking read of the rows the claim holds
+// locked: a plain SELECT would read the transaction's REPEATABLE READ
+// snapshot, taken at the first read of a shared round trip, and where the
+// claim changed nothing (an answer equal to the last one) show a row as it
+// was before a later commit.
+func acquireSQL(b *strings.Builder, args []any, calls []*writeCall, now int64, floor func() int64) []any {
+	b.WriteString(acquireHead)
+	for i, c := range calls {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(acquireRow)
+		args = append(args, keypack.KeyArg(c.key), floor(), keypack.FingerprintArg(c.fp), now+c.lease, now+c.keep, now)
+	}
+	b.WriteString(acquireUpdate)
+	maxAttempts := calls[0].maxAttempts
+	args = append(args, now, now, maxAttempts, maxAttempts, now, now, now, now)
+	b.WriteString(";\nSELECT outcome, " + recordCols + " FROM idem_records WHERE k IN (")
+	for i, c := range calls {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('?')
+		args = append(args, keypack.KeyArg(c.key))
+	}
+	b.WriteString(") ORDER BY k FOR UPDATE;\n")
+	return args
+}
 
 var (
 	heartbeatSQL = stmt(`UPDATE idem_records SET lease_until = :now + :lease, expires_at = GREATEST(expires_at, :now + :lease), updated_at = :now
