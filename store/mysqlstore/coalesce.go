@@ -7,6 +7,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"maps"
+	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 
@@ -69,8 +71,8 @@ func (s *Store) writeAlone(ctx context.Context, c *writeCall) (store.Acquisition
 
 // writeMany runs calls in one transaction sent as one multi-statement
 // query, with one commit: the acquisitions of each MaxAttempts as one
-// statement (many rows) and one read-back, then each settle as its UPDATE
-// and the rows it matched — each in key order. A server error on the way —
+// statement (many rows) and one read-back, then the settles as one UPDATE
+// and one read-back of the keys it settled — each in key order. A server error on the way —
 // a deadlock with another transaction, a lock wait timeout — rolls the
 // transaction back and each call runs again alone, for an answer of its
 // own; a lost connection fails every call unavailable (the commit may or
@@ -82,12 +84,12 @@ func (s *Store) writeMany(ctx context.Context, calls []writeCall, out []store.Ac
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(calls[a].key, calls[b].key) })
 	groups := map[int][]*writeCall{} // acquisitions by MaxAttempts
-	var settles []int
+	var settles []*writeCall
 	for _, i := range order {
 		if c := &calls[i]; c.acquire {
 			groups[c.maxAttempts] = append(groups[c.maxAttempts], c)
 		} else {
-			settles = append(settles, i)
+			settles = append(settles, c)
 		}
 	}
 	maxes := slices.Sorted(maps.Keys(groups))
@@ -99,11 +101,8 @@ func (s *Store) writeMany(ctx context.Context, calls []writeCall, out []store.Ac
 	for _, m := range maxes {
 		args = acquireSQL(&b, args, groups[m], now, floor)
 	}
-	for _, i := range settles {
-		c := &calls[i]
-		b.WriteString(settleSQL.text)
-		b.WriteString(";\nSELECT ROW_COUNT();\n")
-		args = append(args, settleSQL.bind(&params{key: keypack.KeyArg(c.key), fence: c.fence, now: now, keep: c.keep, state: c.state, result: c.result})...)
+	if len(settles) > 0 {
+		args = settleManySQL(&b, args, settles, now, -1-rand.Int64N(math.MaxInt64-1))
 	}
 	b.WriteString("COMMIT")
 	byKey := make(map[string]int, len(calls))
@@ -148,23 +147,28 @@ func (s *Store) writeMany(ctx context.Context, calls []writeCall, out []store.Ac
 				return errNoRecord
 			}
 		}
-		for _, i := range settles {
-			if err := next(); err != nil {
+		if len(settles) == 0 {
+			return nil
+		}
+		if err := next(); err != nil {
+			return err
+		}
+		settled := map[string]bool{}
+		for rows.Next() {
+			var k []byte
+			if err := rows.Scan(&k); err != nil {
 				return err
 			}
-			if !rows.Next() {
-				return cmp.Or(rows.Err(), errNoRecord)
-			}
-			var n int64
-			if err := rows.Scan(&n); err != nil {
-				return err
-			}
+			settled[keypack.Key(string(k))] = true
+		}
+		for _, c := range settles {
+			i := byKey[c.key]
 			out[i], errs[i] = store.Acquisition{}, nil
-			if n == 0 {
+			if !settled[c.key] {
 				errs[i] = store.ErrStaleFence
 			}
 		}
-		return nil
+		return rows.Err()
 	})
 	if err == nil {
 		return

@@ -10,7 +10,9 @@
 // two, so what is read back is what the claim wrote. Heartbeats, settles
 // and releases are one UPDATE each, conditional on the fence. The calls
 // that arrive while the store is busy share the next round trip and its
-// single commit (Config.NoCoalesce turns that off).
+// single commit (Config.NoCoalesce turns that off): its acquisitions of one
+// MaxAttempts are one INSERT of many rows and one read-back, its settles
+// one UPDATE and one read-back of the keys it settled.
 //
 // Times are Unix milliseconds from the store's clock, in BIGINT columns;
 // keys and fingerprints are packed (internal/keypack) into VARBINARY

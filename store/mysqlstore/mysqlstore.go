@@ -338,6 +338,51 @@ func acquireSQL(b *strings.Builder, args []any, calls []*writeCall, now int64, f
 	return args
 }
 
+// settleManySQL appends to b the settle of calls (Complete, Fail; in key
+// order, at most one per key) as one UPDATE, and the read-back of the keys
+// it settled, and their arguments to args. Each row is settled only under
+// its call's fence while in flight and unexpired, as settleSQL does; a row
+// it settles gets mark (a number of the round trip's own, below zero) in
+// lease_until — which means nothing once a record is settled — so the
+// read-back tells the calls that took effect from those that did not.
+func settleManySQL(b *strings.Builder, args []any, calls []*writeCall, now, mark int64) []any {
+	column := func(name string, value func(c *writeCall) any) {
+		b.WriteString(name + "CASE k")
+		for _, c := range calls {
+			b.WriteString(" WHEN ? THEN ?")
+			args = append(args, keypack.KeyArg(c.key), value(c))
+		}
+		b.WriteString(" END")
+	}
+	b.WriteString("UPDATE idem_records SET ")
+	column("state = ", func(c *writeCall) any { return c.state })
+	b.WriteString(", ")
+	column("result = ", func(c *writeCall) any { return c.result })
+	b.WriteString(", ")
+	column("expires_at = ", func(c *writeCall) any { return now + c.keep })
+	b.WriteString(", lease_until = ?, updated_at = ?\nWHERE k IN (")
+	args = append(args, mark, now)
+	keys := func() {
+		for i, c := range calls {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteByte('?')
+			args = append(args, keypack.KeyArg(c.key))
+		}
+		b.WriteString(")")
+	}
+	keys()
+	b.WriteString(" AND state = 1 AND expires_at > ? AND ")
+	args = append(args, now)
+	column("fence = ", func(c *writeCall) any { return c.fence })
+	b.WriteString(";\nSELECT k FROM idem_records WHERE lease_until = ? AND k IN (")
+	args = append(args, mark)
+	keys()
+	b.WriteString(";\n")
+	return args
+}
+
 var (
 	heartbeatSQL = stmt(`UPDATE idem_records SET lease_until = :now + :lease, expires_at = GREATEST(expires_at, :now + :lease), updated_at = :now
 	WHERE k = :key AND fence = :fence AND state = 1 AND expires_at > :now`)
