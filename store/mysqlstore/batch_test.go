@@ -120,3 +120,61 @@ func TestSharedRoundTripReadsWhatItsClaimLeft(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedRoundTripSettlesEachAsAlone: settles and claims of several keys
+// in one round trip — settles under the current fence, under a fence taken
+// over, of a released key, of a completed one, of an absent one, and claims
+// of two MaxAttempts — each answered as it would be alone.
+func TestSharedRoundTripSettlesEachAsAlone(t *testing.T) {
+	s := open(t, testenv.MySQLDatabase(t, ""), mysqlstore.Config{NoCoalesce: true})
+	ctx := context.Background()
+	claim := func(k string) store.Acquisition {
+		a, err := s.Acquire(ctx, store.AcquireRequest{Key: k, Fingerprint: "A", Lease: time.Minute, Retention: time.Hour})
+		if err != nil || !a.Outcome.Owns() {
+			t.Fatalf("claim %s: %v %v", k, a.Outcome, err)
+		}
+		return a
+	}
+	owned, failed := claim("owned"), claim("failed")
+	released := claim("released")
+	if err := s.Release(ctx, "released", released.Fence); err != nil {
+		t.Fatal(err)
+	}
+	done := claim("done")
+	if err := s.Complete(ctx, "done", done.Fence, []byte("first"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	stale := claim("stale")
+	errs := s.SettleMany(ctx, []mysqlstore.Settle{
+		{Key: "stale", Fence: stale.Fence + 1, State: store.StateCompleted, Result: []byte("not mine")},
+		{Key: "owned", Fence: owned.Fence, State: store.StateCompleted, Result: []byte("ok")},
+		{Key: "released", Fence: released.Fence, State: store.StateCompleted, Result: []byte("late")},
+		{Key: "done", Fence: done.Fence, State: store.StateCompleted, Result: []byte("again")},
+		{Key: "absent", Fence: 1, State: store.StateCompleted, Result: []byte("nobody's")},
+		{Key: "failed", Fence: failed.Fence, State: store.StateFailed, Result: []byte("no")},
+	})
+	for i, want := range []error{store.ErrStaleFence, nil, store.ErrStaleFence, store.ErrStaleFence, store.ErrStaleFence, nil} {
+		if !errors.Is(errs[i], want) || (want == nil) != (errs[i] == nil) {
+			t.Errorf("settle %d: %v, want %v", i, errs[i], want)
+		}
+	}
+	for k, want := range map[string]store.Record{
+		"owned": {State: store.StateCompleted, Result: []byte("ok")}, "failed": {State: store.StateFailed, Result: []byte("no")},
+		"done": {State: store.StateCompleted, Result: []byte("first")}, "stale": {State: store.StateInFlight},
+		"released": {State: store.StateReleased},
+	} {
+		rec, err := s.Get(ctx, k)
+		if err != nil || rec.State != want.State || string(rec.Result) != string(want.Result) {
+			t.Errorf("%s: %v %q, %v; want %v %q", k, rec.State, rec.Result, err, want.State, want.Result)
+		}
+	}
+	req := func(k string, maxAttempts int) store.AcquireRequest {
+		return store.AcquireRequest{Key: k, Fingerprint: "A", Lease: time.Minute, Retention: time.Hour, MaxAttempts: maxAttempts}
+	}
+	out, aerrs := s.AcquireMany(ctx, []store.AcquireRequest{req("released", 1), req("owned", 0), req("fresh", 1), req("released-too", 0)})
+	for i, want := range []store.Outcome{store.Poisoned, store.Replayed, store.Acquired, store.Acquired} {
+		if aerrs[i] != nil || out[i].Outcome != want {
+			t.Errorf("claim %d: %v %v, want %v", i, out[i].Outcome, aerrs[i], want)
+		}
+	}
+}

@@ -17,3 +17,22 @@ func (s *Store) AcquireMany(ctx context.Context, reqs []store.AcquireRequest) ([
 	s.writeMany(ctx, calls, out, errs)
 	return out, errs
 }
+
+// Settle is one settle of SettleMany.
+type Settle struct {
+	Key    string
+	Fence  uint64
+	State  store.State // StateCompleted or StateFailed
+	Result []byte
+}
+
+// SettleMany runs settles as one shared round trip, as the coalescing does.
+func (s *Store) SettleMany(ctx context.Context, settles []Settle) []error {
+	calls := make([]writeCall, len(settles))
+	for i, c := range settles {
+		calls[i] = writeCall{key: c.Key, fence: int64(c.Fence), keep: 3_600_000, state: int(c.State), result: c.Result, op: "complete"}
+	}
+	out, errs := make([]store.Acquisition, len(settles)), make([]error, len(settles))
+	s.writeMany(ctx, calls, out, errs)
+	return errs
+}

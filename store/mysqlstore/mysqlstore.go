@@ -326,7 +326,16 @@ func acquireSQL(b *strings.Builder, args []any, calls []*writeCall, now int64, f
 	b.WriteString(acquireUpdate)
 	maxAttempts := calls[0].maxAttempts
 	args = append(args, now, now, maxAttempts, maxAttempts, now, now, now, now)
-	b.WriteString(";\nSELECT outcome, " + recordCols + " FROM idem_records WHERE k IN (")
+	b.WriteString(";\nSELECT outcome, " + recordCols + " FROM idem_records WHERE k IN ")
+	args = keyList(b, args, calls)
+	b.WriteString(" ORDER BY k FOR UPDATE;\n")
+	return args
+}
+
+// keyList appends to b the list of calls' keys, (?, ?, …), and the keys to
+// args.
+func keyList(b *strings.Builder, args []any, calls []*writeCall) []any {
+	b.WriteByte('(')
 	for i, c := range calls {
 		if i > 0 {
 			b.WriteString(", ")
@@ -334,7 +343,7 @@ func acquireSQL(b *strings.Builder, args []any, calls []*writeCall, now int64, f
 		b.WriteByte('?')
 		args = append(args, keypack.KeyArg(c.key))
 	}
-	b.WriteString(") ORDER BY k FOR UPDATE;\n")
+	b.WriteByte(')')
 	return args
 }
 
@@ -360,25 +369,13 @@ func settleManySQL(b *strings.Builder, args []any, calls []*writeCall, now, mark
 	column("result = ", func(c *writeCall) any { return c.result })
 	b.WriteString(", ")
 	column("expires_at = ", func(c *writeCall) any { return now + c.keep })
-	b.WriteString(", lease_until = ?, updated_at = ?\nWHERE k IN (")
-	args = append(args, mark, now)
-	keys := func() {
-		for i, c := range calls {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteByte('?')
-			args = append(args, keypack.KeyArg(c.key))
-		}
-		b.WriteString(")")
-	}
-	keys()
+	b.WriteString(", lease_until = ?, updated_at = ?\nWHERE k IN ")
+	args = keyList(b, append(args, mark, now), calls)
 	b.WriteString(" AND state = 1 AND expires_at > ? AND ")
 	args = append(args, now)
 	column("fence = ", func(c *writeCall) any { return c.fence })
-	b.WriteString(";\nSELECT k FROM idem_records WHERE lease_until = ? AND k IN (")
-	args = append(args, mark)
-	keys()
+	b.WriteString(";\nSELECT k FROM idem_records WHERE lease_until = ? AND k IN ")
+	args = keyList(b, append(args, mark), calls)
 	b.WriteString(";\n")
 	return args
 }
