@@ -164,7 +164,10 @@ func middlewares() (idemMW, peerMW func(http.Handler) http.Handler, err error) {
 func handlerComparisons(_ context.Context, cfg config) ([]comparison, error) {
 	const workers = 8
 	call := func(h http.Handler, key string) error {
-		r, err := http.NewRequest(http.MethodPost, "http://bench/payments", strings.NewReader("amount=2500"))
+		// As a server gives it: a context that ends when the client leaves.
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		r, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://bench/payments", strings.NewReader("amount=2500"))
 		if err != nil {
 			return err
 		}

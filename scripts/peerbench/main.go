@@ -129,12 +129,22 @@ type measured struct {
 	ops     int
 	elapsed time.Duration
 	cpu     time.Duration
+	allocs  uint64 // heap allocations (every goroutine's)
 }
 
 func (m measured) rate() float64 { return float64(m.ops) / m.elapsed.Seconds() }
 
 // cpuPerOp is the CPU time per operation, in µs.
 func (m measured) cpuPerOp() float64 { return float64(m.cpu.Microseconds()) / float64(m.ops) }
+
+func (m measured) allocsPerOp() float64 { return float64(m.allocs) / float64(m.ops) }
+
+// mallocs is how many heap allocations the process has made.
+func mallocs() uint64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.Mallocs
+}
 
 // processCPU is the CPU time the process has used (user and system).
 func processCPU() time.Duration {
@@ -151,6 +161,7 @@ func (c comparison) run(rounds int) error {
 	}
 	rates := make([][]float64, len(c.sides))
 	cpus := make([][]float64, len(c.sides))
+	allocs := make([][]float64, len(c.sides))
 	for range rounds {
 		for i, s := range c.sides {
 			runtime.GC() // no side pays for the garbage of the one before
@@ -160,14 +171,15 @@ func (c comparison) run(rounds int) error {
 			}
 			rates[i] = append(rates[i], m.rate())
 			cpus[i] = append(cpus[i], m.cpuPerOp())
+			allocs[i] = append(allocs[i], m.allocsPerOp())
 		}
 	}
 	fmt.Printf("\n== %s\n", c.name)
 	medians := make([]float64, len(c.sides))
 	for i, s := range c.sides {
 		medians[i] = median(rates[i])
-		fmt.Printf("  %-28s %10.0f /s   (rounds %s)   CPU %6.2f µs/op (rounds %.2f–%.2f)\n", s.name, medians[i], span(rates[i]),
-			median(cpus[i]), slices.Min(cpus[i]), slices.Max(cpus[i]))
+		fmt.Printf("  %-28s %10.0f /s   (rounds %s)   CPU %6.2f µs/op (rounds %.2f–%.2f)   %.1f allocs/op\n", s.name, medians[i], span(rates[i]),
+			median(cpus[i]), slices.Min(cpus[i]), slices.Max(cpus[i]), median(allocs[i]))
 	}
 	if last := len(c.sides) - 1; last >= 2 && c.sides[last].name == noMiddleware {
 		// The CPU each middleware adds to a request: its side's less the
@@ -215,7 +227,7 @@ func drive(workers, n int, op func(i int) error) (measured, error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var firstErr atomic.Pointer[error]
-	start, cpu := time.Now(), processCPU()
+	start, cpu, allocs := time.Now(), processCPU(), mallocs()
 	for range workers {
 		wg.Go(func() {
 			for {
@@ -231,7 +243,7 @@ func drive(workers, n int, op func(i int) error) (measured, error) {
 		})
 	}
 	wg.Wait()
-	m := measured{ops: n, elapsed: time.Since(start), cpu: processCPU() - cpu}
+	m := measured{ops: n, elapsed: time.Since(start), cpu: processCPU() - cpu, allocs: mallocs() - allocs}
 	if p := firstErr.Load(); p != nil {
 		return measured{}, *p
 	}
