@@ -264,7 +264,6 @@ func (s *Store) checkLayout(ctx context.Context) error {
 // The statements. Their parameters are written :name; stmt turns them into
 // MySQL's ? with the arguments in order (see bind). Times are Unix ms.
 const (
-	condExpired = `(expires_at <= :now)`
 	// taken: the outcome the statement just set says the call takes the
 	// key (Acquired, TakenOver); poisoned: it hit the attempt limit now
 	// (state is still the row's old state where this is read).
