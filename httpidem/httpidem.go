@@ -615,9 +615,36 @@ func (d *httpDates) format(t time.Time) string {
 	if p := d.last.Load(); p != nil && p.unix == unix {
 		return p.text
 	}
-	text := t.UTC().Format(http.TimeFormat)
+	var buf [len(http.TimeFormat)]byte
+	text := string(appendHTTPDate(buf[:0], t))
 	d.last.Store(&httpDate{unix: unix, text: text})
 	return text
+}
+
+// appendHTTPDate appends t as t.UTC().Format(http.TimeFormat) does, for a
+// year of four digits, without parsing the layout each time.
+func appendHTTPDate(b []byte, t time.Time) []byte {
+	t = t.UTC()
+	if y := t.Year(); y < 1000 || y > 9999 {
+		return t.AppendFormat(b, http.TimeFormat)
+	}
+	two := func(b []byte, n int) []byte { return append(b, byte('0'+n/10), byte('0'+n%10)) }
+	year, month, day := t.Date()
+	hour, minute, second := t.Clock()
+	b = append(b, t.Weekday().String()[:3]...)
+	b = append(b, ", "...)
+	b = two(b, day)
+	b = append(b, ' ')
+	b = append(b, month.String()[:3]...)
+	b = append(b, ' ')
+	b = two(two(b, year/100), year%100)
+	b = append(b, ' ')
+	b = two(b, hour)
+	b = append(b, ':')
+	b = two(b, minute)
+	b = append(b, ':')
+	b = two(b, second)
+	return append(b, " GMT"...)
 }
 
 func storable(h http.Header, setCookie bool) http.Header {
