@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -80,17 +79,7 @@ func openLedger(t testing.TB, loc, schema string) ledger {
 		db := testenv.OpenMySQL(t, loc+"?timeout=2s")
 		return newBooks(t, databasesql.New(db, sqldriver.MySQL), "")
 	}
-	cfg, err := pgxpool.ParseConfig(loc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return newBooks(t, pgxv5.New(pool), schema)
+	return newBooks(t, pgxv5.New(testenv.CampaignPool(t, loc, nil)), schema)
 }
 
 // books is a ledger through idem's SQL driver of the database.

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgo/idem/inbox"
 	"github.com/idemgo/idem/internal/drain"
@@ -461,17 +460,7 @@ func inboxCampaign[TTx any](t *testing.T, testName, location, direct string, ope
 func TestCampaign(t *testing.T) {
 	open := func(t testing.TB, location string, proc int) campaignDB[pgx.Tx] {
 		conn, schema, _ := strings.Cut(location, "\n")
-		cfg, err := pgxpool.ParseConfig(conn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.ConnConfig.ConnectTimeout = 2 * time.Second
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		return openCampaignDB(t, pgxv5.New(pool), schema+".", inbox.Config{ClaimSeparately: proc%4 == 3})
+		return openCampaignDB(t, pgxv5.New(testenv.CampaignPool(t, conn, nil)), schema+".", inbox.Config{ClaimSeparately: proc%4 == 3})
 	}
 	if loc := os.Getenv(envLocation); loc != "" {
 		inboxCampaign(t, "TestCampaign", loc, "", open, dbFaults{})

@@ -426,22 +426,13 @@ func campaignOnPostgres(t *testing.T, name string, bouncer bool) outboxtest.Camp
 // a schema and "pgbouncer" or nothing, a line each.
 func openCampaignPostgres(t testing.TB, location string) outboxtest.Backend[pgx.Tx] {
 	lines := strings.SplitN(location, "\n", 3)
-	cfg, err := pgxpool.ParseConfig(lines[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
 	var opts []pgxv5.Option
+	var tune func(*pgxpool.Config)
 	if lines[2] == "pgbouncer" {
-		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		tune = func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec }
 		opts = append(opts, pgxv5.WithoutListen())
 	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	driver := pgxv5.New(pool, opts...)
+	driver := pgxv5.New(testenv.CampaignPool(t, lines[0], tune), opts...)
 	// A process started while the campaign cuts the server, or while
 	// PgBouncer refuses logins after a crash (server_login_retry), waits
 	// until the schema can be read.

@@ -224,6 +224,29 @@ func PostgresSchemaOn(t testing.TB, connString string, ddl func(schema string) s
 	return pool, schema
 }
 
+// CampaignPool opens a pgx pool on connString for a campaign's process:
+// its connections give up on a server that does not answer within two
+// seconds (one cut or killed by the campaign), so calls fail rather than
+// hang. tune, if set, changes the configuration further. The pool is
+// closed when t ends.
+func CampaignPool(t testing.TB, connString string, tune func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	if tune != nil {
+		tune(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // MySQLURL is the MySQL or MariaDB server of the tests (a mysql:// URL
 // whose database the tests may create others beside).
 var MySQLURL = URL("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
