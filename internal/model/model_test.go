@@ -69,6 +69,30 @@ func TestOutbox(t *testing.T) {
 	}
 }
 
+// TestTieredStore checks tiered.pml exhaustively at its bounds — two
+// workers on one key with three and four claims, the cold tier down once
+// and one archive applied late, and a restart of the hot tier that loses
+// every record (or none) — and that each mutation of a rule the
+// tiered store keeps yields a counterexample. Under -short, three claims
+// only.
+func TestTieredStore(t *testing.T) {
+	t.Parallel()
+	checks := []check{
+		// The restart may happen or not: each check covers the runs without it.
+		{name: "N=2 C=3 RESTART", model: "tiered.pml", defs: []string{"N=2", "C=3", "RESTART"}},
+		{name: "N=2 C=4 RESTART", model: "tiered.pml", defs: []string{"N=2", "C=4", "RESTART"}},
+	}
+	for _, m := range []string{"MUT_NO_COLD_READ", "MUT_COLD_FAILS_OPEN", "MUT_HOT_BEFORE_ARCHIVE", "MUT_NO_LEASE_EXTENSION", "MUT_NO_AWAIT_ARCHIVES", "MUT_NO_CLAIM_RECHECK", "MUT_NO_FENCE_FLOOR"} {
+		checks = append(checks, check{name: m, model: "tiered.pml", defs: []string{"N=2", "C=3", "RESTART", m}, fail: true})
+	}
+	for _, c := range checks {
+		if testing.Short() && !c.fail && c.defs[1] != "C=3" {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) { run(t, c) })
+	}
+}
+
 var (
 	errorsLine = regexp.MustCompile(`errors: (\d+)`)
 	statesLine = regexp.MustCompile(`(\d+) states, stored`)
