@@ -349,7 +349,15 @@ complete:
 		:: else
 		fi
 	};
-	/* settleRefused: the hot settle was refused after the archive. */
+	/* settleRefused: the hot settle was refused after the archive. A claim
+	 * older than this one in flight: the hot tier went back (a failover);
+	 * the archive stands, the outcome is uncertain. */
+	atomic {
+		if
+		:: hex && hret && hst == INFLIGHT && hfe < f -> res = 9; goto uncertain
+		:: else
+		fi
+	};
 	atomic {
 		if
 		:: hex && hret && hst == INFLIGHT && hfe != f && hlive -> skip /* awaitClaim: waited for, or not */
@@ -374,6 +382,7 @@ complete:
 	:: res == 7 -> withdraw(f)
 	:: else
 	fi;
+uncertain:
 	/* The settle's outcome uncertain happens only when the hot tier lost
 	 * writes (or the owner stalled past SettleTimeout, not modelled). */
 	assert(res != 9 || losses > 0);

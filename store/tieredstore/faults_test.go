@@ -1865,3 +1865,60 @@ func (s *pausedRead) Get(ctx context.Context, key string) (store.Record, error) 
 	}
 	return s.Store.Get(ctx, key)
 }
+
+// failover is a hot tier that fails over between two memory stores: the
+// primary, and a replica that lags (it holds an earlier state: Redis's
+// asynchronous replication loses acknowledged writes).
+type failover struct{ *memstore.Store }
+
+// TestRefusedSettleBesideAnOlderClaim: the hot tier fails over, between an
+// owner's archive and its hot settle, to a replica holding an older claim of
+// the key (its owner still working). The owner's settle is refused and
+// uncertain; the older claim's owner then completes in the hot tier. Found
+// by the protocol model (internal/model, tiered.pml with FAILOVER): the
+// refused owner withdrew its archive with a tombstone of its fence, which
+// also kept the older owner's archive out, so that owner's Complete
+// returned nil with nothing in the cold tier, and once the hot copy went
+// the key ran a third time. A claim older than the settle's own, in flight
+// in the hot tier, is no takeover made after it (the hot tier went back):
+// the archive stands.
+func TestRefusedSettleBesideAnOlderClaim(t *testing.T) {
+	ctx := context.Background()
+	clock := storetest.NewManualClock(time.Now())
+	primary := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	replica := memstore.New(memstore.Config{SweepInterval: -1, Clock: clock})
+	cold := memstore.New(memstore.Config{SweepInterval: -1})
+	hot := &failover{replica}
+	s, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold, SettleTimeout: 500 * time.Millisecond, HotRetention: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := store.AcquireRequest{Key: "PAY-30", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	older, err := s.Acquire(ctx, req) // as the replica holds it
+	if err != nil || older.Outcome != store.Acquired {
+		t.Fatalf("the older claim: %v, %v", older.Outcome, err)
+	}
+	clock.Advance(time.Second)
+	hot.Store = primary // the primary, which holds a later claim instead
+	later, err := s.Acquire(ctx, req)
+	if err != nil || later.Outcome != store.Acquired || later.Fence <= older.Fence {
+		t.Fatalf("the later claim: %v (fence %d after %d), %v", later.Outcome, later.Fence, older.Fence, err)
+	}
+	tieredstore.SetAfterArchive(s, func() { hot.Store = replica }) // the failover
+	if err := s.Complete(ctx, req.Key, later.Fence, []byte("later"), time.Hour); !errors.Is(err, tieredstore.ErrSettleUncertain) {
+		t.Fatalf("the later owner's settle on the replica: %v; want ErrSettleUncertain", err)
+	}
+	tieredstore.SetAfterArchive(s, nil)
+	if err := s.Complete(ctx, req.Key, older.Fence, []byte("older"), time.Hour); err != nil {
+		t.Fatalf("the older owner's settle: %v", err)
+	}
+	if rec, err := cold.Get(ctx, req.Key); err != nil || rec.State != store.StateCompleted {
+		t.Fatalf("the cold tier after both settles: %v, %v; want the key settled there", rec.State, err)
+	}
+	if err := replica.Delete(ctx, req.Key); err != nil { // the hot copy goes
+		t.Fatal(err)
+	}
+	if a, err := s.Acquire(ctx, req); err != nil || a.Outcome != store.Replayed {
+		t.Fatalf("a request once the hot copy went: %v, %v; want a replay, not a third run", a.Outcome, err)
+	}
+}

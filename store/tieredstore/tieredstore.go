@@ -465,6 +465,10 @@ var ErrSettleUncertain = errors.New("idem/tieredstore: settle outcome uncertain:
 //     failed, say; every claim of the hot tier meets the cold record first):
 //     the cold record is the record, the result was visible, the settle
 //     took effect;
+//   - the hot tier holds a claim in flight older than the owner's: the hot
+//     tier went back (a failover to a replica that lagged), and that
+//     claim's owner may be working still; the archive, under the larger
+//     fence, stands, and the owner is told ErrSettleUncertain;
 //   - the archive still stands beside another owner's hot claim (a takeover
 //     while the owner stalled), or the tiers cannot tell: the archive is
 //     withdrawn with a tombstone of its fence, so that the other owner's
@@ -473,6 +477,15 @@ var ErrSettleUncertain = errors.New("idem/tieredstore: settle outcome uncertain:
 //     momentary one (awaitClaim).
 func (s *Store) settleRefused(ctx context.Context, rec store.Record, stored bool, staleErr error) error {
 	now, herr := s.hot.Get(ctx, rec.Key)
+	if herr == nil && now.State == store.StateInFlight && now.Fence < rec.Fence {
+		// A claim older than this settle's own: no takeover made after it,
+		// but the hot tier gone back (a failover to a replica that lagged),
+		// and that claim's owner possibly still working. The archive, under
+		// the larger fence, stands: withdrawing it would keep that owner's
+		// archive out too, and its hot settle would then succeed with
+		// nothing in the cold tier.
+		return ErrSettleUncertain
+	}
 	if herr == nil && now.State == store.StateInFlight && now.Fence != rec.Fence {
 		now, herr = s.awaitClaim(ctx, now)
 	}
