@@ -30,12 +30,15 @@ func benchmarkMiddleware(b *testing.B, replay bool) {
 	// A server's request context can be cancelled (the client leaves).
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
-	send := func(key string) int {
+	// The caller's credentials: without them a request is not replayed
+	// (DefaultPrincipal), and the handler runs.
+	send := func(key string) *httptest.ResponseRecorder {
 		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/payments", strings.NewReader("amount=10"))
 		req.Header.Set(httpidem.HeaderName, key)
+		req.Header.Set("Authorization", "Bearer bench")
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
-		return rec.Code
+		return rec
 	}
 	if replay {
 		send(`"k"`)
@@ -45,10 +48,11 @@ func benchmarkMiddleware(b *testing.B, replay bool) {
 	for i := range b.N {
 		key := `"k"`
 		if !replay {
-			key = strconv.Itoa(i)
+			key = `"` + strconv.Itoa(i) + `"`
 		}
-		if code := send(key); code != http.StatusCreated {
-			b.Fatalf("status %d", code)
+		rec := send(key)
+		if rec.Code != http.StatusCreated || (rec.Header().Get(httpidem.ReplayedHeader) == "true") != replay {
+			b.Fatalf("status %d, replayed %q", rec.Code, rec.Header().Get(httpidem.ReplayedHeader))
 		}
 	}
 }

@@ -543,15 +543,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 }
 
 func (m *middleware) replay(w http.ResponseWriter, res idem.Result) {
-	dst := w.Header()
-	status, body, err := storedresp.DecodeInto(res.Value, dst)
+	extra := [2]storedresp.Field{{Name: ReplayedHeader, Value: "true"}}
+	n := 1
+	if !res.Record.ExpiresAt.IsZero() {
+		extra[1] = storedresp.Field{Name: ExpiresHeader, Value: m.dates.format(res.Record.ExpiresAt)}
+		n = 2
+	}
+	status, body, err := storedresp.DecodeInto(res.Value, w.Header(), extra[:n]...)
 	if err != nil {
 		m.problem(w, http.StatusInternalServerError, "corrupt-record", "Stored response unreadable", err.Error(), err)
 		return
-	}
-	dst.Set(ReplayedHeader, "true")
-	if !res.Record.ExpiresAt.IsZero() {
-		dst.Set(ExpiresHeader, m.dates.format(res.Record.ExpiresAt))
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body)

@@ -53,12 +53,17 @@ func Decode(b []byte) (status int, h http.Header, body []byte, err error) {
 	return status, h, body, nil
 }
 
+// Field is a header field DecodeInto sets beside the stored ones: Name in
+// its canonical form.
+type Field struct{ Name, Value string }
+
 // DecodeInto reads a stored response and, only if all of it is
 // well formed, sets its header fields in dst (each replacing a field of
-// that name) and returns its status and body. The fields' names and values
-// share one string and their slices one array: two allocations, whatever
-// the number of fields.
-func DecodeInto(b []byte, dst http.Header) (status int, body []byte, err error) {
+// that name), then the extra fields (each replacing one of that name, with
+// one value), and returns its status and body. The stored fields' names and
+// values share one string, and every field's slice one array: two
+// allocations, whatever the number of fields.
+func DecodeInto(b []byte, dst http.Header, extra ...Field) (status int, body []byte, err error) {
 	if len(b) < 1 || b[0] != storedVersion {
 		return 0, nil, ErrCorrupt
 	}
@@ -89,12 +94,26 @@ func DecodeInto(b []byte, dst http.Header) (status int, body []byte, err error) 
 		rest = rest[l:]
 	}
 	body = rest
-	if count == 0 {
+	if count == 0 && len(extra) == 0 {
 		return int(st), body, nil
 	}
-	// Second pass: the fields, as substrings of one string.
-	s := string(fields[:len(fields)-len(body)])
-	values := make([]string, count)
+	values := make([]string, int(count)+len(extra))
+	if count > 0 {
+		setStored(fields[:len(fields)-len(body)], int(count), values, dst)
+	}
+	for j, f := range extra {
+		i := int(count) + j
+		values[i] = f.Value
+		dst[f.Name] = values[i : i+1 : i+1]
+	}
+	return int(st), body, nil
+}
+
+// setStored sets in dst the count stored fields encoded in fields (checked
+// well formed), their values in values[:count].
+func setStored(fields []byte, count int, values []string, dst http.Header) {
+	// The fields as substrings of one string.
+	s := string(fields)
 	at := 0
 	str := func() string {
 		l, n := binary.Uvarint(fields[at:])
@@ -102,7 +121,7 @@ func DecodeInto(b []byte, dst http.Header) (status int, body []byte, err error) 
 		return s[at-int(l) : at]
 	}
 	prev, run := "", 0
-	for i := range int(count) {
+	for i := range count {
 		k, v := str(), str()
 		values[i] = v
 		if i == 0 || k != prev {
@@ -110,5 +129,4 @@ func DecodeInto(b []byte, dst http.Header) (status int, body []byte, err error) 
 		}
 		dst[k] = values[run : i+1 : i+1]
 	}
-	return int(st), body, nil
 }

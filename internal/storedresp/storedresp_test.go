@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"reflect"
 	"testing"
+
+	"github.com/idemgo/idem/internal/race"
 )
 
 func TestStoredRoundTrip(t *testing.T) {
@@ -43,6 +45,47 @@ func TestStoredFieldsIntoAHeader(t *testing.T) {
 		if got := dst[k][:len(vs)]; !reflect.DeepEqual(got, vs) {
 			t.Fatalf("adding values changed %s to %v", k, dst[k])
 		}
+	}
+}
+
+// The extra fields a replay adds come after the stored ones (replacing a
+// stored field of their name), share the stored fields' array, and each
+// takes a value of its own when a value is added; a record that is not well
+// formed sets none of them.
+func TestExtraFields(t *testing.T) {
+	stored := Encode(201, http.Header{"Content-Type": {"application/json"}, "Idempotent-Replayed": {"stored"}}, nil)
+	for _, b := range [][]byte{stored, Encode(204, nil, nil)} {
+		dst := http.Header{}
+		if _, _, err := DecodeInto(b, dst, Field{"Idempotent-Replayed", "true"}, Field{"Idempotency-Key-Expires", "then"}); err != nil {
+			t.Fatal(err)
+		}
+		if dst.Get("Idempotent-Replayed") != "true" || len(dst["Idempotent-Replayed"]) != 1 || dst.Get("Idempotency-Key-Expires") != "then" {
+			t.Fatalf("decoded with extra fields: %v", dst)
+		}
+		dst.Add("Idempotent-Replayed", "added")
+		if dst.Get("Idempotency-Key-Expires") != "then" {
+			t.Fatalf("adding a value to one extra field changed the next: %v", dst)
+		}
+	}
+	dst := http.Header{}
+	if _, _, err := DecodeInto(stored[:3], dst, Field{"Idempotent-Replayed", "true"}); err == nil || len(dst) != 0 {
+		t.Fatalf("a corrupt record: %v, set %v", err, dst)
+	}
+}
+
+// TestExtraFieldsAllocations: a decode with extra fields makes two
+// allocations, the stored fields' string and the array of every value.
+func TestExtraFieldsAllocations(t *testing.T) {
+	if race.Enabled {
+		t.Skip("the race detector allocates on its own account")
+	}
+	stored := Encode(201, http.Header{"Content-Type": {"application/json"}}, nil)
+	dst := http.Header{}
+	if n := testing.AllocsPerRun(100, func() {
+		clear(dst)
+		_, _, _ = DecodeInto(stored, dst, Field{"Idempotent-Replayed", "true"}, Field{"Idempotency-Key-Expires", "then"})
+	}); n > 2 {
+		t.Fatalf("%v allocations a decode with extra fields, want 2", n)
 	}
 }
 
