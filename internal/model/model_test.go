@@ -25,7 +25,7 @@ type check struct {
 // workers on one key with four claims, two on two keys and three on one
 // with three — its liveness property under weak fairness (two workers on
 // one key), and that each mutation of a rule the stores keep
-// yields a counterexample. Under -short, two workers on one key only.
+// yields a counterexample.
 func TestRecordProtocol(t *testing.T) {
 	t.Parallel() // beside TestOutbox: each check is one process on one core
 	checks := []check{
@@ -39,9 +39,6 @@ func TestRecordProtocol(t *testing.T) {
 	}
 	checks = append(checks, check{name: "MUT_LEASE_NEVER_ENDS", model: "record.pml", defs: []string{"N=2", "K=1", "C=3", "NO_FORGET", "MUT_LEASE_NEVER_ENDS"}, live: true, fail: true})
 	for _, c := range checks {
-		if testing.Short() && !c.fail && (c.defs[0] != "N=2" || c.defs[1] != "K=1") {
-			continue // -short: two workers on one key only
-		}
 		t.Run(c.name, func(t *testing.T) { run(t, c) })
 	}
 }
@@ -50,16 +47,12 @@ func TestRecordProtocol(t *testing.T) {
 // three rows (two of one ordering key), three claims and two acts of an
 // operator or a receipt, with and without DeadRowsReleaseOrderingKeys —
 // and that each mutation of a rule the relay and its claim keep yields a
-// counterexample. Under -short, one act instead of two.
+// counterexample.
 func TestOutbox(t *testing.T) {
 	t.Parallel()
-	ops := "OPS=2"
-	if testing.Short() {
-		ops = "OPS=1"
-	}
 	checks := []check{
-		{name: "P=2 C=3 " + ops, model: "outbox.pml", defs: []string{"P=2", "C=3", ops}},
-		{name: "P=2 C=3 " + ops + " PAST_DEAD", model: "outbox.pml", defs: []string{"P=2", "C=3", ops, "PAST_DEAD"}},
+		{name: "P=2 C=3 OPS=2", model: "outbox.pml", defs: []string{"P=2", "C=3", "OPS=2"}},
+		{name: "P=2 C=3 OPS=2 PAST_DEAD", model: "outbox.pml", defs: []string{"P=2", "C=3", "OPS=2", "PAST_DEAD"}},
 	}
 	for _, m := range []string{"MUT_CLAIM_IGNORES_ORDER", "MUT_CLAIM_BESIDE_A_CLAIM", "MUT_DEAD_RELEASES_KEY", "MUT_MARK_SENT_ANY_STATUS", "MUT_MARK_SENT_ANY_CLAIM", "MUT_KEY_PER_ATTEMPT"} {
 		checks = append(checks, check{name: m, model: "outbox.pml", defs: []string{"P=2", "C=3", "OPS=2", m}, fail: true})
@@ -73,8 +66,7 @@ func TestOutbox(t *testing.T) {
 // workers on one key with three and four claims, the cold tier down once
 // and one archive applied late, and a restart of the hot tier that loses
 // every record (or none) — and that each mutation of a rule the
-// tiered store keeps yields a counterexample. Under -short, three claims
-// only.
+// tiered store keeps yields a counterexample.
 func TestTieredStore(t *testing.T) {
 	t.Parallel()
 	checks := []check{
@@ -86,9 +78,6 @@ func TestTieredStore(t *testing.T) {
 		checks = append(checks, check{name: m, model: "tiered.pml", defs: []string{"N=2", "C=3", "RESTART", m}, fail: true})
 	}
 	for _, c := range checks {
-		if testing.Short() && !c.fail && c.defs[1] != "C=3" {
-			continue
-		}
 		t.Run(c.name, func(t *testing.T) { run(t, c) })
 	}
 }
@@ -102,6 +91,9 @@ var (
 // and runs it: safety (assertions, invalid end states) or, for c.live, the
 // model's LTL property with weak fairness.
 func run(t *testing.T, c check) {
+	if testing.Short() {
+		t.Skip("-short: the models take minutes; go test ./internal/model checks them")
+	}
 	spin, err := exec.LookPath("spin")
 	testenv.Need(t, "spin", "PATH", err)
 	gcc, err := exec.LookPath("gcc")
