@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -23,7 +24,7 @@ var errClientGone = errors.New("idem/httpidem: the client left and the handler d
 // store never wait costs no registration on the client's context. A client
 // found gone at that first look starts the timeout then.
 type finisher struct {
-	values  context.Context // the client's, without its cancellation
+	values  atomic.Value // context.Context: the client's without its cancellation, made at the first Value
 	client  context.Context
 	timeout time.Duration
 
@@ -40,11 +41,22 @@ type finisher struct {
 // finishWithoutClient returns the finisher of a request whose context is
 // client.
 func finishWithoutClient(client context.Context, timeout time.Duration) *finisher {
-	return &finisher{values: context.WithoutCancel(client), client: client, timeout: timeout}
+	return &finisher{client: client, timeout: timeout}
 }
 
 func (f *finisher) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (f *finisher) Value(key any) any           { return f.values.Value(key) }
+
+// Value looks key up in the client's context without its cancellation
+// (context.WithoutCancel, made once something asks: a request answered
+// from the store, whose handler never runs, may never ask).
+func (f *finisher) Value(key any) any {
+	v, _ := f.values.Load().(context.Context)
+	if v == nil {
+		f.values.CompareAndSwap(nil, context.WithoutCancel(f.client))
+		v = f.values.Load().(context.Context)
+	}
+	return v.Value(key)
+}
 
 func (f *finisher) Done() <-chan struct{} {
 	f.mu.Lock()
