@@ -442,10 +442,13 @@ func (s *Store) staleUnlessLanded(ctx context.Context, key string, fence uint64,
 // ErrSettleUncertain is returned by Complete and Fail when the owner's claim
 // ended between its cold archive and its hot settle while the archive stood
 // beside another owner's claim: duplicates may have been replayed the result
-// before it was withdrawn, and the key is now the other owner's. Neither
+// before it was withdrawn, and the key is now the other owner's; or when
+// the hot tier, failed over to a replica that lagged, holds an older claim
+// instead, whose owner may still settle: the archive then stands. Neither
 // "settled" nor "refused, nothing changed" (ErrStaleFence) is true. It
 // happens only when the owner stalls for longer than SettleTimeout inside
-// the settle.
+// the settle, or when the hot tier loses the owner's claim (a restart, a
+// failover) while it settles.
 var ErrSettleUncertain = errors.New("idem/tieredstore: settle outcome uncertain: the claim was lost after the result was archived, and duplicates may have been replayed it")
 
 // settleRefused decides what a settle whose archive is done (stored: it
