@@ -24,6 +24,15 @@
  *                             heartbeat after the cold read
  *   MUT_NO_FENCE_FLOOR        a new generation's fence counted from zero
  *                             once the hot tier lost the record
+ *
+ * With FAILOVER and WAITED, the hot tier is redisstore with WaitReplicas:
+ * a write is acknowledged only once the replica has it (WAIT in the same
+ * round trip), and a write the replica did not acknowledge in time is
+ * answered with an error (ErrReplicationShortfall) while it stands on the
+ * primary, where the failover may or may not lose it. A failover then
+ * loses no acknowledged write, and every property holds, mutual exclusion
+ * included. MUT_NO_WAIT (with WAITED) acknowledges writes before the
+ * replica has them.
  */
 
 #ifndef N
@@ -64,7 +73,7 @@ bool pend;
 byte pf;
 
 bool down;    /* the cold tier does not answer */
-byte outages, lates, losses;
+byte outages, lates, losses, failovers;
 
 /* store.FenceFloor, time-based: above every fence handed out, whatever the
  * hot tier lost (redisstore's TIME in its scripts). */
@@ -84,6 +93,14 @@ bool durable;   /* a Complete returned nil and the cold record's retention has n
 bool hk[N];     /* worker w holds a claim handed out to it */
 byte hf[N];     /* the fence of that claim */
 byte top;       /* the highest fence handed out */
+
+/* ACK: a hot write's answer, once the replica acknowledged it. Redis
+ * replicates in order: the replica then holds every write before it too. */
+#if defined(WAITED) && !defined(MUT_NO_WAIT)
+#define ACK rex = hex; rst = hst; rfe = hfe; rlive = hlive; rret = hret; rval = hval
+#else
+#define ACK skip
+#endif
 
 inline nextfence(f) {
 #ifdef MUT_NO_FENCE_FLOOR
@@ -150,7 +167,8 @@ inline withdraw(f) {
 	};
 	atomic {
 		if
-		:: hex && hret && hst == COMPLETED && hval == f -> hex = false /* dropClaim: DeleteUpTo */
+		:: hex && hret && hst == COMPLETED && hval == f -> hex = false; ACK /* dropClaim: DeleteUpTo */
+		:: hex && hret && hst == COMPLETED && hval == f -> hex = false /* its WAIT short */
 		:: else
 		fi
 	}
@@ -193,11 +211,17 @@ idle:
 	/* Acquire: the hot tier, without MaxAttempts (one script). */
 	atomic {
 		if
-		:: !hex || !hret -> nextfence(f); hex = true; hst = INFLIGHT; hfe = f; hlive = true; hret = true; hval = 0; res = 1
+		:: !hex || !hret -> nextfence(f); hex = true; hst = INFLIGHT; hfe = f; hlive = true; hret = true; hval = 0; res = 1; ACK
 		:: hex && hret && hst == INFLIGHT && hlive -> res = 2
 		:: hex && hret && hst == COMPLETED -> replayed(hval); res = 3
 		:: hex && hret && ((hst == INFLIGHT && !hlive) || hst == RELEASED) ->
-			nextfence(f); hst = INFLIGHT; hfe = f; hlive = true; res = 1
+			nextfence(f); hst = INFLIGHT; hfe = f; hlive = true; res = 1; ACK
+#ifdef WAITED
+		/* the claim written, its WAIT short: the acquisition fails */
+		:: !hex || !hret -> nextfence(f); hex = true; hst = INFLIGHT; hfe = f; hlive = true; hret = true; hval = 0; res = 3
+		:: hex && hret && ((hst == INFLIGHT && !hlive) || hst == RELEASED) ->
+			nextfence(f); hst = INFLIGHT; hfe = f; hlive = true; res = 3
+#endif
 		fi
 	};
 	if
@@ -239,13 +263,14 @@ idle:
 	};
 	if
 	:: res == 4 ->  /* fail closed: give the claim back (Unclaim) */
-		atomic { if :: owned(f) -> hst = RELEASED; hlive = false :: else fi };
+		atomic { if :: owned(f) -> hst = RELEASED; hlive = false; ACK :: owned(f) -> hst = RELEASED; hlive = false :: else fi };
 		goto idle
 	:: res == 5 ->  /* settled in the cold tier: re-warm the hot tier, replay */
 		atomic {
 			if
-			:: owned(f) -> hst = COMPLETED; hval = v; hlive = false
-			:: owned(f) -> hst = RELEASED; hlive = false  /* too close to its expiry to re-warm */
+			:: owned(f) -> hst = COMPLETED; hval = v; hlive = false; ACK
+			:: owned(f) -> hst = COMPLETED; hval = v; hlive = false  /* its WAIT short */
+			:: owned(f) -> hst = RELEASED; hlive = false; ACK  /* too close to its expiry to re-warm */
 			:: else
 			fi
 		};
@@ -260,7 +285,7 @@ idle:
 		:: true ->
 #else
 		if
-		:: owned(f) -> hlive = true;
+		:: owned(f) -> hlive = true; ACK;
 #endif
 			/* completed work never runs again: no claim while a Complete's
 			 * result is durable */
@@ -268,6 +293,9 @@ idle:
 			/* and no claim beside one handed out later */
 			assert(exclusive(f));
 			hk[w] = true; hf[w] = f
+#ifdef WAITED
+		:: owned(f) -> hlive = true; goto idle  /* its WAIT short: not handed out */
+#endif
 		:: else -> goto idle  /* deleted or taken over meanwhile: unavailable */
 		fi
 	};
@@ -276,12 +304,15 @@ idle:
 	:: beats < HEARTBEATS -> beats++;
 		atomic {
 			if
-			:: owned(f) -> hlive = true
+			:: owned(f) -> hlive = true; ACK
+#ifdef WAITED
+			:: owned(f) -> hlive = true; goto idle  /* its WAIT short: the Guard stops the work */
+#endif
 			:: else -> goto idle  /* the claim is lost: the Guard stops the work */
 			fi
 		}
 	:: break  /* Complete */
-	:: atomic { if :: owned(f) -> hst = RELEASED; hlive = false :: else fi }; goto idle  /* Release */
+	:: atomic { if :: owned(f) -> hst = RELEASED; hlive = false; ACK :: owned(f) -> hst = RELEASED; hlive = false :: else fi }; goto idle  /* Release */
 	:: goto idle  /* a crash, or Hold */
 	od;
 	/* Complete (Store.settle), tried again once when its answer was lost. */
@@ -327,12 +358,19 @@ complete:
 #ifndef MUT_NO_LEASE_EXTENSION
 	atomic {
 		if
-		:: owned(f) -> hlive = true; protect = f; settling++; insettle = true
+		:: owned(f) -> hlive = true; protect = f; ACK;
+			if
+			:: !insettle -> settling++; insettle = true
+			:: else
+			fi
+#ifdef WAITED
+		:: owned(f) -> hlive = true; goto retry  /* its WAIT short: Complete fails, nothing archived */
+#endif
 		:: else -> goto idle
 		fi
 	};
 #else
-	atomic { settling++; insettle = true };
+	atomic { if :: !insettle -> settling++; insettle = true :: else fi };
 #endif
 	/* The archive: refused while the cold tier is down, applied late
 	 * (its caller told it failed), or applied. */
@@ -345,7 +383,10 @@ complete:
 	/* The hot settle, fenced. */
 	atomic {
 		if
-		:: owned(f) -> hst = COMPLETED; hval = f; hlive = false; returnsSettled(f); goto settled
+		:: owned(f) -> hst = COMPLETED; hval = f; hlive = false; ACK; returnsSettled(f); goto settled
+#ifdef WAITED
+		:: owned(f) -> hst = COMPLETED; hval = f; hlive = false; goto retry  /* its WAIT short: Complete fails, the archive stands */
+#endif
 		:: else
 		fi
 	};
@@ -391,8 +432,11 @@ settled:
 #ifdef MUT_HOT_BEFORE_ARCHIVE
 again:
 #endif
+retry:
+	/* the answer was lost, or was an error the Guard tries again on
+	 * (ErrStoreUnavailable): Complete again */
 	if
-	:: tries < 2 -> goto complete  /* the answer was lost: Complete again */
+	:: tries < 2 -> goto complete
 	:: goto idle
 	fi;
 done:
@@ -417,8 +461,14 @@ end:
 	:: atomic { losses == 0 -> hex = false; losses++; protect = 0 }  /* a restart: everything lost */
 #endif
 #ifdef FAILOVER
-	:: atomic { losses == 0 -> rex = hex; rst = hst; rfe = hfe; rlive = hlive; rret = hret; rval = hval }  /* the replica catches up */
+	:: atomic { losses == 0 && failovers == 0 -> rex = hex; rst = hst; rfe = hfe; rlive = hlive; rret = hret; rval = hval }  /* the replica catches up */
+#ifdef WAITED
+	/* a failover that loses no acknowledged write: the owners' leases and
+	 * extensions stand */
+	:: atomic { failovers == 0 -> hex = rex; hst = rst; hfe = rfe; hlive = rlive; hret = rret; hval = rval; failovers++ }
+#else
 	:: atomic { losses == 0 -> hex = rex; hst = rst; hfe = rfe; hlive = rlive; hret = rret; hval = rval; losses++; protect = 0 }  /* a failover */
+#endif
 #endif
 	od
 }

@@ -3,10 +3,15 @@ package tieredstore_test
 import (
 	"context"
 	"fmt"
+	"log"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/store/memstore"
+	"github.com/idemgo/idem/store/pgstore"
+	"github.com/idemgo/idem/store/redisstore"
 	"github.com/idemgo/idem/store/tieredstore"
 )
 
@@ -40,4 +45,30 @@ func ExampleNew() {
 	// Output:
 	// acquired refunded <nil>
 	// replayed refunded <nil>
+}
+
+// A hot tier on a Redis master with two replicas under Sentinel, over
+// PostgreSQL. The hot tier's writes wait for both replicas (WaitReplicas),
+// so a failover of the master loses no claim or settle it acknowledged,
+// and the tiered store keeps its guarantees across it.
+func Example_replicatedHotTier() {
+	ctx := context.Background()
+	sentinels := []string{"sentinel-1:26379", "sentinel-2:26379", "sentinel-3:26379"}
+	hot, err := redisstore.New(redisstore.Config{
+		Client:       redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "idem", SentinelAddrs: sentinels, MaxRetries: -1}),
+		WaitReplicas: 2, // the master's two replicas
+		CloseClient:  true,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	cold, err := pgstore.Open(ctx, pgstore.Config{ConnString: "postgres://idem@db/idem"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err := tieredstore.New(tieredstore.Config{Hot: hot, Cold: cold})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
 }
