@@ -75,7 +75,7 @@ func TestTieredStore(t *testing.T) {
 		// The restart may happen or not: each check covers the runs without it.
 		{name: "N=2 C=4 RESTART", model: "tiered.pml", defs: []string{"N=2", "C=4", "RESTART"}},
 	}
-	for _, m := range []string{"MUT_NO_COLD_READ", "MUT_COLD_FAILS_OPEN", "MUT_HOT_BEFORE_ARCHIVE", "MUT_NO_LEASE_EXTENSION", "MUT_NO_AWAIT_ARCHIVES", "MUT_NO_CLAIM_RECHECK", "MUT_NO_FENCE_FLOOR"} {
+	for _, m := range []string{"MUT_NO_COLD_READ", "MUT_COLD_FAILS_OPEN", "MUT_HOT_BEFORE_ARCHIVE", "MUT_NO_LEASE_EXTENSION", "MUT_NO_AWAIT_ARCHIVES", "MUT_NO_CLAIM_RECHECK", "MUT_NO_FENCE_FLOOR", "MUT_ARCHIVE_FAILS_OPEN", "MUT_TOMBSTONE_AS_SETTLED", "MUT_TAKEOVER_LIVE_LEASE"} {
 		checks = append(checks, check{name: m, model: "tiered.pml", defs: []string{"N=2", "C=3", "RESTART", m}, fail: true})
 	}
 	// A failover of a hot tier whose writes wait for the replica

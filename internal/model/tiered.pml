@@ -24,6 +24,12 @@
  *                             heartbeat after the cold read
  *   MUT_NO_FENCE_FLOOR        a new generation's fence counted from zero
  *                             once the hot tier lost the record
+ *   MUT_ARCHIVE_FAILS_OPEN    an archive the cold tier refused taken as
+ *                             done: the hot settle follows
+ *   MUT_TOMBSTONE_AS_SETTLED  an acquisition takes a tombstone in the
+ *                             cold tier for a settled record
+ *   MUT_TAKEOVER_LIVE_LEASE   the hot tier's acquire takes over a claim
+ *                             whose lease has not ended
  *
  * With FAILOVER and WAITED, the hot tier is redisstore with WaitReplicas:
  * a write is acknowledged only once the replica has it (WAIT in the same
@@ -130,6 +136,13 @@ inline nextfence(f) {
 #define owned(f) (hex && hret && hst == INFLIGHT && hfe == f)
 /* The cold tier holds a settled record. */
 #define coldSettled (cex && cret && cst == COMPLETED)
+/* What an acquisition takes for a settled cold record (Store.answer:
+ * State Completed or Failed). */
+#ifdef MUT_TOMBSTONE_AS_SETTLED
+#define coldAnswer (cex && cret)
+#else
+#define coldAnswer coldSettled
+#endif
 /* No worker holds a claim handed out under a fence above f. */
 #define noLaterHolder(f) ((!hk[0] || hf[0] <= f) && (N < 2 || !hk[1] || hf[1] <= f) && (N < 3 || !hk[2] || hf[2] <= f))
 /* Claims exclude one another: no claim stands beside one handed out
@@ -162,7 +175,7 @@ inline withdraw(f) {
 	atomic {
 		if
 		:: cex && cret && cfe > f
-		:: else -> cex = true; cret = true; cst = RELEASED; cfe = f
+		:: else -> cex = true; cret = true; cst = RELEASED; cfe = f; cval = 0  /* a tombstone: no result */
 		fi
 	};
 	atomic {
@@ -214,6 +227,9 @@ idle:
 		:: !hex || !hret -> nextfence(f); hex = true; hst = INFLIGHT; hfe = f; hlive = true; hret = true; hval = 0; res = 1; ACK
 		:: hex && hret && hst == INFLIGHT && hlive -> res = 2
 		:: hex && hret && hst == COMPLETED -> replayed(hval); res = 3
+#ifdef MUT_TAKEOVER_LIVE_LEASE
+		:: hex && hret && hst == INFLIGHT && hlive -> nextfence(f); hfe = f; res = 1
+#endif
 		:: hex && hret && ((hst == INFLIGHT && !hlive) || hst == RELEASED) ->
 			nextfence(f); hst = INFLIGHT; hfe = f; hlive = true; res = 1; ACK
 #ifdef WAITED
@@ -231,7 +247,7 @@ idle:
 		 * the cold tier holds settled (Store.answer, cold.Get). */
 		atomic {
 			if
-			:: !down && coldSettled -> replayed(cval)
+			:: !down && coldAnswer -> replayed(cval)
 			:: else
 			fi
 		};
@@ -255,8 +271,8 @@ idle:
 		:: !down && !coldSettled -> res = 0
 #else
 		:: pend -> res = 4  /* the wait ended at half the lease */
-		:: !down && !pend && coldSettled -> res = 5; v = cval
-		:: !down && !pend && !coldSettled -> res = 0
+		:: !down && !pend && coldAnswer -> res = 5; v = cval
+		:: !down && !pend && !coldAnswer -> res = 0
 #endif
 #endif
 		fi
@@ -375,7 +391,11 @@ complete:
 	/* The archive: refused while the cold tier is down, applied late
 	 * (its caller told it failed), or applied. */
 	if
+#ifdef MUT_ARCHIVE_FAILS_OPEN
+	:: atomic { down -> skip }  /* the refusal taken as an archive */
+#else
 	:: atomic { down -> goto idle }
+#endif
 	:: atomic { !down && !pend && lates < LATE -> pend = true; pf = f; lates++; goto idle }
 	:: atomic { !down -> archive(f, stored) }
 	:: goto idle  /* a crash between the archive and the hot settle */
