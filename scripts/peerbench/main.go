@@ -192,6 +192,9 @@ func (c comparison) run(rounds int) error {
 			fmt.Printf("  CPU %s adds per request: %.2f µs (rounds %.2f–%.2f)\n", c.sides[i].name, median(added[i]), slices.Min(added[i]), slices.Max(added[i]))
 		}
 		fmt.Printf("  CPU added, %s / %s = %.2f\n", c.sides[0].name, c.sides[1].name, median(added[0])/median(added[1]))
+		if last >= 3 && c.sides[2].name == floorName {
+			fmt.Printf("  CPU added, %s / %s = %.2f (no middleware replays for less)\n", c.sides[2].name, c.sides[1].name, median(added[2])/median(added[1]))
+		}
 	}
 	for i := 1; i < len(c.sides); i++ {
 		ratios := make([]float64, rounds)
