@@ -47,7 +47,8 @@ func (s *Store) mysqlSchema() string {
 	UNIQUE KEY idem_outbox_key (` + "`key`" + `),
 	KEY idem_outbox_due (status, next_attempt_at, id),
 	KEY idem_outbox_external_id (external_id),
-	KEY idem_outbox_ordering (ordering_key, status, id)
+	KEY idem_outbox_ordering (ordering_key, status, id),
+	KEY idem_outbox_claimed (ordering_key, claimed_until) -- a key's claimed rows: no partial indexes in InnoDB
 ) ENGINE=InnoDB;
 CREATE TABLE IF NOT EXISTS ` + s.t("idem_outbox_counters") + ` (
 	name  varbinary(255) NOT NULL PRIMARY KEY,

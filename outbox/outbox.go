@@ -320,7 +320,7 @@ WHERE key = $1 AND status = 'sent'`,
 		purge: `DELETE FROM ` + tbl + ` WHERE id IN (SELECT id FROM ` + tbl + ` WHERE status IN ('sent', 'acked')
 	AND coalesce(acked_at, sent_at) < ` + s.d.NowPlusMillis("-$1") + ` ORDER BY id LIMIT $2)`,
 	}
-	s.q.conflicts = `SELECT DISTINCT ordering_key FROM ` + tbl + ` WHERE status IN ('pending', 'dead') AND claimed_until >= ` + s.d.Now() + `
+	s.q.conflicts = `SELECT DISTINCT ordering_key FROM ` + tbl + ` WHERE ` + claimedOfAKey + ` AND claimed_until >= ` + s.d.Now() + `
 	AND claimed_by <> $1 AND `
 	if d == sqldriver.MySQL {
 		s.mysqlQueries(cols)
@@ -330,10 +330,23 @@ WHERE key = $1 AND status = 'sent'`,
 
 // Migrations returns the outbox's numbered migrations. Version 1 creates
 // the tables (Schema, written with IF NOT EXISTS: tables created from it
-// by hand are adopted as they are).
+// by hand are adopted as they are). Version 2 indexes the claimed rows of
+// each ordering key, which a relay reads after each claim (keyConflicts);
+// on MySQL, version 1 has that index already.
 func (s *Store) Migrations() []sqlmigrate.Step {
-	return []sqlmigrate.Step{{Version: 1, Name: "outbox and counters", SQL: s.Schema()}}
+	steps := []sqlmigrate.Step{{Version: 1, Name: "outbox and counters", SQL: s.Schema()}}
+	if s.d != sqldriver.MySQL {
+		steps = append(steps, sqlmigrate.Step{Version: 2, Name: "claimed rows by ordering key",
+			SQL: s.d.CreateIndex(strings.TrimSuffix(s.schema, "."), "idem_outbox_claimed", "idem_outbox", "(ordering_key) WHERE "+claimedOfAKey)})
+	}
+	return steps
 }
+
+// claimedOfAKey is the predicate of the index of claimed rows
+// (idem_outbox_claimed): the rows of an ordering key that a claim holds or
+// held, unfinished. keyConflicts's query states it word for word, as SQLite
+// needs to use a partial index.
+const claimedOfAKey = `ordering_key IS NOT NULL AND claimed_by IS NOT NULL AND status IN ('pending', 'dead')`
 
 // Migrate creates or upgrades the outbox's tables: the missing numbered
 // migrations, in one transaction under the migration lock (an advisory lock
