@@ -104,7 +104,9 @@ type CampaignConfig struct {
 	// then fails closed; only one of them owns the key. Callers that come
 	// while the momentary claim stands are told InProgress (or Mismatch,
 	// for the other fingerprint), though the claim's own caller may end
-	// up answered with a replay: accepted too, as answers that run nothing.
+	// up answered with a replay or Poisoned — the momentary claim may be
+	// the takeover of a claim whose lease ended: accepted too, as answers
+	// that run nothing.
 	// An acquisition that fails with an error may also have given its
 	// claim back (released, the attempt taken back). A momentary claim
 	// taken over counts an attempt under which nothing ran, so an

@@ -276,6 +276,9 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 		if in.LaxTakeover && momentaryClaimMayStand(s, in) {
 			return []mstate{s} // see CampaignConfig.TakeoverOfMomentaryClaims
 		}
+		if in.LaxTakeover && momentaryTakeoverMayStand(s, in) {
+			return []mstate{s} // see CampaignConfig.TakeoverOfMomentaryClaims
+		}
 	case store.Replayed:
 		if presentLike(s, in) && settled(s.St) && s.FP == in.FP && out.State == s.St && out.Result == s.Result {
 			return []mstate{s}
@@ -301,6 +304,16 @@ func stepAcquire(s mstate, in opInput, out opOutput) []mstate {
 // Mismatch may come from it: answers that run nothing and change nothing.
 func momentaryClaimMayStand(s mstate, in opInput) bool {
 	return absentLike(s, in) || (presentLike(s, in) && s.St == store.StateReleased)
+}
+
+// momentaryTakeoverMayStand: where a claim in flight may have outlived its
+// lease, another caller's acquisition may have taken it over for a moment
+// (the tiered store's hot takeover while it asks the cold tier, ending in a
+// poisoning at MaxAttempts, a replay, or a claim given back), and a caller
+// of the same fingerprint may be told InProgress by it: an answer that runs
+// nothing and changes nothing.
+func momentaryTakeoverMayStand(s mstate, in opInput) bool {
+	return presentLike(s, in) && s.St == store.StateInFlight && s.FP == in.FP && leaseMayEnd(s, in)
 }
 
 // stepOwned covers complete, fail, release, heartbeat, unclaim and poison
