@@ -787,7 +787,11 @@ func testRenewalAfterLoss[TTx any](t *testing.T, b Backend[TTx]) {
 	first := relay(t, frozenOutbox.Store, slow, cfg)
 	done := make(chan error, 1)
 	go func() { _, err := first.RunOnce(ctx); done <- err }()
-	<-slow.entered // lost-1 is being sent; lost-2 waits for the slot
+	select { // lost-1 is being sent; lost-2 waits for the slot
+	case <-slow.entered:
+	case err := <-done:
+		t.Fatalf("the first relay's batch ended before it sent lost-1: %v", err)
+	}
 	frozen.freeze()
 	select { // forget a renewal that ran before the freeze
 	case <-frozen.execs:
