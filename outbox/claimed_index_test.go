@@ -27,16 +27,16 @@ import (
 // by Migrate, with its rows in it.
 func TestOrderingKeyCheckReadsClaimedRowsOnly(t *testing.T) {
 	ctx := context.Background()
+	args := []any{"relay-token"} // a claim token, then the 10 keys
+	for i := range 10 {
+		args = append(args, fmt.Sprintf("ACC-%d", i))
+	}
 	t.Run("PostgreSQL", func(t *testing.T) {
 		pool, schema := pgPool(t)
 		driver := pgxv5.New(pool)
 		ob := upgradedWithBacklog(t, driver, schema)
 		if _, err := pool.Exec(ctx, `ANALYZE `+schema+`.idem_outbox`); err != nil {
 			t.Fatal(err)
-		}
-		args := []any{"relay-token"}
-		for i := range 10 {
-			args = append(args, fmt.Sprintf("ACC-%d", i))
 		}
 		plan := explain(t, func() ([]string, error) {
 			rows, err := pool.Query(ctx, `EXPLAIN `+outbox.ConflictsQuery(ob.Store, 10), args...)
@@ -54,10 +54,6 @@ func TestOrderingKeyCheckReadsClaimedRowsOnly(t *testing.T) {
 		ob := upgradedWithBacklog(t, databasesql.New(db, sqldriver.MySQL), "")
 		if _, err := db.ExecContext(ctx, `ANALYZE TABLE idem_outbox`); err != nil {
 			t.Fatal(err)
-		}
-		args := []any{"relay-token"}
-		for i := range 10 {
-			args = append(args, fmt.Sprintf("ACC-%d", i))
 		}
 		q := outbox.ConflictsQuery(ob.Store, 10)
 		for i := 11; i >= 1; i-- {
@@ -101,10 +97,6 @@ func TestOrderingKeyCheckReadsClaimedRowsOnly(t *testing.T) {
 		ob := upgradedWithBacklog(t, databasesql.New(db, sqldriver.SQLite), "")
 		if _, err := db.ExecContext(ctx, `ANALYZE`); err != nil {
 			t.Fatal(err)
-		}
-		args := []any{"relay-token"}
-		for i := range 10 {
-			args = append(args, fmt.Sprintf("ACC-%d", i))
 		}
 		q := outbox.ConflictsQuery(ob.Store, 10)
 		plan := explain(t, func() ([]string, error) {
